@@ -1,0 +1,13 @@
+// Package dialect defines the small interface through which the idempotent
+// middleware talks to one kind of database: the SQL text of the claim table,
+// the claim statement, the lock timeout and the transaction check, and the
+// classification of the database's errors.
+//
+// A Dialect only returns SQL text and classifications; the middleware runs
+// the statements. Implementations live in their own packages (the Postgres
+// one is github.com/txclaim/idempotent/postgres) so that this package, like
+// the middleware, imports only the standard library.
+//
+// Identifiers such as table names are parsed by [ParseTable] before any
+// dialect sees them, so a dialect only has to quote them.
+package dialect

@@ -1,0 +1,341 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+// The autocommit guard.
+//
+// Process and RunTx put a token in the context they begin the transaction
+// with and hand to the handler. A connection opened through GuardConnector
+// binds the token when it begins that transaction. From then on, any
+// statement run with a context carrying the token on any other guarded
+// connection — the classic db.ExecContext(ctx, …) instead of
+// tx.ExecContext(ctx, …) — fails with ErrAutocommit before it reaches the
+// database, and the token remembers it, so the transaction is rolled back
+// even if the handler ignores the error and returns nil.
+
+type tokenKey struct{}
+
+// txToken ties one attempt's context to the connection running its
+// transaction.
+type txToken struct {
+	conn   atomic.Pointer[guardConn]
+	mu     sync.Mutex
+	broken error
+}
+
+func tokenFrom(ctx context.Context) *txToken {
+	t, _ := ctx.Value(tokenKey{}).(*txToken)
+	return t
+}
+
+// violation returns the first guard failure recorded for this attempt.
+func (t *txToken) violation() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.broken
+}
+
+func (t *txToken) violate(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.broken == nil {
+		t.broken = err
+	}
+}
+
+// check fails if ctx belongs to a claim transaction running on another
+// connection than c.
+func (c *guardConn) check(ctx context.Context, op, query string) error {
+	t := tokenFrom(ctx)
+	if t == nil || t.conn.Load() == c {
+		return nil
+	}
+	err := fmt.Errorf("%w: %s %q ran with the handler's context on a connection outside the transaction (use the *sql.Tx)", ErrAutocommit, op, truncate(query, 80))
+	t.violate(err)
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// GuardConnector wraps a driver connector so that statements which escape
+// the claim's transaction fail with ErrAutocommit instead of committing on
+// their own. Open the database with it:
+//
+//	connector, err := pq.NewConnector(dsn)
+//	db := sql.OpenDB(idempotent.GuardConnector(connector))
+//
+// Statements are checked only when run with a context that Process or RunTx
+// handed to a handler; all other use of the database is unchanged. A handler
+// that runs a statement with context.Background() on the *sql.DB cannot be
+// caught this way. The wrapped connections pass through every optional
+// driver interface the driver's connections implement; Unwrap returns the
+// driver's own connection for sql.Conn.Raw.
+func GuardConnector(c driver.Connector) driver.Connector {
+	return &guardConnector{c: c}
+}
+
+// OpenGuarded opens a database like sql.Open, with its connections wrapped
+// by GuardConnector. driverName must be registered (for lib/pq, import
+// github.com/lib/pq; its name is "postgres").
+func OpenGuarded(driverName, dsn string) (*sql.DB, error) {
+	probe, err := sql.Open(driverName, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: open %q: %w", driverName, err)
+	}
+	drv := probe.Driver()
+	_ = probe.Close()
+	var c driver.Connector
+	if dc, ok := drv.(driver.DriverContext); ok {
+		if c, err = dc.OpenConnector(dsn); err != nil {
+			return nil, fmt.Errorf("idempotent: open %q: %w", driverName, err)
+		}
+	} else {
+		c = dsnConnector{dsn: dsn, drv: drv}
+	}
+	return sql.OpenDB(GuardConnector(c)), nil
+}
+
+type dsnConnector struct {
+	dsn string
+	drv driver.Driver
+}
+
+func (d dsnConnector) Connect(context.Context) (driver.Conn, error) { return d.drv.Open(d.dsn) }
+func (d dsnConnector) Driver() driver.Driver                        { return d.drv }
+
+type guardConnector struct{ c driver.Connector }
+
+func (g *guardConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := g.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &guardConn{Conn: conn}, nil
+}
+
+func (g *guardConnector) Driver() driver.Driver { return g.c.Driver() }
+
+// Close closes the wrapped connector if it has a Close method.
+func (g *guardConnector) Close() error {
+	if c, ok := g.c.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// guardConn checks every statement's context, then delegates.
+type guardConn struct {
+	driver.Conn
+}
+
+var (
+	_ driver.ConnBeginTx        = (*guardConn)(nil)
+	_ driver.ConnPrepareContext = (*guardConn)(nil)
+	_ driver.ExecerContext      = (*guardConn)(nil)
+	_ driver.QueryerContext     = (*guardConn)(nil)
+	_ driver.Pinger             = (*guardConn)(nil)
+	_ driver.SessionResetter    = (*guardConn)(nil)
+	_ driver.Validator          = (*guardConn)(nil)
+	_ driver.NamedValueChecker  = (*guardConn)(nil)
+)
+
+// Unwrap returns the driver's own connection.
+func (c *guardConn) Unwrap() driver.Conn { return c.Conn }
+
+func (c *guardConn) Begin() (driver.Tx, error) { //nolint:staticcheck // driver.Conn requires it
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+func (c *guardConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	t := tokenFrom(ctx)
+	if t != nil {
+		if bound := t.conn.Load(); bound != nil && bound != c {
+			err := fmt.Errorf("%w: a second transaction was begun with the handler's context", ErrAutocommit)
+			t.violate(err)
+			return nil, err
+		}
+	}
+	var tx driver.Tx
+	var err error
+	if b, ok := c.Conn.(driver.ConnBeginTx); ok {
+		tx, err = b.BeginTx(ctx, opts)
+	} else {
+		if opts.Isolation != driver.IsolationLevel(sql.LevelDefault) || opts.ReadOnly {
+			return nil, errors.New("idempotent: driver does not support transaction options")
+		}
+		tx, err = c.Conn.Begin() //nolint:staticcheck // fallback for old drivers
+	}
+	if err != nil {
+		return nil, err
+	}
+	if t != nil {
+		t.conn.CompareAndSwap(nil, c)
+	}
+	return tx, nil
+}
+
+func (c *guardConn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+func (c *guardConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if err := c.check(ctx, "prepare", query); err != nil {
+		return nil, err
+	}
+	var s driver.Stmt
+	var err error
+	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
+		s, err = p.PrepareContext(ctx, query)
+	} else {
+		s, err = c.Conn.Prepare(query)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &guardStmt{Stmt: s, conn: c, query: query}, nil
+}
+
+func (c *guardConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if err := c.check(ctx, "exec", query); err != nil {
+		return nil, err
+	}
+	switch e := c.Conn.(type) {
+	case driver.ExecerContext:
+		return e.ExecContext(ctx, query, args)
+	case driver.Execer: //nolint:staticcheck // fallback for old drivers
+		vals, err := plainValues(args)
+		if err != nil {
+			return nil, err
+		}
+		return e.Exec(query, vals)
+	}
+	return nil, driver.ErrSkip
+}
+
+func (c *guardConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if err := c.check(ctx, "query", query); err != nil {
+		return nil, err
+	}
+	switch q := c.Conn.(type) {
+	case driver.QueryerContext:
+		return q.QueryContext(ctx, query, args)
+	case driver.Queryer: //nolint:staticcheck // fallback for old drivers
+		vals, err := plainValues(args)
+		if err != nil {
+			return nil, err
+		}
+		return q.Query(query, vals)
+	}
+	return nil, driver.ErrSkip
+}
+
+func (c *guardConn) Ping(ctx context.Context) error {
+	if p, ok := c.Conn.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+func (c *guardConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *guardConn) IsValid() bool {
+	if v, ok := c.Conn.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
+func (c *guardConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if n, ok := c.Conn.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(nv)
+	}
+	return defaultCheckNamedValue(nv)
+}
+
+// defaultCheckNamedValue applies database/sql's default conversion, as it
+// would for a driver without a NamedValueChecker.
+func defaultCheckNamedValue(nv *driver.NamedValue) error {
+	v, err := driver.DefaultParameterConverter.ConvertValue(nv.Value)
+	if err != nil {
+		return err
+	}
+	nv.Value = v
+	return nil
+}
+
+func plainValues(named []driver.NamedValue) ([]driver.Value, error) {
+	vals := make([]driver.Value, len(named))
+	for i, nv := range named {
+		if nv.Name != "" {
+			return nil, errors.New("idempotent: driver does not support named parameters")
+		}
+		vals[i] = nv.Value
+	}
+	return vals, nil
+}
+
+// guardStmt checks the context of each execution of a prepared statement.
+type guardStmt struct {
+	driver.Stmt
+	conn  *guardConn
+	query string
+}
+
+var (
+	_ driver.StmtExecContext  = (*guardStmt)(nil)
+	_ driver.StmtQueryContext = (*guardStmt)(nil)
+)
+
+func (s *guardStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if err := s.conn.check(ctx, "exec", s.query); err != nil {
+		return nil, err
+	}
+	if e, ok := s.Stmt.(driver.StmtExecContext); ok {
+		return e.ExecContext(ctx, args)
+	}
+	vals, err := plainValues(args)
+	if err != nil {
+		return nil, err
+	}
+	return s.Stmt.Exec(vals) //nolint:staticcheck // fallback for old drivers
+}
+
+func (s *guardStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if err := s.conn.check(ctx, "query", s.query); err != nil {
+		return nil, err
+	}
+	if q, ok := s.Stmt.(driver.StmtQueryContext); ok {
+		return q.QueryContext(ctx, args)
+	}
+	vals, err := plainValues(args)
+	if err != nil {
+		return nil, err
+	}
+	return s.Stmt.Query(vals) //nolint:staticcheck // fallback for old drivers
+}
+
+func (s *guardStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if n, ok := s.Stmt.(driver.NamedValueChecker); ok {
+		return n.CheckNamedValue(nv)
+	}
+	return s.conn.CheckNamedValue(nv)
+}

@@ -1,0 +1,114 @@
+package idempotent
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultTable is the claim table's name when WithTable is not given.
+const DefaultTable = "processed_messages"
+
+// An Option configures a Middleware. Options are checked by New: a bad value
+// is an error from New, never a surprise at the first message.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	table       string
+	txOpts      sql.TxOptions
+	retry       RetryPolicy
+	lockTimeout time.Duration
+	observer    Observer
+	strictGuard bool
+}
+
+func defaultConfig() config {
+	return config{table: DefaultTable, retry: DefaultRetryPolicy()}
+}
+
+// WithTable sets the claim table, as "table" or "schema.table". Each part must
+// be a plain identifier (letters, digits and underscores, not starting with a
+// digit, at most 63 bytes); the dialect quotes it. The schema must exist.
+// Default is "processed_messages".
+func WithTable(name string) Option {
+	return optionFunc(func(c *config) error {
+		c.table = name
+		return nil
+	})
+}
+
+// WithTxOptions sets the isolation level (and read-only flag, which a claim
+// cannot use) of the transactions Process opens. Under sql.LevelSerializable
+// concurrent duplicates fail with serialization errors instead of waiting;
+// the middleware retries them and they end as Duplicate. Default is the
+// database's default isolation level, read-write.
+func WithTxOptions(o sql.TxOptions) Option {
+	return optionFunc(func(c *config) error {
+		if o.ReadOnly {
+			return errors.New("idempotent: WithTxOptions: a read-only transaction cannot insert a claim")
+		}
+		c.txOpts = o
+		return nil
+	})
+}
+
+// WithRetry sets the retry policy for serialization failures, deadlocks and
+// lost connections. Default is DefaultRetryPolicy().
+func WithRetry(p RetryPolicy) Option {
+	return optionFunc(func(c *config) error {
+		if err := p.validate(); err != nil {
+			return fmt.Errorf("idempotent: WithRetry: %w", err)
+		}
+		c.retry = p
+		return nil
+	})
+}
+
+// WithLockTimeout bounds how long a delivery waits behind an in-flight
+// transaction holding the same claim. A longer wait fails the delivery with
+// ErrClaimBusy, so a stalled duplicate cannot hold a worker forever; deliver
+// it again later. The timeout lasts for the whole transaction, so it also
+// bounds the handler's own lock waits (those fail with the database's error,
+// not ErrClaimBusy). It costs one extra statement per transaction. Default is
+// no timeout: the duplicate waits as long as the holder runs.
+func WithLockTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("idempotent: WithLockTimeout: %v is not a positive duration", d)
+		}
+		c.lockTimeout = d
+		return nil
+	})
+}
+
+// WithObserver sets the observer told of every outcome and every retry.
+// Default is none.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return errors.New("idempotent: WithObserver: nil observer")
+		}
+		c.observer = o
+		return nil
+	})
+}
+
+// WithStrictGuard makes Process read the database's transaction id right
+// after the claim and again before commit, and refuse to commit (returning
+// ErrAutocommit) if they differ: that catches an explicit COMMIT run inside
+// the handler, or a connection pooler that moved the session. It costs two
+// short queries per applied message (see the README for the measured cost).
+// New fails if the dialect cannot tell transactions apart. Default is off.
+func WithStrictGuard() Option {
+	return optionFunc(func(c *config) error {
+		c.strictGuard = true
+		return nil
+	})
+}

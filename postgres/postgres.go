@@ -1,0 +1,130 @@
+package postgres
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// MaxKeyBytes is the longest message key the Postgres dialect accepts. A
+// btree index entry is limited to about 2,700 bytes; 1,024 bytes of key plus
+// a consumer name stays well inside it, so the limit users meet is this
+// documented one and never the index's.
+const MaxKeyBytes = 1024
+
+// Dialect is the Postgres dialect. It works with any database/sql driver for
+// Postgres whose errors expose their SQLSTATE through a SQLState() string
+// method (lib/pq's *pq.Error and pgx's *pgconn.PgError both do).
+type Dialect struct{}
+
+var _ dialect.Dialect = (*Dialect)(nil)
+
+// New returns the Postgres dialect.
+func New() *Dialect { return &Dialect{} }
+
+// Name returns "postgres".
+func (*Dialect) Name() string { return "postgres" }
+
+// MaxKeyBytes returns [MaxKeyBytes].
+func (*Dialect) MaxKeyBytes() int { return MaxKeyBytes }
+
+func quote(t dialect.Table) string { return t.Quoted(pq.QuoteIdentifier) }
+
+// SchemaSQL returns the guide's Step 1 table and its processed_at index. The
+// statements start by taking a transaction-scoped advisory lock derived from
+// the table name, so that processes creating the table at the same moment do
+// not collide on Postgres's catalog.
+func (*Dialect) SchemaSQL(t dialect.Table) []string {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, "idempotent:schema:"+t.String())
+	lock := int64(h.Sum64())
+	return []string{
+		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", lock),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer     text        NOT NULL,
+	message_key  text        NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_key)
+)`, quote(t)),
+		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)",
+			pq.QuoteIdentifier(t.Name+"_processed_at"), quote(t)),
+	}
+}
+
+// ClaimSQL returns INSERT … ON CONFLICT DO NOTHING: one row affected when the
+// claim is new, none when it exists. A concurrent claim of the same key waits
+// for the holder's transaction and then sees the conflict (or inserts, if the
+// holder rolled back).
+func (*Dialect) ClaimSQL(t dialect.Table) string {
+	return fmt.Sprintf("INSERT INTO %s (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING", quote(t))
+}
+
+// LockTimeoutSQL returns SET LOCAL lock_timeout, which lasts until the end of
+// the transaction. A wait longer than d fails with SQLSTATE 55P03. Durations
+// are rounded up to whole milliseconds; d <= 0 returns "".
+func (*Dialect) LockTimeoutSQL(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return fmt.Sprintf("SET LOCAL lock_timeout = %d", int64(ms))
+}
+
+// TxIDSQL returns a query for the current transaction's id. After the claim
+// has inserted, the transaction has an id; an explicit COMMIT, or a pooler
+// that moved the session, makes the next read return another one.
+func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
+
+// Classify maps SQLSTATEs and transport errors to dialect kinds:
+//
+//	40001 serialization_failure, 40P01 deadlock_detected  KindSerialization
+//	class 08 (connection exceptions), 57P01 admin_shutdown,
+//	57P02 crash_shutdown, 57P03 cannot_connect_now,
+//	driver.ErrBadConn, EOF, network errors                KindConnection
+//	55P03 lock_not_available                              KindLockTimeout
+//	42P01 undefined_table                                 KindUndefinedTable
+//
+// 40003 statement_completion_unknown is deliberately KindOther: the server
+// itself does not know what happened to the statement.
+func (*Dialect) Classify(err error) dialect.Class {
+	if err == nil {
+		return dialect.Class{}
+	}
+	var se interface{ SQLState() string }
+	if errors.As(err, &se) {
+		code := se.SQLState()
+		switch {
+		case code == "40001" || code == "40P01":
+			return dialect.Class{Kind: dialect.KindSerialization, Code: code}
+		case len(code) == 5 && code[:2] == "08", code == "57P01", code == "57P02", code == "57P03":
+			return dialect.Class{Kind: dialect.KindConnection, Code: code}
+		case code == "55P03":
+			return dialect.Class{Kind: dialect.KindLockTimeout, Code: code}
+		case code == "42P01":
+			return dialect.Class{Kind: dialect.KindUndefinedTable, Code: code}
+		}
+		return dialect.Class{Kind: dialect.KindOther, Code: code}
+	}
+	if connectionLost(err) {
+		return dialect.Class{Kind: dialect.KindConnection}
+	}
+	return dialect.Class{Kind: dialect.KindOther}
+}
+
+func connectionLost(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var ne *net.OpError
+	return errors.As(err, &ne)
+}
