@@ -168,8 +168,14 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 // a mistake is caught. Ack the message only after Process returns without an
 // error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
+	return m.processWith(ctx, &m.run, key, fn)
+}
+
+// processWith is Process on the given runner, which is m.run or a copy of it
+// with its own begin function.
+func (m *Middleware) processWith(ctx context.Context, r *runner, key string, fn TxFunc) (Outcome, error) {
 	start := time.Now()
-	outcome, attempts, err := m.process(ctx, key, fn)
+	outcome, attempts, err := m.process(ctx, r, key, fn)
 	if m.observer != nil {
 		m.observer.Outcome(ctx, Event{
 			Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
@@ -179,7 +185,7 @@ func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcom
 	return outcome, err
 }
 
-func (m *Middleware) process(ctx context.Context, key string, fn TxFunc) (Outcome, int, error) {
+func (m *Middleware) process(ctx context.Context, r *runner, key string, fn TxFunc) (Outcome, int, error) {
 	if fn == nil {
 		return 0, 0, errors.New("idempotent: Process: nil function")
 	}
@@ -187,7 +193,7 @@ func (m *Middleware) process(ctx context.Context, key string, fn TxFunc) (Outcom
 		return 0, 0, err
 	}
 	var outcome Outcome
-	attempts, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		claimed, err := m.claim(ctx, tx, key)
 		if err != nil {
 			return err

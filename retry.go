@@ -93,6 +93,9 @@ type runner struct {
 	onRetry func(ctx context.Context, key string, attempt int, class dialect.Class, err error, backoff time.Duration)
 	// beforeCommit, when set, runs after fn succeeded and before COMMIT.
 	beforeCommit func(ctx context.Context, tx *sql.Tx, st *attemptState) error
+	// begin, when set, begins each attempt's transaction instead of
+	// db.BeginTx (see ProcessTx).
+	begin func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 // attemptState is what one attempt's body tells the loop.
@@ -156,7 +159,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *attemptState) error) (class dialect.Class, err error) {
 	st := &attemptState{token: &txToken{}}
 	tctx := context.WithValue(ctx, tokenKey{}, st.token)
-	tx, err := r.db.BeginTx(tctx, r.txOpts)
+	tx, err := r.beginTx(tctx)
 	if err != nil {
 		return r.d.Classify(err), fmt.Errorf("idempotent: begin: %w", err)
 	}

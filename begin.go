@@ -1,0 +1,82 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// BeginFunc begins one attempt's transaction for ProcessTx and WrapTx, for a
+// library that wraps *sql.Tx in a type of its own (T), such as sqlx's
+// *sqlx.Tx. It must begin the transaction on db — the Middleware's database —
+// with ctx and opts exactly as given: the autocommit guard and the isolation
+// level set by WithTxOptions travel in them. It returns the transaction both
+// as T, which the handler gets, and as the *sql.Tx inside it, in which the
+// middleware claims and which it commits or rolls back.
+//
+// With sqlx:
+//
+//	func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sqlx.Tx, *sql.Tx, error) {
+//		tx, err := sqlx.NewDb(db, "postgres").BeginTxx(ctx, opts)
+//		if err != nil {
+//			return nil, nil, err
+//		}
+//		return tx, tx.Tx, nil
+//	}
+//
+// The idemsqlx package is exactly that.
+type BeginFunc[T any] func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (T, *sql.Tx, error)
+
+// ProcessTx is [Middleware.Process] for a function that works on T, a
+// transaction type of a library built on database/sql: each attempt's
+// transaction is begun by begin instead of db.BeginTx, and fn gets it as T.
+// Everything else — claim, retries, guard, observer — is Process's.
+func ProcessTx[T any](ctx context.Context, m *Middleware, key string, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
+	if begin == nil || fn == nil {
+		return 0, errors.New("idempotent: ProcessTx: nil begin or function")
+	}
+	var cur T
+	r := m.run
+	r.begin = func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error) {
+		t, tx, err := begin(ctx, db, opts)
+		if err != nil {
+			return nil, err
+		}
+		if tx == nil {
+			return nil, errors.New("idempotent: the begin function returned no *sql.Tx")
+		}
+		cur = t
+		return tx, nil
+	}
+	return m.processWith(ctx, &r, key, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
+}
+
+// WrapTx is [Wrap] for handlers that work on T, a transaction type of a
+// library built on database/sql; see [ProcessTx] and [BeginFunc]. If key
+// fails, the returned function returns an error matching ErrInvalidKey
+// without opening a transaction.
+func WrapTx[M, T any](m *Middleware, begin BeginFunc[T], key func(M) (string, error), h func(ctx context.Context, tx T, msg M) error) func(ctx context.Context, msg M) (Outcome, error) {
+	return func(ctx context.Context, msg M) (Outcome, error) {
+		if key == nil || h == nil {
+			return 0, errors.New("idempotent: WrapTx: nil key function or handler")
+		}
+		k, err := key(msg)
+		if err != nil {
+			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
+			if m.observer != nil {
+				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
+			}
+			return 0, err
+		}
+		return ProcessTx(ctx, m, k, begin, func(ctx context.Context, tx T) error { return h(ctx, tx, msg) })
+	}
+}
+
+// beginTx begins one attempt's transaction.
+func (r *runner) beginTx(ctx context.Context) (*sql.Tx, error) {
+	if r.begin != nil {
+		return r.begin(ctx, r.db, r.txOpts)
+	}
+	return r.db.BeginTx(ctx, r.txOpts)
+}
