@@ -3,6 +3,7 @@ module github.com/txclaim/idempotent
 go 1.26.8
 
 require (
+	github.com/DATA-DOG/go-sqlmock v1.5.2
 	github.com/lib/pq v1.12.3
 	github.com/ory/dockertest/v3 v3.12.0
 )

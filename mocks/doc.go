@@ -1,0 +1,46 @@
+// Package mocks unit-tests code built on the idempotent middleware without a
+// database, on github.com/DATA-DOG/go-sqlmock.
+//
+// [New] returns a *sql.DB and its sqlmock.Sqlmock, matching SQL text exactly
+// (sqlmock.QueryMatcherEqual: the default regexp matcher breaks on $1 and
+// parentheses) and checking in t.Cleanup that every expectation was met and
+// no connection is left in use. [For] wraps the mock in a [Mock] that also
+// knows the statements the middleware sends for one delivery, taking their
+// text from the dialect itself, so a test never spells the claim's SQL and
+// cannot drift from it:
+//
+//	db, mock := mocks.New(t)
+//	mw, _ := idempotent.New(db, postgres.New(), "loyalty")
+//	m := mocks.For(mock, postgres.New(), "loyalty")
+//
+//	m.ExpectApplied("order-completed:9912")  // BEGIN, claim inserts
+//	m.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
+//		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1)) // the handler's effect
+//	m.ExpectCommit()                         // COMMIT
+//
+// A delivery is scripted as one of:
+//
+//   - applied: [Mock.ExpectApplied], the handler's own expectations, then
+//     [Mock.ExpectCommit] — or, when the handler fails, the failing
+//     expectation and ExpectRollback;
+//   - duplicate: [Mock.ExpectDuplicate] (the middleware rolls the claim's
+//     transaction back; the handler does not run);
+//   - a failed claim: [Mock.ExpectClaimError];
+//   - a failed commit: [Mock.ExpectCommitError]. database/sql sends no
+//     ROLLBACK after a failed COMMIT, so none is expected.
+//
+// A retry is simply the next attempt: after a claim or commit that fails with
+// an error the dialect classifies as retryable (with the Postgres dialect,
+// &pq.Error{Code: "40001"} or "40P01", a lost connection such as
+// driver.ErrBadConn or "57P01"), script the next attempt with ExpectApplied
+// or ExpectDuplicate again. The middleware sleeps between attempts with no
+// statement sent. If a commit that failed with a lost connection did land,
+// the retry finds the claim: ExpectDuplicate.
+//
+// The helpers follow the options the Middleware was built with: give For
+// [WithTable], [WithLockTimeout] and [WithStrictGuard] to match
+// idempotent.WithTable, idempotent.WithLockTimeout and
+// idempotent.WithStrictGuard, or use [ForMiddleware], which reads the
+// table, consumer and dialect from the Middleware. They work with any
+// dialect.Dialect.
+package mocks

@@ -1,0 +1,230 @@
+package mocks
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// Mock is a sqlmock.Sqlmock that also scripts the statements an
+// idempotent.Middleware sends for a delivery. Its own expectations — the
+// handler's effect — are set through the embedded Sqlmock as usual, between
+// the Mock's helpers:
+//
+//	m.ExpectApplied(key)
+//	m.ExpectExec(…).WithArgs(…).WillReturnResult(…)
+//	m.ExpectCommit()
+//
+// Every SQL text comes from the dialect, for the table, consumer and options
+// the Mock was made with.
+type Mock struct {
+	sqlmock.Sqlmock
+
+	consumer string
+	claimSQL string
+	lockSQL  string
+	txidSQL  string
+	schema   []string
+	// txid is the transaction id the strict guard's queries return for the
+	// current attempt; each ExpectApplied takes a new one.
+	txid int64
+}
+
+// An Option tells For how the Middleware under test was configured.
+type Option interface {
+	apply(*settings) error
+}
+
+type settings struct {
+	table       string
+	lockTimeout time.Duration
+	strictGuard bool
+}
+
+type optionFunc func(*settings) error
+
+func (f optionFunc) apply(s *settings) error { return f(s) }
+
+// WithTable matches idempotent.WithTable: the claim table, as "table" or
+// "schema.table". Default is idempotent.DefaultTable.
+func WithTable(name string) Option {
+	return optionFunc(func(s *settings) error {
+		s.table = name
+		return nil
+	})
+}
+
+// WithLockTimeout matches idempotent.WithLockTimeout: every claim is
+// preceded by the dialect's lock timeout statement. Default is none.
+func WithLockTimeout(d time.Duration) Option {
+	return optionFunc(func(s *settings) error {
+		if d <= 0 {
+			return fmt.Errorf("WithLockTimeout: %v is not a positive duration", d)
+		}
+		s.lockTimeout = d
+		return nil
+	})
+}
+
+// WithStrictGuard matches idempotent.WithStrictGuard: an applied claim is
+// followed by the dialect's transaction id query, and the commit preceded by
+// it again, both returning the same id. Default is off.
+func WithStrictGuard() Option {
+	return optionFunc(func(s *settings) error {
+		s.strictGuard = true
+		return nil
+	})
+}
+
+// For returns a Mock scripting, on mock, the statements of a Middleware
+// created with dialect d, consumer and the matching options.
+//
+// For panics if mock or d is nil, an option is invalid or the dialect cannot
+// do what an option asks — mistakes in the test itself, which New for the
+// Middleware would reject the same way.
+func For(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts ...Option) *Mock {
+	m, err := newMock(mock, d, consumer, opts)
+	if err != nil {
+		panic("mocks: For: " + err.Error())
+	}
+	return m
+}
+
+// ForMiddleware is For with the dialect, consumer and table of mw. opts
+// adds what a Middleware does not tell: WithLockTimeout and WithStrictGuard,
+// if mw was created with them.
+func ForMiddleware(mock sqlmock.Sqlmock, mw *idempotent.Middleware, opts ...Option) *Mock {
+	if mw == nil {
+		panic("mocks: ForMiddleware: nil Middleware")
+	}
+	opts = append([]Option{WithTable(mw.Table())}, opts...)
+	m, err := newMock(mock, mw.Dialect(), mw.Consumer(), opts)
+	if err != nil {
+		panic("mocks: ForMiddleware: " + err.Error())
+	}
+	return m
+}
+
+func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Option) (*Mock, error) {
+	if mock == nil {
+		return nil, errors.New("nil sqlmock.Sqlmock")
+	}
+	if d == nil {
+		return nil, errors.New("nil dialect")
+	}
+	s := settings{table: idempotent.DefaultTable}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("nil option")
+		}
+		if err := o.apply(&s); err != nil {
+			return nil, err
+		}
+	}
+	table, err := dialect.ParseTable(s.table)
+	if err != nil {
+		return nil, fmt.Errorf("WithTable: %w", err)
+	}
+	m := &Mock{
+		Sqlmock:  mock,
+		consumer: consumer,
+		claimSQL: d.ClaimSQL(table),
+		schema:   d.SchemaSQL(table),
+		txid:     1000,
+	}
+	if s.lockTimeout > 0 {
+		if m.lockSQL = d.LockTimeoutSQL(s.lockTimeout); m.lockSQL == "" {
+			return nil, fmt.Errorf("WithLockTimeout: the %s dialect cannot bound lock waits", d.Name())
+		}
+	}
+	if s.strictGuard {
+		if m.txidSQL = d.TxIDSQL(); m.txidSQL == "" {
+			return nil, fmt.Errorf("WithStrictGuard: the %s dialect cannot identify transactions", d.Name())
+		}
+	}
+	return m, nil
+}
+
+// ExpectClaim expects the claim statement for key — preceded by the lock
+// timeout statement when WithLockTimeout was given — and returns the
+// claim's expectation for the test to complete: WillReturnResult with
+// sqlmock.NewResult(0, 1) when the claim inserts, (0, 0) when it exists, or
+// WillReturnError. Use it for Middleware.Claim in a transaction of the
+// caller's; for Process, ExpectApplied, ExpectDuplicate and ExpectClaimError
+// script the whole transaction.
+func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
+	if m.lockSQL != "" {
+		m.Sqlmock.ExpectExec(m.lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	return m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(m.consumer, key)
+}
+
+// ExpectApplied expects the start of a delivery whose claim is new: BEGIN,
+// the claim inserting one row and, with WithStrictGuard, the transaction id
+// query. The handler runs next: script its statements, then ExpectCommit (or
+// ExpectCommitError), or ExpectRollback if the handler fails.
+func (m *Mock) ExpectApplied(key string) {
+	m.Sqlmock.ExpectBegin()
+	m.ExpectClaim(key).WillReturnResult(sqlmock.NewResult(0, 1))
+	if m.txidSQL != "" {
+		m.txid++
+		m.expectTxID()
+	}
+}
+
+// ExpectDuplicate expects a whole delivery whose claim already exists:
+// BEGIN, the claim inserting nothing, ROLLBACK. The handler does not run.
+func (m *Mock) ExpectDuplicate(key string) {
+	m.Sqlmock.ExpectBegin()
+	m.ExpectClaim(key).WillReturnResult(sqlmock.NewResult(0, 0))
+	m.Sqlmock.ExpectRollback()
+}
+
+// ExpectClaimError expects a delivery whose claim fails with err: BEGIN,
+// the claim, ROLLBACK. If the dialect classifies err as retryable, the
+// middleware tries again: script the next attempt after it.
+func (m *Mock) ExpectClaimError(key string, err error) {
+	m.Sqlmock.ExpectBegin()
+	m.ExpectClaim(key).WillReturnError(err)
+	m.Sqlmock.ExpectRollback()
+}
+
+// ExpectCommit expects the end of an applied delivery: with
+// WithStrictGuard, the transaction id query returning the id ExpectApplied
+// gave; then COMMIT. It returns COMMIT's expectation.
+func (m *Mock) ExpectCommit() *sqlmock.ExpectedCommit {
+	if m.txidSQL != "" {
+		m.expectTxID()
+	}
+	return m.Sqlmock.ExpectCommit()
+}
+
+// ExpectCommitError is ExpectCommit with COMMIT failing with err.
+// database/sql sends no ROLLBACK after a failed COMMIT, so none is
+// expected. If the dialect classifies err as retryable, the middleware tries
+// again: script the next attempt after it — ExpectApplied if the commit did
+// not land, ExpectDuplicate if it did.
+func (m *Mock) ExpectCommitError(err error) {
+	m.ExpectCommit().WillReturnError(err)
+}
+
+// ExpectEnsureSchema expects Middleware.EnsureSchema: BEGIN, the dialect's
+// schema statements, COMMIT.
+func (m *Mock) ExpectEnsureSchema() {
+	m.Sqlmock.ExpectBegin()
+	for _, s := range m.schema {
+		m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	m.Sqlmock.ExpectCommit()
+}
+
+func (m *Mock) expectTxID() {
+	rows := sqlmock.NewRows([]string{"txid"}).AddRow(strconv.FormatInt(m.txid, 10))
+	m.Sqlmock.ExpectQuery(m.txidSQL).WithoutArgs().WillReturnRows(rows)
+}

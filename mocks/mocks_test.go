@@ -1,0 +1,430 @@
+package mocks_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/mocks"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// fakeDialect is a dialect unlike Postgres in every statement: ? parameters,
+// its own lock timeout and transaction id statements (or none), its own
+// error type.
+type fakeDialect struct{ noLock, noTxID bool }
+
+type fakeError struct{ retryable bool }
+
+func (e *fakeError) Error() string { return fmt.Sprintf("fake error (retryable %v)", e.retryable) }
+
+func (fakeDialect) Name() string     { return "fake" }
+func (fakeDialect) MaxKeyBytes() int { return 64 }
+func (fakeDialect) SchemaSQL(t dialect.Table) []string {
+	return []string{"CREATE TABLE IF NOT EXISTS " + t.Quoted(bq) + " (consumer TEXT, message_key TEXT)", "ANALYZE " + t.Quoted(bq)}
+}
+func (fakeDialect) ClaimSQL(t dialect.Table) string {
+	return "INSERT IGNORE INTO " + t.Quoted(bq) + " (consumer, message_key) VALUES (?, ?)"
+}
+func (d fakeDialect) LockTimeoutSQL(t time.Duration) string {
+	if d.noLock {
+		return ""
+	}
+	return fmt.Sprintf("SET SESSION lock_wait_ms = %d", t.Milliseconds())
+}
+func (d fakeDialect) TxIDSQL() string {
+	if d.noTxID {
+		return ""
+	}
+	return "SELECT current_trx()"
+}
+func (fakeDialect) Classify(err error) dialect.Class {
+	var fe *fakeError
+	switch {
+	case errors.As(err, &fe) && fe.retryable:
+		return dialect.Class{Kind: dialect.KindSerialization, Code: "R"}
+	case errors.Is(err, driver.ErrBadConn):
+		return dialect.Class{Kind: dialect.KindConnection}
+	}
+	return dialect.Class{Kind: dialect.KindOther}
+}
+
+func bq(s string) string { return "`" + s + "`" }
+
+// dialectCase is one dialect with its errors.
+type dialectCase struct {
+	name      string
+	d         dialect.Dialect
+	retryable error // a serialization failure
+	fatal     error // an error that is not retried
+}
+
+var dialects = []dialectCase{
+	{"postgres", postgres.New(), &pq.Error{Code: "40001"}, &pq.Error{Code: "23502"}},
+	{"postgres-deadlock", postgres.New(), &pq.Error{Code: "40P01"}, &pq.Error{Code: "22001"}},
+	{"fake", fakeDialect{}, &fakeError{retryable: true}, &fakeError{}},
+}
+
+// config is one way the Middleware under test is set up, with the matching
+// Mock options.
+type config struct {
+	name string
+	mw   []idempotent.Option
+	mock []mocks.Option
+}
+
+var configs = []config{
+	{"defaults", nil, nil},
+	{"table", []idempotent.Option{idempotent.WithTable("shop.claims")}, []mocks.Option{mocks.WithTable("shop.claims")}},
+	{"lock-timeout", []idempotent.Option{idempotent.WithLockTimeout(1500 * time.Millisecond)}, []mocks.Option{mocks.WithLockTimeout(1500 * time.Millisecond)}},
+	{"strict-guard", []idempotent.Option{idempotent.WithStrictGuard()}, []mocks.Option{mocks.WithStrictGuard()}},
+	{"all", []idempotent.Option{idempotent.WithTable("claims"), idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()},
+		[]mocks.Option{mocks.WithTable("claims"), mocks.WithLockTimeout(time.Second), mocks.WithStrictGuard()}},
+}
+
+var fastRetry = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3})
+
+const key = "order-completed:9912"
+
+// effect is the handler's one statement, with ? or $ parameters to suit
+// neither dialect in particular: sqlmock matches it as text.
+const effectSQL = "UPDATE balances SET points = points + 50 WHERE customer_id = 7"
+
+func effect(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, effectSQL)
+	return err
+}
+
+func expectEffect(m *mocks.Mock) {
+	m.ExpectExec(effectSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 1))
+}
+
+// TestDeliveries runs a real Middleware against each script, for every
+// dialect and configuration: the scripts must match the middleware's
+// statements exactly, and New's cleanup checks every expectation was met.
+func TestDeliveries(t *testing.T) {
+	type scenario struct {
+		name    string
+		script  func(m *mocks.Mock, dc dialectCase)
+		want    idempotent.Outcome
+		wantErr func(dc dialectCase, err error) bool
+	}
+	scenarios := []scenario{
+		{"applied", func(m *mocks.Mock, _ dialectCase) {
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+		}, idempotent.Applied, nil},
+		{"duplicate", func(m *mocks.Mock, _ dialectCase) {
+			m.ExpectDuplicate(key)
+		}, idempotent.Duplicate, nil},
+		{"claim-retryable-then-applied", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectClaimError(key, dc.retryable)
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+		}, idempotent.Applied, nil},
+		{"claim-retryable-then-duplicate", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectClaimError(key, dc.retryable)
+			m.ExpectDuplicate(key)
+		}, idempotent.Duplicate, nil},
+		{"claim-fatal", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectClaimError(key, dc.fatal)
+		}, 0, func(dc dialectCase, err error) bool { return errors.Is(err, dc.fatal) }},
+		{"claim-retries-exhausted", func(m *mocks.Mock, dc dialectCase) {
+			for range 3 {
+				m.ExpectClaimError(key, dc.retryable)
+			}
+		}, 0, func(dc dialectCase, err error) bool {
+			var re *idempotent.RetriesExhaustedError
+			return errors.As(err, &re) && re.Attempts == 3 && errors.Is(err, dc.retryable)
+		}},
+		{"commit-retryable-then-applied", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommitError(dc.retryable)
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+		}, idempotent.Applied, nil},
+		{"commit-lost-connection-landed", func(m *mocks.Mock, _ dialectCase) {
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommitError(driver.ErrBadConn) // database/sql discards the connection
+			m.ExpectDuplicate(key)                 // the commit had landed
+		}, idempotent.Duplicate, nil},
+		{"commit-fatal", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommitError(dc.fatal)
+		}, 0, func(dc dialectCase, err error) bool { return errors.Is(err, dc.fatal) }},
+		{"effect-error-rolls-back", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectApplied(key)
+			m.ExpectExec(effectSQL).WillReturnError(dc.fatal)
+			m.ExpectRollback()
+		}, 0, func(dc dialectCase, err error) bool { return errors.Is(err, dc.fatal) }},
+		{"effect-retryable-then-applied", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectApplied(key)
+			m.ExpectExec(effectSQL).WillReturnError(dc.retryable)
+			m.ExpectRollback()
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+		}, idempotent.Applied, nil},
+	}
+	for _, dc := range dialects {
+		for _, cfg := range configs {
+			for _, sc := range scenarios {
+				t.Run(dc.name+"/"+cfg.name+"/"+sc.name, func(t *testing.T) {
+					t.Parallel()
+					db, mock := mocks.New(t)
+					mw, err := idempotent.New(db, dc.d, "loyalty", append([]idempotent.Option{fastRetry}, cfg.mw...)...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					m := mocks.For(mock, dc.d, "loyalty", cfg.mock...)
+					sc.script(m, dc)
+					got, err := mw.Process(context.Background(), key, effect)
+					if sc.wantErr != nil {
+						if err == nil || !sc.wantErr(dc, err) {
+							t.Fatalf("got (%v, %v), want the scenario's error", got, err)
+						}
+						return
+					}
+					if err != nil || got != sc.want {
+						t.Fatalf("got (%v, %v), want %v", got, err, sc.want)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestForMiddleware reads dialect, consumer and table from the Middleware.
+func TestForMiddleware(t *testing.T) {
+	for _, dc := range dialects {
+		t.Run(dc.name, func(t *testing.T) {
+			db, mock := mocks.New(t)
+			mw, err := idempotent.New(db, dc.d, "billing", idempotent.WithTable("ops.claims"), idempotent.WithStrictGuard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := mocks.ForMiddleware(mock, mw, mocks.WithStrictGuard())
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+			if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+				t.Fatalf("got (%v, %v)", got, err)
+			}
+		})
+	}
+}
+
+// TestExpectClaim scripts Middleware.Claim in a transaction of the test's.
+func TestExpectClaim(t *testing.T) {
+	db, mock := mocks.New(t)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithLockTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mocks.For(mock, postgres.New(), "loyalty", mocks.WithLockTimeout(time.Second))
+	m.ExpectBegin()
+	m.ExpectClaim(key).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectClaim("other").WillReturnResult(sqlmock.NewResult(0, 0))
+	m.ExpectClaim("busy").WillReturnError(&pq.Error{Code: "55P03"})
+	m.ExpectRollback()
+
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := mw.Claim(ctx, tx, key); err != nil || !ok {
+		t.Fatalf("claim %q: got (%v, %v), want (true, nil)", key, ok, err)
+	}
+	if ok, err := mw.Claim(ctx, tx, "other"); err != nil || ok {
+		t.Fatalf("claim other: got (%v, %v), want (false, nil)", ok, err)
+	}
+	if _, err := mw.Claim(ctx, tx, "busy"); !errors.Is(err, idempotent.ErrClaimBusy) {
+		t.Fatalf("claim busy: got %v, want ErrClaimBusy", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExpectEnsureSchema(t *testing.T) {
+	for _, dc := range dialects {
+		t.Run(dc.name, func(t *testing.T) {
+			db, mock := mocks.New(t)
+			mw, err := idempotent.New(db, dc.d, "loyalty", idempotent.WithTable("s.claims"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mocks.ForMiddleware(mock, mw).ExpectEnsureSchema()
+			if err := mw.EnsureSchema(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestScriptMismatch shows the scripts are exact: a Mock not told of the
+// Middleware's lock timeout, strict guard, table or consumer does not match,
+// and the delivery fails instead of passing by accident.
+func TestScriptMismatch(t *testing.T) {
+	cases := []struct {
+		name string
+		mw   []idempotent.Option
+		mock []mocks.Option
+		cons string
+	}{
+		{"lock timeout not scripted", []idempotent.Option{idempotent.WithLockTimeout(time.Second)}, nil, "loyalty"},
+		{"lock timeout differs", []idempotent.Option{idempotent.WithLockTimeout(time.Second)}, []mocks.Option{mocks.WithLockTimeout(2 * time.Second)}, "loyalty"},
+		{"strict guard not scripted", []idempotent.Option{idempotent.WithStrictGuard()}, nil, "loyalty"},
+		{"strict guard not in the middleware", nil, []mocks.Option{mocks.WithStrictGuard()}, "loyalty"},
+		{"table differs", []idempotent.Option{idempotent.WithTable("a.claims")}, []mocks.Option{mocks.WithTable("b.claims")}, "loyalty"},
+		{"consumer differs", nil, nil, "billing"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			db, mock, err := mocks.Open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			mw, err := idempotent.New(db, postgres.New(), "loyalty", c.mw...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := mocks.For(mock, postgres.New(), c.cons, c.mock...)
+			m.ExpectApplied(key)
+			expectEffect(m)
+			m.ExpectCommit()
+			_, perr := mw.Process(context.Background(), key, effect)
+			if perr == nil && mock.ExpectationsWereMet() == nil {
+				t.Fatal("a mismatched script passed")
+			}
+		})
+	}
+}
+
+// recorder is a testing.TB whose failures are recorded instead of failing
+// the test, for checking what New's cleanup reports.
+type recorder struct {
+	testing.TB
+	cleanups []func()
+	errs     []string
+	failed   bool
+}
+
+func (r *recorder) Helper()          {}
+func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+func (r *recorder) Failed() bool     { return r.failed }
+func (r *recorder) Errorf(f string, a ...any) {
+	r.failed = true
+	r.errs = append(r.errs, fmt.Sprintf(f, a...))
+}
+func (r *recorder) Fatalf(f string, a ...any) { r.Errorf(f, a...) }
+
+func (r *recorder) finish() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+func TestNewCleanupReports(t *testing.T) {
+	t.Run("met", func(t *testing.T) {
+		r := &recorder{TB: t}
+		db, mock := mocks.New(r)
+		mock.ExpectExec("SELECT 1").WillReturnResult(sqlmock.NewResult(0, 0))
+		if _, err := db.Exec("SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		r.finish()
+		if len(r.errs) != 0 {
+			t.Fatalf("cleanup reported %q", r.errs)
+		}
+		if err := db.Ping(); err == nil || !strings.Contains(err.Error(), "closed") {
+			t.Fatalf("database not closed by the cleanup: ping gave %v", err)
+		}
+	})
+	t.Run("unmet expectation", func(t *testing.T) {
+		r := &recorder{TB: t}
+		_, mock := mocks.New(r)
+		mock.ExpectBegin()
+		r.finish()
+		if len(r.errs) != 1 || !strings.Contains(r.errs[0], "remaining expectation") {
+			t.Fatalf("cleanup reported %q, want the unmet BEGIN", r.errs)
+		}
+	})
+	t.Run("connection left in use", func(t *testing.T) {
+		r := &recorder{TB: t}
+		db, mock := mocks.New(r)
+		mock.ExpectBegin()
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.finish()
+		if len(r.errs) != 1 || !strings.Contains(r.errs[0], "1 connection(s) still in use") {
+			t.Fatalf("cleanup reported %q, want the open transaction", r.errs)
+		}
+		_ = tx
+	})
+	t.Run("exact matching", func(t *testing.T) {
+		r := &recorder{TB: t}
+		db, mock := mocks.New(r)
+		// A regexp matcher would accept this; the exact one must not.
+		mock.ExpectExec("SELECT .*").WillReturnResult(sqlmock.NewResult(0, 0))
+		if _, err := db.Exec("SELECT 1"); err == nil {
+			t.Fatal("SELECT 1 matched SELECT .*")
+		}
+		r.finish()
+		if len(r.errs) != 1 {
+			t.Fatalf("cleanup reported %q, want the unmet expectation", r.errs)
+		}
+	})
+}
+
+func TestForRejects(t *testing.T) {
+	_, mock, err := mocks.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		call func()
+		want string
+	}{
+		{"nil mock", func() { mocks.For(nil, postgres.New(), "c") }, "nil sqlmock"},
+		{"nil dialect", func() { mocks.For(mock, nil, "c") }, "nil dialect"},
+		{"nil option", func() { mocks.For(mock, postgres.New(), "c", nil) }, "nil option"},
+		{"bad table", func() { mocks.For(mock, postgres.New(), "c", mocks.WithTable("a.b.c")) }, `table name "a.b.c"`},
+		{"bad lock timeout", func() { mocks.For(mock, postgres.New(), "c", mocks.WithLockTimeout(0)) }, "not a positive duration"},
+		{"no lock timeout in dialect", func() { mocks.For(mock, fakeDialect{noLock: true}, "c", mocks.WithLockTimeout(time.Second)) }, "cannot bound lock waits"},
+		{"no txid in dialect", func() { mocks.For(mock, fakeDialect{noTxID: true}, "c", mocks.WithStrictGuard()) }, "cannot identify transactions"},
+		{"nil middleware", func() { mocks.ForMiddleware(mock, nil) }, "nil Middleware"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				p := recover()
+				if s, ok := p.(string); !ok || !strings.Contains(s, c.want) {
+					t.Fatalf("panic %v, want one containing %q", p, c.want)
+				}
+			}()
+			c.call()
+		})
+	}
+}
