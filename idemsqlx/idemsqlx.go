@@ -1,0 +1,74 @@
+// Package idemsqlx runs handlers written against github.com/jmoiron/sqlx's
+// *sqlx.Tx under the idempotent middleware, so they can use named queries,
+// Get and Select inside the claim's transaction:
+//
+//	db := sqlx.NewDb(sqlDB, "postgres")
+//	mw, err := idempotent.New(sqlDB, postgres.New(), "loyalty")
+//	…
+//	handle := idemsqlx.Wrap(mw, db, orderKey, func(ctx context.Context, tx *sqlx.Tx, o OrderCompleted) error {
+//		_, err := tx.NamedExecContext(ctx, `UPDATE balances SET points = points + :points WHERE customer_id = :customer_id`, o)
+//		return err
+//	})
+//	outcome, err := handle(ctx, msg)
+//
+// Each attempt's transaction is begun with db.BeginTxx, so the *sqlx.Tx
+// binds parameters for db's driver name and maps fields with db's Mapper.
+// Claim, retries, guard and observer are the Middleware's
+// (idempotent.ProcessTx).
+package idemsqlx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txclaim/idempotent"
+)
+
+// ErrOtherDB is returned, wrapped, when the *sqlx.DB given to Process or
+// Wrap does not wrap the *sql.DB the Middleware was created with: claim and
+// effect would run in different transactions. Nothing was written.
+var ErrOtherDB = errors.New("idemsqlx: the *sqlx.DB does not wrap the Middleware's *sql.DB")
+
+// TxFunc is work run inside the claim's transaction. It must do all its
+// database work through tx and with ctx, and must not commit or roll back
+// tx.
+type TxFunc func(ctx context.Context, tx *sqlx.Tx) error
+
+// Handler applies one message's effect inside the claim's transaction.
+type Handler[M any] func(ctx context.Context, tx *sqlx.Tx, msg M) error
+
+// Begin returns the idempotent.BeginFunc that begins each attempt's
+// transaction with db.BeginTxx. db must wrap the Middleware's *sql.DB;
+// otherwise the attempt fails with ErrOtherDB before anything is sent.
+func Begin(db *sqlx.DB) idempotent.BeginFunc[*sqlx.Tx] {
+	return func(ctx context.Context, mwDB *sql.DB, opts *sql.TxOptions) (*sqlx.Tx, *sql.Tx, error) {
+		if db == nil || db.DB != mwDB {
+			return nil, nil, ErrOtherDB
+		}
+		tx, err := db.BeginTxx(ctx, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return tx, tx.Tx, nil
+	}
+}
+
+// Process is Middleware.Process for fn on a *sqlx.Tx of db, which must
+// wrap the Middleware's *sql.DB.
+func Process(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, key string, fn TxFunc) (idempotent.Outcome, error) {
+	if fn == nil {
+		return 0, errors.New("idemsqlx: Process: nil function")
+	}
+	return idempotent.ProcessTx(ctx, mw, key, Begin(db), fn)
+}
+
+// Wrap is idempotent.Wrap for a handler on a *sqlx.Tx of db, which must
+// wrap the Middleware's *sql.DB. If key fails, the returned function
+// returns an error matching idempotent.ErrInvalidKey without opening a
+// transaction.
+func Wrap[M any](mw *idempotent.Middleware, db *sqlx.DB, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+	return idempotent.WrapTx(mw, Begin(db), key, h)
+}

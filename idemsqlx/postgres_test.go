@@ -1,0 +1,170 @@
+package idemsqlx_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/idemsqlx"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// openPostgres connects to IDEMPOTENT_POSTGRES_DSN, or the local default,
+// and gives the test a schema of its own with the loyalty tables. Without a
+// database the test skips — or fails when CI is set.
+func openPostgres(t *testing.T) (*sqlx.DB, string) {
+	t.Helper()
+	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
+	if dsn == "" {
+		dsn = localDSN
+	}
+	db, err := sqlx.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(10)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		msg := fmt.Sprintf("no Postgres at %s (%v): set IDEMPOTENT_POSTGRES_DSN, or run bash scripts/test", dsn, err)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "idemsqlx_" + hex.EncodeToString(b)
+	q := pq.QuoteIdentifier(schema)
+	if _, err := db.Exec(fmt.Sprintf(`
+CREATE SCHEMA %[1]s;
+CREATE TABLE %[1]s.balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0);
+CREATE TABLE %[1]s.point_ledger (id bigserial PRIMARY KEY, customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL);
+INSERT INTO %[1]s.balances SELECT g, 0 FROM generate_series(1, 10) g;`, q)); err != nil {
+		_ = db.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec("DROP SCHEMA " + q + " CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+		if n := db.Stats().InUse; n != 0 {
+			t.Errorf("connection leak: %d connections still in use", n)
+		}
+		_ = db.Close()
+	})
+	return db, schema
+}
+
+// TestPostgresNamedQueries runs the sqlx handler with named queries against
+// Postgres: redeliveries and concurrent duplicates credit once.
+func TestPostgresNamedQueries(t *testing.T) {
+	t.Parallel()
+	db, schema := openPostgres(t)
+	ctx := context.Background()
+	mw, err := idempotent.New(db.DB, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := pq.QuoteIdentifier(schema)
+	handle := idemsqlx.Wrap(mw, db, orderKey, func(ctx context.Context, tx *sqlx.Tx, o orderCompleted) error {
+		c := credit{CustomerID: o.CustomerID, OrderID: o.OrderID, Points: o.TotalCents / 100}
+		if _, err := tx.NamedExecContext(ctx, "UPDATE "+q+".balances SET points = points + :points WHERE customer_id = :customer_id", c); err != nil {
+			return err
+		}
+		_, err := tx.NamedExecContext(ctx, "INSERT INTO "+q+".point_ledger (customer_id, order_id, points) VALUES (:customer_id, :order_id, :points)", c)
+		return err
+	})
+
+	first := orderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
+	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate} {
+		if got, err := handle(ctx, first); err != nil || got != want {
+			t.Fatalf("delivery %d: got (%v, %v), want %v", i+1, got, err, want)
+		}
+	}
+
+	second := orderCompleted{OrderID: 9913, CustomerID: 8, TotalCents: 1000}
+	var wg sync.WaitGroup
+	outcomes := make(chan idempotent.Outcome, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := handle(ctx, second)
+			if err != nil {
+				t.Error(err)
+			}
+			outcomes <- got
+		}()
+	}
+	wg.Wait()
+	close(outcomes)
+	counts := map[idempotent.Outcome]int{}
+	for o := range outcomes {
+		counts[o]++
+	}
+	if counts[idempotent.Applied] != 1 || counts[idempotent.Duplicate] != 7 {
+		t.Fatalf("concurrent deliveries: %v, want 1 applied and 7 duplicates", counts)
+	}
+
+	var balances []struct {
+		CustomerID int64 `db:"customer_id"`
+		Points     int64 `db:"points"`
+	}
+	if err := db.SelectContext(ctx, &balances, "SELECT customer_id, points FROM "+q+".balances WHERE points <> 0 ORDER BY customer_id"); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(balances) != "[{7 50} {8 10}]" {
+		t.Fatalf("balances %v, want [{7 50} {8 10}]", balances)
+	}
+	var ledger int
+	if err := db.GetContext(ctx, &ledger, "SELECT count(*) FROM "+q+".point_ledger"); err != nil {
+		t.Fatal(err)
+	}
+	if ledger != 2 {
+		t.Fatalf("%d ledger rows, want 2", ledger)
+	}
+}
+
+// TestPostgresTxOptions checks the Middleware's isolation level reaches the
+// transaction sqlx begins, and Get works inside the handler.
+func TestPostgresTxOptions(t *testing.T) {
+	t.Parallel()
+	db, schema := openPostgres(t)
+	ctx := context.Background()
+	mw, err := idempotent.New(db.DB, postgres.New(), "loyalty",
+		idempotent.WithTable(schema+".processed_messages"),
+		idempotent.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var level string
+	got, err := idemsqlx.Process(ctx, mw, db, "k", func(ctx context.Context, tx *sqlx.Tx) error {
+		return tx.GetContext(ctx, &level, "SHOW transaction_isolation")
+	})
+	if err != nil || got != idempotent.Applied {
+		t.Fatalf("got (%v, %v), want applied", got, err)
+	}
+	if level != "serializable" {
+		t.Fatalf("isolation %q, want serializable", level)
+	}
+}
