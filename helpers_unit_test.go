@@ -1,0 +1,123 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// Shared fixtures of the unit tests.
+
+const (
+	consumer  = "loyalty"
+	key       = "order-completed:9912"
+	effectSQL = "UPDATE balances SET points = points + 50 WHERE customer_id = 7"
+)
+
+var (
+	pg       = postgres.New()
+	claimSQL = pg.ClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
+	txidSQL  = pg.TxIDSQL()
+	// noWait retries at once, so that tests do not sleep.
+	noWait = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 5})
+)
+
+// newMiddleware returns a Middleware on r's database with the Postgres
+// dialect, retrying without backoff unless opts say otherwise.
+func newMiddleware(t *testing.T, r *recorded, opts ...idempotent.Option) *idempotent.Middleware {
+	t.Helper()
+	mw, err := idempotent.New(r.db, pg, consumer, append([]idempotent.Option{noWait}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// effect is a handler that runs effectSQL through tx.
+func effect(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, effectSQL)
+	return err
+}
+
+// Script helpers, spelled out here rather than taken from package mocks so
+// that the middleware's tests do not depend on the helpers they back.
+
+func expectClaim(m sqlmock.Sqlmock, k string, rows int64) {
+	m.ExpectExec(claimSQL).WithArgs(consumer, k).WillReturnResult(sqlmock.NewResult(0, rows))
+}
+
+func expectEffect(m sqlmock.Sqlmock) {
+	m.ExpectExec(effectSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 1))
+}
+
+// expectApplied scripts a whole applied delivery.
+func expectApplied(m sqlmock.Sqlmock, k string) {
+	m.ExpectBegin()
+	expectClaim(m, k, 1)
+	expectEffect(m)
+	m.ExpectCommit()
+}
+
+// events is an Observer that keeps what it is told.
+type events struct {
+	mu       sync.Mutex
+	outcomes []idempotent.Event
+	retries  []idempotent.RetryEvent
+	onRetry  func(idempotent.RetryEvent)
+}
+
+func (e *events) Outcome(_ context.Context, ev idempotent.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.outcomes = append(e.outcomes, ev)
+}
+
+func (e *events) Retry(_ context.Context, ev idempotent.RetryEvent) {
+	e.mu.Lock()
+	e.retries = append(e.retries, ev)
+	f := e.onRetry
+	e.mu.Unlock()
+	if f != nil {
+		f(ev)
+	}
+}
+
+// only returns the one outcome event, failing the test if there is not
+// exactly one.
+func (e *events) only(t *testing.T) idempotent.Event {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.outcomes) != 1 {
+		t.Fatalf("%d outcome events, want 1: %+v", len(e.outcomes), e.outcomes)
+	}
+	return e.outcomes[0]
+}
+
+// flagCtx is a context whose Err is set by end() while its Done channel is
+// nil: database/sql then never rolls back behind the middleware's back, so a
+// test can end the context during an attempt and still see every call in
+// order.
+type flagCtx struct {
+	context.Context
+	ended atomic.Bool
+}
+
+func newFlagCtx() *flagCtx { return &flagCtx{Context: context.Background()} }
+
+func (c *flagCtx) end() { c.ended.Store(true) }
+
+func (c *flagCtx) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
