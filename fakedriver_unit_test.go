@@ -1,0 +1,310 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/txclaim/idempotent"
+)
+
+// A tiny in-memory driver for the guard's unit tests. Its connections come
+// in three kinds, implementing more or fewer of database/sql's optional
+// interfaces, so that every fallback path of the guard's wrappers runs:
+//
+//	legacy  driver.Conn only (Prepare, Close, Begin), statements with Exec and Query only
+//	execer  legacy plus the old driver.Execer and driver.Queryer
+//	modern  every context-aware interface, Pinger, SessionResetter, Validator,
+//	        and NamedValueChecker on connection and statement
+//
+// Every call is logged as "c<N> <call> <query> <args>"; every statement
+// affects one row and every query returns one row with the value 1.
+
+type connKind int
+
+const (
+	legacy connKind = iota
+	execer
+	modern
+)
+
+type fakeConnector struct {
+	kind connKind
+
+	mu     sync.Mutex
+	log    []string
+	opened int
+	closed int // Close calls on the connector
+
+	connectErr error
+	beginErr   error
+	resetErr   error
+	invalid    bool
+}
+
+func (f *fakeConnector) add(format string, a ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log = append(f.log, fmt.Sprintf(format, a...))
+}
+
+func (f *fakeConnector) calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
+}
+
+// wantCalls fails the test unless the driver saw exactly want.
+func (f *fakeConnector) wantCalls(t *testing.T, want ...string) {
+	t.Helper()
+	if got := f.calls(); !slices.Equal(got, want) {
+		t.Fatalf("driver calls:\n\t%s\nwant:\n\t%s", strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
+	}
+}
+
+func (f *fakeConnector) Connect(context.Context) (driver.Conn, error) {
+	if f.connectErr != nil {
+		return nil, f.connectErr
+	}
+	f.mu.Lock()
+	f.opened++
+	base := &legacyConn{f: f, id: f.opened}
+	f.mu.Unlock()
+	switch f.kind {
+	case execer:
+		return &execerConn{base}, nil
+	case modern:
+		return &modernConn{base}, nil
+	}
+	return base, nil
+}
+
+func (f *fakeConnector) Driver() driver.Driver { return fakeDriver{f} }
+
+func (f *fakeConnector) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed++
+	return nil
+}
+
+type fakeDriver struct{ f *fakeConnector }
+
+func (d fakeDriver) Open(string) (driver.Conn, error) { return d.f.Connect(context.Background()) }
+
+// open returns a guarded database on f, closed in Cleanup after checking
+// that no connection leaked.
+func (f *fakeConnector) open(t *testing.T) *sql.DB {
+	t.Helper()
+	db := sql.OpenDB(idempotent.GuardConnector(f))
+	t.Cleanup(func() {
+		if n := db.Stats().InUse; n != 0 {
+			t.Errorf("connection leak: %d connections still in use", n)
+		}
+		_ = db.Close()
+	})
+	return db
+}
+
+func args(vals []driver.Value) string {
+	s := make([]string, len(vals))
+	for i, v := range vals {
+		s[i] = fmt.Sprintf("%T(%v)", v, v)
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
+
+func namedArgs(nvs []driver.NamedValue) string {
+	vals := make([]driver.Value, len(nvs))
+	for i, nv := range nvs {
+		vals[i] = nv.Value
+	}
+	return args(vals)
+}
+
+// legacyConn implements driver.Conn and nothing more.
+type legacyConn struct {
+	f  *fakeConnector
+	id int
+}
+
+func (c *legacyConn) Prepare(q string) (driver.Stmt, error) {
+	c.f.add("c%d prepare %s", c.id, q)
+	return &legacyStmt{c: c, q: q}, nil
+}
+
+func (c *legacyConn) Close() error { return nil }
+
+func (c *legacyConn) Begin() (driver.Tx, error) { //nolint:staticcheck // the legacy path under test
+	c.f.add("c%d begin", c.id)
+	if c.f.beginErr != nil {
+		return nil, c.f.beginErr
+	}
+	return &fakeTx{c}, nil
+}
+
+type fakeTx struct{ c *legacyConn }
+
+func (t *fakeTx) Commit() error {
+	t.c.f.add("c%d commit", t.c.id)
+	return nil
+}
+
+func (t *fakeTx) Rollback() error {
+	t.c.f.add("c%d rollback", t.c.id)
+	return nil
+}
+
+// execerConn adds the old, context-free Execer and Queryer.
+type execerConn struct{ *legacyConn }
+
+func (c *execerConn) Exec(q string, a []driver.Value) (driver.Result, error) { //nolint:staticcheck // under test
+	c.f.add("c%d exec %s %s", c.id, q, args(a))
+	return driver.RowsAffected(1), nil
+}
+
+func (c *execerConn) Query(q string, a []driver.Value) (driver.Rows, error) { //nolint:staticcheck // under test
+	c.f.add("c%d query %s %s", c.id, q, args(a))
+	return &fakeRows{}, nil
+}
+
+// point is a value only the modern driver's NamedValueCheckers accept.
+type point struct{ X, Y int }
+
+// modernConn implements every optional interface the guard passes through.
+type modernConn struct{ *legacyConn }
+
+func (c *modernConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	c.f.add("c%d begintx %s", c.id, sql.IsolationLevel(opts.Isolation))
+	if c.f.beginErr != nil {
+		return nil, c.f.beginErr
+	}
+	return &fakeTx{c.legacyConn}, nil
+}
+
+func (c *modernConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	c.f.add("c%d preparectx %s", c.id, q)
+	return &modernStmt{&legacyStmt{c: c.legacyConn, q: q}}, nil
+}
+
+func (c *modernConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
+	c.f.add("c%d execctx %s %s", c.id, q, namedArgs(a))
+	return driver.RowsAffected(1), nil
+}
+
+func (c *modernConn) QueryContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Rows, error) {
+	c.f.add("c%d queryctx %s %s", c.id, q, namedArgs(a))
+	return &fakeRows{}, nil
+}
+
+func (c *modernConn) Ping(context.Context) error {
+	c.f.add("c%d ping", c.id)
+	return nil
+}
+
+func (c *modernConn) ResetSession(context.Context) error {
+	c.f.add("c%d reset", c.id)
+	return c.f.resetErr
+}
+
+func (c *modernConn) IsValid() bool { return !c.f.invalid }
+
+func (c *modernConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if p, ok := nv.Value.(point); ok {
+		nv.Value = fmt.Sprintf("conn(%d,%d)", p.X, p.Y)
+		return nil
+	}
+	return driver.ErrSkip
+}
+
+// legacyStmt implements driver.Stmt and nothing more.
+type legacyStmt struct {
+	c *legacyConn
+	q string
+}
+
+func (s *legacyStmt) Close() error  { return nil }
+func (s *legacyStmt) NumInput() int { return -1 }
+
+func (s *legacyStmt) Exec(a []driver.Value) (driver.Result, error) { //nolint:staticcheck // under test
+	s.c.f.add("c%d stmt exec %s %s", s.c.id, s.q, args(a))
+	return driver.RowsAffected(1), nil
+}
+
+func (s *legacyStmt) Query(a []driver.Value) (driver.Rows, error) { //nolint:staticcheck // under test
+	s.c.f.add("c%d stmt query %s %s", s.c.id, s.q, args(a))
+	return &fakeRows{}, nil
+}
+
+type modernStmt struct{ *legacyStmt }
+
+func (s *modernStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
+	s.c.f.add("c%d stmt execctx %s %s", s.c.id, s.q, namedArgs(a))
+	return driver.RowsAffected(1), nil
+}
+
+func (s *modernStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
+	s.c.f.add("c%d stmt queryctx %s %s", s.c.id, s.q, namedArgs(a))
+	return &fakeRows{}, nil
+}
+
+func (s *modernStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if p, ok := nv.Value.(point); ok {
+		nv.Value = fmt.Sprintf("stmt(%d,%d)", p.X, p.Y)
+		return nil
+	}
+	return driver.ErrSkip
+}
+
+type fakeRows struct{ done bool }
+
+func (r *fakeRows) Columns() []string { return []string{"n"} }
+func (r *fakeRows) Close() error      { return nil }
+func (r *fakeRows) Next(dest []driver.Value) error {
+	if r.done {
+		return io.EOF
+	}
+	r.done = true
+	dest[0] = int64(1)
+	return nil
+}
+
+// dsnDriver is a registered driver without DriverContext, and ctxDriver
+// one with it, for OpenGuarded.
+type dsnDriver struct{ f *fakeConnector }
+
+func (d dsnDriver) Open(dsn string) (driver.Conn, error) {
+	d.f.add("open %s", dsn)
+	return d.f.Connect(context.Background())
+}
+
+type ctxDriver struct{ f *fakeConnector }
+
+func (d ctxDriver) Open(dsn string) (driver.Conn, error) {
+	return nil, errors.New("Open called instead of OpenConnector")
+}
+
+func (d ctxDriver) OpenConnector(dsn string) (driver.Connector, error) {
+	if dsn == "bad" {
+		return nil, errors.New("bad dsn")
+	}
+	d.f.add("connector %s", dsn)
+	return d.f, nil
+}
+
+var (
+	dsnConns = &fakeConnector{kind: modern}
+	ctxConns = &fakeConnector{kind: modern}
+)
+
+func init() {
+	sql.Register("idempotent-unit-dsn", dsnDriver{dsnConns})
+	sql.Register("idempotent-unit-ctx", ctxDriver{ctxConns})
+}
