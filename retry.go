@@ -53,6 +53,10 @@ func (p RetryPolicy) validate() error {
 func (p RetryPolicy) backoff(attempt int) time.Duration {
 	d := p.InitialBackoff
 	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		if d > p.MaxBackoff/2 {
+			d = p.MaxBackoff // doubling would pass the cap, or overflow
+			break
+		}
 		d *= 2
 	}
 	d = min(d, p.MaxBackoff)
