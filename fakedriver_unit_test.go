@@ -38,12 +38,14 @@ const (
 type fakeConnector struct {
 	kind connKind
 
-	mu     sync.Mutex
-	log    []string
-	opened int
-	closed int // Close calls on the connector
+	mu         sync.Mutex
+	log        []string
+	opened     int
+	closed     int // Close calls on the connector
+	connectors int // OpenConnector calls on ctxDriver
 
 	connectErr error
+	prepareErr error
 	beginErr   error
 	resetErr   error
 	invalid    bool
@@ -191,6 +193,9 @@ func (c *modernConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver
 
 func (c *modernConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	c.f.add("c%d preparectx %s", c.id, q)
+	if c.f.prepareErr != nil {
+		return nil, c.f.prepareErr
+	}
 	return &modernStmt{&legacyStmt{c: c.legacyConn, q: q}}, nil
 }
 
@@ -292,12 +297,25 @@ func (d ctxDriver) Open(dsn string) (driver.Conn, error) {
 }
 
 func (d ctxDriver) OpenConnector(dsn string) (driver.Connector, error) {
-	if dsn == "bad" {
+	d.f.add("connector %s", dsn)
+	d.f.mu.Lock()
+	d.f.connectors++
+	n := d.f.connectors
+	d.f.mu.Unlock()
+	if dsn == "bad" || (dsn == "bad-second" && n == 2) {
 		return nil, errors.New("bad dsn")
 	}
-	d.f.add("connector %s", dsn)
-	return d.f, nil
+	return ctxConnector{d.f, d}, nil
 }
+
+// ctxConnector is a connector of ctxDriver: its Driver is the one that
+// opened it, as database/sql expects.
+type ctxConnector struct {
+	*fakeConnector
+	d ctxDriver
+}
+
+func (c ctxConnector) Driver() driver.Driver { return c.d }
 
 var (
 	dsnConns = &fakeConnector{kind: modern}

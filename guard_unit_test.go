@@ -427,6 +427,13 @@ func TestGuardConnector(t *testing.T) {
 			t.Fatalf("got %v, want the connect error", err)
 		}
 	})
+	t.Run("prepare error", func(t *testing.T) {
+		noSuch := errors.New("no such table")
+		f := &fakeConnector{kind: modern, prepareErr: noSuch}
+		if _, err := f.open(t).PrepareContext(context.Background(), "SELECT x"); !errors.Is(err, noSuch) {
+			t.Fatalf("got %v, want the prepare error", err)
+		}
+	})
 	t.Run("begin error", func(t *testing.T) {
 		tooMany := errors.New("too many clients")
 		f := &fakeConnector{kind: modern, beginErr: tooMany}
@@ -448,7 +455,7 @@ func TestOpenGuarded(t *testing.T) {
 	reset := func(f *fakeConnector) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.log, f.opened = nil, 0
+		f.log, f.opened, f.connectors = nil, 0, 0
 	}
 	use := func(t *testing.T, db *sql.DB) {
 		t.Helper()
@@ -465,6 +472,9 @@ func TestOpenGuarded(t *testing.T) {
 		}
 		use(t, db)
 		dsnConns.wantCalls(t, "open dsn-1", "c1 execctx UPDATE x []")
+		if _, ok := db.Driver().(dsnDriver); !ok {
+			t.Fatalf("Driver() is %T, want the registered driver", db.Driver())
+		}
 	})
 	t.Run("driver with DriverContext", func(t *testing.T) {
 		reset(ctxConns)
@@ -473,13 +483,18 @@ func TestOpenGuarded(t *testing.T) {
 			t.Fatal(err)
 		}
 		use(t, db)
-		ctxConns.wantCalls(t, "connector dsn-2", "c1 execctx UPDATE x []")
+		// database/sql's Open makes one connector to find the driver; the
+		// guard makes its own.
+		ctxConns.wantCalls(t, "connector dsn-2", "connector dsn-2", "c1 execctx UPDATE x []")
 	})
-	t.Run("connector error", func(t *testing.T) {
-		if _, err := idempotent.OpenGuarded("idempotent-unit-ctx", "bad"); err == nil || !strings.Contains(err.Error(), "bad dsn") {
-			t.Fatalf("got %v, want the connector's error", err)
-		}
-	})
+	for _, dsn := range []string{"bad", "bad-second"} {
+		t.Run("connector error/"+dsn, func(t *testing.T) {
+			reset(ctxConns)
+			if _, err := idempotent.OpenGuarded("idempotent-unit-ctx", dsn); err == nil || !strings.Contains(err.Error(), `open "idempotent-unit-ctx": bad dsn`) {
+				t.Fatalf("got %v, want the connector's error", err)
+			}
+		})
+	}
 	t.Run("unknown driver", func(t *testing.T) {
 		if _, err := idempotent.OpenGuarded("idempotent-unit-none", "x"); err == nil || !strings.Contains(err.Error(), `"idempotent-unit-none"`) {
 			t.Fatalf("got %v, want an error naming the driver", err)

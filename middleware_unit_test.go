@@ -576,6 +576,29 @@ func TestContextEnds(t *testing.T) {
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
 	})
+	t.Run("after the handler ended the transaction", func(t *testing.T) {
+		// With the context gone, database/sql may have rolled the
+		// transaction back itself: a transaction found ended is no
+		// handler bug, and the context's error is what the caller sees.
+		for _, handlerErr := range []error{nil, errHandler} {
+			r := newRecorded(t)
+			mw := newMiddleware(t, r)
+			ctx := newFlagCtx()
+			r.mock.ExpectBegin()
+			expectClaim(r.mock, key, 1)
+			r.mock.ExpectRollback()
+
+			_, err := mw.Process(ctx, key, func(_ context.Context, tx *sql.Tx) error {
+				_ = tx.Rollback()
+				ctx.end()
+				return handlerErr
+			})
+			if !errors.Is(err, context.Canceled) || errors.Is(err, idempotent.ErrAutocommit) || (handlerErr != nil && !errors.Is(err, handlerErr)) {
+				t.Fatalf("handler error %v: got %v, want context.Canceled (and the handler's error), not ErrAutocommit", handlerErr, err)
+			}
+			r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+		}
+	})
 	t.Run("during the backoff", func(t *testing.T) {
 		r := newRecorded(t)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,144 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// bareDialect is the Postgres dialect without a lock timeout or a
+// transaction id, like a dialect that cannot offer them.
+type bareDialect struct{ *postgres.Dialect }
+
+func (bareDialect) Name() string                        { return "bare" }
+func (bareDialect) LockTimeoutSQL(time.Duration) string { return "" }
+func (bareDialect) TxIDSQL() string                     { return "" }
+
+func TestNewRejects(t *testing.T) {
+	db, _ := sqlmockDB(t)
+	cases := []struct {
+		name     string
+		db       *sql.DB
+		d        dialect.Dialect
+		consumer string
+		opts     []idempotent.Option
+		want     string
+		is       error
+	}{
+		{name: "nil db", d: pg, consumer: "c", want: "nil *sql.DB"},
+		{name: "nil dialect", db: db, consumer: "c", want: "nil dialect"},
+		{name: "empty consumer", db: db, d: pg, want: "consumer name is empty"},
+		{name: "long consumer", db: db, d: pg, consumer: strings.Repeat("c", 129), want: "consumer name is 129 bytes, the limit is 128"},
+		{name: "space in consumer", db: db, d: pg, consumer: "loy alty", want: `consumer name "loy alty" has ' ' at byte 3`},
+		{name: "consumer starts with punctuation", db: db, d: pg, consumer: ".loyalty", want: `has '.' at byte 0`},
+		{name: "non-ASCII consumer", db: db, d: pg, consumer: "lóyalty", want: "at byte 1"},
+		{name: "nil option", db: db, d: pg, consumer: "c", opts: []idempotent.Option{nil}, want: "nil option"},
+		{name: "table with two dots", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithTable("a.b.c")}, want: `table name "a.b.c"`, is: dialect.ErrInvalidIdentifier},
+		{name: "table starting with a digit", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithTable("1claims")}, want: `"1claims" has '1' at byte 0`, is: dialect.ErrInvalidIdentifier},
+		{name: "empty table", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithTable("")}, is: dialect.ErrInvalidIdentifier},
+		{name: "quote in table", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithTable(`claims"; DROP TABLE x; --`)}, is: dialect.ErrInvalidIdentifier},
+		{name: "read-only transactions", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithTxOptions(sql.TxOptions{ReadOnly: true})}, want: "read-only transaction cannot insert a claim"},
+		{name: "zero lock timeout", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithLockTimeout(0)}, want: "WithLockTimeout: 0s is not a positive duration"},
+		{name: "negative lock timeout", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithLockTimeout(-time.Second)}, want: "-1s is not a positive duration"},
+		{name: "nil observer", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithObserver(nil)}, want: "WithObserver: nil observer"},
+		{name: "lock timeout on a dialect without", db: db, d: bareDialect{pg}, consumer: "c", opts: []idempotent.Option{idempotent.WithLockTimeout(time.Second)}, want: "the bare dialect cannot bound lock waits"},
+		{name: "strict guard on a dialect without", db: db, d: bareDialect{pg}, consumer: "c", opts: []idempotent.Option{idempotent.WithStrictGuard()}, want: "the bare dialect cannot identify transactions"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mw, err := idempotent.New(c.db, c.d, c.consumer, c.opts...)
+			if mw != nil || err == nil {
+				t.Fatalf("got (%v, %v), want an error", mw, err)
+			}
+			if !strings.Contains(err.Error(), c.want) || (c.is != nil && !errors.Is(err, c.is)) {
+				t.Fatalf("got %q, want it to contain %q and match %v", err, c.want, c.is)
+			}
+		})
+	}
+}
+
+func TestNewAccepts(t *testing.T) {
+	db, _ := sqlmockDB(t) // sqlmockDB fails the test if New sends anything
+	for _, c := range []struct {
+		consumer, table, wantTable string
+	}{
+		{"loyalty", "", "processed_messages"},
+		{"loyalty/eu-1:v2.3_x", "claims", "claims"},
+		{strings.Repeat("c", 128), "ops.processed_messages", "ops.processed_messages"},
+		{"9lives", "_t", "_t"},
+	} {
+		opts := []idempotent.Option{idempotent.WithObserver(&idempotent.Counts{}), idempotent.WithLockTimeout(time.Second),
+			idempotent.WithStrictGuard(), idempotent.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})}
+		if c.table != "" {
+			opts = append(opts, idempotent.WithTable(c.table))
+		}
+		mw, err := idempotent.New(db, pg, c.consumer, opts...)
+		if err != nil {
+			t.Fatalf("%q: %v", c.consumer, err)
+		}
+		if mw.Consumer() != c.consumer || mw.Table() != c.wantTable || mw.Dialect() != pg {
+			t.Fatalf("accessors: %q %q %v", mw.Consumer(), mw.Table(), mw.Dialect())
+		}
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	for o, want := range map[idempotent.Outcome]string{
+		idempotent.Applied:   "applied",
+		idempotent.Duplicate: "duplicate",
+		0:                    "Outcome(0)",
+		7:                    "Outcome(7)",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("Outcome(%d).String() = %q, want %q", int(o), got, want)
+		}
+	}
+}
+
+func TestCounts(t *testing.T) {
+	t.Run("direct", func(t *testing.T) {
+		var c idempotent.Counts
+		ctx := context.Background()
+		c.Outcome(ctx, idempotent.Event{Outcome: idempotent.Applied})
+		c.Outcome(ctx, idempotent.Event{Outcome: idempotent.Duplicate})
+		c.Outcome(ctx, idempotent.Event{Outcome: idempotent.Duplicate})
+		c.Outcome(ctx, idempotent.Event{Err: errHandler})
+		c.Outcome(ctx, idempotent.Event{Outcome: idempotent.Applied, Err: errHandler}) // an error wins
+		c.Outcome(ctx, idempotent.Event{})                                             // nothing to count
+		c.Retry(ctx, idempotent.RetryEvent{})
+		if c.Applied() != 1 || c.Duplicates() != 2 || c.Failed() != 2 || c.Retries() != 1 {
+			t.Fatalf("counts applied %d, duplicates %d, failed %d, retries %d; want 1, 2, 2, 1", c.Applied(), c.Duplicates(), c.Failed(), c.Retries())
+		}
+	})
+	t.Run("observing a middleware", func(t *testing.T) {
+		r := newRecorded(t)
+		var c idempotent.Counts
+		mw := newMiddleware(t, r, idempotent.WithObserver(&c))
+		// applied after one retry, then a duplicate, then a failure
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
+		r.mock.ExpectRollback()
+		expectApplied(r.mock, key)
+		r.mock.ExpectBegin()
+		expectClaim(r.mock, key, 0)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin().WillReturnError(errHandler)
+		ctx := context.Background()
+		_, _ = mw.Process(ctx, key, effect)
+		_, _ = mw.Process(ctx, key, effect)
+		_, _ = mw.Process(ctx, key, effect)
+		_, _ = mw.Process(ctx, "", effect)
+		if c.Applied() != 1 || c.Duplicates() != 1 || c.Failed() != 2 || c.Retries() != 1 {
+			t.Fatalf("counts applied %d, duplicates %d, failed %d, retries %d; want 1, 1, 2, 1", c.Applied(), c.Duplicates(), c.Failed(), c.Retries())
+		}
+	})
+}
