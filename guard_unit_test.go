@@ -74,11 +74,17 @@ func TestGuardCatchesEscapes(t *testing.T) {
 			return err
 		}, `exec "UPDATE escaped"`},
 		{"query on the database", func(ctx context.Context, db *sql.DB, _ *sql.Conn, _ *sql.Stmt) error {
-			_, err := db.QueryContext(ctx, "SELECT escaped")
+			rows, err := db.QueryContext(ctx, "SELECT escaped")
+			if err == nil {
+				rows.Close()
+			}
 			return err
 		}, `query "SELECT escaped"`},
 		{"prepare on the database", func(ctx context.Context, db *sql.DB, _ *sql.Conn, _ *sql.Stmt) error {
-			_, err := db.PrepareContext(ctx, "INSERT escaped")
+			s, err := db.PrepareContext(ctx, "INSERT escaped")
+			if err == nil {
+				s.Close()
+			}
 			return err
 		}, `prepare "INSERT escaped"`},
 		{"exec on a reserved connection", func(ctx context.Context, _ *sql.DB, conn *sql.Conn, _ *sql.Stmt) error {
@@ -90,11 +96,17 @@ func TestGuardCatchesEscapes(t *testing.T) {
 			return err
 		}, `exec "UPDATE prepared"`},
 		{"prepared statement query", func(ctx context.Context, _ *sql.DB, _ *sql.Conn, stmt *sql.Stmt) error {
-			_, err := stmt.QueryContext(ctx, 1)
+			rows, err := stmt.QueryContext(ctx, 1)
+			if err == nil {
+				rows.Close()
+			}
 			return err
 		}, `query "UPDATE prepared"`},
 		{"second transaction", func(ctx context.Context, db *sql.DB, _ *sql.Conn, _ *sql.Stmt) error {
-			_, err := db.BeginTx(ctx, nil)
+			tx, err := db.BeginTx(ctx, nil)
+			if err == nil {
+				_ = tx.Rollback()
+			}
 			return err
 		}, "a second transaction"},
 		{"long statement", func(ctx context.Context, db *sql.DB, _ *sql.Conn, _ *sql.Stmt) error {
