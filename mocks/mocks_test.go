@@ -355,6 +355,9 @@ func TestNewCleanupReports(t *testing.T) {
 		if len(r.errs) != 0 {
 			t.Fatalf("cleanup reported %q", r.errs)
 		}
+		if db.Driver() == nil {
+			t.Fatal("no driver")
+		}
 		if err := db.Ping(); err == nil || !strings.Contains(err.Error(), "closed") {
 			t.Fatalf("database not closed by the cleanup: ping gave %v", err)
 		}
@@ -398,7 +401,12 @@ func TestNewCleanupReports(t *testing.T) {
 }
 
 func TestForRejects(t *testing.T) {
-	_, mock, err := mocks.Open()
+	db, mock, err := mocks.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,6 +423,7 @@ func TestForRejects(t *testing.T) {
 		{"no lock timeout in dialect", func() { mocks.For(mock, fakeDialect{noLock: true}, "c", mocks.WithLockTimeout(time.Second)) }, "cannot bound lock waits"},
 		{"no txid in dialect", func() { mocks.For(mock, fakeDialect{noTxID: true}, "c", mocks.WithStrictGuard()) }, "cannot identify transactions"},
 		{"nil middleware", func() { mocks.ForMiddleware(mock, nil) }, "nil Middleware"},
+		{"nil mock for a middleware", func() { mocks.ForMiddleware(nil, mw) }, "ForMiddleware: nil sqlmock"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
