@@ -1,0 +1,87 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/mocks"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// Ledger is a library's transaction type wrapping *sql.Tx, as sqlx's
+// *sqlx.Tx does.
+type Ledger struct{ *sql.Tx }
+
+// Credit adds points to a customer's balance.
+func (l Ledger) Credit(ctx context.Context, customer, points int64) error {
+	_, err := l.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", points, customer)
+	return err
+}
+
+// beginLedger begins each attempt's transaction as a Ledger.
+func beginLedger(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (Ledger, *sql.Tx, error) {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return Ledger{}, nil, err
+	}
+	return Ledger{tx}, tx, nil
+}
+
+// ProcessTx hands the function the library's transaction type; here on a
+// go-sqlmock database.
+func ExampleProcessTx() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		panic(err)
+	}
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied("order-completed:9912")
+	m.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
+		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+
+	outcome, err := idempotent.ProcessTx(context.Background(), mw, "order-completed:9912", beginLedger,
+		func(ctx context.Context, l Ledger) error { return l.Credit(ctx, 7, 50) })
+	fmt.Println(outcome, err)
+	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// applied <nil>
+	// expectations met: true
+}
+
+// WrapTx is Wrap for handlers of the library's transaction type.
+func ExampleWrapTx() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		panic(err)
+	}
+	type orderCompleted struct{ OrderID, CustomerID, Points int64 }
+	handle := idempotent.WrapTx(mw, beginLedger,
+		func(o orderCompleted) (string, error) { return fmt.Sprintf("order-completed:%d", o.OrderID), nil },
+		func(ctx context.Context, l Ledger, o orderCompleted) error {
+			return l.Credit(ctx, o.CustomerID, o.Points)
+		})
+
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectDuplicate("order-completed:9912")
+
+	fmt.Println(handle(context.Background(), orderCompleted{OrderID: 9912, CustomerID: 7, Points: 50}))
+	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// duplicate <nil>
+	// expectations met: true
+}
