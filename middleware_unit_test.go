@@ -599,6 +599,21 @@ func TestContextEnds(t *testing.T) {
 			r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
 		}
 	})
+	t.Run("before a retry without backoff", func(t *testing.T) {
+		r := newRecorded(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		mw := newMiddleware(t, r, idempotent.WithObserver(&events{onRetry: func(idempotent.RetryEvent) { cancel() }}))
+		serial := &pq.Error{Code: "40P01"}
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(serial)
+		r.mock.ExpectRollback()
+
+		if _, err := mw.Process(ctx, key, effect); !errors.Is(err, context.Canceled) || !errors.Is(err, serial) {
+			t.Fatalf("got %v, want context.Canceled joined with the attempt's error", err)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+	})
 	t.Run("during the backoff", func(t *testing.T) {
 		r := newRecorded(t)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -665,6 +680,12 @@ func TestWrap(t *testing.T) {
 		if e := ev.only(t); e.Consumer != consumer || !errors.Is(e.Err, idempotent.ErrInvalidKey) || e.Attempts != 0 {
 			t.Fatalf("event %+v", e)
 		}
+		// And without an observer.
+		handle = idempotent.Wrap(newMiddleware(t, r), keyOf, func(context.Context, *sql.Tx, order) error { return nil })
+		if _, err := handle(context.Background(), order{}); !errors.Is(err, idempotent.ErrInvalidKey) {
+			t.Fatalf("got %v, want ErrInvalidKey", err)
+		}
+		r.wantCalls(t)
 	})
 }
 
