@@ -168,14 +168,21 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 // a mistake is caught. Ack the message only after Process returns without an
 // error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
-	start := time.Now()
-	outcome, attempts, err := m.process(ctx, key, fn)
-	if m.observer != nil {
-		m.observer.Outcome(ctx, Event{
-			Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
-			Duration: time.Since(start), Err: err,
-		})
+	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, key, fn) })
+}
+
+// observe runs f and tells the observer, if any, how it ended.
+func (m *Middleware) observe(ctx context.Context, key string, f func() (Outcome, int, error)) (Outcome, error) {
+	if m.observer == nil {
+		outcome, _, err := f()
+		return outcome, err
 	}
+	start := time.Now()
+	outcome, attempts, err := f()
+	m.observer.Outcome(ctx, Event{
+		Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
+		Duration: time.Since(start), Err: err,
+	})
 	return outcome, err
 }
 
