@@ -133,9 +133,20 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
 // once and on every start.
+//
+// If the dialect implements dialect.ServerChecker, EnsureSchema first checks
+// that the database is one the dialect speaks: a dialect used with another
+// database's driver fails here with an error matching
+// dialect.ErrWrongDatabase.
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	stmts := m.d.SchemaSQL(m.table)
+	checker, _ := m.d.(dialect.ServerChecker)
 	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
+		if checker != nil {
+			if err := checker.CheckServer(ctx, m.table, txQuery(tx)); err != nil {
+				return err
+			}
+		}
 		for _, s := range stmts {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
 				return err
@@ -147,6 +158,15 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", m.table, err)
 	}
 	return nil
+}
+
+// txQuery returns a dialect.QueryFunc that runs on tx.
+func txQuery(tx *sql.Tx) dialect.QueryFunc {
+	return func(ctx context.Context, query string, args ...any) (string, error) {
+		var s sql.NullString
+		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
+		return s.String, err
+	}
 }
 
 // Process applies fn's effect for the message with the given key exactly
