@@ -49,6 +49,7 @@ type Middleware struct {
 	table       dialect.Table
 	claimSQL    string
 	lockSQL     string
+	lockReset   string
 	txidSQL     string
 	lockTimeout time.Duration
 	maxKey      int
@@ -100,6 +101,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	if cfg.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {
 			return nil, fmt.Errorf("idempotent: WithLockTimeout: the %s dialect cannot bound lock waits", d.Name())
+		}
+		if r, ok := d.(dialect.LockTimeoutResetter); ok {
+			m.lockReset = r.LockTimeoutResetSQL()
 		}
 	}
 	if cfg.strictGuard {
@@ -250,11 +254,21 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	return claimed, nil
 }
 
-// claim runs the lock timeout (if any) and the claim statement on tx.
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (bool, error) {
+// claim runs the lock timeout (if any) and the claim statement on tx, then
+// the dialect's lock timeout reset (if any).
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (claimed bool, err error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
+		}
+		if m.lockReset != "" {
+			defer func() {
+				// Even when ctx has ended: the setting must not stay on a
+				// pooled connection.
+				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
+					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
+				}
+			}()
 		}
 	}
 	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, key)

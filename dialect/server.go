@@ -11,8 +11,8 @@ import (
 var ErrWrongDatabase = errors.New("dialect does not match the database")
 
 // QueryFunc runs query with args and returns the first column of its only
-// row as a string ("" for NULL). The middleware passes one that runs on the
-// transaction EnsureSchema opened.
+// row as a string ("" for NULL), or sql.ErrNoRows when there is no row. The
+// middleware passes one that runs on the transaction EnsureSchema opened.
 type QueryFunc func(ctx context.Context, query string, args ...any) (string, error)
 
 // ServerChecker is an optional interface of a [Dialect]. A dialect that
