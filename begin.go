@@ -49,7 +49,8 @@ func ProcessTx[T any](ctx context.Context, m *Middleware, key string, begin Begi
 		cur = t
 		return tx, nil
 	}
-	return m.processWith(ctx, &r, key, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
+	body := func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) }
+	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &r, key, body) })
 }
 
 // WrapTx is [Wrap] for handlers that work on T, a transaction type of a
