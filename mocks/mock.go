@@ -1,6 +1,9 @@
 package mocks
 
 import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,11 +29,14 @@ import (
 type Mock struct {
 	sqlmock.Sqlmock
 
-	consumer string
-	claimSQL string
-	lockSQL  string
-	txidSQL  string
-	schema   []string
+	d         dialect.Dialect
+	table     dialect.Table
+	consumer  string
+	claimSQL  string
+	lockSQL   string
+	lockReset string
+	txidSQL   string
+	schema    []string
 	// txid is the transaction id the strict guard's queries return for the
 	// current attempt; each ExpectApplied takes a new one.
 	txid int64
@@ -133,6 +139,8 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 	}
 	m := &Mock{
 		Sqlmock:  mock,
+		d:        d,
+		table:    table,
 		consumer: consumer,
 		claimSQL: d.ClaimSQL(table),
 		schema:   d.SchemaSQL(table),
@@ -141,6 +149,9 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 	if s.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(s.lockTimeout); m.lockSQL == "" {
 			return nil, fmt.Errorf("WithLockTimeout: the %s dialect cannot bound lock waits", d.Name())
+		}
+		if r, ok := d.(dialect.LockTimeoutResetter); ok {
+			m.lockReset = r.LockTimeoutResetSQL()
 		}
 	}
 	if s.strictGuard {
@@ -152,8 +163,10 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 }
 
 // ExpectClaim expects the claim statement for key — preceded by the lock
-// timeout statement when WithLockTimeout was given — and returns the
-// claim's expectation for the test to complete: WillReturnResult with
+// timeout statement when WithLockTimeout was given, and followed by the
+// dialect's lock timeout reset if it has one (dialect.LockTimeoutResetter,
+// as MySQL's) — and returns the claim's expectation for the test to
+// complete: WillReturnResult with
 // sqlmock.NewResult(0, 1) when the claim inserts, (0, 0) when it exists, or
 // WillReturnError. Use it for Middleware.Claim in a transaction of the
 // caller's; for Process, ExpectApplied, ExpectDuplicate and ExpectClaimError
@@ -162,7 +175,11 @@ func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
 	if m.lockSQL != "" {
 		m.Sqlmock.ExpectExec(m.lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
-	return m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(m.consumer, key)
+	claim := m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(m.consumer, key)
+	if m.lockReset != "" {
+		m.Sqlmock.ExpectExec(m.lockReset).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	return claim
 }
 
 // ExpectApplied expects the start of a delivery whose claim is new: BEGIN,
@@ -215,9 +232,21 @@ func (m *Mock) ExpectCommitError(err error) {
 }
 
 // ExpectEnsureSchema expects Middleware.EnsureSchema: BEGIN, the dialect's
-// schema statements, COMMIT.
-func (m *Mock) ExpectEnsureSchema() {
+// server check if it has one (dialect.ServerChecker), its schema
+// statements, COMMIT.
+//
+// answers are what the server check's queries return, in order: for the
+// Postgres dialect the version, such as "PostgreSQL 16.4"; for SQLite the
+// library version, such as "3.46.0"; for MySQL the version, the current
+// database (asked only when the table names no schema), InnoDB's support
+// and the claim table's engine, such as "10.11.6-MariaDB", "test", "YES".
+// A query past the last answer returns no row. ExpectEnsureSchema runs the
+// dialect's own check against the answers to learn its queries, and panics
+// if the check rejects them or leaves answers unused — a mistake in the
+// test.
+func (m *Mock) ExpectEnsureSchema(answers ...string) {
 	m.Sqlmock.ExpectBegin()
+	m.expectServerCheck(answers)
 	for _, s := range m.schema {
 		m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
@@ -227,4 +256,55 @@ func (m *Mock) ExpectEnsureSchema() {
 func (m *Mock) expectTxID() {
 	rows := sqlmock.NewRows([]string{"txid"}).AddRow(strconv.FormatInt(m.txid, 10))
 	m.Sqlmock.ExpectQuery(m.txidSQL).WithoutArgs().WillReturnRows(rows)
+}
+
+// serverQuery is one query of a dialect's server check, with its answer
+// (nil: no row).
+type serverQuery struct {
+	query  string
+	args   []driver.Value
+	answer *string
+}
+
+func (m *Mock) expectServerCheck(answers []string) {
+	checker, ok := m.d.(dialect.ServerChecker)
+	if !ok {
+		if len(answers) > 0 {
+			panic(fmt.Sprintf("mocks: ExpectEnsureSchema: the %s dialect runs no server check, yet %d answers were given", m.d.Name(), len(answers)))
+		}
+		return
+	}
+	var asked []serverQuery
+	err := checker.CheckServer(context.Background(), m.table, func(_ context.Context, query string, args ...any) (string, error) {
+		q := serverQuery{query: query, args: make([]driver.Value, len(args))}
+		for i, a := range args {
+			q.args[i] = a
+		}
+		if n := len(asked); n < len(answers) {
+			q.answer = &answers[n]
+		}
+		asked = append(asked, q)
+		if q.answer == nil {
+			return "", sql.ErrNoRows
+		}
+		return *q.answer, nil
+	})
+	if err != nil {
+		panic(fmt.Sprintf("mocks: ExpectEnsureSchema: the %s dialect's server check rejects the answers %q: %v", m.d.Name(), answers, err))
+	}
+	if len(asked) < len(answers) {
+		panic(fmt.Sprintf("mocks: ExpectEnsureSchema: the %s dialect's server check asks %d queries, yet %d answers were given", m.d.Name(), len(asked), len(answers)))
+	}
+	for _, q := range asked {
+		rows := sqlmock.NewRows([]string{"answer"})
+		if q.answer != nil {
+			rows.AddRow(*q.answer)
+		}
+		e := m.Sqlmock.ExpectQuery(q.query).WillReturnRows(rows)
+		if len(q.args) > 0 {
+			e.WithArgs(q.args...)
+		} else {
+			e.WithoutArgs()
+		}
+	}
 }

@@ -11,12 +11,15 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/mocks"
+	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/sqlite"
 )
 
 // fakeDialect is a dialect unlike Postgres in every statement: ? parameters,
@@ -65,14 +68,25 @@ func bq(s string) string { return "`" + s + "`" }
 type dialectCase struct {
 	name      string
 	d         dialect.Dialect
-	retryable error // a serialization failure
+	retryable error // a serialization failure or lost connection
 	fatal     error // an error that is not retried
+	// server answers the dialect's server check, for ExpectEnsureSchema
+	// with the table "s.claims".
+	server []string
 }
 
 var dialects = []dialectCase{
-	{"postgres", postgres.New(), &pq.Error{Code: "40001"}, &pq.Error{Code: "23502"}},
-	{"postgres-deadlock", postgres.New(), &pq.Error{Code: "40P01"}, &pq.Error{Code: "22001"}},
-	{"fake", fakeDialect{}, &fakeError{retryable: true}, &fakeError{}},
+	{"postgres", postgres.New(), &pq.Error{Code: "40001"}, &pq.Error{Code: "23502"}, []string{"PostgreSQL 16.4 on x86_64-pc-linux-gnu"}},
+	{"postgres-deadlock", postgres.New(), &pq.Error{Code: "40P01"}, &pq.Error{Code: "22001"}, []string{"CockroachDB CCL v23.1"}},
+	{"mysql", mysql.New(), &mysqldrv.MySQLError{Number: 1213}, &mysqldrv.MySQLError{Number: 1048}, []string{"10.11.6-MariaDB", "YES", "InnoDB"}},
+	{"sqlite", sqlite.New(), driver.ErrBadConn, errors.New("constraint failed"), []string{"3.46.0"}},
+	{"fake", fakeDialect{}, &fakeError{retryable: true}, &fakeError{}, nil},
+}
+
+// supports reports whether d can run the Middleware options of cfg.
+func supports(d dialect.Dialect, cfg config) bool {
+	_, err := idempotent.New(&sql.DB{}, d, "c", cfg.mw...)
+	return err == nil
 }
 
 // config is one way the Middleware under test is set up, with the matching
@@ -184,6 +198,9 @@ func TestDeliveries(t *testing.T) {
 	}
 	for _, dc := range dialects {
 		for _, cfg := range configs {
+			if !supports(dc.d, cfg) {
+				continue // the SQLite dialect has no lock timeout and no transaction id
+			}
 			for _, sc := range scenarios {
 				t.Run(dc.name+"/"+cfg.name+"/"+sc.name, func(t *testing.T) {
 					t.Parallel()
@@ -215,11 +232,19 @@ func TestForMiddleware(t *testing.T) {
 	for _, dc := range dialects {
 		t.Run(dc.name, func(t *testing.T) {
 			db, mock := mocks.New(t)
-			mw, err := idempotent.New(db, dc.d, "billing", idempotent.WithTable("ops.claims"), idempotent.WithStrictGuard())
+			opts := []idempotent.Option{idempotent.WithTable("ops.claims")}
+			if dc.d.TxIDSQL() != "" {
+				opts = append(opts, idempotent.WithStrictGuard())
+			}
+			mw, err := idempotent.New(db, dc.d, "billing", opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := mocks.ForMiddleware(mock, mw, mocks.WithStrictGuard())
+			var mopts []mocks.Option
+			if dc.d.TxIDSQL() != "" {
+				mopts = append(mopts, mocks.WithStrictGuard())
+			}
+			m := mocks.ForMiddleware(mock, mw, mopts...)
 			m.ExpectApplied(key)
 			expectEffect(m)
 			m.ExpectCommit()
@@ -271,10 +296,51 @@ func TestExpectEnsureSchema(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			mocks.ForMiddleware(mock, mw).ExpectEnsureSchema()
+			mocks.ForMiddleware(mock, mw).ExpectEnsureSchema(dc.server...)
 			if err := mw.EnsureSchema(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+		})
+	}
+	t.Run("mysql without a schema asks for the database", func(t *testing.T) {
+		db, mock := mocks.New(t)
+		mw, err := idempotent.New(db, mysql.New(), "loyalty")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mocks.ForMiddleware(mock, mw).ExpectEnsureSchema("8.0.36", "shop", "DEFAULT") // no claim table yet: no engine
+		if err := mw.EnsureSchema(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestExpectEnsureSchemaRejects(t *testing.T) {
+	_, mock, err := mocks.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		d       dialect.Dialect
+		answers []string
+		want    string
+	}{
+		{"wrong server", postgres.New(), []string{"10.11.6-MariaDB"}, "rejects the answers"},
+		{"no answers", postgres.New(), nil, "rejects the answers"},
+		{"too many answers", postgres.New(), []string{"PostgreSQL 16", "extra"}, "asks 1 queries, yet 2 answers were given"},
+		{"MyISAM claim table", mysql.New(), []string{"8.0.36", "shop", "YES", "MyISAM"}, "must be InnoDB"},
+		{"answers for no check", fakeDialect{}, []string{"x"}, "runs no server check"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				p := recover()
+				if s, ok := p.(string); !ok || !strings.Contains(s, c.want) {
+					t.Fatalf("panic %v, want one containing %q", p, c.want)
+				}
+			}()
+			mocks.For(mock, c.d, "c").ExpectEnsureSchema(c.answers...)
 		})
 	}
 }
