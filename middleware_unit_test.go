@@ -16,6 +16,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
 )
 
 // Unit tests of Middleware.Process, Wrap, Claim and EnsureSchema on
@@ -771,12 +772,20 @@ func TestClaim(t *testing.T) {
 	r.wantCalls(t, "BEGIN", lock, claimSQL, lock, claimSQL, lock, claimSQL, "COMMIT")
 }
 
+// versionSQL is the Postgres dialect's server check.
+const versionSQL = "SELECT version()"
+
+func expectVersion(m sqlmock.Sqlmock, v string) {
+	m.ExpectQuery(versionSQL).WithoutArgs().WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(v))
+}
+
 func TestEnsureSchema(t *testing.T) {
 	stmts := pg.SchemaSQL(dialect.Table{Schema: "shop", Name: "claims"})
 	t.Run("creates", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
 		r.mock.ExpectBegin()
+		expectVersion(r.mock, "PostgreSQL 16.4")
 		for _, s := range stmts {
 			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
 		}
@@ -784,13 +793,25 @@ func TestEnsureSchema(t *testing.T) {
 		if err := mw.EnsureSchema(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		r.wantCalls(t, append(append([]string{"BEGIN"}, stmts...), "COMMIT")...)
+		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL}, stmts...), "COMMIT")...)
+	})
+	t.Run("wrong database", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
+		r.mock.ExpectBegin()
+		expectVersion(r.mock, "10.11.6-MariaDB")
+		r.mock.ExpectRollback()
+		if err := mw.EnsureSchema(context.Background()); !errors.Is(err, dialect.ErrWrongDatabase) {
+			t.Fatalf("got %v, want ErrWrongDatabase", err)
+		}
+		r.wantCalls(t, "BEGIN", versionSQL, "ROLLBACK")
 	})
 	t.Run("fails", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
 		noSchema := &pq.Error{Code: "3F000"}
 		r.mock.ExpectBegin()
+		expectVersion(r.mock, "PostgreSQL 16.4")
 		r.mock.ExpectExec(stmts[0]).WillReturnResult(sqlmock.NewResult(0, 0))
 		r.mock.ExpectExec(stmts[1]).WillReturnError(noSchema)
 		r.mock.ExpectRollback()
@@ -798,7 +819,7 @@ func TestEnsureSchema(t *testing.T) {
 		if !errors.Is(err, noSchema) || !strings.Contains(err.Error(), "ensure schema of shop.claims") {
 			t.Fatalf("got %v, want the schema error naming the table", err)
 		}
-		r.wantCalls(t, "BEGIN", stmts[0], stmts[1], "ROLLBACK")
+		r.wantCalls(t, "BEGIN", versionSQL, stmts[0], stmts[1], "ROLLBACK")
 	})
 }
 
@@ -810,4 +831,71 @@ func TestTxOptions(t *testing.T) {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	r.wantCalls(t, "BEGIN Serializable", claimSQL, effectSQL, "COMMIT")
+}
+
+// resetDialect is the Postgres dialect with a lock timeout reset, as a
+// dialect whose lock timeout outlives the transaction (MySQL's) has.
+type resetDialect struct{ *postgres.Dialect }
+
+const resetSQL = "SET lock_timeout = DEFAULT"
+
+func (resetDialect) LockTimeoutResetSQL() string { return resetSQL }
+
+// TestLockTimeoutReset checks the reset follows the claim whether the claim
+// succeeded or not, and that a failed reset fails the delivery.
+func TestLockTimeoutReset(t *testing.T) {
+	const lock = "SET LOCAL lock_timeout = 1000"
+	newReset := func(t *testing.T, r *recorded) *idempotent.Middleware {
+		t.Helper()
+		mw, err := idempotent.New(r.db, resetDialect{pg}, consumer, noWait, idempotent.WithLockTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mw
+	}
+	t.Run("applied", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		expectClaim(r.mock, key, 1)
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+			t.Fatalf("got (%v, %v), want applied", got, err)
+		}
+		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, effectSQL, "COMMIT")
+	})
+	t.Run("claim busy", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "55P03"})
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectRollback()
+		if _, err := mw.Process(context.Background(), key, effect); !errors.Is(err, idempotent.ErrClaimBusy) {
+			t.Fatalf("got %v, want ErrClaimBusy", err)
+		}
+		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
+	})
+	t.Run("reset fails", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		bad := &pq.Error{Code: "XX000"}
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		expectClaim(r.mock, key, 1)
+		r.mock.ExpectExec(resetSQL).WillReturnError(bad)
+		r.mock.ExpectRollback()
+		_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+			t.Error("the handler ran after a failed reset")
+			return nil
+		})
+		if !errors.Is(err, bad) || !strings.Contains(err.Error(), "reset lock timeout") {
+			t.Fatalf("got %v, want the reset's error", err)
+		}
+		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
+	})
 }
