@@ -42,5 +42,8 @@
 // idempotent.WithTable, idempotent.WithLockTimeout and
 // idempotent.WithStrictGuard, or use [ForMiddleware], which reads the
 // table, consumer and dialect from the Middleware. They work with any
-// dialect.Dialect.
+// dialect.Dialect, including the optional statements some dialects add: a
+// lock timeout reset after the claim (dialect.LockTimeoutResetter) and the
+// server check of EnsureSchema (dialect.ServerChecker; see
+// [Mock.ExpectEnsureSchema]).
 package mocks
