@@ -106,7 +106,8 @@ func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
 //	40001 serialization_failure, 40P01 deadlock_detected  KindSerialization
 //	class 08 (connection exceptions), 57P01 admin_shutdown,
 //	57P02 crash_shutdown, 57P03 cannot_connect_now,
-//	driver.ErrBadConn, EOF, network errors                KindConnection
+//	driver.ErrBadConn, EOF, network errors, errors with a
+//	SafeToRetry() bool method (pgx's connection failures) KindConnection
 //	55P03 lock_not_available                              KindLockTimeout
 //	42P01 undefined_table                                 KindUndefinedTable
 //
@@ -138,6 +139,17 @@ func (*Dialect) Classify(err error) dialect.Class {
 }
 
 func connectionLost(err error) bool {
+	// pgx's pgconn marks every client-side failure of the connection —
+	// a failed write or read, a connection already closed by an earlier
+	// failure in the same operation, such as a COMMIT whose answer was
+	// lost — with a SafeToRetry method, whatever it answers. Its server
+	// errors carry an SQLSTATE instead and were classified above. Without
+	// this, pgx's "conn closed" after a lost COMMIT, which wraps no network
+	// error, was not retried.
+	var pgconnErr interface{ SafeToRetry() bool }
+	if errors.As(err, &pgconnErr) {
+		return true
+	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
 		return true
