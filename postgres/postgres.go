@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net"
 	"syscall"
 	"time"
@@ -87,12 +88,14 @@ func (*Dialect) ClaimSQL(t dialect.Table) string {
 
 // LockTimeoutSQL returns SET LOCAL lock_timeout, which lasts until the end of
 // the transaction. A wait longer than d fails with SQLSTATE 55P03. Durations
-// are rounded up to whole milliseconds; d <= 0 returns "".
+// are rounded up to whole milliseconds, and capped at Postgres's largest
+// lock_timeout, 2147483647ms (about 24.8 days): the server rejects anything
+// longer, which would fail every message. d <= 0 returns "".
 func (*Dialect) LockTimeoutSQL(d time.Duration) string {
 	if d <= 0 {
 		return ""
 	}
-	ms := (d + time.Millisecond - 1) / time.Millisecond
+	ms := min((d+time.Millisecond-1)/time.Millisecond, math.MaxInt32)
 	return fmt.Sprintf("SET LOCAL lock_timeout = %d", int64(ms))
 }
 
