@@ -173,6 +173,9 @@ func TestWaitingDuplicate(t *testing.T) {
 			msg := orderCompleted{OrderID: 42, CustomerID: 3, TotalCents: 4200}
 			claimed := make(chan struct{})
 			release := make(chan struct{})
+			var once sync.Once
+			letGo := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(letGo) // never leave the holder hanging on a failure
 			errHolder := errors.New("holder crashed")
 			type result struct {
 				o   idempotent.Outcome
@@ -205,7 +208,7 @@ func TestWaitingDuplicate(t *testing.T) {
 			}()
 			// T2 is blocked on T1's uncommitted claim.
 			waitLockWaiters(t, mon, l.schema, 1)
-			close(release)
+			letGo()
 			r1, r2 := <-t1, <-t2
 			if holderFails {
 				if !errors.Is(r1.err, errHolder) {
@@ -558,10 +561,15 @@ func TestPanicInHandler(t *testing.T) {
 			l := newLoyalty(t, db)
 			msg := orderCompleted{OrderID: 13, CustomerID: 13, TotalCents: 1300}
 			type boom struct{ n int }
+			pid := 0
 			recovered := func() (r any) {
 				defer func() { r = recover() }()
 				_, _ = l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
 					if err := l.credit(ctx, tx, msg); err != nil {
+						return err
+					}
+					var err error
+					if pid, err = backendPID(ctx, tx); err != nil {
 						return err
 					}
 					panic(boom{13})
@@ -572,6 +580,8 @@ func TestPanicInHandler(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic value", recovered)
 			}
 			if n := db.Stats().InUse; n != 0 {
+				// The leaked transaction holds locks the cleanup needs.
+				terminate(t, openMonitor(t), pid)
 				t.Fatalf("%d connections in use after the panic", n)
 			}
 			if n := claims(t, db, l.schema+".processed_messages", "loyalty", msg.key()); n != 0 {
@@ -600,12 +610,18 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := orderCompleted{OrderID: 8, CustomerID: 8, TotalCents: 800}
-	claimed, release := make(chan struct{}), make(chan struct{})
+	claimed, released := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(released) }) }
+	// Should the timeout not work, the holder lets go after a while so
+	// the test fails instead of hanging.
+	safety := time.AfterFunc(10*time.Second, release)
+	defer safety.Stop()
 	holder := make(chan error, 1)
 	go func() {
 		_, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
 			close(claimed)
-			<-release
+			<-released
 			return l.credit(ctx, tx, msg)
 		})
 		holder <- err
@@ -614,7 +630,7 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	ran := false
 	credit := func(ctx context.Context, tx *sql.Tx) error { ran = true; return l.credit(ctx, tx, msg) }
 	_, err = busy.Process(context.Background(), msg.key(), credit)
-	close(release)
+	release()
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("waiting duplicate: %v, want ErrClaimBusy", err)
 	}
@@ -824,6 +840,8 @@ func TestContextCanceledMidHandler(t *testing.T) {
 				if b := l.balance(t, 21); b != 0 {
 					t.Errorf("balance %d after cancel, want 0", b)
 				}
+				// On cancellation database/sql rolls back from its own
+				// goroutine, which may finish just after Process returns.
 				waitFor(t, "connections to return to the pool", func() (bool, error) { return db.Stats().InUse == 0, nil })
 			})
 		}
