@@ -1056,3 +1056,74 @@ func TestRunTx(t *testing.T) {
 		t.Error("RunTx with a zero policy succeeded")
 	}
 }
+
+// cancelOnRetry is an Observer that checks no connection is held when a
+// retry is announced (the backoff sleep runs with no transaction open), and
+// then cancels the delivery's context.
+type cancelOnRetry struct {
+	db     *sql.DB
+	cancel context.CancelFunc
+	inUse  atomic.Int32
+}
+
+func (c *cancelOnRetry) Outcome(context.Context, idempotent.Event) {}
+
+func (c *cancelOnRetry) Retry(context.Context, idempotent.RetryEvent) {
+	c.inUse.Store(int32(c.db.Stats().InUse))
+	c.cancel()
+}
+
+// The backoff between attempts is slept with no transaction open, and a
+// context ended during it stops the retries at once.
+func TestRetryBackoffHonoursContext(t *testing.T) {
+	t.Parallel()
+	db := openGuarded(t, "pq", 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	obs := &cancelOnRetry{db: db, cancel: cancel}
+	obs.inUse.Store(-1)
+	l := newLoyalty(t, db, idempotent.WithObserver(obs),
+		idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 5, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
+	calls := 0
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error {
+			calls++
+			return raise(ctx, tx, "40001")
+		})
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		// The backoff is an hour: only a sleep that ignores ctx gets here.
+		t.Fatal("Process did not return after its context was cancelled during the backoff")
+	}
+	if !errors.Is(err, context.Canceled) || sqlState(err) != "40001" {
+		t.Errorf("Process cancelled in its backoff: %v, want context.Canceled joined with the 40001", err)
+	}
+	if calls != 1 {
+		t.Errorf("handler ran %d times, want 1", calls)
+	}
+	if n := obs.inUse.Load(); n != 0 {
+		t.Errorf("%d connections in use during the backoff, want 0", n)
+	}
+}
+
+// A context that has already ended opens no transaction.
+func TestContextAlreadyCanceled(t *testing.T) {
+	t.Parallel()
+	db := openGuarded(t, "pq", 2)
+	l := newLoyalty(t, db)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ran := false
+	_, err := l.mw.Process(ctx, "k", func(context.Context, *sql.Tx) error { ran = true; return nil })
+	if !errors.Is(err, context.Canceled) || ran {
+		t.Errorf("Process with a cancelled context: %v (handler ran: %v), want context.Canceled", err, ran)
+	}
+	if n := claims(t, db, l.schema+".processed_messages", "loyalty", "k"); n != 0 {
+		t.Errorf("%d claims, want 0", n)
+	}
+}
