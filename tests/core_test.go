@@ -1052,6 +1052,17 @@ func TestRunTx(t *testing.T) {
 	if !errors.Is(err, idempotent.ErrRetriesExhausted) || sqlState(err) != "40001" {
 		t.Errorf("RunTx that always fails: %v, want ErrRetriesExhausted wrapping 40001", err)
 	}
+	// No backoff at all is allowed: retry at once.
+	attempt = 0
+	err = idempotent.RunTx(context.Background(), db, postgres.New(), &sql.TxOptions{Isolation: sql.LevelSerializable}, idempotent.RetryPolicy{MaxAttempts: 3}, func(ctx context.Context, tx *sql.Tx) error {
+		if attempt++; attempt < 3 {
+			return raise(ctx, tx, "40001")
+		}
+		return nil
+	})
+	if err != nil || attempt != 3 {
+		t.Errorf("RunTx without backoff: %v after %d attempts, want success after 3", err, attempt)
+	}
 	if err := idempotent.RunTx(context.Background(), db, postgres.New(), nil, idempotent.RetryPolicy{}, func(context.Context, *sql.Tx) error { return nil }); err == nil {
 		t.Error("RunTx with a zero policy succeeded")
 	}

@@ -471,3 +471,20 @@ func TestOpenGuarded(t *testing.T) {
 		t.Error("OpenGuarded with an unknown driver succeeded")
 	}
 }
+
+// A handler that swallows the guard's error and then fails for another
+// reason gets both: its own error and ErrAutocommit.
+func TestGuardViolationAndOtherFailure(t *testing.T) {
+	t.Parallel()
+	db := openGuarded(t, "pq", 3)
+	f := newGuardFixture(t, db)
+	errOwn := errors.New("handler's own failure")
+	_, err := f.mw.Process(context.Background(), "k", func(ctx context.Context, tx *sql.Tx) error {
+		_, _ = db.ExecContext(ctx, "INSERT INTO "+f.q+".escaped VALUES ('x')")
+		return errOwn
+	})
+	if !errors.Is(err, idempotent.ErrAutocommit) || !errors.Is(err, errOwn) {
+		t.Fatalf("Process: %v, want both ErrAutocommit and the handler's error", err)
+	}
+	f.assertNothingWritten(t, "k", 1)
+}

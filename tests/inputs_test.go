@@ -335,3 +335,46 @@ func TestHugeLockTimeout(t *testing.T) {
 		t.Fatalf("Process with a one-year lock timeout: (%v, %v)", got, err)
 	}
 }
+
+// limitedDialect is the Postgres dialect without lock timeouts or
+// transaction ids, as a database that has neither would be.
+type limitedDialect struct{ *postgres.Dialect }
+
+func (limitedDialect) Name() string                        { return "limited" }
+func (limitedDialect) LockTimeoutSQL(time.Duration) string { return "" }
+func (limitedDialect) TxIDSQL() string                     { return "" }
+
+func TestOptionsTheDialectCannotHonour(t *testing.T) {
+	t.Parallel()
+	db := freshDB(t)
+	d := limitedDialect{postgres.New()}
+	if _, err := idempotent.New(db, d, "loyalty", idempotent.WithLockTimeout(time.Second)); err == nil || !strings.Contains(err.Error(), "limited dialect cannot bound lock waits") {
+		t.Errorf("WithLockTimeout on a dialect without it: %v", err)
+	}
+	if _, err := idempotent.New(db, d, "loyalty", idempotent.WithStrictGuard()); err == nil || !strings.Contains(err.Error(), "limited dialect cannot identify transactions") {
+		t.Errorf("WithStrictGuard on a dialect without it: %v", err)
+	}
+	mw, err := idempotent.New(db, d, "loyalty", idempotent.WithTable("app.claims"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mw.Consumer() != "loyalty" || mw.Table() != "app.claims" || mw.Dialect() != d {
+		t.Errorf("accessors: %q %q %v", mw.Consumer(), mw.Table(), mw.Dialect())
+	}
+	assertNothingSent(t, db)
+}
+
+// EnsureSchema in a schema that does not exist fails clearly.
+func TestEnsureSchemaMissingSchema(t *testing.T) {
+	t.Parallel()
+	db := openGuarded(t, "pq", 2)
+	schema := uniqueName("missing")
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".claims"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = mw.EnsureSchema(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "ensure schema of "+schema+".claims") || sqlState(err) != "3F000" {
+		t.Errorf("EnsureSchema in a missing schema: %v, want an error naming the table with SQLSTATE 3F000", err)
+	}
+}
