@@ -188,8 +188,12 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		if rbErr := tx.Rollback(); rbErr != nil {
 			switch {
 			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil:
-				// The body ended the transaction itself.
-				err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
+				// The body ended the transaction itself. The strict guard
+				// may have said so already (it found the tx done before
+				// commit); say it once.
+				if !errors.Is(err, ErrAutocommit) {
+					err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
+				}
 				class = dialect.Class{}
 			case errors.Is(rbErr, sql.ErrTxDone), class.Kind == dialect.KindConnection:
 				// Already rolled back by a cancelled context or a lost
