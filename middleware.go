@@ -54,6 +54,7 @@ type Middleware struct {
 	maxKey      int
 	observer    Observer
 	run         runner
+	ret         retention
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -118,6 +119,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
 	}
+	if err := m.initRetention(cfg.retention); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -132,9 +136,12 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
-// once and on every start.
+// once and on every start. In partitioned mode (WithDailyPartitions) it
+// creates the partitioned table and the partitions MaintainPartitions would
+// create, but drops none. It fails, naming the table, when an existing table
+// is partitioned and the Middleware is not, or the other way round.
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
-	stmts := m.d.SchemaSQL(m.table)
+	stmts := m.schemaSQL()
 	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
 		for _, s := range stmts {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
@@ -146,7 +153,7 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", m.table, err)
 	}
-	return nil
+	return m.afterSchema(ctx)
 }
 
 // Process applies fn's effect for the message with the given key exactly
@@ -168,8 +175,13 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 // a mistake is caught. Ack the message only after Process returns without an
 // error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
+	return m.processAt(ctx, key, time.Time{}, fn)
+}
+
+// processAt is Process with the message's event time (zero when it has none).
+func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, error) {
 	start := time.Now()
-	outcome, attempts, err := m.process(ctx, key, fn)
+	outcome, attempts, err := m.process(ctx, key, at, fn)
 	if m.observer != nil {
 		m.observer.Outcome(ctx, Event{
 			Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
@@ -179,16 +191,19 @@ func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcom
 	return outcome, err
 }
 
-func (m *Middleware) process(ctx context.Context, key string, fn TxFunc) (Outcome, int, error) {
+func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, int, error) {
 	if fn == nil {
 		return 0, 0, errors.New("idempotent: Process: nil function")
 	}
 	if err := validateKey(key, m.maxKey); err != nil {
 		return 0, 0, err
 	}
+	if err := m.checkEvent(key, at); err != nil {
+		return 0, 0, err
+	}
 	var outcome Outcome
 	attempts, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-		claimed, err := m.claim(ctx, tx, key)
+		claimed, err := m.claim(ctx, tx, key, at)
 		if err != nil {
 			return err
 		}
@@ -223,7 +238,10 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	if err := validateKey(key, m.maxKey); err != nil {
 		return false, err
 	}
-	claimed, err = m.claim(ctx, tx, key)
+	if err := m.checkEvent(key, time.Time{}); err != nil {
+		return false, err
+	}
+	claimed, err = m.claim(ctx, tx, key, time.Time{})
 	if err != nil {
 		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
@@ -231,14 +249,17 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 }
 
 // claim runs the lock timeout (if any) and the claim statement on tx.
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (bool, error) {
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
 		}
 	}
-	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, key)
+	res, err := tx.ExecContext(ctx, m.claimSQL, m.claimArgs(key, at)...)
 	if err != nil {
+		if rerr := m.claimError(err, at); rerr != nil {
+			return false, rerr
+		}
 		switch m.d.Classify(err).Kind {
 		case dialect.KindLockTimeout:
 			return false, fmt.Errorf("%w (waited %v): %w", ErrClaimBusy, m.lockTimeout, err)
