@@ -120,6 +120,19 @@ func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted 
 	if m.ret.part != nil {
 		return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned by day; MaintainPartitions drops old days instead", m.table)
 	}
+	if p, ok := m.d.(dialect.Partitioner); ok {
+		// A plain Middleware on a partitioned table: ctids repeat across
+		// partitions, so the batched delete does not apply.
+		exists, partitioned, err := m.tableKind(ctx, p)
+		switch {
+		case err != nil:
+			return 0, err
+		case !exists:
+			return 0, fmt.Errorf("idempotent: cleanup: %w: %s", ErrNoClaimTable, m.table)
+		case partitioned:
+			return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned; MaintainPartitions drops old days instead", m.table)
+		}
+	}
 	cutoff := m.keepAfter(m.now())
 	if opts.DryRun {
 		return m.countExpired(ctx, c, cutoff, opts.AllConsumers)

@@ -97,6 +97,15 @@ func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, e
 	if m.ret.part == nil {
 		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: the Middleware for %s is not in partitioned mode (WithDailyPartitions)", m.table)
 	}
+	exists, partitioned, err := m.tableKind(ctx, m.ret.part)
+	switch {
+	case err != nil:
+		return PartitionReport{}, err
+	case !exists:
+		return PartitionReport{}, fmt.Errorf("%w: %s (run EnsureSchema or the migration first)", ErrNoClaimTable, m.table)
+	case !partitioned:
+		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: claim table %s is not partitioned", m.table)
+	}
 	return m.maintain(ctx, true)
 }
 
