@@ -168,8 +168,8 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	cutoff := now.Add(-window - skew)
 	retInsertClaims(t, db, table, "loyalty", "expired", 2500, cutoff.Add(-time.Hour))
 	retInsertClaims(t, db, table, "loyalty", "just-expired", 3, cutoff.Add(-time.Microsecond))
-	retInsertClaims(t, db, table, "loyalty", "in-margin", 7, cutoff.Add(time.Minute))  // older than the window, younger than window+skew
-	retInsertClaims(t, db, table, "loyalty", "at-cutoff", 5, cutoff)                   // exactly at the cutoff: kept
+	retInsertClaims(t, db, table, "loyalty", "in-margin", 7, cutoff.Add(time.Minute)) // older than the window, younger than window+skew
+	retInsertClaims(t, db, table, "loyalty", "at-cutoff", 5, cutoff)                  // exactly at the cutoff: kept
 	retInsertClaims(t, db, table, "loyalty", "in-window", 11, now.Add(-window+time.Minute))
 	retInsertClaims(t, db, table, "loyalty", "fresh", 13, now)
 	retInsertClaims(t, db, table, "analytics", "expired", 100, cutoff.Add(-time.Hour)) // another consumer's
