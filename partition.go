@@ -110,7 +110,8 @@ func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, e
 }
 
 // maintain creates the missing days and, when drop is set, drops the old
-// ones.
+// ones. Every change is decided again under the maintenance lock, so that
+// processes running it at once neither collide nor report the same change.
 func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, error) {
 	var rep PartitionReport
 	p := m.ret.part
@@ -129,10 +130,19 @@ func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, 
 		if have[d] {
 			continue
 		}
-		if err := m.maintenanceTx(ctx, p.CreatePartitionSQL(m.table, d)); err != nil {
-			return rep, fmt.Errorf("idempotent: create partition %s of %s: %w", p.PartitionName(m.table, d), m.table, err)
+		name := p.PartitionName(m.table, d)
+		done, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+			if _, ok := cur[name]; ok {
+				return ""
+			}
+			return p.CreatePartitionSQL(m.table, d)
+		})
+		if err != nil {
+			return rep, fmt.Errorf("idempotent: create partition %s of %s: %w", name, m.table, err)
 		}
-		rep.Created = append(rep.Created, Partition{Name: p.PartitionName(m.table, d), Day: d, Attached: true})
+		if done {
+			rep.Created = append(rep.Created, Partition{Name: name, Day: d, Attached: true})
+		}
 	}
 	if !drop {
 		return rep, nil
@@ -141,68 +151,69 @@ func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, 
 		if !e.Day.Before(first) {
 			continue
 		}
-		if err := m.dropPartition(ctx, e); err != nil {
-			return rep, err
+		// Detach (if still attached), then drop, each in its own
+		// transaction, so the claim table is locked only for the detach.
+		if _, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+			if c, ok := cur[e.Name]; ok && c.Attached {
+				return p.DetachPartitionSQL(m.table, e.Name)
+			}
+			return ""
+		}); err != nil {
+			return rep, fmt.Errorf("idempotent: detach partition %s of %s: %w", e.Name, m.table, err)
 		}
-		rep.Dropped = append(rep.Dropped, e)
+		done, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+			if _, ok := cur[e.Name]; ok {
+				return p.DropPartitionSQL(m.table, e.Name)
+			}
+			return ""
+		})
+		if err != nil {
+			return rep, fmt.Errorf("idempotent: drop detached partition %s of %s: %w", e.Name, m.table, err)
+		}
+		if done {
+			rep.Dropped = append(rep.Dropped, e)
+		}
 	}
 	return rep, nil
 }
 
-// dropPartition detaches (if still attached) and drops one day, each in its
-// own transaction, so the claim table is locked only for the detach.
-func (m *Middleware) dropPartition(ctx context.Context, e Partition) error {
+// maintenanceTx runs one transaction under the maintenance lock: decide sees
+// the partitions as they are once the lock is held and returns the statement
+// to run, or "" for none. It runs the statement under PartitionLockTimeout
+// and reports whether it ran one.
+func (m *Middleware) maintenanceTx(ctx context.Context, decide func(map[string]Partition) string) (bool, error) {
 	p := m.ret.part
 	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+	var ran bool
 	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+		ran = false
 		if _, err := tx.ExecContext(ctx, p.MaintenanceLockSQL(m.table)); err != nil {
 			return err
 		}
-		// Another process may have detached it since the list was read.
-		now, err := m.listPartitions(ctx, tx)
+		list, err := m.listPartitions(ctx, tx)
 		if err != nil {
 			return err
 		}
-		for _, n := range now {
-			if n.Name == e.Name && n.Attached {
-				if s := m.d.LockTimeoutSQL(PartitionLockTimeout); s != "" {
-					if _, err := tx.ExecContext(ctx, s); err != nil {
-						return err
-					}
-				}
-				_, err := tx.ExecContext(ctx, p.DetachPartitionSQL(m.table, e.Name))
-				return err
-			}
+		cur := make(map[string]Partition, len(list))
+		for _, e := range list {
+			cur[e.Name] = e
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("idempotent: detach partition %s of %s: %w", e.Name, m.table, err)
-	}
-	if err := m.maintenanceTx(ctx, p.DropPartitionSQL(m.table, e.Name)); err != nil {
-		return fmt.Errorf("idempotent: drop detached partition %s of %s: %w", e.Name, m.table, err)
-	}
-	return nil
-}
-
-// maintenanceTx runs stmt in its own transaction under the maintenance lock
-// and the partition lock timeout.
-func (m *Middleware) maintenanceTx(ctx context.Context, stmt string) error {
-	p := m.ret.part
-	r := runner{db: m.db, d: m.d, policy: m.run.policy}
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
-		if _, err := tx.ExecContext(ctx, p.MaintenanceLockSQL(m.table)); err != nil {
-			return err
+		stmt := decide(cur)
+		if stmt == "" {
+			return nil
 		}
 		if s := m.d.LockTimeoutSQL(PartitionLockTimeout); s != "" {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
 				return err
 			}
 		}
-		_, err := tx.ExecContext(ctx, stmt)
-		return err
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+		ran = true
+		return nil
 	})
-	return m.tableError(err)
+	return ran, m.tableError(err)
 }
 
 // tableError turns an undefined-table failure into ErrNoClaimTable.
