@@ -54,7 +54,8 @@ func DefaultCleanupOptions() CleanupOptions {
 	return CleanupOptions{BatchSize: 10_000, MinBatchSize: 100, StatementTimeout: 5 * time.Second}
 }
 
-func (o CleanupOptions) validate() error {
+// Validate reports the first field of o that Cleanup would reject.
+func (o CleanupOptions) Validate() error {
 	switch {
 	case o.BatchSize < 1:
 		return fmt.Errorf("BatchSize is %d, want at least 1 (start from DefaultCleanupOptions)", o.BatchSize)
@@ -110,7 +111,7 @@ type CleanupProgress struct {
 // partitioned mode Cleanup refuses: MaintainPartitions drops whole days
 // instead. Bad options are an error before anything is sent.
 func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
 	}
 	c, ok := m.d.(dialect.Cleaner)
