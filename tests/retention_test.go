@@ -253,10 +253,15 @@ func TestCleanupHalvesTheBatchWhenItTimesOut(t *testing.T) {
 	opts := idempotent.DefaultCleanupOptions()
 	opts.BatchSize, opts.MinBatchSize, opts.StatementTimeout = 1000, 10, 200*time.Millisecond
 	var sizes []string
+	guard, stop := context.WithCancel(ctx) // a cleanup that never shrinks would loop
+	defer stop()
 	opts.Progress = func(p idempotent.CleanupProgress) {
 		sizes = append(sizes, fmt.Sprintf("%d:%d:%v", p.BatchSize, p.Deleted, p.TimedOut))
+		if p.Batch >= 20 {
+			stop()
+		}
 	}
-	n, err := mw.Cleanup(ctx, opts)
+	n, err := mw.Cleanup(guard, opts)
 	if err != nil || n != 300 {
 		t.Fatalf("Cleanup = (%d, %v), want 300", n, err)
 	}
@@ -292,6 +297,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = tx.Rollback() })
 	var got bool
 	if err := tx.QueryRowContext(ctx, postgres.New().CleanupLockSQL(tab)).Scan(&got); err != nil || !got {
 		t.Fatalf("take the cleanup lock: %v, %v", got, err)
