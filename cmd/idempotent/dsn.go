@@ -31,7 +31,8 @@ func secrets(dsn string, getenv func(string) string) []string {
 	}
 	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
 		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, p)
+			// Both as given and as it appears escaped in the URL.
+			out = append(out, p, strings.TrimPrefix(url.UserPassword("", p).String(), ":"))
 		}
 		if p := u.Query().Get("password"); p != "" {
 			out = append(out, p)
