@@ -467,8 +467,11 @@ func TestHandlerDeadlockRetried(t *testing.T) {
 	if p1, p2 := l.balance(t, 1), l.balance(t, 2); p1 != 2 || p2 != 2 {
 		t.Errorf("balances %d and %d, want 2 and 2 (each transfer once)", p1, p2)
 	}
-	if codes := rec.retryCodes(); !slices.Equal(codes, []string{"40P01"}) {
-		t.Errorf("retries %v, want one 40P01", codes)
+	// Usually one transaction is chosen as the victim; on a loaded machine
+	// both may be, once each. Either way every retry is a deadlock's.
+	codes := rec.retryCodes()
+	if len(codes) == 0 || len(codes) > 2 || slices.ContainsFunc(codes, func(c string) bool { return c != "40P01" }) {
+		t.Errorf("retries %v, want one or two 40P01", codes)
 	}
 }
 
