@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/lib/pq v1.12.3
 	github.com/ory/dockertest/v3 v3.12.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 )
 
 require (
