@@ -492,7 +492,7 @@ func TestRabbitMQFiveThousandWithCrashes(t *testing.T) {
 
 	q := pq.QuoteIdentifier(l.schema)
 	var ledgerRows, orderIDs int
-	if err := db.QueryRow("SELECT count(*), count(DISTINCT order_id) FROM " + q + ".point_ledger").Scan(&ledgerRows, &orderIDs); err != nil {
+	if err := db.QueryRow("SELECT count(*), count(DISTINCT order_id) FROM "+q+".point_ledger").Scan(&ledgerRows, &orderIDs); err != nil {
 		t.Fatal(err)
 	}
 	if ledgerRows != orders || orderIDs != orders {
