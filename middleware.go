@@ -49,6 +49,7 @@ type Middleware struct {
 	table       dialect.Table
 	claimSQL    string
 	lockSQL     string
+	lockReset   string
 	txidSQL     string
 	lockTimeout time.Duration
 	maxKey      int
@@ -101,6 +102,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {
 			return nil, fmt.Errorf("idempotent: WithLockTimeout: the %s dialect cannot bound lock waits", d.Name())
 		}
+		if r, ok := d.(dialect.LockTimeoutResetter); ok {
+			m.lockReset = r.LockTimeoutResetSQL()
+		}
 	}
 	if cfg.strictGuard {
 		if m.txidSQL = d.TxIDSQL(); m.txidSQL == "" {
@@ -133,9 +137,20 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
 // once and on every start.
+//
+// If the dialect implements dialect.ServerChecker, EnsureSchema first checks
+// that the database is one the dialect speaks: a dialect used with another
+// database's driver fails here with an error matching
+// dialect.ErrWrongDatabase.
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	stmts := m.d.SchemaSQL(m.table)
+	checker, _ := m.d.(dialect.ServerChecker)
 	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
+		if checker != nil {
+			if err := checker.CheckServer(ctx, m.table, txQuery(tx)); err != nil {
+				return err
+			}
+		}
 		for _, s := range stmts {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
 				return err
@@ -147,6 +162,15 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", m.table, err)
 	}
 	return nil
+}
+
+// txQuery returns a dialect.QueryFunc that runs on tx.
+func txQuery(tx *sql.Tx) dialect.QueryFunc {
+	return func(ctx context.Context, query string, args ...any) (string, error) {
+		var s sql.NullString
+		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
+		return s.String, err
+	}
 }
 
 // Process applies fn's effect for the message with the given key exactly
@@ -230,11 +254,21 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	return claimed, nil
 }
 
-// claim runs the lock timeout (if any) and the claim statement on tx.
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (bool, error) {
+// claim runs the lock timeout (if any) and the claim statement on tx, then
+// the dialect's lock timeout reset (if any).
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (claimed bool, err error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
+		}
+		if m.lockReset != "" {
+			defer func() {
+				// Even when ctx has ended: the setting must not stay on a
+				// pooled connection.
+				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
+					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
+				}
+			}()
 		}
 	}
 	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, key)

@@ -1,0 +1,33 @@
+// Package dialecttest is the conformance suite for implementations of
+// dialect.Dialect: the checks every dialect must pass for the idempotent
+// middleware to keep its promise on that database.
+//
+// A dialect's test hands [Run] a [Harness]: the dialect, a way to open the
+// database under test, and a way to name a fresh claim table. The suite
+// then runs, against the real database and through the real middleware:
+//
+//   - the schema: EnsureSchema twice, and concurrently, is harmless;
+//   - the claim: a key is applied once and then reported as a duplicate,
+//     per consumer; keys compare byte for byte ("A" is not "a", "x" is not
+//     "x "); a key of MaxKeyBytes bytes round-trips unchanged;
+//   - concurrency: 8 and 32 concurrent deliveries of one key give exactly
+//     one Applied and one effect; 32 distinct keys all apply;
+//   - take-over: a delivery waiting behind a claim that is rolled back
+//     applies the effect itself, and one waiting behind a commit is a
+//     duplicate;
+//   - real errors: a deadlock provoked between two deliveries (on databases
+//     with row locks) is classified as a serialization failure and retried
+//     to success; a killed session (where the harness can kill one) is
+//     classified as a lost connection and retried; errors the harness
+//     provokes are classified as it says;
+//   - the lock timeout: mapped to ErrClaimBusy with nothing written, or, if
+//     the dialect cannot bound a wait, refused by idempotent.New;
+//   - the strict guard: catches a handler's own COMMIT, or, if the dialect
+//     has no transaction id, is refused by idempotent.New;
+//   - bad input: bad keys (empty, NUL, invalid UTF-8, longer than
+//     MaxKeyBytes) and bad table names are rejected with nothing written;
+//     a missing claim table is reported as ErrNoClaimTable.
+//
+// Every check feeds the dialect errors the database really produced; none
+// is built by hand.
+package dialecttest
