@@ -50,7 +50,7 @@ func (p *progressPrinter) report(s progress) {
 		filled = width * s.settled / s.total
 	}
 	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
-	line := fmt.Sprintf("  %-21s [%s] %5d/%d messages settled, %5d deliveries, %2d crashes, %d drops  %4.1fs",
+	line := fmt.Sprintf("  %-21s [%s] %5d/%d settled  deliveries %5d  crashes %2d  drops %d  %5.1fs",
 		s.name, bar, s.settled, s.total, s.deliveries, s.crashes, s.drops, s.elapsed.Seconds())
 	if p.tty {
 		fmt.Fprint(p.out, "\r"+line)
