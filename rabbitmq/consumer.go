@@ -24,10 +24,16 @@ import (
 // once if the channel is already closed; IsClosed reports a closed channel.
 // Each delivery's Acknowledger acks, nacks and rejects on this channel.
 type Channel interface {
+	// Qos sets the prefetch count (basic.qos).
 	Qos(prefetchCount, prefetchSize int, global bool) error
+	// Consume registers a consumer (basic.consume); Run asks for manual
+	// acks.
 	Consume(queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args amqp.Table) (<-chan amqp.Delivery, error)
+	// Cancel stops deliveries to the consumer (basic.cancel).
 	Cancel(consumer string, noWait bool) error
+	// NotifyClose registers a listener for the channel's closing.
 	NotifyClose(c chan *amqp.Error) chan *amqp.Error
+	// IsClosed reports whether the channel is closed.
 	IsClosed() bool
 }
 
