@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -60,12 +61,36 @@ func TestDemoEmbedded(t *testing.T) {
 }
 
 // TestDemoOnServers runs the same scenario on the real Postgres and
-// RabbitMQ named by IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL, when
-// both are set.
+// RabbitMQ named by IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL, or the
+// local servers. It skips when they do not answer, except under CI.
 func TestDemoOnServers(t *testing.T) {
 	dsn, url := os.Getenv("IDEMPOTENT_POSTGRES_DSN"), os.Getenv("IDEMPOTENT_AMQP_URL")
-	if dsn == "" || url == "" {
-		t.Skip("set IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL to run the demo on real servers")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	db, err := parseDB(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unreachable error
+	if st, err := openStore(context.Background(), db, 1); err != nil {
+		unreachable = err
+	} else {
+		st.cleanup()
+	}
+	if b, err := dialRabbit(url); err != nil {
+		unreachable = errors.Join(unreachable, err)
+	} else {
+		_ = b.close()
+	}
+	if unreachable != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", unreachable)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL to run the demo on real servers", unreachable)
 	}
 	checkAudit(t, "-orders", demoOrders(), "-db", dsn, "-amqp", url)
 }
