@@ -112,6 +112,7 @@ func TestSettlesFailuresByKind(t *testing.T) {
 	}{
 		{"no key", fmt.Errorf("wrapped: %w", rabbitmq.ErrNoKey), "reject 1"},
 		{"invalid key", fmt.Errorf("idempotent: %w: empty", idempotent.ErrInvalidKey), "reject 1"},
+		{"beyond retention", fmt.Errorf("idempotent: %w", idempotent.ErrBeyondRetention), "reject 1"},
 		{"undecodable", fmt.Errorf("x: %w", rabbitmq.ErrUndecodable), "reject 1"},
 		{"marked poison", rabbitmq.Poison(appPoison), "reject 1"},
 		{"added predicate", fmt.Errorf("handler: %w", poisonedByApp{}), "reject 1"},

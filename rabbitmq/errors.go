@@ -49,9 +49,12 @@ func Poison(err error) error {
 }
 
 // IsPoison is the default poison predicate: it reports whether err matches
-// ErrPoison (which includes ErrUndecodable and errors marked with Poison) or
-// idempotent.ErrInvalidKey (which includes ErrNoKey). A Consumer consults it
-// first, then any predicates added with WithPoison.
+// ErrPoison (which includes ErrUndecodable and errors marked with Poison),
+// idempotent.ErrInvalidKey (which includes ErrNoKey) or
+// idempotent.ErrBeyondRetention (a message older than the retention window,
+// whose claim may already be gone: applying it could double its effect). A
+// Consumer consults it first, then any predicates added with WithPoison.
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey)
+	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
+		errors.Is(err, idempotent.ErrBeyondRetention)
 }
