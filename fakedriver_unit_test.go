@@ -77,7 +77,7 @@ func (f *fakeConnector) Connect(context.Context) (driver.Conn, error) {
 	}
 	f.mu.Lock()
 	f.opened++
-	base := &legacyConn{f: f, id: f.opened}
+	base := &bareConn{f: f, id: f.opened}
 	f.mu.Unlock()
 	switch f.kind {
 	case execer:
@@ -131,20 +131,20 @@ func namedArgs(nvs []driver.NamedValue) string {
 	return args(vals)
 }
 
-// legacyConn implements driver.Conn and nothing more.
-type legacyConn struct {
+// bareConn implements driver.Conn and nothing more.
+type bareConn struct {
 	f  *fakeConnector
 	id int
 }
 
-func (c *legacyConn) Prepare(q string) (driver.Stmt, error) {
+func (c *bareConn) Prepare(q string) (driver.Stmt, error) {
 	c.f.add("c%d prepare %s", c.id, q)
-	return &legacyStmt{c: c, q: q}, nil
+	return &bareStmt{c: c, q: q}, nil
 }
 
-func (c *legacyConn) Close() error { return nil }
+func (c *bareConn) Close() error { return nil }
 
-func (c *legacyConn) Begin() (driver.Tx, error) { //nolint:staticcheck // the legacy path under test
+func (c *bareConn) Begin() (driver.Tx, error) { //nolint:staticcheck // the legacy path under test
 	c.f.add("c%d begin", c.id)
 	if c.f.beginErr != nil {
 		return nil, c.f.beginErr
@@ -152,7 +152,7 @@ func (c *legacyConn) Begin() (driver.Tx, error) { //nolint:staticcheck // the le
 	return &fakeTx{c}, nil
 }
 
-type fakeTx struct{ c *legacyConn }
+type fakeTx struct{ c *bareConn }
 
 func (t *fakeTx) Commit() error {
 	t.c.f.add("c%d commit", t.c.id)
@@ -165,7 +165,7 @@ func (t *fakeTx) Rollback() error {
 }
 
 // execerConn adds the old, context-free Execer and Queryer.
-type execerConn struct{ *legacyConn }
+type execerConn struct{ *bareConn }
 
 func (c *execerConn) Exec(q string, a []driver.Value) (driver.Result, error) { //nolint:staticcheck // under test
 	c.f.add("c%d exec %s %s", c.id, q, args(a))
@@ -181,14 +181,14 @@ func (c *execerConn) Query(q string, a []driver.Value) (driver.Rows, error) { //
 type point struct{ X, Y int }
 
 // modernConn implements every optional interface the guard passes through.
-type modernConn struct{ *legacyConn }
+type modernConn struct{ *bareConn }
 
 func (c *modernConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	c.f.add("c%d begintx %s", c.id, sql.IsolationLevel(opts.Isolation))
 	if c.f.beginErr != nil {
 		return nil, c.f.beginErr
 	}
-	return &fakeTx{c.legacyConn}, nil
+	return &fakeTx{c.bareConn}, nil
 }
 
 func (c *modernConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
@@ -196,7 +196,7 @@ func (c *modernConn) PrepareContext(ctx context.Context, q string) (driver.Stmt,
 	if c.f.prepareErr != nil {
 		return nil, c.f.prepareErr
 	}
-	return &modernStmt{&legacyStmt{c: c.legacyConn, q: q}}, nil
+	return &modernStmt{&bareStmt{c: c.bareConn, q: q}}, nil
 }
 
 func (c *modernConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
@@ -229,26 +229,26 @@ func (c *modernConn) CheckNamedValue(nv *driver.NamedValue) error {
 	return driver.ErrSkip
 }
 
-// legacyStmt implements driver.Stmt and nothing more.
-type legacyStmt struct {
-	c *legacyConn
+// bareStmt implements driver.Stmt and nothing more.
+type bareStmt struct {
+	c *bareConn
 	q string
 }
 
-func (s *legacyStmt) Close() error  { return nil }
-func (s *legacyStmt) NumInput() int { return -1 }
+func (s *bareStmt) Close() error  { return nil }
+func (s *bareStmt) NumInput() int { return -1 }
 
-func (s *legacyStmt) Exec(a []driver.Value) (driver.Result, error) { //nolint:staticcheck // under test
+func (s *bareStmt) Exec(a []driver.Value) (driver.Result, error) { //nolint:staticcheck // under test
 	s.c.f.add("c%d stmt exec %s %s", s.c.id, s.q, args(a))
 	return driver.RowsAffected(1), nil
 }
 
-func (s *legacyStmt) Query(a []driver.Value) (driver.Rows, error) { //nolint:staticcheck // under test
+func (s *bareStmt) Query(a []driver.Value) (driver.Rows, error) { //nolint:staticcheck // under test
 	s.c.f.add("c%d stmt query %s %s", s.c.id, s.q, args(a))
 	return &fakeRows{}, nil
 }
 
-type modernStmt struct{ *legacyStmt }
+type modernStmt struct{ *bareStmt }
 
 func (s *modernStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
 	s.c.f.add("c%d stmt execctx %s %s", s.c.id, s.q, namedArgs(a))

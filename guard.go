@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -56,12 +57,76 @@ func (t *txToken) violate(err error) {
 // connection than c.
 func (c *guardConn) check(ctx context.Context, op, query string) error {
 	t := tokenFrom(ctx)
-	if t == nil || t.conn.Load() == c {
+	if t == nil {
+		return nil
+	}
+	if t.conn.Load() == c {
+		if endsTransaction(query) {
+			err := fmt.Errorf("%w: the handler ran %q, which would end the claim's transaction behind the middleware's back", ErrAutocommit, truncate(query, 80))
+			t.violate(err)
+			return err
+		}
 		return nil
 	}
 	err := fmt.Errorf("%w: %s %q ran with the handler's context on a connection outside the transaction (use the *sql.Tx)", ErrAutocommit, op, truncate(query, 80))
 	t.violate(err)
 	return err
+}
+
+// endsTransaction reports whether query starts with a statement that begins,
+// commits or rolls back a transaction: BEGIN, START TRANSACTION, COMMIT, END,
+// ABORT, ROLLBACK (but not ROLLBACK TO a savepoint) or PREPARE TRANSACTION.
+// Only the first statement of a string is looked at; WithStrictGuard catches
+// the rest.
+func endsTransaction(query string) bool {
+	rest := query
+	word := func() string {
+		rest = skipSpaceAndComments(rest)
+		i := 0
+		for i < len(rest) && (rest[i]|0x20 >= 'a' && rest[i]|0x20 <= 'z') {
+			i++
+		}
+		w := strings.ToUpper(rest[:i])
+		rest = rest[i:]
+		return w
+	}
+	switch word() {
+	case "BEGIN", "COMMIT", "END", "ABORT":
+		return true
+	case "START", "PREPARE":
+		return word() == "TRANSACTION"
+	case "ROLLBACK":
+		w := word()
+		if w == "WORK" || w == "TRANSACTION" {
+			w = word()
+		}
+		return w != "TO"
+	}
+	return false
+}
+
+// skipSpaceAndComments drops leading white space, -- comments and /* */
+// comments.
+func skipSpaceAndComments(s string) string {
+	for {
+		s = strings.TrimLeft(s, " \t\r\n\f;")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexByte(s, '\n')
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"):
+			i := strings.Index(s, "*/")
+			if i < 0 {
+				return ""
+			}
+			s = s[i+2:]
+		default:
+			return s
+		}
+	}
 }
 
 func truncate(s string, n int) string {

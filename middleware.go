@@ -55,6 +55,7 @@ type Middleware struct {
 	maxKey      int
 	observer    Observer
 	run         runner
+	ret         retention
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -122,6 +123,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
 	}
+	if err := m.initRetention(cfg.retention); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -136,14 +140,17 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
-// once and on every start.
+// once and on every start. In partitioned mode (WithDailyPartitions) it
+// creates the partitioned table and the partitions MaintainPartitions would
+// create, but drops none. It fails, naming the table, when an existing table
+// is partitioned and the Middleware is not, or the other way round.
 //
 // If the dialect implements dialect.ServerChecker, EnsureSchema first checks
 // that the database is one the dialect speaks: a dialect used with another
 // database's driver fails here with an error matching
 // dialect.ErrWrongDatabase.
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
-	stmts := m.d.SchemaSQL(m.table)
+	stmts := m.schemaSQL()
 	checker, _ := m.d.(dialect.ServerChecker)
 	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
 		if checker != nil {
@@ -161,7 +168,7 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", m.table, err)
 	}
-	return nil
+	return m.afterSchema(ctx)
 }
 
 // txQuery returns a dialect.QueryFunc that runs on tx.
@@ -192,7 +199,12 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 // a mistake is caught. Ack the message only after Process returns without an
 // error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
-	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &m.run, key, fn) })
+	return m.processAt(ctx, key, time.Time{}, fn)
+}
+
+// processAt is Process with the message's event time (zero when it has none).
+func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, error) {
+	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
 }
 
 // observe runs f and tells the observer, if any, how it ended.
@@ -210,16 +222,19 @@ func (m *Middleware) observe(ctx context.Context, key string, f func() (Outcome,
 	return outcome, err
 }
 
-func (m *Middleware) process(ctx context.Context, r *runner, key string, fn TxFunc) (Outcome, int, error) {
+func (m *Middleware) process(ctx context.Context, r *runner, key string, at time.Time, fn TxFunc) (Outcome, int, error) {
 	if fn == nil {
 		return 0, 0, errors.New("idempotent: Process: nil function")
 	}
 	if err := validateKey(key, m.maxKey); err != nil {
 		return 0, 0, err
 	}
+	if err := m.checkEvent(key, at); err != nil {
+		return 0, 0, err
+	}
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-		claimed, err := m.claim(ctx, tx, key)
+		claimed, err := m.claim(ctx, tx, key, at)
 		if err != nil {
 			return err
 		}
@@ -254,7 +269,10 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	if err := validateKey(key, m.maxKey); err != nil {
 		return false, err
 	}
-	claimed, err = m.claim(ctx, tx, key)
+	if err := m.checkEvent(key, time.Time{}); err != nil {
+		return false, err
+	}
+	claimed, err = m.claim(ctx, tx, key, time.Time{})
 	if err != nil {
 		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
@@ -263,7 +281,7 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 
 // claim runs the lock timeout (if any) and the claim statement on tx, then
 // the dialect's lock timeout reset (if any).
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (claimed bool, err error) {
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (claimed bool, err error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
@@ -278,8 +296,11 @@ func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 			}()
 		}
 	}
-	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, key)
+	res, err := tx.ExecContext(ctx, m.claimSQL, m.claimArgs(key, at)...)
 	if err != nil {
+		if rerr := m.claimError(err, at); rerr != nil {
+			return false, rerr
+		}
 		switch m.d.Classify(err).Kind {
 		case dialect.KindLockTimeout:
 			return false, fmt.Errorf("%w (waited %v): %w", ErrClaimBusy, m.lockTimeout, err)

@@ -779,6 +779,18 @@ func expectVersion(m sqlmock.Sqlmock, v string) {
 	m.ExpectQuery(versionSQL).WithoutArgs().WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(v))
 }
 
+// expectTableKind scripts the Postgres dialect's question, after the schema
+// transaction, of whether the claim table exists and is partitioned.
+func expectTableKind(m sqlmock.Sqlmock, t dialect.Table, exists, partitioned bool) string {
+	q, args := pg.TableKindSQL(t)
+	vals := make([]driver.Value, len(args))
+	for i, a := range args {
+		vals[i] = a
+	}
+	m.ExpectQuery(q).WithArgs(vals...).WillReturnRows(sqlmock.NewRows([]string{"exists", "partitioned"}).AddRow(exists, partitioned))
+	return q
+}
+
 func TestEnsureSchema(t *testing.T) {
 	stmts := pg.SchemaSQL(dialect.Table{Schema: "shop", Name: "claims"})
 	t.Run("creates", func(t *testing.T) {
@@ -790,10 +802,11 @@ func TestEnsureSchema(t *testing.T) {
 			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
 		}
 		r.mock.ExpectCommit()
+		kind := expectTableKind(r.mock, dialect.Table{Schema: "shop", Name: "claims"}, true, false)
 		if err := mw.EnsureSchema(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL}, stmts...), "COMMIT")...)
+		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL}, stmts...), "COMMIT", kind)...)
 	})
 	t.Run("wrong database", func(t *testing.T) {
 		r := newRecorded(t)

@@ -27,10 +27,11 @@ type config struct {
 	lockTimeout time.Duration
 	observer    Observer
 	strictGuard bool
+	retention   retentionConfig
 }
 
 func defaultConfig() config {
-	return config{table: DefaultTable, retry: DefaultRetryPolicy()}
+	return config{table: DefaultTable, retry: DefaultRetryPolicy(), retention: defaultRetentionConfig()}
 }
 
 // WithTable sets the claim table, as "table" or "schema.table". Each part must

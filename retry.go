@@ -194,10 +194,13 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		class = r.d.Classify(err)
 		if rbErr := tx.Rollback(); rbErr != nil {
 			switch {
-			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil && !errors.Is(err, ErrAutocommit):
-				// The body ended the transaction itself (and the strict
-				// guard has not already said so).
-				err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
+			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil:
+				// The body ended the transaction itself. The strict guard
+				// may have said so already (it found the tx done before
+				// commit); say it once.
+				if !errors.Is(err, ErrAutocommit) {
+					err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
+				}
 				class = dialect.Class{}
 			case errors.Is(rbErr, sql.ErrTxDone), class.Kind == dialect.KindConnection:
 				// Already rolled back by a cancelled context or a lost

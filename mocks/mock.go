@@ -231,9 +231,11 @@ func (m *Mock) ExpectCommitError(err error) {
 	m.ExpectCommit().WillReturnError(err)
 }
 
-// ExpectEnsureSchema expects Middleware.EnsureSchema: BEGIN, the dialect's
-// server check if it has one (dialect.ServerChecker), its schema
-// statements, COMMIT.
+// ExpectEnsureSchema expects Middleware.EnsureSchema of a claim table that
+// is not partitioned: BEGIN, the dialect's server check if it has one
+// (dialect.ServerChecker), its schema statements, COMMIT, and, if the
+// dialect can partition (dialect.Partitioner), its query of the table's
+// kind, answering that the table exists and is not partitioned.
 //
 // answers are what the server check's queries return, in order: for the
 // Postgres dialect the version, such as "PostgreSQL 16.4"; for SQLite the
@@ -251,6 +253,21 @@ func (m *Mock) ExpectEnsureSchema(answers ...string) {
 		m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
 	m.Sqlmock.ExpectCommit()
+	if p, ok := m.d.(dialect.Partitioner); ok {
+		q, args := p.TableKindSQL(m.table)
+		e := m.Sqlmock.ExpectQuery(q).WillReturnRows(sqlmock.NewRows([]string{"exists", "partitioned"}).AddRow(true, false))
+		if len(args) > 0 {
+			e.WithArgs(driverValues(args)...)
+		}
+	}
+}
+
+func driverValues(args []any) []driver.Value {
+	vals := make([]driver.Value, len(args))
+	for i, a := range args {
+		vals[i] = a
+	}
+	return vals
 }
 
 func (m *Mock) expectTxID() {
@@ -276,10 +293,7 @@ func (m *Mock) expectServerCheck(answers []string) {
 	}
 	var asked []serverQuery
 	err := checker.CheckServer(context.Background(), m.table, func(_ context.Context, query string, args ...any) (string, error) {
-		q := serverQuery{query: query, args: make([]driver.Value, len(args))}
-		for i, a := range args {
-			q.args[i] = a
-		}
+		q := serverQuery{query: query, args: driverValues(args)}
 		if n := len(asked); n < len(answers) {
 			q.answer = &answers[n]
 		}

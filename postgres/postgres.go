@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net"
 	"syscall"
 	"time"
@@ -56,8 +57,25 @@ func (*Dialect) SchemaSQL(t dialect.Table) []string {
 	PRIMARY KEY (consumer, message_key)
 )`, quote(t)),
 		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)",
-			pq.QuoteIdentifier(t.Name+"_processed_at"), quote(t)),
+			pq.QuoteIdentifier(indexName(t.Name)), quote(t)),
 	}
+}
+
+// indexName returns the name of the processed_at index of table name:
+// name + "_processed_at" when that fits in Postgres's 63-byte identifiers.
+// A longer one would be truncated by the server — possibly to the table's own
+// name, or to the index name of another long table sharing the prefix — and
+// CREATE INDEX IF NOT EXISTS would then silently skip the index. So long names
+// keep a prefix and add a hash of the whole name instead.
+func indexName(name string) string {
+	const suffix = "_processed_at"
+	if len(name)+len(suffix) <= dialect.MaxIdentifierBytes {
+		return name + suffix
+	}
+	h := fnv.New32a()
+	_, _ = io.WriteString(h, name)
+	tag := fmt.Sprintf("_%08x", h.Sum32())
+	return name[:dialect.MaxIdentifierBytes-len(suffix)-len(tag)] + tag + suffix
 }
 
 // ClaimSQL returns INSERT … ON CONFLICT DO NOTHING: one row affected when the
@@ -70,12 +88,14 @@ func (*Dialect) ClaimSQL(t dialect.Table) string {
 
 // LockTimeoutSQL returns SET LOCAL lock_timeout, which lasts until the end of
 // the transaction. A wait longer than d fails with SQLSTATE 55P03. Durations
-// are rounded up to whole milliseconds; d <= 0 returns "".
+// are rounded up to whole milliseconds, and capped at Postgres's largest
+// lock_timeout, 2147483647ms (about 24.8 days): the server rejects anything
+// longer, which would fail every message. d <= 0 returns "".
 func (*Dialect) LockTimeoutSQL(d time.Duration) string {
 	if d <= 0 {
 		return ""
 	}
-	ms := (d + time.Millisecond - 1) / time.Millisecond
+	ms := min((d+time.Millisecond-1)/time.Millisecond, math.MaxInt32)
 	return fmt.Sprintf("SET LOCAL lock_timeout = %d", int64(ms))
 }
 
@@ -89,7 +109,8 @@ func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
 //	40001 serialization_failure, 40P01 deadlock_detected  KindSerialization
 //	class 08 (connection exceptions), 57P01 admin_shutdown,
 //	57P02 crash_shutdown, 57P03 cannot_connect_now,
-//	driver.ErrBadConn, EOF, network errors                KindConnection
+//	driver.ErrBadConn, EOF, network errors, errors with a
+//	SafeToRetry() bool method (pgx's connection failures) KindConnection
 //	55P03 lock_not_available                              KindLockTimeout
 //	42P01 undefined_table                                 KindUndefinedTable
 //
@@ -121,6 +142,17 @@ func (*Dialect) Classify(err error) dialect.Class {
 }
 
 func connectionLost(err error) bool {
+	// pgx's pgconn marks every client-side failure of the connection —
+	// a failed write or read, a connection already closed by an earlier
+	// failure in the same operation, such as a COMMIT whose answer was
+	// lost — with a SafeToRetry method, whatever it answers. Its server
+	// errors carry an SQLSTATE instead and were classified above. Without
+	// this, pgx's "conn closed" after a lost COMMIT, which wraps no network
+	// error, was not retried.
+	var pgconnErr interface{ SafeToRetry() bool }
+	if errors.As(err, &pgconnErr) {
+		return true
+	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
 		return true

@@ -1,0 +1,216 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// ErrCleanupBusy reports that another Cleanup of the same claim table held
+// the table's cleanup lock when this one tried to start a batch. The lock is
+// held only for the length of one batch's transaction; the other runner goes
+// on until nothing is left. Cleanup then returns at once with the number of
+// claims it had deleted itself (0 if it had not started), and no claim is
+// ever deleted twice. Treat it as "someone else is doing it", not a failure.
+var ErrCleanupBusy = errors.New("idempotent: another cleanup of the claim table is running")
+
+// CleanupOptions tunes Cleanup. Start from DefaultCleanupOptions: every
+// numeric field must be set (zero is an error, not a default).
+type CleanupOptions struct {
+	// BatchSize is how many claims one batch deletes at most. Smaller
+	// batches hold locks and write WAL in shorter bursts. Default 10,000.
+	BatchSize int
+	// MinBatchSize is the floor the batch size halves down to when batches
+	// run out of StatementTimeout. When a batch of MinBatchSize times out,
+	// Cleanup stops with the database's error. Default 100.
+	MinBatchSize int
+	// StatementTimeout bounds each batch's DELETE. A batch that runs out of
+	// it deletes nothing (its transaction rolls back) and the next batch is
+	// half the size. Default 5 seconds.
+	StatementTimeout time.Duration
+	// Pause is slept between batches, with no transaction open, to leave
+	// the database room (replication, vacuum). Default 0.
+	Pause time.Duration
+	// AllConsumers deletes expired claims of every consumer sharing the
+	// table, not only this Middleware's. Use it only when every consumer of
+	// the table uses the same retention window, as an operator's tool does.
+	// Default false.
+	AllConsumers bool
+	// DryRun counts the claims Cleanup would delete and deletes nothing; the
+	// count is returned as deleted. Default false.
+	DryRun bool
+	// Progress, if set, is called after every batch, on Cleanup's
+	// goroutine. Default nil.
+	Progress func(CleanupProgress)
+}
+
+// DefaultCleanupOptions returns batches of 10,000, halving down to 100 when a
+// batch runs longer than 5 seconds, with no pause.
+func DefaultCleanupOptions() CleanupOptions {
+	return CleanupOptions{BatchSize: 10_000, MinBatchSize: 100, StatementTimeout: 5 * time.Second}
+}
+
+// Validate reports the first field of o that Cleanup would reject.
+func (o CleanupOptions) Validate() error {
+	switch {
+	case o.BatchSize < 1:
+		return fmt.Errorf("BatchSize is %d, want at least 1 (start from DefaultCleanupOptions)", o.BatchSize)
+	case o.MinBatchSize < 1:
+		return fmt.Errorf("MinBatchSize is %d, want at least 1", o.MinBatchSize)
+	case o.MinBatchSize > o.BatchSize:
+		return fmt.Errorf("MinBatchSize %d is larger than BatchSize %d", o.MinBatchSize, o.BatchSize)
+	case o.StatementTimeout <= 0:
+		return fmt.Errorf("StatementTimeout is %v, want a positive duration", o.StatementTimeout)
+	case o.Pause < 0:
+		return fmt.Errorf("Pause is negative (%v)", o.Pause)
+	}
+	return nil
+}
+
+// CleanupProgress describes one batch of a Cleanup.
+type CleanupProgress struct {
+	// Batch numbers the batches of this Cleanup from 1.
+	Batch int
+	// Deleted is how many claims this batch deleted.
+	Deleted int64
+	// Total is how many claims this Cleanup has deleted so far.
+	Total int64
+	// BatchSize is the limit this batch ran with.
+	BatchSize int
+	// Took is how long the batch's transaction took, commit included.
+	Took time.Duration
+	// TimedOut is set when the batch ran out of the statement timeout and
+	// was rolled back; the next batch is half the size.
+	TimedOut bool
+	// Cutoff is the processed_at before which claims are deleted: now minus
+	// the retention window and the clock-skew margin.
+	Cutoff time.Time
+}
+
+// Cleanup deletes the claims this Middleware's consumer processed before the
+// retention window (plus the clock-skew margin), in batches, and returns how
+// many it deleted. It never deletes a claim inside the window: the cutoff is
+// fixed when Cleanup starts.
+//
+// Each batch is its own short transaction: it takes the table's cleanup lock
+// without waiting (a transaction-scoped lock, safe behind transaction-mode
+// poolers), sets a statement timeout, and deletes at most BatchSize claims.
+// Batches repeat until one deletes nothing. A batch that times out is rolled
+// back and the batch size halves, down to MinBatchSize. If another Cleanup
+// holds the lock, Cleanup returns at once with what it had deleted and an
+// error matching ErrCleanupBusy. The context is checked between batches
+// (and cancels a running one); on cancellation Cleanup returns what it
+// deleted with the context's error. Serialization failures and lost
+// connections are retried under the Middleware's retry policy.
+//
+// A missing table is an error matching ErrNoClaimTable that names it. In
+// partitioned mode Cleanup refuses: MaintainPartitions drops whole days
+// instead. Bad options are an error before anything is sent.
+func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
+	if err := opts.Validate(); err != nil {
+		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
+	}
+	c, ok := m.d.(dialect.Cleaner)
+	if !ok {
+		return 0, fmt.Errorf("idempotent: Cleanup: the %s dialect does not support batched cleanup", m.d.Name())
+	}
+	if m.ret.part != nil {
+		return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned by day; MaintainPartitions drops old days instead", m.table)
+	}
+	if p, ok := m.d.(dialect.Partitioner); ok {
+		// A plain Middleware on a partitioned table: ctids repeat across
+		// partitions, so the batched delete does not apply.
+		exists, partitioned, err := m.tableKind(ctx, p)
+		switch {
+		case err != nil:
+			return 0, err
+		case !exists:
+			return 0, fmt.Errorf("idempotent: cleanup: %w: %s", ErrNoClaimTable, m.table)
+		case partitioned:
+			return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned; MaintainPartitions drops old days instead", m.table)
+		}
+	}
+	cutoff := m.keepAfter(m.now())
+	if opts.DryRun {
+		return m.countExpired(ctx, c, cutoff, opts.AllConsumers)
+	}
+	size := opts.BatchSize
+	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+	for batch := 1; ; batch++ {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, err)
+		}
+		var n int64
+		start := time.Now()
+		_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+			var err error
+			n, err = m.cleanupBatch(ctx, tx, c, cutoff, size, opts)
+			return err
+		})
+		p := CleanupProgress{Batch: batch, BatchSize: size, Took: time.Since(start), Cutoff: cutoff}
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrCleanupBusy):
+			return deleted, fmt.Errorf("%w: %s (deleted %d before it took over)", ErrCleanupBusy, m.table, deleted)
+		case ctx.Err() != nil:
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, errors.Join(ctx.Err(), err))
+		case c.IsStatementTimeout(err) && size > opts.MinBatchSize:
+			size = max(size/2, opts.MinBatchSize)
+			p.TimedOut = true
+		case c.IsStatementTimeout(err):
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: a batch of %d claims (the floor) ran longer than %v: %w", m.table, size, opts.StatementTimeout, err)
+		default:
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, m.tableError(err))
+		}
+		deleted += n
+		p.Deleted, p.Total = n, deleted
+		if opts.Progress != nil {
+			opts.Progress(p)
+		}
+		if n == 0 && !p.TimedOut {
+			return deleted, nil
+		}
+		if err := sleep(ctx, opts.Pause); err != nil {
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, err)
+		}
+	}
+}
+
+// cleanupBatch runs one batch in tx: the lock, the timeout, the delete.
+func (m *Middleware) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, opts CleanupOptions) (int64, error) {
+	var got bool
+	if err := tx.QueryRowContext(ctx, c.CleanupLockSQL(m.table)).Scan(&got); err != nil {
+		return 0, err
+	}
+	if !got {
+		return 0, ErrCleanupBusy
+	}
+	if _, err := tx.ExecContext(ctx, c.StatementTimeoutSQL(opts.StatementTimeout)); err != nil {
+		return 0, err
+	}
+	args := []any{cutoff, size}
+	if !opts.AllConsumers {
+		args = append(args, m.consumer)
+	}
+	res, err := tx.ExecContext(ctx, c.CleanupBatchSQL(m.table, opts.AllConsumers), args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (m *Middleware) countExpired(ctx context.Context, c dialect.Cleaner, cutoff time.Time, all bool) (int64, error) {
+	args := []any{cutoff}
+	if !all {
+		args = append(args, m.consumer)
+	}
+	var n int64
+	if err := m.db.QueryRowContext(ctx, c.CountExpiredSQL(m.table, all), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idempotent: cleanup of %s (dry run): %w", m.table, m.tableError(err))
+	}
+	return n, nil
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/migrations"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// operator is the consumer name the CLI gives the middleware when a command
+// acts on the whole table rather than on one consumer's claims.
+const operator = "idempotent-cli"
+
+func cmdSchema(_ context.Context, args []string, e env) error {
+	c := newCommand("schema", "Prints the claim table's DDL for Postgres. Needs no database.", e, false)
+	partitioned := c.fs.Bool("partitioned", false, "the table partitioned by event day")
+	format := c.fs.String("format", "sql", "sql, goose, golang-migrate-up or golang-migrate-down")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	var out string
+	var err error
+	switch *format {
+	case "sql", "golang-migrate-up":
+		out, _, err = migrations.SQL(c.table, *partitioned)
+	case "golang-migrate-down":
+		_, out, err = migrations.GolangMigrateFiles(c.table, *partitioned)
+	case "goose":
+		out, err = migrations.GooseFile(c.table, *partitioned)
+	default:
+		return usageError{fmt.Sprintf("-format %q: want sql, goose, golang-migrate-up or golang-migrate-down", *format)}
+	}
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	fmt.Fprint(e.stdout, out)
+	return nil
+}
+
+// middleware opens the database and builds a Middleware on the table.
+func (c *command) middleware(ctx context.Context, consumer string, opts ...idempotent.Option) (*database, *idempotent.Middleware, error) {
+	opts = append([]idempotent.Option{idempotent.WithTable(c.table)}, opts...)
+	d, err := c.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	// New sends nothing: the flags are checked before the network is touched.
+	mw, err := idempotent.New(d.db, postgres.New(), consumer, opts...)
+	if err != nil {
+		_ = d.db.Close()
+		return nil, nil, usageError{strings.TrimPrefix(err.Error(), "idempotent: ")}
+	}
+	if err := d.ping(ctx); err != nil {
+		_ = d.db.Close()
+		return nil, nil, err
+	}
+	return d, mw, nil
+}
+
+func cmdMigrate(ctx context.Context, args []string, e env) error {
+	c := newCommand("migrate", "Creates the claim table if it does not exist (partitioned: with the partitions of the\nretention window and the lead days). Drops nothing.", e, true)
+	partitioned := c.fs.Bool("partitioned", false, "create the table partitioned by event day")
+	retention := &days{d: idempotent.DefaultRetention}
+	c.fs.Var(retention, "retention", "retention window, for the partitions to create (default 30d)")
+	lead := c.fs.Int("lead-days", 7, "partitioned: days to create ahead of today")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := firstError(checkDuration("retention", retention.d, false), positive("lead-days", *lead, 1)); err != nil {
+		return err
+	}
+	opts := []idempotent.Option{idempotent.WithRetention(retention.d)}
+	if *partitioned {
+		opts = append(opts, idempotent.WithDailyPartitions(*lead))
+	}
+	d, mw, err := c.middleware(ctx, operator, opts...)
+	if err != nil {
+		return err
+	}
+	defer d.db.Close()
+	if err := mw.EnsureSchema(ctx); err != nil {
+		return d.clean(err)
+	}
+	if !*partitioned {
+		fmt.Fprintf(e.stdout, "claim table %s is ready (plain, with its processed_at index)\n", c.table)
+		return nil
+	}
+	ps, err := mw.Partitions(ctx)
+	if err != nil {
+		return d.clean(err)
+	}
+	fmt.Fprintf(e.stdout, "claim table %s is ready (partitioned by event day), %d day partitions", c.table, len(ps))
+	if len(ps) > 0 {
+		fmt.Fprintf(e.stdout, " from %s to %s", ps[0].Day.Format(time.DateOnly), ps[len(ps)-1].Day.Format(time.DateOnly))
+	}
+	fmt.Fprintln(e.stdout)
+	return nil
+}
+
+// requireRetention rejects a destructive command without -retention.
+func requireRetention(r *days) error {
+	if !r.set {
+		return usageError{"-retention is required: the dedup window of every consumer using the table (for example 30d)"}
+	}
+	return checkDuration("retention", r.d, false)
+}
+
+func cmdCleanup(ctx context.Context, args []string, e env) error {
+	c := newCommand("cleanup", "Deletes claims processed before the retention window (plus the clock-skew margin),\nin batches, each its own short transaction. Only one cleanup runs per table at a time;\na second one stops at once and exits 0.", e, true)
+	retention := &days{}
+	c.fs.Var(retention, "retention", "retention window (required), e.g. 30d")
+	skew := &days{d: idempotent.DefaultClockSkew}
+	c.fs.Var(skew, "skew", "clock-skew margin added to the window (default 5m)")
+	consumer := c.fs.String("consumer", "", "only this consumer's claims (default: every consumer of the table)")
+	def := idempotent.DefaultCleanupOptions()
+	batch := c.fs.Int("batch", def.BatchSize, "claims per batch")
+	minBatch := c.fs.Int("min-batch", def.MinBatchSize, "smallest batch when batches time out")
+	timeout := c.fs.Duration("statement-timeout", def.StatementTimeout, "time limit of one batch's DELETE")
+	pause := c.fs.Duration("pause", 0, "sleep between batches")
+	dryRun := c.fs.Bool("dry-run", false, "count the claims that would be deleted, delete nothing")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := firstError(
+		requireRetention(retention), checkDuration("skew", skew.d, true),
+		positive("batch", *batch, 1), positive("min-batch", *minBatch, 1),
+		checkDuration("statement-timeout", *timeout, false), checkDuration("pause", *pause, true),
+	); err != nil {
+		return err
+	}
+	if *minBatch > *batch {
+		return usageError{fmt.Sprintf("-min-batch %d is larger than -batch %d", *minBatch, *batch)}
+	}
+	opts := def
+	opts.BatchSize, opts.MinBatchSize, opts.StatementTimeout, opts.Pause = *batch, *minBatch, *timeout, *pause
+	opts.DryRun, opts.AllConsumers = *dryRun, *consumer == ""
+	name, who := *consumer, "every consumer"
+	if name == "" {
+		name = operator
+	} else {
+		who = "consumer " + name
+	}
+	if err := opts.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	d, mw, err := c.middleware(ctx, name, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d))
+	if err != nil {
+		return err
+	}
+	defer d.db.Close()
+	cutoff := time.Now().Add(-retention.d - skew.d).UTC().Truncate(time.Second)
+	fmt.Fprintf(e.stdout, "%s: claims of %s processed before %s (retention %s + skew %s)\n",
+		c.table, who, cutoff.Format(time.RFC3339), formatDays(retention.d), formatDays(skew.d))
+	start := time.Now()
+	var batches int
+	var longest time.Duration
+	opts.Progress = func(p idempotent.CleanupProgress) {
+		batches = p.Batch
+		longest = max(longest, p.Took)
+		if p.TimedOut {
+			if e.terminal {
+				fmt.Fprint(e.stdout, "\r\033[K")
+			}
+			fmt.Fprintf(e.stdout, "batch %d of %d claims ran longer than %v; batches are now %d\n", p.Batch, p.BatchSize, opts.StatementTimeout, max(p.BatchSize/2, opts.MinBatchSize))
+			return
+		}
+		if e.terminal {
+			rate := float64(p.Total) / max(time.Since(start).Seconds(), 1e-9)
+			fmt.Fprintf(e.stdout, "\r\033[Kbatch %d: %d deleted, %.0f claims/s, last batch %d in %v", p.Batch, p.Total, rate, p.Deleted, p.Took.Round(time.Millisecond))
+		}
+	}
+	n, err := mw.Cleanup(ctx, opts)
+	if e.terminal && !*dryRun && batches > 0 {
+		fmt.Fprintln(e.stdout)
+	}
+	elapsed := time.Since(start)
+	switch {
+	case errors.Is(err, idempotent.ErrCleanupBusy):
+		fmt.Fprintf(e.stdout, "another cleanup of %s is running and will finish the work; deleted %d here\n", c.table, n)
+		return nil
+	case err != nil:
+		if n > 0 {
+			fmt.Fprintf(e.stdout, "deleted %d claims before stopping\n", n)
+		}
+		return d.clean(err)
+	case *dryRun:
+		fmt.Fprintf(e.stdout, "dry run: %d claims would be deleted\n", n)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "deleted %d claims in %d batches, %v (%.0f claims/s); longest batch %v\n",
+		n, batches, elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9), longest.Round(time.Millisecond))
+	return nil
+}
+
+func cmdPartitions(ctx context.Context, args []string, e env) error {
+	c := newCommand("partitions", "Maintains a partitioned claim table: creates the days of the retention window and the\nlead days, and detaches then drops the days older than the window (plus the clock-skew\nmargin). Run it daily. With -list it only lists the partitions.", e, true)
+	retention := &days{}
+	c.fs.Var(retention, "retention", "retention window (required unless -list), e.g. 30d")
+	skew := &days{d: idempotent.DefaultClockSkew}
+	c.fs.Var(skew, "skew", "clock-skew margin added to the window (default 5m)")
+	lead := c.fs.Int("lead-days", 7, "days to create ahead of today")
+	list := c.fs.Bool("list", false, "list the partitions, change nothing")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if !*list {
+		if err := requireRetention(retention); err != nil {
+			return err
+		}
+	} else if !retention.set {
+		retention.d = idempotent.DefaultRetention
+	}
+	if err := firstError(checkDuration("skew", skew.d, true), positive("lead-days", *lead, 1)); err != nil {
+		return err
+	}
+	d, mw, err := c.middleware(ctx, operator, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d), idempotent.WithDailyPartitions(*lead))
+	if err != nil {
+		return err
+	}
+	defer d.db.Close()
+	if *list {
+		ps, err := mw.Partitions(ctx)
+		if err != nil {
+			return d.clean(err)
+		}
+		for _, p := range ps {
+			state := ""
+			if !p.Attached {
+				state = "  (detached: dropped by the next run)"
+			}
+			fmt.Fprintf(e.stdout, "%s  %s%s\n", p.Day.Format(time.DateOnly), p.Name, state)
+		}
+		fmt.Fprintf(e.stdout, "%d partitions\n", len(ps))
+		return nil
+	}
+	rep, err := mw.MaintainPartitions(ctx)
+	for _, p := range rep.Created {
+		fmt.Fprintf(e.stdout, "created %s (%s)\n", p.Name, p.Day.Format(time.DateOnly))
+	}
+	for _, p := range rep.Dropped {
+		fmt.Fprintf(e.stdout, "dropped %s (%s)\n", p.Name, p.Day.Format(time.DateOnly))
+	}
+	if err != nil {
+		return d.clean(err)
+	}
+	fmt.Fprintf(e.stdout, "%s: %d created, %d dropped\n", c.table, len(rep.Created), len(rep.Dropped))
+	return nil
+}

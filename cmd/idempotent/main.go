@@ -1,0 +1,111 @@
+// Command idempotent is the operator's tool for the claim table of
+// github.com/txclaim/idempotent on Postgres.
+//
+// Usage:
+//
+//	idempotent schema     [-table T] [-partitioned] [-format sql|goose|golang-migrate-up|golang-migrate-down]
+//	idempotent migrate    [-dsn DSN] [-table T] [-partitioned] [-retention D] [-lead-days N]
+//	idempotent cleanup    [-dsn DSN] [-table T] -retention D [-consumer C] [-dry-run] [-batch N] …
+//	idempotent partitions [-dsn DSN] [-table T] -retention D [-lead-days N] [-list]
+//	idempotent stats      [-dsn DSN] [-table T]
+//
+// The database comes from -dsn or, without it, the DATABASE_URL environment
+// variable; a password in it is never printed. Durations take Go's units
+// (90m, 36h) and days (30d, 1d12h). "idempotent COMMAND -h" lists a
+// command's flags.
+//
+// Exit status: 0 on success (including a cleanup that found another one
+// running), 1 when the work failed or the database could not be reached, 2
+// for bad flags or arguments. Errors are one line on standard error.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], env{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout)})
+	stop()
+	os.Exit(code)
+}
+
+// isTerminal reports whether f is a character device, as a terminal is.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// env is what a command may touch of the outside world.
+type env struct {
+	getenv   func(string) string
+	stdout   io.Writer
+	stderr   io.Writer
+	terminal bool // stdout is a terminal: show live progress
+}
+
+const usage = `idempotent manages the claim table of github.com/txclaim/idempotent on Postgres.
+
+Usage: idempotent COMMAND [flags]
+
+Commands:
+  schema      print the claim table's DDL (plain SQL, goose or golang-migrate files)
+  migrate     create the claim table (partitioned: and its day partitions) if missing
+  cleanup     delete claims older than the retention window, in batches
+  partitions  create the days ahead and drop the days past the retention window
+  stats       claims per consumer, oldest and newest claim, sizes, partitions
+
+The database is -dsn, or $DATABASE_URL. Run "idempotent COMMAND -h" for a command's flags.
+`
+
+// usageError is a mistake in the command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func run(ctx context.Context, args []string, e env) int {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, usage)
+		return 2
+	}
+	cmds := map[string]func(context.Context, []string, env) error{
+		"schema":     cmdSchema,
+		"migrate":    cmdMigrate,
+		"cleanup":    cmdCleanup,
+		"partitions": cmdPartitions,
+		"stats":      cmdStats,
+	}
+	name := args[0]
+	if name == "-h" || name == "-help" || name == "--help" || name == "help" {
+		fmt.Fprint(e.stdout, usage)
+		return 0
+	}
+	cmd, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions or stats; run idempotent -h)\n", name)
+		return 2
+	}
+	err := cmd(ctx, args[1:], e)
+	switch err.(type) {
+	case nil:
+		return 0
+	case usageError:
+		fmt.Fprintf(e.stderr, "idempotent %s: %s (run idempotent %s -h)\n", name, oneLine(err.Error()), name)
+		return 2
+	case helpShown:
+		return 0
+	}
+	fmt.Fprintf(e.stderr, "idempotent %s: %s\n", name, oneLine(err.Error()))
+	return 1
+}
+
+// oneLine folds a multi-line message onto one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -1,0 +1,132 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	_ "github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// These examples need a Postgres database (DATABASE_URL), so they are
+// compiled but not run by go test; tests/ runs the same calls against a real
+// server.
+
+// A message that carries its producer-assigned event time is fenced: once it
+// is older than the retention window its claim may have been cleaned up, so
+// it is refused instead of applied a second time.
+func ExampleMiddleware_ProcessEvent() {
+	ctx := context.Background()
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
+	if err != nil {
+		log.Fatal(err)
+	}
+	eventTime := time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC) // set by the producer, carried in the message
+	outcome, err := mw.ProcessEvent(ctx, "order-completed:9912", eventTime, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
+		return err
+	})
+	switch {
+	case errors.Is(err, idempotent.ErrBeyondRetention):
+		// Too old to tell whether it was applied: dead-letter it for a person.
+	case err != nil:
+		// Not acked: the broker redelivers.
+	default:
+		fmt.Println(outcome) // ack, whether applied or duplicate
+	}
+}
+
+// WrapEvent takes the key and the event time from each decoded message.
+func ExampleWrapEvent() {
+	type orderCompleted struct {
+		EventID    string
+		OccurredAt time.Time
+		CustomerID int64
+		Points     int64
+	}
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		log.Fatal(err)
+	}
+	handle := idempotent.WrapEvent(mw,
+		func(m orderCompleted) (string, time.Time, error) {
+			return "order-completed:" + m.EventID, m.OccurredAt, nil
+		},
+		func(ctx context.Context, tx *sql.Tx, m orderCompleted) error {
+			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", m.Points, m.CustomerID)
+			return err
+		})
+	outcome, err := handle(context.Background(), orderCompleted{EventID: "9912", OccurredAt: time.Now(), CustomerID: 7, Points: 50})
+	fmt.Println(outcome, err)
+}
+
+// Cleanup runs from a nightly job: batches of 10,000 claims, each its own
+// short transaction, until none older than the window is left.
+func ExampleMiddleware_Cleanup() {
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts := idempotent.DefaultCleanupOptions()
+	opts.Progress = func(p idempotent.CleanupProgress) {
+		log.Printf("batch %d: %d deleted (%d in all) in %v", p.Batch, p.Deleted, p.Total, p.Took)
+	}
+	deleted, err := mw.Cleanup(context.Background(), opts)
+	switch {
+	case errors.Is(err, idempotent.ErrCleanupBusy):
+		log.Printf("another cleanup is running; deleted %d here", deleted)
+	case err != nil:
+		log.Fatal(err)
+	default:
+		log.Printf("deleted %d claims", deleted)
+	}
+}
+
+// In partitioned mode the claim table is partitioned by the day of each
+// message's event time, and old claims leave a whole day at a time.
+func ExampleMiddleware_MaintainPartitions() {
+	ctx := context.Background()
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty",
+		idempotent.WithRetention(30*24*time.Hour), idempotent.WithDailyPartitions(7))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil { // creates the table and its days
+		log.Fatal(err)
+	}
+	// Daily, from a scheduler:
+	rep, err := mw.MaintainPartitions(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, p := range rep.Dropped {
+		log.Printf("dropped %s (%s)", p.Name, p.Day.Format(time.DateOnly))
+	}
+}

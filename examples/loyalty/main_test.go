@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// demoOrders is the test's load: the real command's in full mode, fewer
+// orders with -short.
+func demoOrders() string {
+	if testing.Short() {
+		return "400"
+	}
+	return "3000"
+}
+
+// checkAudit runs the demo with args and checks the audit: the library
+// credits exactly the expected points, the naive consumer more, and every
+// fault was injected.
+func checkAudit(t *testing.T, args ...string) {
+	t.Helper()
+	o, err := parseFlags(args, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	results, err := demo(context.Background(), o, &out)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 2 {
+		t.Fatalf("%d results, want naive and idempotent", len(results))
+	}
+	naive, lib := results[0], results[1]
+	if lib.excess() != 0 || lib.credited != lib.expected || lib.deadLetters != 0 {
+		t.Errorf("library run: credited %d, expected %d (%d dead letters): want exact", lib.credited, lib.expected, lib.deadLetters)
+	}
+	if naive.excess() <= 0 {
+		t.Errorf("naive run: excess %d, want > 0 (the faults did not reach the check-then-act gap)", naive.excess())
+	}
+	for _, r := range results {
+		if r.crashes == 0 || r.drops == 0 || r.deliveries <= int64(r.orders) || r.duplicates == 0 {
+			t.Errorf("%s run: %d crashes, %d drops, %d deliveries of %d orders, %d duplicates: a fault was not injected",
+				r.name, r.crashes, r.drops, r.deliveries, r.orders, r.duplicates)
+		}
+	}
+	for _, want := range []string{"excess points", "points credited", "duplicates detected"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+func TestDemoEmbedded(t *testing.T) {
+	checkAudit(t, "-orders", demoOrders())
+}
+
+// TestDemoOnServers runs the same scenario on the real Postgres and
+// RabbitMQ named by IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL, or the
+// local servers. It skips when they do not answer, except under CI.
+func TestDemoOnServers(t *testing.T) {
+	dsn, url := os.Getenv("IDEMPOTENT_POSTGRES_DSN"), os.Getenv("IDEMPOTENT_AMQP_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	db, err := parseDB(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unreachable error
+	if st, err := openStore(context.Background(), db, 1); err != nil {
+		unreachable = err
+	} else {
+		st.cleanup()
+	}
+	if b, err := dialRabbit(url); err != nil {
+		unreachable = errors.Join(unreachable, err)
+	} else {
+		_ = b.close()
+	}
+	if unreachable != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", unreachable)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN and IDEMPOTENT_AMQP_URL to run the demo on real servers", unreachable)
+	}
+	checkAudit(t, "-orders", demoOrders(), "-db", dsn, "-amqp", url)
+}
+
+func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown flag", []string{"-bogus"}, 2, "flag provided but not defined: -bogus"},
+		{"too few orders", []string{"-orders", "5"}, 2, "-orders 5: want 100 to 100000"},
+		{"one consumer", []string{"-consumers", "1"}, 2, "-consumers 1"},
+		{"no workers", []string{"-workers", "0"}, 2, "-workers 0"},
+		{"not a number", []string{"-orders", "many"}, 2, `invalid value "many" for flag -orders`},
+		{"argument", []string{"now"}, 2, `unexpected argument "now"`},
+		{"unknown database", []string{"-db", "oracle://x"}, 2, `-db "oracle://x": want a postgres:// URL`},
+		{"in-memory SQLite", []string{"-db", "sqlite::memory:"}, 2, "in-memory database"},
+		{"not AMQP", []string{"-amqp", "http://127.0.0.1:5672/"}, 2, "-amqp"},
+		{"no database server", []string{"-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
+		{"no broker", []string{"-amqp", "amqp://guest:secret@127.0.0.1:1/"}, 1, "does not answer"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), tc.args, &stdout, &stderr)
+			msg := stderr.String()
+			if code != tc.code || !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "loyalty: ") {
+				t.Fatalf("exit %d, stderr %q: want exit %d and one line containing %q", code, msg, tc.code, tc.want)
+			}
+			if strings.Contains(msg, "secret") {
+				t.Fatalf("stderr %q shows the password", msg)
+			}
+			if stdout.Len() != 0 {
+				t.Fatalf("stdout %q, want nothing", stdout.String())
+			}
+		})
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "-orders") || stderr.Len() != 0 {
+		t.Fatalf("-h: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/txclaim/idempotent/rabbitmq"
+)
+
+type (
+	handlerT  = rabbitmq.Handler
+	creditedT = func(context.Context) (int64, error)
+)
+
+// progressPrinter draws one line per run: redrawn in place on a terminal,
+// printed once when the run ends otherwise.
+type progressPrinter struct {
+	out   io.Writer
+	tty   bool
+	mu    sync.Mutex
+	last  time.Time
+	drawn bool
+}
+
+func newProgressPrinter(out io.Writer) *progressPrinter {
+	tty := false
+	if f, ok := out.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	return &progressPrinter{out: out, tty: tty}
+}
+
+func (p *progressPrinter) report(s progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !s.done && (!p.tty || time.Since(p.last) < 100*time.Millisecond) {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	filled := 0
+	if s.total > 0 {
+		filled = width * s.settled / s.total
+	}
+	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
+	line := fmt.Sprintf("  %-21s [%s] %5d/%d settled  deliveries %5d  crashes %2d  drops %d  %5.1fs",
+		s.name, bar, s.settled, s.total, s.deliveries, s.crashes, s.drops, s.elapsed.Seconds())
+	if p.tty {
+		fmt.Fprint(p.out, "\r"+line)
+		p.drawn = true
+	}
+	if s.done {
+		if !p.tty {
+			fmt.Fprint(p.out, line)
+		}
+		fmt.Fprintln(p.out)
+		p.drawn = false
+	}
+}
+
+// abort ends a half-drawn line.
+func (p *progressPrinter) abort() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.out)
+		p.drawn = false
+	}
+}
+
+func printAudit(out io.Writer, rs []result) {
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "  %-20s", "audit")
+	for _, r := range rs {
+		fmt.Fprintf(out, " %22s", r.name)
+	}
+	fmt.Fprintln(out)
+	rows := []struct {
+		label string
+		val   func(result) int64
+	}{
+		{"orders", func(r result) int64 { return int64(r.orders) }},
+		{"deliveries", func(r result) int64 { return r.deliveries }},
+		{"duplicates detected", func(r result) int64 { return r.duplicates }},
+		{"points expected", func(r result) int64 { return r.expected }},
+		{"points credited", func(r result) int64 { return r.credited }},
+		{"excess points", func(r result) int64 { return r.excess() }},
+	}
+	for _, row := range rows {
+		fmt.Fprintf(out, "  %-20s", row.label)
+		for _, r := range rs {
+			fmt.Fprintf(out, " %22d", row.val(r))
+		}
+		fmt.Fprintln(out)
+	}
+	fmt.Fprintln(out)
+	for _, r := range rs {
+		switch {
+		case r.excess() > 0:
+			fmt.Fprintf(out, "  %s: %d points credited twice; two deliveries of one order both passed the check before either committed.\n", r.name, r.excess())
+		case r.excess() < 0:
+			fmt.Fprintf(out, "  %s: %d points missing.\n", r.name, -r.excess())
+		default:
+			fmt.Fprintf(out, "  %s: every order credited exactly once.\n", r.name)
+		}
+	}
+}

@@ -1,0 +1,212 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// golden compares got with testdata/name.golden, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file (run go test -update if the change is intended)\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// tables are the names every table-taking method is golden-tested with.
+// The last one cannot come out of dialect.ParseTable; it shows the dialect
+// quotes whatever it is given.
+var tables = []dialect.Table{
+	{Name: "processed_messages"},
+	{Schema: "app", Name: "processed_messages"},
+	{Name: "select"},
+	{Schema: "Billing", Name: "Mixed_Case"},
+	{Name: "t" + strings.Repeat("x", 49)},
+	{Name: "t" + strings.Repeat("x", 50)},
+	{Schema: "s", Name: strings.Repeat("a", 60) + "bcd"},
+	{Schema: "s", Name: strings.Repeat("a", 60) + "bce"},
+	{Name: `we"ird; DROP TABLE y`},
+}
+
+func TestSchemaSQLGolden(t *testing.T) {
+	d := postgres.New()
+	var b strings.Builder
+	for _, tb := range tables {
+		fmt.Fprintf(&b, "-- table %q.%q\n", tb.Schema, tb.Name)
+		for _, s := range d.SchemaSQL(tb) {
+			fmt.Fprintf(&b, "%s;\n", s)
+		}
+		b.WriteString("\n")
+	}
+	golden(t, "schema_sql", b.String())
+}
+
+func TestClaimSQLGolden(t *testing.T) {
+	d := postgres.New()
+	var b strings.Builder
+	for _, tb := range tables {
+		fmt.Fprintf(&b, "-- table %q.%q\n%s;\n\n", tb.Schema, tb.Name, d.ClaimSQL(tb))
+	}
+	golden(t, "claim_sql", b.String())
+}
+
+func TestLockTimeoutSQLGolden(t *testing.T) {
+	d := postgres.New()
+	var b strings.Builder
+	for _, dur := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 1500 * time.Microsecond, 50 * time.Millisecond, 5 * time.Second, time.Hour, 24 * 24 * time.Hour, 25 * 24 * time.Hour, 1 << 62} {
+		fmt.Fprintf(&b, "-- %v\n%q\n\n", dur, d.LockTimeoutSQL(dur))
+	}
+	golden(t, "lock_timeout_sql", b.String())
+}
+
+func TestTxIDSQLGolden(t *testing.T) {
+	golden(t, "txid_sql", postgres.New().TxIDSQL()+";\n")
+}
+
+func TestNameAndLimits(t *testing.T) {
+	d := postgres.New()
+	if d.Name() != "postgres" {
+		t.Errorf("Name() = %q", d.Name())
+	}
+	if d.MaxKeyBytes() != postgres.MaxKeyBytes || postgres.MaxKeyBytes != 1024 {
+		t.Errorf("MaxKeyBytes() = %d, constant %d", d.MaxKeyBytes(), postgres.MaxKeyBytes)
+	}
+	var _ dialect.Dialect = d
+}
+
+// Every processed_at index name fits in 63 bytes and is distinct for
+// distinct tables; each schema's advisory lock is distinct too.
+func TestSchemaSQLNamesAreDistinct(t *testing.T) {
+	d := postgres.New()
+	seen := map[string]dialect.Table{}
+	for _, tb := range tables {
+		stmts := d.SchemaSQL(tb)
+		if len(stmts) != 3 {
+			t.Fatalf("%v: %d statements", tb, len(stmts))
+		}
+		for _, s := range stmts {
+			if _, dup := seen[s]; dup {
+				t.Errorf("statement %q for %v and %v", s, tb, seen[s])
+			}
+			seen[s] = tb
+		}
+		idx := stmts[2]
+		name := idx[len("CREATE INDEX IF NOT EXISTS "):strings.Index(idx, " ON ")]
+		if unq := strings.ReplaceAll(strings.Trim(name, `"`), `""`, `"`); len(unq) > dialect.MaxIdentifierBytes {
+			t.Errorf("index name %s is %d bytes; Postgres would truncate it", name, len(unq))
+		}
+	}
+}
+
+// sqlStateErr is a driver error of some other driver: only the method.
+type sqlStateErr string
+
+func (e sqlStateErr) Error() string    { return "sqlstate " + string(e) }
+func (e sqlStateErr) SQLState() string { return string(e) }
+
+// safeToRetryErr mimics pgconn's client-side connection failures.
+type safeToRetryErr struct{ safe bool }
+
+func (e safeToRetryErr) Error() string     { return "conn closed" }
+func (e safeToRetryErr) SafeToRetry() bool { return e.safe }
+
+func TestClassify(t *testing.T) {
+	d := postgres.New()
+	ser := func(code string) dialect.Class { return dialect.Class{Kind: dialect.KindSerialization, Code: code} }
+	conn := func(code string) dialect.Class { return dialect.Class{Kind: dialect.KindConnection, Code: code} }
+	other := func(code string) dialect.Class { return dialect.Class{Kind: dialect.KindOther, Code: code} }
+	cases := []struct {
+		name string
+		err  error
+		want dialect.Class
+	}{
+		{"nil", nil, dialect.Class{}},
+		{"pq 40001", &pq.Error{Code: "40001"}, ser("40001")},
+		{"pq 40P01", &pq.Error{Code: "40P01"}, ser("40P01")},
+		{"pgx 40001", &pgconn.PgError{Code: "40001"}, ser("40001")},
+		{"pgx 40P01", &pgconn.PgError{Code: "40P01"}, ser("40P01")},
+		{"other driver 40001", sqlStateErr("40001"), ser("40001")},
+		{"wrapped 40001", fmt.Errorf("claim: %w", &pq.Error{Code: "40001"}), ser("40001")},
+		{"joined 40P01", errors.Join(errors.New("x"), &pgconn.PgError{Code: "40P01"}), ser("40P01")},
+		{"40003 is not retried", &pq.Error{Code: "40003"}, other("40003")},
+		{"40002 integrity constraint", &pq.Error{Code: "40002"}, other("40002")},
+		{"08000", &pq.Error{Code: "08000"}, conn("08000")},
+		{"08006", &pgconn.PgError{Code: "08006"}, conn("08006")},
+		{"08P01 protocol violation", &pq.Error{Code: "08P01"}, conn("08P01")},
+		{"57P01 admin shutdown", &pgconn.PgError{Code: "57P01"}, conn("57P01")},
+		{"57P02 crash shutdown", &pq.Error{Code: "57P02"}, conn("57P02")},
+		{"57P03 cannot connect now", &pq.Error{Code: "57P03"}, conn("57P03")},
+		{"57014 query canceled", &pq.Error{Code: "57014"}, other("57014")},
+		{"55P03 lock timeout", &pq.Error{Code: "55P03"}, dialect.Class{Kind: dialect.KindLockTimeout, Code: "55P03"}},
+		{"42P01 undefined table", &pgconn.PgError{Code: "42P01"}, dialect.Class{Kind: dialect.KindUndefinedTable, Code: "42P01"}},
+		{"23505 unique violation", &pq.Error{Code: "23505"}, other("23505")},
+		{"short code starting 08", sqlStateErr("08"), other("08")},
+		{"empty code", sqlStateErr(""), other("")},
+		{"driver.ErrBadConn", driver.ErrBadConn, conn("")},
+		{"wrapped ErrBadConn", fmt.Errorf("commit: %w", driver.ErrBadConn), conn("")},
+		{"io.EOF", io.EOF, conn("")},
+		{"io.ErrUnexpectedEOF", io.ErrUnexpectedEOF, conn("")},
+		{"ECONNRESET", &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}, conn("")},
+		{"EPIPE", fmt.Errorf("write: %w", syscall.EPIPE), conn("")},
+		{"net.ErrClosed", net.ErrClosed, conn("")},
+		{"net.OpError", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, conn("")},
+		{"pgx conn closed (not safe to retry)", fmt.Errorf("commit: %w", safeToRetryErr{false}), conn("")},
+		{"pgx write failed (safe to retry)", safeToRetryErr{true}, conn("")},
+		{"SQLSTATE beats transport", fmt.Errorf("%w: %w", io.EOF, &pq.Error{Code: "23505"}), other("23505")},
+		{"context canceled", context.Canceled, other("")},
+		{"deadline exceeded", context.DeadlineExceeded, other("")},
+		{"message text is never read", errors.New("pq: could not serialize access due to concurrent update (40001) connection reset by peer"), other("")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := d.Classify(c.err); got != c.want {
+				t.Errorf("Classify(%v) = %+v, want %+v", c.err, got, c.want)
+			}
+		})
+	}
+}
+
+func TestKindAndClass(t *testing.T) {
+	for k, want := range map[dialect.Kind]string{
+		dialect.KindOther: "other", dialect.KindSerialization: "serialization", dialect.KindConnection: "connection",
+		dialect.KindLockTimeout: "lock_timeout", dialect.KindUndefinedTable: "undefined_table", dialect.Kind(99): "unknown",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("Kind(%d).String() = %q, want %q", int(k), got, want)
+		}
+		retryable := k == dialect.KindSerialization || k == dialect.KindConnection
+		if got := (dialect.Class{Kind: k}).Retryable(); got != retryable {
+			t.Errorf("Class{%v}.Retryable() = %v", k, got)
+		}
+	}
+}

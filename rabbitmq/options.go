@@ -1,0 +1,149 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// An Option configures a Consumer. Options are checked by NewConsumer: a bad
+// value is an error from NewConsumer, never a surprise at the first delivery.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+// Limits on option values.
+const (
+	// MaxWorkers is the largest number of workers WithWorkers accepts.
+	MaxWorkers = 1024
+	// MaxRequeueDelay is the longest delay WithRequeueDelay accepts. A
+	// worker holds the delivery (and a prefetch slot) while it waits.
+	MaxRequeueDelay = time.Minute
+)
+
+type config struct {
+	workers         int
+	prefetch        int // 0: twice the workers
+	requeueDelay    time.Duration
+	shutdownTimeout time.Duration
+	poison          []func(error) bool
+	onSettle        func(context.Context, Settlement)
+	tagPrefix       string
+}
+
+func defaultConfig() config {
+	return config{
+		workers:         4,
+		requeueDelay:    time.Second,
+		shutdownTimeout: 30 * time.Second,
+		tagPrefix:       "idempotent",
+	}
+}
+
+// WithWorkers sets how many deliveries are processed at once, each by its
+// own goroutine (and, through the middleware, its own database connection:
+// size the pool for it). It must be 1 to MaxWorkers. Default is 4.
+func WithWorkers(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 || n > MaxWorkers {
+			return fmt.Errorf("rabbitmq: WithWorkers: %d workers, want 1 to %d", n, MaxWorkers)
+		}
+		c.workers = n
+		return nil
+	})
+}
+
+// WithPrefetch sets the channel's prefetch count (basic.qos): how many
+// unacked deliveries the broker sends ahead. It must be at least the number
+// of workers, or workers would sit idle, and at most 65535. Default is twice
+// the number of workers.
+func WithPrefetch(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 || n > 65535 {
+			return fmt.Errorf("rabbitmq: WithPrefetch: %d, want 1 to 65535", n)
+		}
+		c.prefetch = n
+		return nil
+	})
+}
+
+// WithRequeueDelay sets how long a worker waits, holding the delivery,
+// before it nacks a failed (not poison) delivery with requeue. The delay
+// keeps a failing message from spinning between the broker and the
+// consumer; it is cut short when Run is shutting down. 0 requeues at once.
+// It must be 0 to MaxRequeueDelay. Default is one second.
+//
+// The delay bounds the retry rate, not the number of retries: to
+// dead-letter a message after N failed deliveries, use a quorum queue with
+// the x-delivery-limit argument.
+func WithRequeueDelay(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 || d > MaxRequeueDelay {
+			return fmt.Errorf("rabbitmq: WithRequeueDelay: %v, want 0 to %v", d, MaxRequeueDelay)
+		}
+		c.requeueDelay = d
+		return nil
+	})
+}
+
+// WithShutdownTimeout bounds how long Run waits, after its context ends, for
+// in-flight deliveries to finish. When it runs out, their contexts are
+// cancelled: their transactions roll back and the deliveries are requeued,
+// to be applied on redelivery. It must be positive. Default is 30 seconds.
+func WithShutdownTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("rabbitmq: WithShutdownTimeout: %v is not a positive duration", d)
+		}
+		c.shutdownTimeout = d
+		return nil
+	})
+}
+
+// WithPoison adds a poison predicate: a handler error for which it returns
+// true dead-letters the delivery instead of requeueing it. A delivery is
+// poison if IsPoison or any added predicate says so. Use it for errors that
+// no redelivery can fix, such as a retention error for a message older than
+// the claims kept. Default is IsPoison alone.
+func WithPoison(isPoison func(error) bool) Option {
+	return optionFunc(func(c *config) error {
+		if isPoison == nil {
+			return errors.New("rabbitmq: WithPoison: nil predicate")
+		}
+		c.poison = append(c.poison, isPoison)
+		return nil
+	})
+}
+
+// WithOnSettle sets a function called after each delivery is settled (acked,
+// requeued, dead-lettered or released), on the worker's goroutine, for
+// logging and metrics. It must be safe for concurrent use and return
+// quickly. Default is none.
+func WithOnSettle(f func(ctx context.Context, s Settlement)) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return errors.New("rabbitmq: WithOnSettle: nil function")
+		}
+		c.onSettle = f
+		return nil
+	})
+}
+
+// WithConsumerTag sets the prefix of the consumer tags Run registers with
+// the broker (each Run adds a random suffix, as tags must be unique per
+// channel); it shows in the management UI. It must be 1 to 200 bytes.
+// Default is "idempotent".
+func WithConsumerTag(prefix string) Option {
+	return optionFunc(func(c *config) error {
+		if prefix == "" || len(prefix) > 200 {
+			return fmt.Errorf("rabbitmq: WithConsumerTag: %q, want 1 to 200 bytes", prefix)
+		}
+		c.tagPrefix = prefix
+		return nil
+	})
+}

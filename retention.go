@@ -1,0 +1,292 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// The retention window.
+//
+// A claim only deduplicates while it exists. Redeliveries after a crash or a
+// network blip arrive within minutes; a dead-letter queue is triaged and
+// replayed within days, at most a couple of weeks. Claims therefore live for
+// a retention window — 30 days by default — and only then may Cleanup or
+// MaintainPartitions remove them. A message redelivered after its claim is
+// gone would be applied again, so a message that carries its own event time
+// (ProcessEvent, ClaimEvent, WrapEvent) is refused with ErrBeyondRetention
+// once it is older than the window: the retention fence. A message without
+// an event time (Process, Claim, Wrap) cannot be fenced. For effects that no
+// window makes safe, such as money, keep a natural unique key on the
+// business table as well: it never expires.
+//
+// Clocks disagree: a producer's clock may run ahead of the consumer's, and
+// the database stamps processed_at with its own. Claims are therefore kept
+// for the window plus a clock-skew margin (5 minutes by default), while the
+// fence refuses messages as soon as they are older than the window itself.
+// As long as no two clocks differ by more than the margin, every message
+// the fence lets through still finds its claim if it has one.
+
+// DefaultRetention is the retention window when WithRetention is not given:
+// 30 days, which covers redeliveries (minutes), dead-letter triage and replay
+// (days to a couple of weeks) with room to spare.
+const DefaultRetention = 30 * 24 * time.Hour
+
+// DefaultClockSkew is the clock-skew margin when WithClockSkew is not given.
+const DefaultClockSkew = 5 * time.Minute
+
+var (
+	// ErrBeyondRetention reports a message that is outside the window in
+	// which its claim is kept: its event time is older than the retention
+	// window, so its claim may already have been deleted, or (in partitioned
+	// mode) no partition exists for its event day — a day already dropped,
+	// or beyond the days MaintainPartitions created ahead. Nothing was
+	// written and the handler did not run. An old message should go to a
+	// dead-letter queue for a person to decide; a message dated in the
+	// future is applied once its day's partition exists.
+	ErrBeyondRetention = errors.New("idempotent: message outside the retention window")
+
+	// ErrInvalidEventTime reports a zero event time given to ProcessEvent,
+	// ClaimEvent or WrapEvent. Nothing was written.
+	ErrInvalidEventTime = errors.New("idempotent: invalid event time")
+)
+
+type retentionConfig struct {
+	window   time.Duration
+	skew     time.Duration
+	clock    func() time.Time
+	leadDays int // > 0 in partitioned mode
+}
+
+func defaultRetentionConfig() retentionConfig {
+	return retentionConfig{window: DefaultRetention, skew: DefaultClockSkew, clock: time.Now}
+}
+
+// retention is a Middleware's retention settings.
+type retention struct {
+	retentionConfig
+	// part is the dialect's partitioner in partitioned mode, nil otherwise.
+	part dialect.Partitioner
+}
+
+// WithRetention sets the retention window: how long a claim must live, and
+// so how late a redelivery or replay may arrive and still be recognised.
+// Cleanup and MaintainPartitions remove only claims older than the window
+// plus the clock-skew margin; ProcessEvent refuses messages older than the
+// window with ErrBeyondRetention. Choose it longer than the longest
+// dead-letter triage and replay you allow. d must be positive. Default is
+// DefaultRetention (30 days).
+func WithRetention(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("idempotent: WithRetention: %v is not a positive duration", d)
+		}
+		c.retention.window = d
+		return nil
+	})
+}
+
+// WithClockSkew sets the clock-skew margin: claims are kept this much longer
+// than the retention window, so that a producer clock running ahead of the
+// consumer's (or a database clock differing from it) by up to d cannot let
+// the fence pass a message whose claim is gone. d must not be negative.
+// Default is DefaultClockSkew (5 minutes).
+func WithClockSkew(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("idempotent: WithClockSkew: %v is negative", d)
+		}
+		c.retention.skew = d
+		return nil
+	})
+}
+
+// WithClock sets the clock the middleware reads for the retention fence,
+// the cleanup cutoff and partition maintenance. Tests use it to move time;
+// processed_at is still stamped by the database. Default is time.Now.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) error {
+		if now == nil {
+			return errors.New("idempotent: WithClock: nil clock")
+		}
+		c.retention.clock = now
+		return nil
+	})
+}
+
+// WithDailyPartitions selects partitioned mode: the claim table is
+// partitioned by the UTC day of each message's event time, with the primary
+// key (consumer, message_key, event day), and old claims leave by dropping
+// whole days (MaintainPartitions) instead of deleting rows.
+//
+// The day comes from the producer-assigned event time, never from the time
+// of processing: a redelivery or replay carries the same event time, lands
+// in the same partition and meets its claim. (A table partitioned on
+// processed_at would put a redelivery on another day into another partition,
+// where the primary key cannot see the first claim, and apply it again.) So
+// in this mode every message needs its event time — use ProcessEvent,
+// ClaimEvent or WrapEvent — and the producer must keep it stable across
+// republishes, like the key itself.
+//
+// MaintainPartitions (and EnsureSchema) create the partitions for every day
+// of the retention window and leadDays days ahead; run MaintainPartitions at
+// least daily. leadDays must be at least 1. All consumers sharing a
+// partitioned table share its retention, since a dropped day holds the claims
+// of all of them. The dialect must implement dialect.Partitioner. Default is
+// a plain, unpartitioned table.
+func WithDailyPartitions(leadDays int) Option {
+	return optionFunc(func(c *config) error {
+		if leadDays < 1 {
+			return fmt.Errorf("idempotent: WithDailyPartitions: %d lead days, want at least 1", leadDays)
+		}
+		c.retention.leadDays = leadDays
+		return nil
+	})
+}
+
+// initRetention checks the retention settings against the dialect and, in
+// partitioned mode, switches the claim statement to the event-day one.
+func (m *Middleware) initRetention(c retentionConfig) error {
+	m.ret = retention{retentionConfig: c}
+	if c.leadDays == 0 {
+		return nil
+	}
+	p, ok := m.d.(dialect.Partitioner)
+	if !ok {
+		return fmt.Errorf("idempotent: WithDailyPartitions: the %s dialect does not support partitions", m.d.Name())
+	}
+	if n := len(p.PartitionName(m.table, time.Unix(0, 0))); n > dialect.MaxIdentifierBytes {
+		return fmt.Errorf("idempotent: WithDailyPartitions: table name %q is too long: its partitions' names would be %d bytes, the limit is %d",
+			m.table.Name, n, dialect.MaxIdentifierBytes)
+	}
+	m.ret.part = p
+	m.claimSQL = p.ClaimAtSQL(m.table)
+	return nil
+}
+
+// Retention returns the retention window.
+func (m *Middleware) Retention() time.Duration { return m.ret.window }
+
+// Partitioned reports whether the Middleware runs in partitioned mode
+// (WithDailyPartitions).
+func (m *Middleware) Partitioned() bool { return m.ret.part != nil }
+
+func (m *Middleware) now() time.Time { return m.ret.clock() }
+
+// keepAfter returns the time before which claims may be removed: the
+// retention window plus the clock-skew margin before now.
+func (m *Middleware) keepAfter(now time.Time) time.Time {
+	return now.Add(-m.ret.window - m.ret.skew)
+}
+
+// checkEvent decides, before any transaction, whether a message with event
+// time at (zero when it has none) may be claimed.
+func (m *Middleware) checkEvent(key string, at time.Time) error {
+	if at.IsZero() {
+		if m.ret.part != nil {
+			return fmt.Errorf("idempotent: consumer %q, key %q: the claim table %s is partitioned by event day: use ProcessEvent, ClaimEvent or WrapEvent with the message's event time",
+				m.consumer, key, m.table)
+		}
+		return nil
+	}
+	now := m.now()
+	if cutoff := now.Add(-m.ret.window); at.Before(cutoff) {
+		return fmt.Errorf("%w: consumer %q, key %q: event time %s is %v old, older than the retention window of %v, so its claim may be gone",
+			ErrBeyondRetention, m.consumer, key, at.UTC().Format(time.RFC3339), now.Sub(at).Round(time.Second), m.ret.window)
+	}
+	return nil
+}
+
+// claimArgs returns the claim statement's parameters.
+func (m *Middleware) claimArgs(key string, at time.Time) []any {
+	if m.ret.part == nil {
+		return []any{m.consumer, key}
+	}
+	return []any{m.consumer, key, eventDay(at).Format(time.DateOnly)}
+}
+
+// eventDay returns the UTC midnight starting t's day.
+func eventDay(t time.Time) time.Time {
+	y, mo, d := t.UTC().Date()
+	return time.Date(y, mo, d, 0, 0, 0, 0, time.UTC)
+}
+
+// claimError translates a claim failure that only retention settings
+// explain; it returns nil for any other error.
+func (m *Middleware) claimError(err error, at time.Time) error {
+	if m.ret.part != nil && m.ret.part.IsNoPartition(err) {
+		return fmt.Errorf("%w: %s has no partition for event day %s (partitions cover the retention window and %d days ahead; run MaintainPartitions): %w",
+			ErrBeyondRetention, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)
+	}
+	return nil
+}
+
+// ProcessEvent is Process for a message that carries its producer-assigned
+// event time, which makes the retention fence work: a message whose event
+// time is older than the retention window is refused with an error matching
+// ErrBeyondRetention, before any transaction, instead of being applied a
+// second time after its claim was cleaned up. In partitioned mode the event
+// time also chooses the claim's partition, and a day with no partition is
+// refused the same way.
+//
+// The event time must be stable across redeliveries and replays — set once by
+// the producer, never by the broker or the consumer. A zero eventTime is an
+// error matching ErrInvalidEventTime.
+func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn TxFunc) (Outcome, error) {
+	if eventTime.IsZero() {
+		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
+		if m.observer != nil {
+			m.observer.Outcome(ctx, Event{Consumer: m.consumer, Key: key, Err: err})
+		}
+		return 0, err
+	}
+	return m.processAt(ctx, key, eventTime, fn)
+}
+
+// ClaimEvent is Claim for a message that carries its event time: it refuses
+// a message older than the retention window with ErrBeyondRetention, and in
+// partitioned mode it claims in the event day's partition. When a day has no
+// partition the statement fails inside tx, which the caller must then roll
+// back; the error matches ErrBeyondRetention.
+func (m *Middleware) ClaimEvent(ctx context.Context, tx *sql.Tx, key string, eventTime time.Time) (claimed bool, err error) {
+	if tx == nil {
+		return false, errors.New("idempotent: ClaimEvent: nil transaction")
+	}
+	if err := validateKey(key, m.maxKey); err != nil {
+		return false, err
+	}
+	if eventTime.IsZero() {
+		return false, fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
+	}
+	if err := m.checkEvent(key, eventTime); err != nil {
+		return false, err
+	}
+	claimed, err = m.claim(ctx, tx, key, eventTime)
+	if err != nil {
+		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
+	}
+	return claimed, nil
+}
+
+// WrapEvent is Wrap for messages that carry their event time: key returns
+// the message's stable identity and its producer-assigned event time, and
+// each message is processed with ProcessEvent. If key fails, the returned
+// function returns an error matching ErrInvalidKey without opening a
+// transaction.
+func WrapEvent[M any](m *Middleware, key func(M) (string, time.Time, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
+	return func(ctx context.Context, msg M) (Outcome, error) {
+		k, at, err := key(msg)
+		if err != nil {
+			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
+			if m.observer != nil {
+				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
+			}
+			return 0, err
+		}
+		return m.ProcessEvent(ctx, k, at, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
+	}
+}
