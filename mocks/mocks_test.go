@@ -503,3 +503,26 @@ func TestForRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestProcessEvent scripts ProcessEvent on a table that is not
+// partitioned: the event time is checked before any transaction, and the
+// statements are Process's.
+func TestProcessEvent(t *testing.T) {
+	db, mock := mocks.New(t)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied(key)
+	expectEffect(m)
+	m.ExpectCommit()
+	ctx := context.Background()
+	if got, err := mw.ProcessEvent(ctx, key, time.Now().Add(-time.Hour), effect); err != nil || got != idempotent.Applied {
+		t.Fatalf("got (%v, %v), want applied", got, err)
+	}
+	// Older than the window: refused with nothing sent.
+	if _, err := mw.ProcessEvent(ctx, key, time.Now().Add(-40*24*time.Hour), effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("got %v, want ErrBeyondRetention", err)
+	}
+}
