@@ -513,3 +513,37 @@ func TestOpenGuarded(t *testing.T) {
 		}
 	})
 }
+
+// TestGuardRefusesTransactionControl runs transaction-control statements
+// through the claim's own transaction: those that would end it never reach
+// the driver, and the delivery rolls back with ErrAutocommit; a savepoint
+// rollback is the handler's business and passes.
+func TestGuardRefusesTransactionControl(t *testing.T) {
+	for _, q := range []string{"COMMIT", "/* done */ commit work", "END", "ROLLBACK", "START TRANSACTION"} {
+		t.Run(q, func(t *testing.T) {
+			f := &fakeConnector{kind: modern}
+			mw := guardedMiddleware(t, f.open(t))
+			var stmtErr error
+			_, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+				_, stmtErr = tx.ExecContext(ctx, q)
+				return nil // the handler ignores the error
+			})
+			if !errors.Is(stmtErr, idempotent.ErrAutocommit) || !errors.Is(err, idempotent.ErrAutocommit) {
+				t.Fatalf("statement got %v, delivery got %v; want ErrAutocommit for both", stmtErr, err)
+			}
+			f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 rollback")
+		})
+	}
+	t.Run("savepoint", func(t *testing.T) {
+		f := &fakeConnector{kind: modern}
+		mw := guardedMiddleware(t, f.open(t))
+		got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT before_credit")
+			return err
+		})
+		if err != nil || got != idempotent.Applied {
+			t.Fatalf("got (%v, %v), want applied", got, err)
+		}
+		f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 execctx ROLLBACK TO SAVEPOINT before_credit []", "c1 commit")
+	})
+}

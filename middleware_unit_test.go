@@ -912,3 +912,56 @@ func TestLockTimeoutReset(t *testing.T) {
 		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
 	})
 }
+
+// plainDialect hides every optional interface of the dialect it wraps.
+type plainDialect struct{ dialect.Dialect }
+
+// TestRetentionBranches covers the retention fence's branches in the
+// middleware: a refused event time sends nothing, a partitioned claim needs
+// an event time, and a claim for a day without partition is beyond
+// retention.
+func TestRetentionBranches(t *testing.T) {
+	ctx := context.Background()
+	t.Run("partitions need a partitioning dialect", func(t *testing.T) {
+		db, _ := sqlmockDB(t)
+		if _, err := idempotent.New(db, plainDialect{pg}, consumer, idempotent.WithDailyPartitions(2)); err == nil || !strings.Contains(err.Error(), "does not support partitions") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("event beyond retention sends nothing", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithRetention(24*time.Hour))
+		if _, err := mw.ProcessEvent(ctx, key, time.Now().Add(-48*time.Hour), effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
+			t.Fatalf("got %v, want ErrBeyondRetention", err)
+		}
+		r.wantCalls(t)
+	})
+	t.Run("partitioned claim without an event time", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithDailyPartitions(2))
+		r.mock.ExpectBegin()
+		r.mock.ExpectRollback()
+		tx, err := r.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := mw.Claim(ctx, tx, key); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
+			t.Fatalf("got %v", err)
+		}
+		r.wantCalls(t, "BEGIN")
+	})
+	t.Run("no partition for the day", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithDailyPartitions(2))
+		at := time.Now().UTC()
+		claimAt := pg.ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(claimAt).WithArgs(consumer, key, at.Format(time.DateOnly)).WillReturnError(&pq.Error{Code: "23514"})
+		r.mock.ExpectRollback()
+		if _, err := mw.ProcessEvent(ctx, key, at, effect); !errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
+			t.Fatalf("got %v, want ErrBeyondRetention for the missing partition", err)
+		}
+		r.wantCalls(t, "BEGIN", claimAt, "ROLLBACK")
+	})
+}
