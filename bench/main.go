@@ -1,0 +1,310 @@
+// Command bench measures the idempotent middleware against hand-written SQL
+// on the guide's loyalty workload (per message: UPDATE a balance, INSERT a
+// ledger row), in one process, against one Postgres.
+//
+// Usage:
+//
+//	go run ./bench [-dsn DSN] [-drivers pq,pgx] [-workers 1,8] [-rounds 3] [-cell 2s] [-variants …] [-sql-limit PATH]
+//
+// For each driver and number of workers it runs every variant for -cell, in
+// rounds: each round runs all the variants one after the other, starting
+// from a different one each round, so that drift of a shared machine falls
+// on all of them alike. It prints a Markdown report: messages per second,
+// p50 and p99 latency per call (a call is one transaction: one message, or
+// one batch), heap allocations and network writes (round trips) per
+// message, and each variant's throughput as a ratio to (a) the effect alone
+// and (b) the guide's hand-written claim + effect.
+//
+// The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
+// default. The run works in a schema of its own, dropped at the end; it
+// opens at most two pools of the largest worker count at a time.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/txclaim/idempotent/internal/loyaltyload"
+)
+
+const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+type options struct {
+	dsn       string
+	drivers   []driverConfig
+	workers   []int
+	variants  []loyaltyload.Variant
+	rounds    int
+	cell      time.Duration
+	warmup    time.Duration
+	customers int
+	sqlLimit  string
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dsn := fs.String("dsn", "", "Postgres DSN (default $IDEMPOTENT_POSTGRES_DSN, else "+localDSN+")")
+	drivers := fs.String("drivers", "pq,pgx", "comma-separated drivers: pq or pgx, each optionally +param=value[&param=value] (e.g. pq+binary_parameters=yes)")
+	workers := fs.String("workers", "1,8", "comma-separated numbers of concurrent workers")
+	var names []string
+	for _, v := range loyaltyload.Variants() {
+		names = append(names, v.Name)
+	}
+	variants := fs.String("variants", strings.Join(names, ","), "comma-separated variants")
+	rounds := fs.Int("rounds", 3, "rounds; every round runs every variant once per driver and worker count")
+	cell := fs.Duration("cell", 2*time.Second, "how long each variant runs per round")
+	warmup := fs.Duration("warmup", 100*time.Millisecond, "unrecorded run of each variant when a pool is opened")
+	customers := fs.Int("customers", 100000, "number of customer balances")
+	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o := options{rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
+	o.dsn = firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)
+	for _, s := range strings.Split(*drivers, ",") {
+		c, err := parseDriver(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		o.drivers = append(o.drivers, c)
+	}
+	for _, s := range strings.Split(*workers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 32 {
+			return fmt.Errorf("-workers: %q is not a number from 1 to 32", s)
+		}
+		o.workers = append(o.workers, n)
+	}
+	for _, s := range strings.Split(*variants, ",") {
+		i := slices.IndexFunc(loyaltyload.Variants(), func(v loyaltyload.Variant) bool { return v.Name == strings.TrimSpace(s) })
+		if i < 0 {
+			return fmt.Errorf("-variants: unknown variant %q (known: %s)", s, strings.Join(names, ", "))
+		}
+		o.variants = append(o.variants, loyaltyload.Variants()[i])
+	}
+	if o.rounds < 1 || o.cell <= 0 || o.customers < 1 {
+		return fmt.Errorf("-rounds, -cell and -customers must be positive")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, env, err := measure(ctx, o, stderr)
+	if err != nil {
+		return err
+	}
+	report(stdout, o, args, env, res)
+	if o.sqlLimit != "" {
+		fmt.Fprintf(stderr, "running %s\n", o.sqlLimit)
+		fmt.Fprintf(stdout, "\n## The SQL ceiling: pgbench, no Go\n\nCommand: `%s` (8 clients, 8 s per script, prepared statements)\n\n```\n", o.sqlLimit)
+		cmd := exec.CommandContext(ctx, "bash", o.sqlLimit)
+		cmd.Stdout, cmd.Stderr = stdout, stderr
+		err := cmd.Run()
+		fmt.Fprintln(stdout, "```")
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.sqlLimit, err)
+		}
+	}
+	return nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// group is one driver at one number of workers.
+type group struct {
+	driver  driverConfig
+	workers int
+}
+
+// stats is what a variant measured in one group, over all rounds.
+type stats struct {
+	msgs, calls  int64
+	elapsed      time.Duration
+	mallocs      uint64
+	writes       int64
+	errs         int64
+	firstErr     error
+	lat          []time.Duration
+	perRoundRate []float64
+}
+
+func (s *stats) rate() float64 { return float64(s.msgs) / s.elapsed.Seconds() }
+
+type results map[group]map[string]*stats
+
+// runEnv describes the run for the report.
+type runEnv struct {
+	server  string
+	started time.Time
+	took    time.Duration
+}
+
+func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, error) {
+	env := runEnv{started: time.Now()}
+	admin, err := sql.Open("postgres", o.dsn)
+	if err != nil {
+		return nil, env, err
+	}
+	defer admin.Close()
+	admin.SetMaxOpenConns(1)
+	if err := admin.QueryRowContext(ctx, "SHOW server_version").Scan(&env.server); err != nil {
+		return nil, env, fmt.Errorf("connect to %s: %w", o.dsn, err)
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	schema, err := loyaltyload.Setup(ctx, admin, "bench_"+hex.EncodeToString(b), o.customers)
+	if err != nil {
+		return nil, env, err
+	}
+	defer func() {
+		if err := schema.Drop(context.Background(), admin); err != nil {
+			fmt.Fprintln(log, "drop schema:", err)
+		}
+	}()
+
+	var groups []group
+	for _, d := range o.drivers {
+		for _, w := range o.workers {
+			groups = append(groups, group{d, w})
+		}
+	}
+	res := results{}
+	for _, g := range groups {
+		res[g] = map[string]*stats{}
+		for _, v := range o.variants {
+			res[g][v.Name] = &stats{}
+		}
+	}
+	var orderIDs atomic.Int64
+	lat := make([][]time.Duration, slices.Max(o.workers))
+	for i := range lat {
+		lat[i] = make([]time.Duration, 0, 1<<16)
+	}
+	for r := range o.rounds {
+		for gi, g := range groups {
+			var writes atomic.Int64
+			plain, guarded, err := g.driver.open(o.dsn, g.workers, &writes)
+			if err != nil {
+				return nil, env, err
+			}
+			e, err := loyaltyload.NewEnv(plain, guarded, schema, g.driver.nativeArrays())
+			if err != nil {
+				return nil, env, err
+			}
+			// Each round starts from another variant, and the groups of one
+			// round from other ones again.
+			order := slices.Clone(o.variants)
+			k := (r + gi) % len(order)
+			order = append(order[k:], order[:k]...)
+			for _, v := range order {
+				runCell(ctx, e, schema, v, g.workers, o.warmup, &orderIDs, &writes, lat, nil)
+			}
+			for _, v := range order {
+				if err := ctx.Err(); err != nil {
+					return nil, env, err
+				}
+				s := res[g][v.Name]
+				runCell(ctx, e, schema, v, g.workers, o.cell, &orderIDs, &writes, lat, s)
+				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  %-10s %8.0f msgs/s  errors %d\n",
+					r+1, o.rounds, g.driver.label(), g.workers, v.Name, s.perRoundRate[len(s.perRoundRate)-1], s.errs)
+			}
+			_ = plain.Close()
+			_ = guarded.Close()
+		}
+	}
+	env.took = time.Since(env.started)
+	return res, env, nil
+}
+
+// runCell runs variant v with the given number of workers for d and adds
+// what it measured to s (nothing when s is nil: a warm-up).
+func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema, v loyaltyload.Variant, workers int, d time.Duration,
+	orderIDs, writes *atomic.Int64, lat [][]time.Duration, s *stats) {
+	var stop atomic.Bool
+	var calls, errs atomic.Int64
+	var errOnce sync.Once
+	var firstErr error
+	gens := make([]*loyaltyload.Gen, workers)
+	for i := range gens {
+		gens[i] = loyaltyload.NewGen(schema, orderIDs, uint64(time.Now().UnixNano())+uint64(i))
+		lat[i] = lat[i][:0]
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	w0 := writes.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, l := gens[i], lat[i]
+			for !stop.Load() {
+				t := time.Now()
+				err := v.Run(ctx, e, g)
+				l = append(l, time.Since(t))
+				calls.Add(1)
+				if err != nil {
+					errs.Add(1)
+					errOnce.Do(func() { firstErr = err })
+				}
+			}
+			lat[i] = l
+		}()
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&after)
+	if s == nil {
+		return
+	}
+	n := calls.Load()
+	msgs := n * int64(v.PerCall)
+	s.calls += n
+	s.msgs += msgs
+	s.elapsed += elapsed
+	s.mallocs += after.Mallocs - before.Mallocs
+	s.writes += writes.Load() - w0
+	s.errs += errs.Load()
+	if s.firstErr == nil {
+		s.firstErr = firstErr
+	}
+	for _, l := range lat[:workers] {
+		s.lat = append(s.lat, l...)
+	}
+	s.perRoundRate = append(s.perRoundRate, float64(msgs)/elapsed.Seconds())
+}

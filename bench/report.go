@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// report prints the Markdown report of a run.
+func report(w io.Writer, o options, args []string, env runEnv, res results) {
+	fmt.Fprintf(w, "# Benchmarks\n\n")
+	cmd := "go run ./bench"
+	if len(args) > 0 {
+		cmd += " " + strings.Join(args, " ")
+	}
+	fmt.Fprintf(w, "Command: `%s`\n\n", cmd)
+	fmt.Fprintf(w, "Run %s, %s; %s %s/%s, GOMAXPROCS %d; PostgreSQL %s on the same machine; %d rounds of %v per variant, %d customers.\n\n",
+		env.started.UTC().Format("2006-01-02 15:04 MST"), env.took.Round(time.Second), runtime.Version(), runtime.GOOS, runtime.GOARCH,
+		runtime.GOMAXPROCS(0), env.server, o.rounds, o.cell, o.customers)
+	fmt.Fprintf(w, "Each message: `UPDATE balances SET points = points + $1 WHERE customer_id = $2` and "+
+		"`INSERT INTO point_ledger …`, one transaction per message except (e), which applies a batch's effects with one "+
+		"`UPDATE … FROM unnest(…)` and one `INSERT … SELECT * FROM unnest(…)`. "+
+		"Latency is per call (one transaction: a message, or a whole batch). Allocations are the whole process's heap "+
+		"allocations (driver, database/sql, harness) per message; writes are network writes per message, which for these "+
+		"drivers are round trips. ×(a) and ×(b) are throughput ratios to (a) and (b) of the same driver and worker count "+
+		"over all rounds; \"×(b) by round\" is the lowest and highest ratio of single rounds, a measure of the noise.\n\n")
+
+	var groups []group
+	for _, d := range o.drivers {
+		for _, n := range o.workers {
+			groups = append(groups, group{d, n})
+		}
+	}
+	for _, g := range groups {
+		fmt.Fprintf(w, "## %s, %d worker%s\n\n", g.driver.label(), g.workers, plural(g.workers))
+		fmt.Fprintln(w, "| variant | msgs/s | p50 ms | p99 ms | allocs/msg | writes/msg | ×(a) | ×(b) | ×(b) by round | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		a, b := res[g]["effect"], res[g]["handwritten"]
+		for _, v := range o.variants {
+			s := res[g][v.Name]
+			p50, p99 := percentile(s.lat, 0.50), percentile(s.lat, 0.99)
+			fmt.Fprintf(w, "| %s | %.0f | %.2f | %.2f | %.1f | %.2f | %s | %s | %s | %d |\n",
+				v.Label, s.rate(), ms(p50), ms(p99), float64(s.mallocs)/float64(s.msgs), float64(s.writes)/float64(s.msgs),
+				ratio(s, a), ratio(s, b), roundRange(s, b), s.errs)
+		}
+		for _, v := range o.variants {
+			if s := res[g][v.Name]; s.firstErr != nil {
+				fmt.Fprintf(w, "\nFirst error of %s: `%v`\n", v.Label, s.firstErr)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	targets(w, o, groups, res)
+}
+
+// targets prints the ratios the library aims at, for each group that has
+// the variants involved.
+func targets(w io.Writer, o options, groups []group, res results) {
+	fmt.Fprintln(w, "## Targets")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | driver, workers | measured | met |")
+	fmt.Fprintln(w, "|---|---|---:|---|")
+	row := func(name string, g group, val float64, unit string, ok bool) {
+		met := "yes"
+		if !ok {
+			met = "**no**"
+		}
+		fmt.Fprintf(w, "| %s | %s, %d | %.2f%s | %s |\n", name, g.driver.label(), g.workers, val, unit, met)
+	}
+	for _, g := range groups {
+		r := res[g]
+		get := func(n string) *stats { return r[n] }
+		if c, b := get("process"), get("handwritten"); c != nil && b != nil && g.workers >= 8 {
+			v := c.rate() / b.rate()
+			row("(c)/(b) ≥ 0.97", g, v, "", v >= 0.97)
+		}
+		if e, c := get("batch100"), get("process"); e != nil && c != nil {
+			v := e.rate() / c.rate()
+			row("(e, 100)/(c) ≥ 10", g, v, "×", v >= 10)
+		}
+		if f, c := get("duplicate"), get("process"); f != nil && c != nil {
+			v := f.rate() / c.rate()
+			row("(f)/(c) ≥ 2", g, v, "×", v >= 2)
+		}
+		if c, b := get("process"), get("handwritten"); c != nil && b != nil {
+			v := float64(c.mallocs)/float64(c.msgs) - float64(b.mallocs)/float64(b.msgs)
+			row("allocs/msg (c) − (b) ≤ 12", g, v, "", v <= 12)
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func percentile(lat []time.Duration, p float64) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+func ratio(s, base *stats) string {
+	if base == nil || base.msgs == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", s.rate()/base.rate())
+}
+
+// roundRange returns the lowest and highest ratio of s to base in single
+// rounds.
+func roundRange(s, base *stats) string {
+	if base == nil || len(base.perRoundRate) != len(s.perRoundRate) {
+		return "–"
+	}
+	lo, hi := 0.0, 0.0
+	for i := range s.perRoundRate {
+		r := s.perRoundRate[i] / base.perRoundRate[i]
+		if i == 0 || r < lo {
+			lo = r
+		}
+		if i == 0 || r > hi {
+			hi = r
+		}
+	}
+	return fmt.Sprintf("%.2f–%.2f", lo, hi)
+}
