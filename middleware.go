@@ -46,6 +46,7 @@ type Middleware struct {
 	db          *sql.DB
 	d           dialect.Dialect
 	consumer    string
+	consumerArg any // consumer as a statement argument, boxed once
 	table       dialect.Table
 	claimSQL    string
 	lockSQL     string
@@ -91,6 +92,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		db:          db,
 		d:           d,
 		consumer:    consumer,
+		consumerArg: consumer,
 		table:       table,
 		claimSQL:    d.ClaimSQL(table),
 		lockTimeout: cfg.lockTimeout,
@@ -237,7 +239,7 @@ func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string) (bool, e
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
 		}
 	}
-	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, key)
+	res, err := tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
 	if err != nil {
 		switch m.d.Classify(err).Kind {
 		case dialect.KindLockTimeout:
