@@ -129,6 +129,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// variant returns the named variant.
+func variant(name string) loyaltyload.Variant {
+	for _, v := range loyaltyload.Variants() {
+		if v.Name == name {
+			return v
+		}
+	}
+	panic("no variant " + name)
+}
+
 func firstNonEmpty(s ...string) string {
 	for _, x := range s {
 		if x != "" {
@@ -202,6 +212,7 @@ func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, er
 		for _, v := range o.variants {
 			res[g][v.Name] = &stats{}
 		}
+		res[g]["h2h:handwritten"], res[g]["h2h:process"] = &stats{}, &stats{}
 	}
 	var orderIDs atomic.Int64
 	lat := make([][]time.Duration, slices.Max(o.workers))
@@ -225,16 +236,25 @@ func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, er
 			k := (r + gi) % len(order)
 			order = append(order[k:], order[:k]...)
 			for _, v := range order {
-				runCell(ctx, e, schema, v, g.workers, o.warmup, &orderIDs, &writes, lat, nil)
+				runCell(ctx, e, schema, []part{{v: v, workers: g.workers}}, o.warmup, &orderIDs, &writes, lat)
 			}
 			for _, v := range order {
 				if err := ctx.Err(); err != nil {
 					return nil, env, err
 				}
 				s := res[g][v.Name]
-				runCell(ctx, e, schema, v, g.workers, o.cell, &orderIDs, &writes, lat, s)
+				runCell(ctx, e, schema, []part{{v: v, workers: g.workers, s: s}}, o.cell, &orderIDs, &writes, lat)
 				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  %-10s %8.0f msgs/s  errors %d\n",
 					r+1, o.rounds, g.driver.label(), g.workers, v.Name, s.perRoundRate[len(s.perRoundRate)-1], s.errs)
+			}
+			// Head to head: half the workers run (b), half run (c), at
+			// the same time, so that both see the same machine.
+			if b, c := res[g]["handwritten"], res[g]["process"]; b != nil && c != nil && g.workers >= 2 {
+				hb, hc := res[g]["h2h:handwritten"], res[g]["h2h:process"]
+				runCell(ctx, e, schema, []part{{v: variant("handwritten"), workers: g.workers / 2, s: hb},
+					{v: variant("process"), workers: g.workers / 2, s: hc}}, o.cell, &orderIDs, &writes, lat)
+				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  head to head: (b) %.0f, (c) %.0f msgs/s\n",
+					r+1, o.rounds, g.driver.label(), g.workers, hb.perRoundRate[len(hb.perRoundRate)-1], hc.perRoundRate[len(hc.perRoundRate)-1])
 			}
 			_ = plain.Close()
 			_ = guarded.Close()
@@ -244,15 +264,29 @@ func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, er
 	return res, env, nil
 }
 
-// runCell runs variant v with the given number of workers for d and adds
-// what it measured to s (nothing when s is nil: a warm-up).
-func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema, v loyaltyload.Variant, workers int, d time.Duration,
-	orderIDs, writes *atomic.Int64, lat [][]time.Duration, s *stats) {
+// part is a share of a cell's workers running one variant, and where its
+// figures go (nowhere when s is nil: a warm-up).
+type part struct {
+	v       loyaltyload.Variant
+	workers int
+	s       *stats
+}
+
+// runCell runs the parts at the same time for d and adds what each
+// measured to its stats. Allocations and network writes are attributed only
+// when the cell has a single part.
+func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema, parts []part, d time.Duration,
+	orderIDs, writes *atomic.Int64, lat [][]time.Duration) {
 	var stop atomic.Bool
-	var calls, errs atomic.Int64
-	var errOnce sync.Once
-	var firstErr error
-	gens := make([]*loyaltyload.Gen, workers)
+	total := 0
+	for _, p := range parts {
+		total += p.workers
+	}
+	calls := make([]atomic.Int64, len(parts))
+	errs := make([]atomic.Int64, len(parts))
+	firstErr := make([]error, len(parts))
+	errOnce := make([]sync.Once, len(parts))
+	gens := make([]*loyaltyload.Gen, total)
 	for i := range gens {
 		gens[i] = loyaltyload.NewGen(schema, orderIDs, uint64(time.Now().UnixNano())+uint64(i))
 		lat[i] = lat[i][:0]
@@ -263,23 +297,28 @@ func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema
 	w0 := writes.Load()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for i := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g, l := gens[i], lat[i]
-			for !stop.Load() {
-				t := time.Now()
-				err := v.Run(ctx, e, g)
-				l = append(l, time.Since(t))
-				calls.Add(1)
-				if err != nil {
-					errs.Add(1)
-					errOnce.Do(func() { firstErr = err })
+	w := 0
+	for pi, p := range parts {
+		for range p.workers {
+			i := w
+			w++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g, l := gens[i], lat[i]
+				for !stop.Load() {
+					t := time.Now()
+					err := p.v.Run(ctx, e, g)
+					l = append(l, time.Since(t))
+					calls[pi].Add(1)
+					if err != nil {
+						errs[pi].Add(1)
+						errOnce[pi].Do(func() { firstErr[pi] = err })
+					}
 				}
-			}
-			lat[i] = l
-		}()
+				lat[i] = l
+			}()
+		}
 	}
 	select {
 	case <-time.After(d):
@@ -289,22 +328,30 @@ func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema
 	wg.Wait()
 	elapsed := time.Since(start)
 	runtime.ReadMemStats(&after)
-	if s == nil {
-		return
+	w = 0
+	for pi, p := range parts {
+		s := p.s
+		first := w
+		w += p.workers
+		if s == nil {
+			continue
+		}
+		n := calls[pi].Load()
+		msgs := n * int64(p.v.PerCall)
+		s.calls += n
+		s.msgs += msgs
+		s.elapsed += elapsed
+		if len(parts) == 1 {
+			s.mallocs += after.Mallocs - before.Mallocs
+			s.writes += writes.Load() - w0
+		}
+		s.errs += errs[pi].Load()
+		if s.firstErr == nil {
+			s.firstErr = firstErr[pi]
+		}
+		for _, l := range lat[first:w] {
+			s.lat = append(s.lat, l...)
+		}
+		s.perRoundRate = append(s.perRoundRate, float64(msgs)/elapsed.Seconds())
 	}
-	n := calls.Load()
-	msgs := n * int64(v.PerCall)
-	s.calls += n
-	s.msgs += msgs
-	s.elapsed += elapsed
-	s.mallocs += after.Mallocs - before.Mallocs
-	s.writes += writes.Load() - w0
-	s.errs += errs.Load()
-	if s.firstErr == nil {
-		s.firstErr = firstErr
-	}
-	for _, l := range lat[:workers] {
-		s.lat = append(s.lat, l...)
-	}
-	s.perRoundRate = append(s.perRoundRate, float64(msgs)/elapsed.Seconds())
 }
