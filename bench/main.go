@@ -54,6 +54,7 @@ type options struct {
 	warmup    time.Duration
 	customers int
 	sqlLimit  string
+	h2h       []loyaltyload.Variant // the head-to-head pair, or none
 }
 
 func main() {
@@ -78,6 +79,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cell := fs.Duration("cell", 2*time.Second, "how long each variant runs per round")
 	warmup := fs.Duration("warmup", 100*time.Millisecond, "unrecorded run of each variant when a pool is opened")
 	customers := fs.Int("customers", 100000, "number of customer balances")
+	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
 	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -99,11 +101,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		o.workers = append(o.workers, n)
 	}
 	for _, s := range strings.Split(*variants, ",") {
-		i := slices.IndexFunc(loyaltyload.Variants(), func(v loyaltyload.Variant) bool { return v.Name == strings.TrimSpace(s) })
-		if i < 0 {
+		v, ok := lookupVariant(strings.TrimSpace(s))
+		if !ok {
 			return fmt.Errorf("-variants: unknown variant %q (known: %s)", s, strings.Join(names, ", "))
 		}
-		o.variants = append(o.variants, loyaltyload.Variants()[i])
+		o.variants = append(o.variants, v)
+	}
+	if *h2h != "" {
+		a, b, ok := strings.Cut(*h2h, ":")
+		va, oka := lookupVariant(a)
+		vb, okb := lookupVariant(b)
+		if !ok || !oka || !okb || a == b {
+			return fmt.Errorf("-h2h: %q is not two different variants A:B (known: %s)", *h2h, strings.Join(names, ", "))
+		}
+		o.h2h = []loyaltyload.Variant{va, vb}
 	}
 	if o.rounds < 1 || o.cell <= 0 || o.customers < 1 {
 		return fmt.Errorf("-rounds, -cell and -customers must be positive")
@@ -129,14 +140,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// variant returns the named variant.
-func variant(name string) loyaltyload.Variant {
+// lookupVariant returns the named variant.
+func lookupVariant(name string) (loyaltyload.Variant, bool) {
 	for _, v := range loyaltyload.Variants() {
 		if v.Name == name {
-			return v
+			return v, true
 		}
 	}
-	panic("no variant " + name)
+	return loyaltyload.Variant{}, false
 }
 
 func firstNonEmpty(s ...string) string {
@@ -212,7 +223,9 @@ func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, er
 		for _, v := range o.variants {
 			res[g][v.Name] = &stats{}
 		}
-		res[g]["h2h:handwritten"], res[g]["h2h:process"] = &stats{}, &stats{}
+		if len(o.h2h) == 2 {
+			res[g]["h2h:a"], res[g]["h2h:b"] = &stats{}, &stats{}
+		}
 	}
 	var orderIDs atomic.Int64
 	lat := make([][]time.Duration, slices.Max(o.workers))
@@ -247,14 +260,15 @@ func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, er
 				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  %-10s %8.0f msgs/s  errors %d\n",
 					r+1, o.rounds, g.driver.label(), g.workers, v.Name, s.perRoundRate[len(s.perRoundRate)-1], s.errs)
 			}
-			// Head to head: half the workers run (b), half run (c), at
-			// the same time, so that both see the same machine.
-			if b, c := res[g]["handwritten"], res[g]["process"]; b != nil && c != nil && g.workers >= 2 {
-				hb, hc := res[g]["h2h:handwritten"], res[g]["h2h:process"]
-				runCell(ctx, e, schema, []part{{v: variant("handwritten"), workers: g.workers / 2, s: hb},
-					{v: variant("process"), workers: g.workers / 2, s: hc}}, o.cell, &orderIDs, &writes, lat)
-				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  head to head: (b) %.0f, (c) %.0f msgs/s\n",
-					r+1, o.rounds, g.driver.label(), g.workers, hb.perRoundRate[len(hb.perRoundRate)-1], hc.perRoundRate[len(hc.perRoundRate)-1])
+			// Head to head: half the workers run one variant, half the
+			// other, at the same time, so that both see the same machine.
+			if len(o.h2h) == 2 && g.workers >= 2 {
+				ha, hb := res[g]["h2h:a"], res[g]["h2h:b"]
+				runCell(ctx, e, schema, []part{{v: o.h2h[0], workers: g.workers / 2, s: ha},
+					{v: o.h2h[1], workers: g.workers / 2, s: hb}}, o.cell, &orderIDs, &writes, lat)
+				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  head to head: %s %.0f, %s %.0f msgs/s\n",
+					r+1, o.rounds, g.driver.label(), g.workers, o.h2h[0].Name, ha.perRoundRate[len(ha.perRoundRate)-1],
+					o.h2h[1].Name, hb.perRoundRate[len(hb.perRoundRate)-1])
 			}
 			_ = plain.Close()
 			_ = guarded.Close()

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/txclaim/idempotent/internal/loyaltyload"
 )
 
 // report prints the Markdown report of a run.
@@ -53,38 +55,46 @@ func report(w io.Writer, o options, args []string, env runEnv, res results) {
 		}
 		fmt.Fprintln(w)
 	}
-	headToHead(w, groups, res)
+	headToHead(w, o, groups, res)
 	targets(w, o, groups, res)
 }
 
-// headToHead prints the cells in which half the workers ran (b) and half
-// ran (c) at the same time.
-func headToHead(w io.Writer, groups []group, res results) {
+// headToHead prints the cells in which half the workers ran one variant of
+// the pair and half the other, at the same time.
+func headToHead(w io.Writer, o options, groups []group, res results) {
+	if len(o.h2h) != 2 {
+		return
+	}
+	va, vb := o.h2h[0], o.h2h[1]
 	var rows []string
 	for _, g := range groups {
-		b, c := res[g]["h2h:handwritten"], res[g]["h2h:process"]
-		if b == nil || c == nil || b.msgs == 0 {
+		a, b := res[g]["h2h:a"], res[g]["h2h:b"]
+		if a == nil || b == nil || a.msgs == 0 {
 			continue
 		}
-		rows = append(rows, fmt.Sprintf("| %s | %d + %d | %.0f | %.0f | %.2f | %.2f | %s | %d |",
-			g.driver.label(), g.workers/2, g.workers/2, b.rate(), c.rate(), ms(percentile(b.lat, 0.5)), ms(percentile(c.lat, 0.5)),
-			roundRange(c, b), b.errs+c.errs))
+		rows = append(rows, fmt.Sprintf("| %s | %d + %d | %.0f | %.0f | %.2f | %.2f | %.2f | %s | %d |",
+			g.driver.label(), g.workers/2, g.workers/2, a.rate(), b.rate(), ms(percentile(a.lat, 0.5)), ms(percentile(b.lat, 0.5)),
+			b.rate()/a.rate(), roundRange(b, a), a.errs+b.errs))
 	}
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "## Head to head: (b) and (c) at the same time")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Each round also runs a cell in which half the workers run (b), the guide's hand-written claim + effect, and "+
-		"the other half run (c), Process, on the same pool at the same time, so that both see the same machine: the ratio of "+
-		"their rates is the middleware's cost with the noise of a shared machine cancelled.")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| driver | workers (b) + (c) | (b) msgs/s | (c) msgs/s | (b) p50 ms | (c) p50 ms | (c)/(b) by round | errors |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "## Head to head: %s and %s at the same time\n\n", va.Label, vb.Label)
+	fmt.Fprintf(w, "Each round also runs a cell in which half the workers run %s and the other half %s, on the same database "+
+		"at the same time, so that both see the same machine: the ratio of their rates is the difference between them with the "+
+		"noise of a shared machine cancelled.\n\n", va.Label, vb.Label)
+	fmt.Fprintf(w, "| driver | workers | %[1]s msgs/s | %[2]s msgs/s | %[1]s p50 ms | %[2]s p50 ms | %[2]s/%[1]s | by round | errors |\n", short(va), short(vb))
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rows {
 		fmt.Fprintln(w, r)
 	}
 	fmt.Fprintln(w)
+}
+
+// short returns a variant's letter, such as "(c)".
+func short(v loyaltyload.Variant) string {
+	l, _, _ := strings.Cut(v.Label, " ")
+	return l
 }
 
 // targets prints the ratios the library aims at, for each group that has
@@ -108,7 +118,8 @@ func targets(w io.Writer, o options, groups []group, res results) {
 			v := c.rate() / b.rate()
 			row("(c)/(b) ≥ 0.97, variants in turn", g, v, "", roundRange(c, b), v >= 0.97)
 		}
-		if c, b := get("h2h:process"), get("h2h:handwritten"); c != nil && b != nil && b.msgs > 0 && g.workers >= 8 {
+		if c, b := get("h2h:b"), get("h2h:a"); len(o.h2h) == 2 && o.h2h[0].Name == "handwritten" && o.h2h[1].Name == "process" &&
+			c != nil && b != nil && b.msgs > 0 && g.workers >= 8 {
 			v := c.rate() / b.rate()
 			row("(c)/(b) ≥ 0.97, head to head", g, v, "", roundRange(c, b), v >= 0.97)
 		}
