@@ -467,3 +467,49 @@ func TestBatchBadInput(t *testing.T) {
 		t.Fatal("the handler ran")
 	}
 }
+
+func TestBatchAwkwardKeys(t *testing.T) {
+	t.Parallel()
+	// Keys that an array literal must quote: each must be claimed as it is
+	// and found again among the keys the claim statement returns.
+	keys := []string{"NULL", "null", "a,b", "{x}", `"q"`, `back\slash`, "ünïcode ✓", " lead", "trail ", "tab\tnew\nline", strings.Repeat("k", postgres.MaxKeyBytes)}
+	for _, drv := range batchDrivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			l := newLoyalty(t, openBatchDB(t, drv, 2))
+			ctx := context.Background()
+			for _, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
+				outs, err := l.mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error { return nil })
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, o := range outs {
+					if o != want {
+						t.Errorf("key %q: %v, want %v", keys[i], o, want)
+					}
+				}
+			}
+			rows, err := l.db.Query("SELECT message_key FROM " + pq.QuoteIdentifier(l.schema) + ".processed_messages ORDER BY message_key COLLATE \"C\"")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var stored []string
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					t.Fatal(err)
+				}
+				stored = append(stored, k)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			want := slices.Clone(keys)
+			slices.Sort(want)
+			if !slices.Equal(stored, want) {
+				t.Fatalf("stored keys %q, want %q", stored, want)
+			}
+		})
+	}
+}
