@@ -83,7 +83,7 @@ WHERE b.points <> coalesce(o.points, 0) ORDER BY b.customer_id`)
 	var unclaimed int64
 	if scalar(`SELECT count(*) FROM `+l.q("orders")+` o WHERE NOT EXISTS (SELECT 1 FROM `+l.q("processed_messages")+` c
 WHERE c.consumer = 'loyalty' AND c.message_key = 'order-completed:' || o.order_id)`, &unclaimed) && unclaimed > 0 {
-		fail("%d orders applied without a claim", unclaimed)
+		fail("%d orders have no claim", unclaimed)
 	}
 	if a.claims != a.orders {
 		fail("%d claims for %d orders", a.claims, a.orders)

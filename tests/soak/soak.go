@@ -64,11 +64,12 @@ func (c soakConfig) validate() error {
 const (
 	faultKillHandler = "backend-kill-mid-handler"
 	faultKillCommit  = "backend-kill-mid-commit"
+	faultAckLost     = "commit-ack-lost"
 	faultSigkill     = "consumer-sigkill"
 	faultRestart     = "postgres-restart"
 )
 
-var faultKinds = []string{faultKillHandler, faultKillCommit, faultSigkill, faultRestart}
+var faultKinds = []string{faultKillHandler, faultKillCommit, faultAckLost, faultSigkill, faultRestart}
 
 // fault is one scheduled fault.
 type fault struct {
@@ -85,7 +86,7 @@ func schedule(rng *rand.Rand, cfg soakConfig) []fault {
 	at := func(lo, hi float64) time.Duration { return time.Duration(d * (lo + (hi-lo)*rng.Float64())) }
 	var fs []fault
 	for _, l := range lanes {
-		for _, k := range []string{faultKillHandler, faultKillCommit, faultSigkill} {
+		for _, k := range []string{faultKillHandler, faultKillCommit, faultAckLost, faultSigkill} {
 			fs = append(fs, fault{at: at(0.1, 0.85), kind: k, lane: l.name})
 		}
 	}
@@ -97,10 +98,12 @@ func schedule(rng *rand.Rand, cfg soakConfig) []fault {
 		}
 		var k string
 		switch p := rng.Float64(); {
-		case p < 0.4:
+		case p < 0.3:
 			k = faultKillHandler
-		case p < 0.75:
+		case p < 0.6:
 			k = faultKillCommit
+		case p < 0.8:
+			k = faultAckLost
 		default:
 			k = faultSigkill
 		}
@@ -143,6 +146,7 @@ type soak struct {
 	inj     *sql.DB // fault injector
 	exe     string
 	conslog *os.File
+	proxies map[string]*ackProxy // lane → its consumers' proxy
 
 	mu         sync.Mutex
 	procs      map[string]*proc  // lane/slot → running incarnation
@@ -192,6 +196,7 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 		cfg: cfg, out: out, cl: cl, exe: exe,
 		procs: map[string]*proc{}, incarn: map[string]int{}, reports: map[string]report{},
 		faults: map[string]map[string]int{}, missed: map[string]int{}, stats: map[string]*laneStats{},
+		proxies: map[string]*ackProxy{},
 	}
 	defer func() {
 		if cfg.Keep {
@@ -230,6 +235,12 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 			return nil, err
 		}
 		s.stats[l.name] = &laneStats{}
+		p, err := startAckProxy(filepath.Join(s.cl.dir, "proxy-"+l.name), s.cl)
+		if err != nil {
+			return nil, err
+		}
+		s.proxies[l.name] = p
+		defer p.close()
 	}
 	defer s.killAll()
 	for _, l := range lanes {
@@ -305,7 +316,7 @@ func (s *soak) spawn(laneName string, slot int) error {
 	inc := s.incarn[key]
 	s.mu.Unlock()
 	cc := consumerConfig{
-		DSN: s.cl.dsn("soak-" + laneName), Lane: laneName, Instance: fmt.Sprintf("%s#%d", key, inc),
+		DSN: s.proxies[laneName].dsn(s.cl, "soak-"+laneName), Lane: laneName, Instance: fmt.Sprintf("%s#%d", key, inc),
 		Workers: s.cfg.Workers, Lease: s.cfg.Lease,
 	}
 	js, err := json.Marshal(cc)
@@ -489,15 +500,18 @@ func (s *soak) inject(ctx context.Context, start time.Time, sched []fault) error
 		}
 		var ok bool
 		var err error
-		switch f.kind {
-		case faultKillHandler:
-			ok = s.killBackend(ctx, f.lane, `(query LIKE '%pg_sleep%' OR query LIKE '%balances%' OR query LIKE '%point_ledger%') AND query NOT ILIKE 'commit%'`)
-		case faultKillCommit:
-			ok = s.killBackend(ctx, f.lane, `state = 'active' AND query ILIKE 'commit%'`)
-		case faultSigkill:
-			ok, err = s.sigkill(f.lane, 1+rng.IntN(s.cfg.Consumers))
-		case faultRestart:
-			ok, err = s.restartServer(ctx)
+		// A kill or a cut that finds no target in its 3 s is tried again,
+		// up to 3 times, while its kind has not yet hit its lane.
+		for try := 0; try < 4 && !ok && err == nil && ctx.Err() == nil; try++ {
+			if try > 0 {
+				s.mu.Lock()
+				hit := s.faults[f.kind][f.lane] > 0
+				s.mu.Unlock()
+				if hit {
+					break
+				}
+			}
+			ok, err = s.injectOne(ctx, rng, f)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", f.kind, err)
@@ -514,6 +528,23 @@ func (s *soak) inject(ctx context.Context, start time.Time, sched []fault) error
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// injectOne injects one fault and reports whether it hit.
+func (s *soak) injectOne(ctx context.Context, rng *rand.Rand, f fault) (bool, error) {
+	switch f.kind {
+	case faultKillHandler:
+		return s.killBackend(ctx, f.lane, `(query LIKE '%pg_sleep%' OR query LIKE '%balances%' OR query LIKE '%point_ledger%') AND query NOT ILIKE 'commit%'`), nil
+	case faultKillCommit:
+		return s.killBackend(ctx, f.lane, `state = 'active' AND query ILIKE 'commit%'`), nil
+	case faultAckLost:
+		return s.proxies[f.lane].cutNextCommitAck(3 * time.Second), nil
+	case faultSigkill:
+		return s.sigkill(f.lane, 1+rng.IntN(s.cfg.Consumers))
+	case faultRestart:
+		return s.restartServer(ctx)
+	}
+	return false, fmt.Errorf("unknown fault %q", f.kind)
 }
 
 // killBackend terminates one of the lane's consumer backends inside an
