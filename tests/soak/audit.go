@@ -103,7 +103,7 @@ func (s *soak) print(res *result, faulted, drained time.Duration) {
 	var processed, dups int64
 	for _, l := range lanes {
 		st := s.stats[l.name]
-		var applied, dup, failed, retries, leaseErr, ackErr int64
+		var applied, dup, failed, retries, leaseErr, ackErr, redelivered int64
 		reasons, fails := map[string]int64{}, map[string]int64{}
 		for _, r := range s.reports {
 			if r.Lane != l.name {
@@ -115,6 +115,7 @@ func (s *soak) print(res *result, faulted, drained time.Duration) {
 			retries += r.Retries
 			leaseErr += r.LeaseErrors
 			ackErr += r.AckErrors
+			redelivered += r.Redelivered
 			for k, v := range r.RetryReasons {
 				reasons[k] += v
 			}
@@ -127,8 +128,8 @@ func (s *soak) print(res *result, faulted, drained time.Duration) {
 		fmt.Fprintf(w, "soak: lane %s: published %d orders in %d deliveries (%d concurrent duplicates, %d out-of-order replays, %.1f%% duplicates)\n",
 			l.name, st.orders.Load(), st.deliveries.Load(), st.dupConcurrent.Load(), st.dupReplay.Load(),
 			100*float64(st.dupConcurrent.Load()+st.dupReplay.Load())/float64(max(1, st.deliveries.Load())))
-		fmt.Fprintf(w, "soak: lane %s: processed %d: applied %d, duplicates detected %d, failed and redelivered %d%s; retries %d%s; lease errors %d, lost acks %d\n",
-			l.name, applied+dup+failed, applied, dup, failed, counts(fails), retries, counts(reasons), leaseErr, ackErr)
+		fmt.Fprintf(w, "soak: lane %s: processed %d: applied %d, duplicates detected %d, failed and redelivered %d%s; retries %d%s; redelivered after a lease expired %d; lease errors %d, lost acks %d\n",
+			l.name, applied+dup+failed, applied, dup, failed, counts(fails), retries, counts(reasons), redelivered, leaseErr, ackErr)
 	}
 	fmt.Fprintf(w, "soak: messages processed %d, duplicates detected %d (consumer reports; a SIGKILLed consumer's last %v is not counted)\n", processed, dups, reportEvery)
 	var fl []string

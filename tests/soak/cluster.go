@@ -88,7 +88,11 @@ func newCluster(ctx context.Context, bin string) (*cluster, error) {
 		gid, _ := strconv.ParseUint(u.Gid, 10, 32)
 		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	dir, err := os.MkdirTemp("", "idempotent-soak-")
+	base := os.TempDir()
+	if c.cred != nil && !searchable(base) {
+		base = "/tmp" // the postgres OS user must reach the cluster's directory
+	}
+	dir, err := os.MkdirTemp(base, "idempotent-soak-")
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +120,20 @@ func newCluster(ctx context.Context, bin string) (*cluster, error) {
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	return c, nil
+}
+
+// searchable reports whether every directory on the way to dir lets any
+// user through.
+func searchable(dir string) bool {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
 }
 
 func (c *cluster) dataDir() string { return filepath.Join(c.dir, "data") }

@@ -47,8 +47,9 @@ type report struct {
 	FailReasons  map[string]int64
 	LeaseErrors  int64
 	AckErrors    int64
-	InUse        int // db.Stats().InUse at exit, before Close
-	OpenConns    int // db.Stats().OpenConnections at exit, before Close
+	Redelivered  int64 // leases of a delivery leased before: its consumer died or its ack was lost
+	InUse        int   // db.Stats().InUse at exit, before Close
+	OpenConns    int   // db.Stats().OpenConnections at exit, before Close
 }
 
 const reportEvery = 200 * time.Millisecond
@@ -81,6 +82,7 @@ func (o *soakObserver) reasonCounts() map[string]int64 {
 type delivery struct {
 	id, orderID, customerID, points int64
 	handlerDelayMS, commitDelayMS   int
+	leases                          int
 }
 
 func (d delivery) key() string { return "order-completed:" + strconv.FormatInt(d.orderID, 10) }
@@ -100,6 +102,7 @@ type consumer struct {
 	failReasons map[string]int64
 	leaseErrors atomic.Int64
 	ackErrors   atomic.Int64
+	redelivered atomic.Int64
 }
 
 // runConsumerFromEnv runs a consumer process configured by consumerEnv and
@@ -147,7 +150,7 @@ func runConsumer(cfg consumerConfig) error {
 WHERE id = (SELECT id FROM ` + l.q("inbox") + `
             WHERE available_at <= now() AND (lease_until IS NULL OR lease_until <= now())
             ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING id, order_id, customer_id, points, handler_delay_ms, commit_delay_ms`,
+RETURNING id, order_id, customer_id, points, handler_delay_ms, commit_delay_ms, deliveries`,
 		ackSQL: `DELETE FROM ` + l.q("inbox") + ` WHERE id = $1`,
 	}
 
@@ -206,7 +209,7 @@ func (c *consumer) report(final bool) report {
 		Instance: c.cfg.Instance, Lane: c.cfg.Lane, Final: final,
 		Applied: c.obs.Applied(), Duplicates: c.obs.Duplicates(), Failed: c.obs.Failed(),
 		Retries: c.obs.Retries(), RetryReasons: c.obs.reasonCounts(),
-		LeaseErrors: c.leaseErrors.Load(), AckErrors: c.ackErrors.Load(),
+		LeaseErrors: c.leaseErrors.Load(), AckErrors: c.ackErrors.Load(), Redelivered: c.redelivered.Load(),
 	}
 	c.mu.Lock()
 	r.FailReasons = make(map[string]int64, len(c.failReasons))
@@ -236,6 +239,9 @@ func (c *consumer) work(ctx context.Context, stop <-chan struct{}) {
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
+		if d.leases > 1 {
+			c.redelivered.Add(1)
+		}
 		_, err = c.mw.Process(ctx, d.key(), func(ctx context.Context, tx *sql.Tx) error { return c.credit(ctx, tx, d) })
 		if err != nil {
 			c.fail(err)
@@ -250,7 +256,7 @@ func (c *consumer) work(ctx context.Context, stop <-chan struct{}) {
 func (c *consumer) lease(ctx context.Context) (delivery, bool, error) {
 	var d delivery
 	err := c.db.QueryRowContext(ctx, c.leaseSQL, c.cfg.Lease.Milliseconds()).
-		Scan(&d.id, &d.orderID, &d.customerID, &d.points, &d.handlerDelayMS, &d.commitDelayMS)
+		Scan(&d.id, &d.orderID, &d.customerID, &d.points, &d.handlerDelayMS, &d.commitDelayMS, &d.leases)
 	if errors.Is(err, sql.ErrNoRows) {
 		return d, false, nil
 	}
