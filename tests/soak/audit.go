@@ -123,6 +123,11 @@ func (s *soak) print(res *result, faulted, drained time.Duration) {
 				fails[k] += v
 			}
 		}
+		for _, k := range []string{"other", "autocommit", "invalid_key"} {
+			if n := fails[k]; n > 0 {
+				res.failf("lane %s: %d deliveries failed with errors the middleware should have retried or never produced (%s); see the consumers' standard error", l.name, n, k)
+			}
+		}
 		processed += applied + dup + failed
 		dups += dup
 		fmt.Fprintf(w, "soak: lane %s: published %d orders in %d deliveries (%d concurrent duplicates, %d out-of-order replays, %.1f%% duplicates)\n",
