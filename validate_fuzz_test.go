@@ -131,6 +131,9 @@ func FuzzNewConsumer(f *testing.F) {
 			}
 			return
 		}
+		if !errors.Is(err, ErrInvalidConsumer) {
+			t.Fatalf("New(%q): %v does not match ErrInvalidConsumer", consumer, err)
+		}
 		if msg := err.Error(); !strings.Contains(msg, "consumer name") || len(msg) < len("idempotent: consumer name is empty") {
 			t.Fatalf("New(consumer %q): error %q does not say what is wrong with the consumer name", consumer, msg)
 		}

@@ -179,22 +179,17 @@ GRANT SELECT, DELETE ON %[1]s TO %[4]s;`, claims, s, qc, qd))
 	}
 	mustExec(t, ownerDB, fmt.Sprintf("GRANT INSERT ON %s TO %s", claims, qc))
 
-	// Cleanup: the guide's batched DELETE of claims older than the
+	// Cleanup: the middleware's batched Cleanup of claims older than the
 	// retention window, as the cleanup role.
 	mustExec(t, admin, "UPDATE "+claims+" SET processed_at = now() - interval '40 days' WHERE message_key = 'order-completed:1'")
 	cleanDB := openAs(t, cleaner, cleanerPW)
-	var deleted int64
-	for {
-		res, err := cleanDB.Exec(`DELETE FROM ` + claims + ` WHERE ctid IN (
-	SELECT ctid FROM ` + claims + ` WHERE consumer = 'loyalty' AND processed_at < now() - interval '30 days' LIMIT 1000)`)
-		if err != nil {
-			t.Fatalf("cleanup as the cleanup role: %v", err)
-		}
-		n, _ := res.RowsAffected()
-		if n == 0 {
-			break
-		}
-		deleted += n
+	cleanMW, err := idempotent.New(cleanDB, postgres.New(), "loyalty", idempotent.WithTable(table), idempotent.WithRetention(30*24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := cleanMW.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+	if err != nil {
+		t.Fatalf("Cleanup as the cleanup role: %v", err)
 	}
 	var left int64
 	if err := admin.QueryRow("SELECT count(*) FROM " + claims).Scan(&left); err != nil {
