@@ -22,6 +22,14 @@
 //   - [WithLockTimeout] bounds the wait behind an in-flight duplicate
 //     ([ErrClaimBusy]).
 //   - An [Observer] receives every outcome and retry; [Counts] counts them.
+//   - [WithRetention], [Middleware.Cleanup] and [WithDailyPartitions] with
+//     [Middleware.MaintainPartitions] keep the claim table bounded without
+//     weakening the guarantee; [Middleware.ProcessEvent] fences off messages
+//     older than the retention window ([ErrBeyondRetention]).
+//   - [Middleware.ProcessBatch] and [WrapBatch] claim a batch of messages in
+//     one statement and commit once.
+//   - [Middleware.ProcessNatural] and [NewVersionedUpsert] cover effects whose
+//     own table has a natural key, or that replace state by version.
 //
 // The package imports only the standard library and the dialect package. A
 // [dialect.Dialect] supplies the SQL; github.com/txclaim/idempotent/postgres

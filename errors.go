@@ -33,6 +33,11 @@ var (
 	// was written; deliver the message again later.
 	ErrClaimBusy = errors.New("idempotent: claim held by another transaction")
 
+	// ErrInvalidConsumer reports a consumer name New cannot use: empty,
+	// longer than MaxConsumerBytes, or with characters other than ASCII
+	// letters, digits and . _ - : / (starting with a letter or digit).
+	ErrInvalidConsumer = errors.New("idempotent: invalid consumer name")
+
 	// ErrNoClaimTable reports that the claim table does not exist. Run
 	// EnsureSchema, or the migration, first.
 	ErrNoClaimTable = errors.New("idempotent: claim table does not exist")

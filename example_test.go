@@ -19,7 +19,7 @@ import (
 
 // exampleDB opens the Postgres at IDEMPOTENT_POSTGRES_DSN (default: the
 // local test server) through the autocommit guard, and creates a schema of
-// the example's own with a balances table. done drops it and closes the DB.
+// the example's own with a balances table for customers 7 and 8. done drops it and closes the DB.
 func exampleDB() (db *sql.DB, schema string, done func()) {
 	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
 	if dsn == "" {
@@ -34,7 +34,7 @@ func exampleDB() (db *sql.DB, schema string, done func()) {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	schema = "example_" + hex.EncodeToString(b)
-	if _, err := db.Exec("CREATE SCHEMA " + schema + "; CREATE TABLE " + schema + ".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL); INSERT INTO " + schema + ".balances VALUES (7, 0)"); err != nil {
+	if _, err := db.Exec("CREATE SCHEMA " + schema + "; CREATE TABLE " + schema + ".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL); INSERT INTO " + schema + ".balances VALUES (7, 0), (8, 0)"); err != nil {
 		log.Fatalf("the examples need Postgres at IDEMPOTENT_POSTGRES_DSN (%s): %v", dsn, err)
 	}
 	return db, schema, func() {

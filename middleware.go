@@ -46,6 +46,7 @@ type Middleware struct {
 	db          *sql.DB
 	d           dialect.Dialect
 	consumer    string
+	consumerArg any // consumer as a statement argument, boxed once
 	table       dialect.Table
 	claimSQL    string
 	lockSQL     string
@@ -93,6 +94,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		db:          db,
 		d:           d,
 		consumer:    consumer,
+		consumerArg: consumer,
 		table:       table,
 		claimSQL:    d.ClaimSQL(table),
 		lockTimeout: cfg.lockTimeout,
@@ -296,18 +298,17 @@ func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.
 			}()
 		}
 	}
-	res, err := tx.ExecContext(ctx, m.claimSQL, m.claimArgs(key, at)...)
+	var res sql.Result
+	if m.ret.part == nil {
+		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
+	} else {
+		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
+	}
 	if err != nil {
-		if rerr := m.claimError(err, at); rerr != nil {
+		if rerr := m.retentionClaimError(err, at); rerr != nil {
 			return false, rerr
 		}
-		switch m.d.Classify(err).Kind {
-		case dialect.KindLockTimeout:
-			return false, fmt.Errorf("%w (waited %v): %w", ErrClaimBusy, m.lockTimeout, err)
-		case dialect.KindUndefinedTable:
-			return false, fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
-		}
-		return false, fmt.Errorf("idempotent: claim: %w", err)
+		return false, m.claimError(err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {

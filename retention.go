@@ -201,23 +201,15 @@ func (m *Middleware) checkEvent(key string, at time.Time) error {
 	return nil
 }
 
-// claimArgs returns the claim statement's parameters.
-func (m *Middleware) claimArgs(key string, at time.Time) []any {
-	if m.ret.part == nil {
-		return []any{m.consumer, key}
-	}
-	return []any{m.consumer, key, eventDay(at).Format(time.DateOnly)}
-}
-
 // eventDay returns the UTC midnight starting t's day.
 func eventDay(t time.Time) time.Time {
 	y, mo, d := t.UTC().Date()
 	return time.Date(y, mo, d, 0, 0, 0, 0, time.UTC)
 }
 
-// claimError translates a claim failure that only retention settings
+// retentionClaimError translates a claim failure that only retention settings
 // explain; it returns nil for any other error.
-func (m *Middleware) claimError(err error, at time.Time) error {
+func (m *Middleware) retentionClaimError(err error, at time.Time) error {
 	if m.ret.part != nil && m.ret.part.IsNoPartition(err) {
 		return fmt.Errorf("%w: %s has no partition for event day %s (partitions cover the retention window and %d days ahead; run MaintainPartitions): %w",
 			ErrBeyondRetention, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)

@@ -161,7 +161,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 // error and its classification; the classification is of the failure that
 // decided the attempt, never of a rollback error joined to it.
 func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *attemptState) error) (class dialect.Class, err error) {
-	st := &attemptState{token: &txToken{}}
+	// One allocation for the attempt's state and its token.
+	a := &struct {
+		st  attemptState
+		tok txToken
+	}{}
+	st := &a.st
+	st.token = &a.tok
 	tctx := context.WithValue(ctx, tokenKey{}, st.token)
 	tx, err := r.beginTx(tctx)
 	if err != nil {

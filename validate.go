@@ -31,17 +31,17 @@ func validateKey(key string, max int) error {
 // ASCII letters, digits and . _ - : /, starting with a letter or digit.
 func validateConsumer(c string) error {
 	if c == "" {
-		return fmt.Errorf("idempotent: consumer name is empty")
+		return fmt.Errorf("%w: empty", ErrInvalidConsumer)
 	}
 	if len(c) > MaxConsumerBytes {
-		return fmt.Errorf("idempotent: consumer name is %d bytes, the limit is %d", len(c), MaxConsumerBytes)
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidConsumer, len(c), MaxConsumerBytes)
 	}
 	for i := 0; i < len(c); i++ {
 		ch := c[i]
 		alnum := (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
 		punct := ch == '.' || ch == '_' || ch == '-' || ch == ':' || ch == '/'
 		if !alnum && !(punct && i > 0) {
-			return fmt.Errorf("idempotent: consumer name %q has %q at byte %d (want ASCII letters, digits and . _ - : /, starting with a letter or digit)", c, rune(ch), i)
+			return fmt.Errorf("%w %q: %q at byte %d (want ASCII letters, digits and . _ - : /, starting with a letter or digit)", ErrInvalidConsumer, c, rune(ch), i)
 		}
 	}
 	return nil

@@ -10,8 +10,9 @@ import (
 // a database.
 //
 // Statements returned by a Dialect take their values as parameters; the only
-// values ever written into SQL text are identifiers (quoted by the dialect)
-// and integers.
+// values ever written into SQL text are identifiers (quoted by the dialect),
+// integers, and dates the middleware formats itself (partition bounds, see
+// Partitioner).
 type Dialect interface {
 	// Name is the dialect's short name, such as "postgres".
 	Name() string

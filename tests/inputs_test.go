@@ -200,6 +200,9 @@ func TestBadConsumerNames(t *testing.T) {
 			t.Errorf("New(%q) succeeded", c.name)
 			continue
 		}
+		if !errors.Is(err, idempotent.ErrInvalidConsumer) {
+			t.Errorf("New(%q): %v does not match ErrInvalidConsumer", c.name, err)
+		}
 		if !strings.Contains(err.Error(), "consumer name") || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("New(%q): %q does not name the problem (%s)", c.name, err, c.says)
 		}

@@ -373,7 +373,14 @@ func TestSchemaModeMismatchIsAnError(t *testing.T) {
 	if _, err := missing.Partitions(ctx); !errors.Is(err, idempotent.ErrNoClaimTable) {
 		t.Fatalf("Partitions of a missing table: %v", err)
 	}
-	_ = parted
+	// A batch has no event times to choose partitions by: refused, nothing sent.
+	ran := false
+	if _, err := parted.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, *sql.Tx, []int) error { ran = true; return nil }); err == nil || !strings.Contains(err.Error(), "partitioned by event day") || ran {
+		t.Fatalf("ProcessBatch in partitioned mode: %v (handler ran: %v)", err, ran)
+	}
+	if n := retCount(t, db, schema+".parted", ""); n != 0 {
+		t.Fatalf("%d claims after a refused batch, want 0", n)
+	}
 }
 
 func TestMaintainPartitionsConcurrently(t *testing.T) {

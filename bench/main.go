@@ -1,0 +1,371 @@
+// Command bench measures the idempotent middleware against hand-written SQL
+// on the guide's loyalty workload (per message: UPDATE a balance, INSERT a
+// ledger row), in one process, against one Postgres.
+//
+// Usage:
+//
+//	go run ./bench [-dsn DSN] [-drivers pq,pgx] [-workers 1,8] [-rounds 3] [-cell 2s] [-variants …] [-sql-limit PATH]
+//
+// For each driver and number of workers it runs every variant for -cell, in
+// rounds: each round runs all the variants one after the other, starting
+// from a different one each round, so that drift of a shared machine falls
+// on all of them alike. It prints a Markdown report: messages per second,
+// p50 and p99 latency per call (a call is one transaction: one message, or
+// one batch), heap allocations and network writes (round trips) per
+// message, and each variant's throughput as a ratio to (a) the effect alone
+// and (b) the guide's hand-written claim + effect.
+//
+// The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
+// default. The run works in a schema of its own, dropped at the end; it
+// opens at most two pools of the largest worker count at a time.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/txclaim/idempotent/internal/loyaltyload"
+)
+
+const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+type options struct {
+	dsn       string
+	drivers   []driverConfig
+	workers   []int
+	variants  []loyaltyload.Variant
+	rounds    int
+	cell      time.Duration
+	warmup    time.Duration
+	customers int
+	sqlLimit  string
+	h2h       []loyaltyload.Variant // the head-to-head pair, or none
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dsn := fs.String("dsn", "", "Postgres DSN (default $IDEMPOTENT_POSTGRES_DSN, else "+localDSN+")")
+	drivers := fs.String("drivers", "pq,pgx", "comma-separated drivers: pq or pgx, each optionally +param=value[&param=value] (e.g. pq+binary_parameters=yes)")
+	workers := fs.String("workers", "1,8", "comma-separated numbers of concurrent workers")
+	var names []string
+	for _, v := range loyaltyload.Variants() {
+		names = append(names, v.Name)
+	}
+	variants := fs.String("variants", strings.Join(names, ","), "comma-separated variants")
+	rounds := fs.Int("rounds", 3, "rounds; every round runs every variant once per driver and worker count")
+	cell := fs.Duration("cell", 2*time.Second, "how long each variant runs per round")
+	warmup := fs.Duration("warmup", 100*time.Millisecond, "unrecorded run of each variant when a pool is opened")
+	customers := fs.Int("customers", 100000, "number of customer balances")
+	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
+	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o := options{rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
+	o.dsn = firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)
+	for _, s := range strings.Split(*drivers, ",") {
+		c, err := parseDriver(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		o.drivers = append(o.drivers, c)
+	}
+	for _, s := range strings.Split(*workers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 32 {
+			return fmt.Errorf("-workers: %q is not a number from 1 to 32", s)
+		}
+		o.workers = append(o.workers, n)
+	}
+	for _, s := range strings.Split(*variants, ",") {
+		v, ok := lookupVariant(strings.TrimSpace(s))
+		if !ok {
+			return fmt.Errorf("-variants: unknown variant %q (known: %s)", s, strings.Join(names, ", "))
+		}
+		o.variants = append(o.variants, v)
+	}
+	if *h2h != "" {
+		a, b, ok := strings.Cut(*h2h, ":")
+		va, oka := lookupVariant(a)
+		vb, okb := lookupVariant(b)
+		if !ok || !oka || !okb || a == b {
+			return fmt.Errorf("-h2h: %q is not two different variants A:B (known: %s)", *h2h, strings.Join(names, ", "))
+		}
+		o.h2h = []loyaltyload.Variant{va, vb}
+	}
+	if o.rounds < 1 || o.cell <= 0 || o.customers < 1 {
+		return fmt.Errorf("-rounds, -cell and -customers must be positive")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, env, err := measure(ctx, o, stderr)
+	if err != nil {
+		return err
+	}
+	report(stdout, o, args, env, res)
+	if o.sqlLimit != "" {
+		fmt.Fprintf(stderr, "running %s\n", o.sqlLimit)
+		fmt.Fprintf(stdout, "\n## The SQL ceiling: pgbench, no Go\n\nCommand: `%s` (8 clients, 8 s per script, prepared statements)\n\n```\n", o.sqlLimit)
+		cmd := exec.CommandContext(ctx, "bash", o.sqlLimit)
+		cmd.Stdout, cmd.Stderr = stdout, stderr
+		err := cmd.Run()
+		fmt.Fprintln(stdout, "```")
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.sqlLimit, err)
+		}
+	}
+	return nil
+}
+
+// lookupVariant returns the named variant.
+func lookupVariant(name string) (loyaltyload.Variant, bool) {
+	for _, v := range loyaltyload.Variants() {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return loyaltyload.Variant{}, false
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// group is one driver at one number of workers.
+type group struct {
+	driver  driverConfig
+	workers int
+}
+
+// stats is what a variant measured in one group, over all rounds.
+type stats struct {
+	msgs, calls  int64
+	elapsed      time.Duration
+	mallocs      uint64
+	writes       int64
+	errs         int64
+	firstErr     error
+	lat          []time.Duration
+	perRoundRate []float64
+}
+
+func (s *stats) rate() float64 { return float64(s.msgs) / s.elapsed.Seconds() }
+
+type results map[group]map[string]*stats
+
+// runEnv describes the run for the report.
+type runEnv struct {
+	server  string
+	started time.Time
+	took    time.Duration
+}
+
+func measure(ctx context.Context, o options, log io.Writer) (results, runEnv, error) {
+	env := runEnv{started: time.Now()}
+	admin, err := sql.Open("postgres", o.dsn)
+	if err != nil {
+		return nil, env, err
+	}
+	defer admin.Close()
+	admin.SetMaxOpenConns(1)
+	if err := admin.QueryRowContext(ctx, "SHOW server_version").Scan(&env.server); err != nil {
+		return nil, env, fmt.Errorf("connect to %s: %w", o.dsn, err)
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	schema, err := loyaltyload.Setup(ctx, admin, "bench_"+hex.EncodeToString(b), o.customers)
+	if err != nil {
+		return nil, env, err
+	}
+	defer func() {
+		if err := schema.Drop(context.Background(), admin); err != nil {
+			fmt.Fprintln(log, "drop schema:", err)
+		}
+	}()
+
+	var groups []group
+	for _, d := range o.drivers {
+		for _, w := range o.workers {
+			groups = append(groups, group{d, w})
+		}
+	}
+	res := results{}
+	for _, g := range groups {
+		res[g] = map[string]*stats{}
+		for _, v := range o.variants {
+			res[g][v.Name] = &stats{}
+		}
+		if len(o.h2h) == 2 {
+			res[g]["h2h:a"], res[g]["h2h:b"] = &stats{}, &stats{}
+		}
+	}
+	var orderIDs atomic.Int64
+	lat := make([][]time.Duration, slices.Max(o.workers))
+	for i := range lat {
+		lat[i] = make([]time.Duration, 0, 1<<16)
+	}
+	for r := range o.rounds {
+		for gi, g := range groups {
+			var writes atomic.Int64
+			plain, guarded, err := g.driver.open(o.dsn, g.workers, &writes)
+			if err != nil {
+				return nil, env, err
+			}
+			e, err := loyaltyload.NewEnv(plain, guarded, schema, g.driver.nativeArrays())
+			if err != nil {
+				return nil, env, err
+			}
+			// Each round starts from another variant, and the groups of one
+			// round from other ones again.
+			order := slices.Clone(o.variants)
+			k := (r + gi) % len(order)
+			order = append(order[k:], order[:k]...)
+			for _, v := range order {
+				runCell(ctx, e, schema, []part{{v: v, workers: g.workers}}, o.warmup, &orderIDs, &writes, lat)
+			}
+			for _, v := range order {
+				if err := ctx.Err(); err != nil {
+					return nil, env, err
+				}
+				s := res[g][v.Name]
+				runCell(ctx, e, schema, []part{{v: v, workers: g.workers, s: s}}, o.cell, &orderIDs, &writes, lat)
+				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  %-10s %8.0f msgs/s  errors %d\n",
+					r+1, o.rounds, g.driver.label(), g.workers, v.Name, s.perRoundRate[len(s.perRoundRate)-1], s.errs)
+			}
+			// Head to head: half the workers run one variant, half the
+			// other, at the same time, so that both see the same machine.
+			if len(o.h2h) == 2 && g.workers >= 2 {
+				ha, hb := res[g]["h2h:a"], res[g]["h2h:b"]
+				runCell(ctx, e, schema, []part{{v: o.h2h[0], workers: g.workers / 2, s: ha},
+					{v: o.h2h[1], workers: g.workers / 2, s: hb}}, o.cell, &orderIDs, &writes, lat)
+				fmt.Fprintf(log, "round %d/%d  %-40s %2d workers  head to head: %s %.0f, %s %.0f msgs/s\n",
+					r+1, o.rounds, g.driver.label(), g.workers, o.h2h[0].Name, ha.perRoundRate[len(ha.perRoundRate)-1],
+					o.h2h[1].Name, hb.perRoundRate[len(hb.perRoundRate)-1])
+			}
+			_ = plain.Close()
+			_ = guarded.Close()
+		}
+	}
+	env.took = time.Since(env.started)
+	return res, env, nil
+}
+
+// part is a share of a cell's workers running one variant, and where its
+// figures go (nowhere when s is nil: a warm-up).
+type part struct {
+	v       loyaltyload.Variant
+	workers int
+	s       *stats
+}
+
+// runCell runs the parts at the same time for d and adds what each
+// measured to its stats. Allocations and network writes are attributed only
+// when the cell has a single part.
+func runCell(ctx context.Context, e *loyaltyload.Env, schema *loyaltyload.Schema, parts []part, d time.Duration,
+	orderIDs, writes *atomic.Int64, lat [][]time.Duration) {
+	var stop atomic.Bool
+	total := 0
+	for _, p := range parts {
+		total += p.workers
+	}
+	calls := make([]atomic.Int64, len(parts))
+	errs := make([]atomic.Int64, len(parts))
+	firstErr := make([]error, len(parts))
+	errOnce := make([]sync.Once, len(parts))
+	gens := make([]*loyaltyload.Gen, total)
+	for i := range gens {
+		gens[i] = loyaltyload.NewGen(schema, orderIDs, uint64(time.Now().UnixNano())+uint64(i))
+		lat[i] = lat[i][:0]
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	w0 := writes.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	w := 0
+	for pi, p := range parts {
+		for range p.workers {
+			i := w
+			w++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g, l := gens[i], lat[i]
+				for !stop.Load() {
+					t := time.Now()
+					err := p.v.Run(ctx, e, g)
+					l = append(l, time.Since(t))
+					calls[pi].Add(1)
+					if err != nil {
+						errs[pi].Add(1)
+						errOnce[pi].Do(func() { firstErr[pi] = err })
+					}
+				}
+				lat[i] = l
+			}()
+		}
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&after)
+	w = 0
+	for pi, p := range parts {
+		s := p.s
+		first := w
+		w += p.workers
+		if s == nil {
+			continue
+		}
+		n := calls[pi].Load()
+		msgs := n * int64(p.v.PerCall)
+		s.calls += n
+		s.msgs += msgs
+		s.elapsed += elapsed
+		if len(parts) == 1 {
+			s.mallocs += after.Mallocs - before.Mallocs
+			s.writes += writes.Load() - w0
+		}
+		s.errs += errs[pi].Load()
+		if s.firstErr == nil {
+			s.firstErr = firstErr[pi]
+		}
+		for _, l := range lat[first:w] {
+			s.lat = append(s.lat, l...)
+		}
+		s.perRoundRate = append(s.perRoundRate, float64(msgs)/elapsed.Seconds())
+	}
+}
