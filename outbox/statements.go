@@ -74,6 +74,12 @@ func postgresStatements(t dialect.Table) statements {
 RETURNING id`
 	const nth = "[array_position($1::bigint[], id)]"
 	return statements{
+		// Every row is updated twice after its insert, so the table is
+		// vacuumed and analyzed after 2% of it changed rather than the
+		// default 20%: the due index stays small and the planner knows the
+		// backlog. The unique index leads with idempotency_key so that the
+		// lease's kind filter never draws the planner away from the due
+		// index's order.
 		schema: []string{
 			fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", schemaLock(t)),
 			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
@@ -92,8 +98,8 @@ RETURNING id`
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	sent_at          timestamptz,
 	dead_at          timestamptz,
-	UNIQUE (kind, idempotency_key)
-)`, q),
+	UNIQUE (idempotency_key, kind)
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02)`, q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (next_attempt_at) WHERE state = 'pending'", idx("_due"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (sent_at) WHERE state = 'sent'", idx("_sent_at"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (dead_at) WHERE state = 'dead'", idx("_dead_at"), q),

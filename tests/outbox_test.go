@@ -739,6 +739,57 @@ func TestOutboxAbandonedLease(t *testing.T) {
 	}
 }
 
+// TestOutboxLeaseLost checks that a relay whose call outlived its lease
+// does not record the result once another relay has leased the row: only
+// the relay holding the lease marks it sent.
+func TestOutboxLeaseLost(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	db.SetMaxOpenConns(4)
+	log := newEventLog()
+	ob, _ := newOutbox(t, db, "slow")
+	obA, err := outbox.New(db, "slow", outbox.WithTable(ob.Table()), outbox.WithObserver(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := enqueue(t, db, ob, "m-1", "call", `{}`)
+	bStarted, aDone := make(chan struct{}), make(chan struct{})
+	// Relay A's call ignores its context and returns only once relay B,
+	// after A's lease expired, is calling too.
+	a, err := outbox.NewRelay(obA, outbox.WithSender("call", outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		<-bStarted
+		return nil
+	})), outbox.WithRelayID("relay-a"), outbox.WithLease(200*time.Millisecond), outbox.WithPollInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := outbox.NewRelay(ob, outbox.WithSender("call", outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		close(bStarted)
+		<-aDone
+		return nil
+	})), outbox.WithRelayID("relay-b"), outbox.WithPollInterval(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopA := runRelay(t, a)
+	waitFor(t, 10*time.Second, "relay-a to lease the row", func() bool { return outboxRows(t, db, ob)[key].owner == "relay-a" })
+	stopB := runRelay(t, b)
+	waitFor(t, 10*time.Second, "relay-a to record its call", func() bool {
+		return log.Count(outbox.EventLeaseLost)+log.Count(outbox.EventSent) > 0
+	})
+	close(aDone)
+	waitFor(t, 10*time.Second, "relay-b to mark the row sent", func() bool { return outboxRows(t, db, ob)[key].state == "sent" })
+	stopA()
+	stopB()
+	lost := log.of(outbox.EventLeaseLost)
+	if len(lost) != 1 || lost[0].Relay != "relay-a" || !errors.Is(lost[0].Err, outbox.ErrLeaseLost) || log.Count(outbox.EventSent) != 0 {
+		t.Errorf("relay-a's events: lease lost %+v, %d sent; want one ErrLeaseLost and none sent", lost, log.Count(outbox.EventSent))
+	}
+	if row := outboxRows(t, db, ob)[key]; row.attempts != 2 {
+		t.Errorf("row %+v, want sent by relay-b at attempt 2", row)
+	}
+}
+
 // TestOutboxNotifyWakesRelay checks that a commit wakes a listening relay
 // whose poll interval is an hour.
 func TestOutboxNotifyWakesRelay(t *testing.T) {

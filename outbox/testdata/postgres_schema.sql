@@ -16,8 +16,8 @@ CREATE TABLE IF NOT EXISTS "app"."outbox" (
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	sent_at          timestamptz,
 	dead_at          timestamptz,
-	UNIQUE (kind, idempotency_key)
-);
+	UNIQUE (idempotency_key, kind)
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 CREATE INDEX IF NOT EXISTS "outbox_due" ON "app"."outbox" (next_attempt_at) WHERE state = 'pending';
 
