@@ -189,4 +189,3 @@ func TestOutboxMeasure(t *testing.T) {
 		}
 	})
 }
-
