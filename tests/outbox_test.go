@@ -463,7 +463,7 @@ func TestOutboxChaos(t *testing.T) {
 	t.Logf("%d deliveries handled in %v", len(deliveries), time.Since(start))
 	committed := messages - len(poison)
 	if applied.Load() != int64(committed) {
-		t.Fatalf("%d messages applied, want %d", applied.Load(), committed)
+		t.Errorf("%d messages applied, want %d", applied.Load(), committed)
 	}
 
 	// Let the chaos go on while the relays catch up, then stop it and wait
