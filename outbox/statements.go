@@ -60,7 +60,7 @@ type statements struct {
 // postgresStatements returns the Postgres statements for table t.
 func postgresStatements(t dialect.Table) statements {
 	q := t.Quoted(pq.QuoteIdentifier)
-	idx := func(suffix string) string { return pq.QuoteIdentifier(t.Name + suffix) }
+	idx := func(suffix string) string { return pq.QuoteIdentifier(indexName(t.Name, suffix)) }
 	const ms = "::bigint * interval '1 millisecond'"
 	const insert = `INSERT INTO %s (consumer, message_key, kind, idempotency_key, payload)
 	VALUES ($1, $2, $3, $4, $5::json)
@@ -151,6 +151,20 @@ func schemaLock(t dialect.Table) int64 {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, "idempotent:outbox-schema:"+t.String())
 	return int64(h.Sum64())
+}
+
+// indexName returns name+suffix, or, when that would pass Postgres's 63-byte
+// limit (where Postgres would cut it, and two long table names could end up
+// sharing an index name), a shortened name with a hash of the table name.
+func indexName(name, suffix string) string {
+	const limit = dialect.MaxIdentifierBytes
+	if len(name)+len(suffix) <= limit {
+		return name + suffix
+	}
+	h := fnv.New32a()
+	_, _ = io.WriteString(h, name)
+	tag := fmt.Sprintf("_%08x", h.Sum32())
+	return name[:limit-len(suffix)-len(tag)] + tag + suffix
 }
 
 // notifyChannel is the LISTEN/NOTIFY channel of table t: short enough for

@@ -66,6 +66,17 @@ func TestStatementsQuoteIdentifiers(t *testing.T) {
 	}
 }
 
+func TestIndexNames(t *testing.T) {
+	if got := indexName("outbox", "_due"); got != "outbox_due" {
+		t.Errorf("indexName = %q", got)
+	}
+	a := indexName(strings.Repeat("a", 60)+"_one", "_sent_at")
+	b := indexName(strings.Repeat("a", 60)+"_two", "_sent_at")
+	if len(a) > 63 || len(b) > 63 || a == b || !strings.HasSuffix(a, "_sent_at") {
+		t.Errorf("index names %q and %q: want distinct names of at most 63 bytes ending in _sent_at", a, b)
+	}
+}
+
 func TestNotifyChannel(t *testing.T) {
 	long := dialect.Table{Schema: strings.Repeat("s", 63), Name: strings.Repeat("t", 63)}
 	a, b := notifyChannel(long), notifyChannel(dialect.Table{Name: "outbox"})
