@@ -35,7 +35,8 @@
 // statement that also leases them (lease owner and expiry) and commits, then
 // calls the [Sender] registered for each row's kind with no transaction
 // open, then marks the row sent — only if no other relay has leased it
-// since. Any number of relays may run at once. A relay that dies mid-call
+// since. Results are written in batches, so under load one statement marks
+// many rows. Any number of relays may run at once. A relay that dies mid-call
 // leaves a lease that expires; another relay then calls again with the same
 // idempotency key. Failed calls are retried with exponential backoff and
 // jitter; after the maximum number of attempts the row is marked dead and

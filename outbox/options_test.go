@@ -115,7 +115,7 @@ func TestNewRelayDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.lease != DefaultLease || r.callTimeout != DefaultLease/2 || r.grace != r.callTimeout ||
-		r.poll != DefaultPollInterval || r.maxAttempts != DefaultMaxAttempts || r.backoff != DefaultBackoff ||
+		r.poll != DefaultPollInterval || r.maxAttempts != DefaultMaxAttempts || r.backoff != DefaultBackoff() ||
 		r.concurrency != DefaultConcurrency || r.batch != DefaultBatch || r.id == "" || checkName("id", r.id) != nil {
 		t.Errorf("defaults: %+v", r)
 	}

@@ -51,7 +51,7 @@ func NewRelay(o *Outbox, opts ...RelayOption) (*Relay, error) {
 		concurrency: DefaultConcurrency,
 		batch:       DefaultBatch,
 		maxAttempts: DefaultMaxAttempts,
-		backoff:     DefaultBackoff,
+		backoff:     DefaultBackoff(),
 	}
 	for _, opt := range opts {
 		if opt == nil {

@@ -80,9 +80,9 @@ const (
 	DefaultMaxAttempts  = 15
 )
 
-// DefaultBackoff is the backoff when WithBackoff is not given: from 1s,
-// doubling up to 10 minutes.
-var DefaultBackoff = Backoff{Initial: time.Second, Max: 10 * time.Minute}
+// DefaultBackoff returns the backoff used when WithBackoff is not given:
+// from 1s, doubling up to 10 minutes.
+func DefaultBackoff() Backoff { return Backoff{Initial: time.Second, Max: 10 * time.Minute} }
 
 // A RelayOption configures a Relay. Options are checked by NewRelay.
 type RelayOption interface {
@@ -254,7 +254,7 @@ func WithMaxAttempts(n int) RelayOption {
 }
 
 // WithBackoff sets the wait before retrying a failed call. Both durations
-// must be positive and Max at least Initial. Default is DefaultBackoff.
+// must be positive and Max at least Initial. Default is DefaultBackoff().
 func WithBackoff(b Backoff) RelayOption {
 	return relayOptionFunc(func(c *relayConfig) error {
 		switch {
