@@ -59,15 +59,19 @@ func (t EventType) String() string {
 // An Event describes one thing that happened to an outbox row or a relay.
 // Fields that do not apply to its Type are zero.
 type Event struct {
+	// Type says what happened.
 	Type EventType
 	// Relay is the relay's id ("" for EventEnqueued).
 	Relay string
 	// ID is the row's id.
 	ID int64
-	// Consumer, MessageKey, Kind and IdempotencyKey are the row's.
-	Consumer       string
-	MessageKey     string
-	Kind           string
+	// Consumer is the consumer that enqueued the row.
+	Consumer string
+	// MessageKey is the key of the message whose handler enqueued it.
+	MessageKey string
+	// Kind is the row's kind.
+	Kind string
+	// IdempotencyKey is the key sent with every attempt.
 	IdempotencyKey string
 	// Attempt is the number of the attempt (1 for the first).
 	Attempt int

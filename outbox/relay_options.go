@@ -53,8 +53,10 @@ type Message struct {
 // failure, doubling after each further one up to Max. Each wait is drawn at
 // random from the upper half of its value, so retries spread out.
 type Backoff struct {
+	// Initial is the wait after the first failed attempt.
 	Initial time.Duration
-	Max     time.Duration
+	// Max caps the wait.
+	Max time.Duration
 }
 
 // delay returns the wait after the given failed attempt (1-based).

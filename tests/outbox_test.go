@@ -544,7 +544,7 @@ func TestOutboxChaos(t *testing.T) {
 func TestOutboxNoDoubleLease(t *testing.T) {
 	t.Parallel()
 	db := openDB(t)
-	db.SetMaxOpenConns(12)
+	db.SetMaxOpenConns(8)
 	ob, _ := newOutbox(t, db, "mailer")
 	const n = 200
 	tx, err := db.Begin()
