@@ -703,6 +703,9 @@ func TestOutboxAbandonedLease(t *testing.T) {
 			if row.owner != "relay-a" || row.state != "pending" || row.attempts != 1 {
 				t.Fatalf("after the kill the row is %+v, want still leased to relay-a at attempt 1", row)
 			}
+			if st, err := ob.Stats(context.Background()); err != nil || st.Pending != 1 || st.Leased != 1 {
+				t.Errorf("stats after the kill: %+v, %v; want 1 pending, leased", st, err)
+			}
 
 			var second []outbox.Message
 			var mu sync.Mutex
@@ -819,6 +822,50 @@ func TestOutboxNotifyWakesRelay(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("row %d not sent 10s after commit: the notification did not wake the relay", i)
+		}
+	}
+}
+
+// TestOutboxListenerReconnects cuts the relay's LISTEN connection: the
+// relay reconnects, says so, and is woken by the next commit again.
+func TestOutboxListenerReconnects(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	db.SetMaxOpenConns(4)
+	log := newEventLog()
+	ob, _ := newOutbox(t, db, "reconnect", outbox.WithObserver(log))
+	got := make(chan string, 4)
+	r, err := outbox.NewRelay(ob, outbox.WithSender("ping", outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		got <- m.IdempotencyKey
+		return nil
+	})), outbox.WithListener(pgDSN), outbox.WithPollInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRelay(t, r)
+	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return log.Count(outbox.EventListening) == 1 })
+	res, err := db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`, `LISTEN "`+ob.Channel()+`"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("found %d LISTEN connections for %s, want 1", n, ob.Channel())
+	}
+	waitFor(t, 10*time.Second, "the relay to listen again", func() bool { return log.Count(outbox.EventListening) == 2 })
+	if log.Count(outbox.EventRelayError) == 0 {
+		t.Error("the lost LISTEN connection was not reported")
+	}
+	// Drain the wake-up that follows the reconnection, then check that a
+	// commit wakes the relay through the new connection.
+	for i := range 2 {
+		key := enqueue(t, db, ob, fmt.Sprintf("r-%d", i), "ping", `{}`)
+		select {
+		case k := <-got:
+			if k != key {
+				t.Fatalf("relay sent %s, want %s", k, key)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("row %d not sent 10s after commit: the relay is not woken after reconnecting", i)
 		}
 	}
 }
