@@ -1,0 +1,105 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DefaultTable is the outbox table's name when WithTable is not given.
+const DefaultTable = "outbox"
+
+// DefaultCleanupBatch is how many rows one Cleanup statement deletes at most
+// when WithCleanupBatch is not given.
+const DefaultCleanupBatch = 10000
+
+// An Option configures an Outbox. Options are checked by New: a bad value is
+// an error from New, never a surprise at the first message.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	table        string
+	observer     Observer
+	notify       bool
+	cleanupBatch int
+}
+
+// WithTable sets the outbox table, as "table" or "schema.table". Each part
+// must be a plain identifier (letters, digits and underscores, not starting
+// with a digit, at most 63 bytes); it is quoted in every statement. The
+// schema must exist. Default is "outbox".
+func WithTable(name string) Option {
+	return optionFunc(func(c *config) error {
+		c.table = name
+		return nil
+	})
+}
+
+// WithObserver sets the observer told of enqueued rows and of everything the
+// relays built on this Outbox do. Default is none.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return errors.New("outbox: WithObserver: nil observer")
+		}
+		c.observer = o
+		return nil
+	})
+}
+
+// WithoutNotify makes Enqueue skip pg_notify. Use it when no relay listens:
+// a notifying transaction takes a database-wide lock briefly at commit,
+// which a very busy database may notice. Relays then find rows by polling
+// only. Default is to notify.
+func WithoutNotify() Option {
+	return optionFunc(func(c *config) error {
+		c.notify = false
+		return nil
+	})
+}
+
+// WithCleanupBatch sets how many rows one Cleanup statement deletes at
+// most; each batch is its own short transaction. Default is
+// DefaultCleanupBatch (10,000).
+func WithCleanupBatch(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("outbox: WithCleanupBatch: %d is not a positive batch size", n)
+		}
+		c.cleanupBatch = n
+		return nil
+	})
+}
+
+// An EnqueueOption adjusts one Enqueue call.
+type EnqueueOption interface {
+	applyEnqueue(*enqueueConfig) error
+}
+
+type enqueueOptionFunc func(*enqueueConfig) error
+
+func (f enqueueOptionFunc) applyEnqueue(c *enqueueConfig) error { return f(c) }
+
+type enqueueConfig struct {
+	key string
+}
+
+// WithKey sets the idempotency key sent with the call, instead of the one
+// derived by Key from the consumer, the message key and the kind. Use it to
+// enqueue several calls of one kind for one message, or to reuse a key the
+// provider already knows. It must be 1 to MaxIdempotencyKeyBytes bytes of
+// visible ASCII. Keys are unique per kind.
+func WithKey(key string) EnqueueOption {
+	return enqueueOptionFunc(func(c *enqueueConfig) error {
+		if err := checkIdempotencyKey(key); err != nil {
+			return err
+		}
+		c.key = key
+		return nil
+	})
+}
