@@ -57,17 +57,18 @@ func (*Dialect) SchemaSQL(t dialect.Table) []string {
 	PRIMARY KEY (consumer, message_key)
 )`, quote(t)),
 		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)",
-			pq.QuoteIdentifier(indexName(t.Name)), quote(t)),
+			pq.QuoteIdentifier(IndexName(t.Name)), quote(t)),
 	}
 }
 
-// indexName returns the name of the processed_at index of table name:
+// IndexName returns the name of the processed_at index of the claim table
+// name (unqualified, unquoted):
 // name + "_processed_at" when that fits in Postgres's 63-byte identifiers.
 // A longer one would be truncated by the server — possibly to the table's own
 // name, or to the index name of another long table sharing the prefix — and
 // CREATE INDEX IF NOT EXISTS would then silently skip the index. So long names
 // keep a prefix and add a hash of the whole name instead.
-func indexName(name string) string {
+func IndexName(name string) string {
 	const suffix = "_processed_at"
 	if len(name)+len(suffix) <= dialect.MaxIdentifierBytes {
 		return name + suffix

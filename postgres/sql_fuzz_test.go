@@ -127,8 +127,8 @@ func FuzzSQLBuilders(f *testing.F) {
 	processed_at timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, message_key)
 )`, parts(tb))
-		check("SchemaSQL[2]", schema[2], `CREATE INDEX IF NOT EXISTS "`+tb.Name+`_processed_at" ON `+q+" (processed_at)",
-			append([]string{tb.Name + "_processed_at"}, parts(tb)...))
+		check("SchemaSQL[2]", schema[2], `CREATE INDEX IF NOT EXISTS "`+postgres.IndexName(tb.Name)+`" ON `+q+" (processed_at)",
+			append([]string{postgres.IndexName(tb.Name)}, parts(tb)...))
 	})
 }
 
