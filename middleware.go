@@ -351,6 +351,9 @@ func (m *Middleware) observeRetry(ctx context.Context, key string, attempt int, 
 // returns an error matching ErrInvalidKey without opening a transaction.
 func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
 	return func(ctx context.Context, msg M) (Outcome, error) {
+		if key == nil || h == nil {
+			return 0, errors.New("idempotent: Wrap: nil key function or handler")
+		}
 		k, err := key(msg)
 		if err != nil {
 			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)

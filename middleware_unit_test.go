@@ -965,3 +965,17 @@ func TestRetentionBranches(t *testing.T) {
 		r.wantCalls(t, "BEGIN", claimAt, "ROLLBACK")
 	})
 }
+
+func TestWrapNilKeyFunctionOrHandler(t *testing.T) {
+	r := newRecorded(t)
+	mw := newMiddleware(t, r)
+	handler := func(context.Context, *sql.Tx, int) error { return nil }
+	keyOf := func(int) (string, error) { return "k", nil }
+	if _, err := idempotent.Wrap(mw, nil, handler)(context.Background(), 1); err == nil {
+		t.Fatal("nil key function accepted")
+	}
+	if _, err := idempotent.Wrap[int](mw, keyOf, nil)(context.Background(), 1); err == nil {
+		t.Fatal("nil handler accepted")
+	}
+	r.wantCalls(t)
+}
