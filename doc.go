@@ -31,6 +31,14 @@
 //   - [Middleware.ProcessNatural] and [NewVersionedUpsert] cover effects whose
 //     own table has a natural key, or that replace state by version.
 //
+// Subpackages: postgres, mysql and sqlite are the dialects (and
+// dialect/dialecttest their conformance suite); mocks scripts the
+// middleware's statements on go-sqlmock for unit tests; idemsqlx runs
+// handlers written against sqlx (see [ProcessTx] for other libraries that
+// wrap *sql.Tx); rabbitmq is a consumer with late acks; outbox carries calls
+// that leave the database; otelmetrics reports to OpenTelemetry; migrations
+// holds the schema as goose and golang-migrate files.
+//
 // The package imports only the standard library and the dialect package. A
 // [dialect.Dialect] supplies the SQL; github.com/txclaim/idempotent/postgres
 // is the Postgres one.
