@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -65,11 +64,7 @@ func WrapTx[M, T any](m *Middleware, begin BeginFunc[T], key func(M) (string, er
 		}
 		k, err := key(msg)
 		if err != nil {
-			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
-			if m.observer != nil {
-				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
-			}
-			return 0, err
+			return 0, m.keyFailed(ctx, err)
 		}
 		return ProcessTx(ctx, m, k, begin, func(ctx context.Context, tx T) error { return h(ctx, tx, msg) })
 	}

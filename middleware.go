@@ -343,6 +343,16 @@ func (m *Middleware) observeRetry(ctx context.Context, key string, attempt int, 
 	})
 }
 
+// keyFailed reports a Wrap key function's failure to the observer and
+// returns it as an error matching ErrInvalidKey.
+func (m *Middleware) keyFailed(ctx context.Context, err error) error {
+	err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
+	if m.observer != nil {
+		m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
+	}
+	return err
+}
+
 // Wrap turns a handler of decoded messages into a function that processes
 // each message exactly once. key returns the message's stable,
 // producer-assigned identity — an event id or a natural key such as
@@ -356,11 +366,7 @@ func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(
 		}
 		k, err := key(msg)
 		if err != nil {
-			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
-			if m.observer != nil {
-				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
-			}
-			return 0, err
+			return 0, m.keyFailed(ctx, err)
 		}
 		return m.Process(ctx, k, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
 	}

@@ -977,5 +977,8 @@ func TestWrapNilKeyFunctionOrHandler(t *testing.T) {
 	if _, err := idempotent.Wrap[int](mw, keyOf, nil)(context.Background(), 1); err == nil {
 		t.Fatal("nil handler accepted")
 	}
+	if _, err := idempotent.WrapEvent(mw, nil, handler)(context.Background(), 1); err == nil {
+		t.Fatal("WrapEvent: nil key function accepted")
+	}
 	r.wantCalls(t)
 }

@@ -271,13 +271,12 @@ func (m *Middleware) ClaimEvent(ctx context.Context, tx *sql.Tx, key string, eve
 // transaction.
 func WrapEvent[M any](m *Middleware, key func(M) (string, time.Time, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
 	return func(ctx context.Context, msg M) (Outcome, error) {
+		if key == nil || h == nil {
+			return 0, errors.New("idempotent: WrapEvent: nil key function or handler")
+		}
 		k, at, err := key(msg)
 		if err != nil {
-			err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
-			if m.observer != nil {
-				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
-			}
-			return 0, err
+			return 0, m.keyFailed(ctx, err)
 		}
 		return m.ProcessEvent(ctx, k, at, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
 	}
