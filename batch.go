@@ -216,7 +216,11 @@ func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, uniq []string, 
 func (m *Middleware) claimError(err error) error {
 	switch m.d.Classify(err).Kind {
 	case dialect.KindLockTimeout:
-		return fmt.Errorf("%w (waited %v): %w", ErrClaimBusy, m.lockTimeout, err)
+		if m.lockTimeout == 0 {
+			// The database's own lock timeout, not WithLockTimeout's.
+			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
+		}
+		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, m.lockTimeout, err)
 	case dialect.KindUndefinedTable:
 		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
 	}

@@ -75,10 +75,12 @@ func WithRetry(p RetryPolicy) Option {
 // WithLockTimeout bounds how long a delivery waits behind an in-flight
 // transaction holding the same claim. A longer wait fails the delivery with
 // ErrClaimBusy, so a stalled duplicate cannot hold a worker forever; deliver
-// it again later. The timeout lasts for the whole transaction, so it also
-// bounds the handler's own lock waits (those fail with the database's error,
-// not ErrClaimBusy). It costs one extra statement per transaction. Default is
-// no timeout: the duplicate waits as long as the holder runs.
+// it again later. On Postgres the timeout lasts for the whole transaction, so
+// it also bounds the handler's own lock waits (those fail with the database's
+// error, not ErrClaimBusy); where the setting belongs to the session (MySQL),
+// the dialect restores it right after the claim, so it bounds the claim's
+// wait only. It costs one extra statement per transaction (two on MySQL).
+// Default is no timeout: the duplicate waits as long as the holder runs.
 func WithLockTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
