@@ -1,17 +1,14 @@
 package mysql
 
 import (
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the dialect's output")
 
 // TestGoldenSQL compares every statement the dialect builds with
 // testdata/*.golden. Run `go test ./mysql -run TestGoldenSQL -update` after
@@ -38,27 +35,10 @@ func TestGoldenSQL(t *testing.T) {
 			b.WriteString("-- lock timeout reset\n" + d.LockTimeoutResetSQL() + ";\n")
 			b.WriteString("-- transaction id\n" + d.TxIDSQL() + ";\n")
 			b.WriteString("-- server check\n" + strings.Join([]string{versionSQL, databaseSQL, innodbSQL, tableEngineSQL}, ";\n") + ";\n")
-			compareGolden(t, filepath.Join("testdata", tc.file), b.String())
+			golden.Compare(t, filepath.Join("testdata", tc.file), b.String())
 		})
 	}
 	if s := d.LockTimeoutSQL(0); s != "" {
 		t.Errorf("LockTimeoutSQL(0) = %q, want \"\"", s)
-	}
-}
-
-func compareGolden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs (run with -update and review the diff):\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
 }

@@ -1,16 +1,13 @@
 package outbox
 
 import (
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // TestStatementsGolden compares every statement with its golden file under
 // testdata/. Run with -update to rewrite them after a deliberate change.
@@ -29,19 +26,7 @@ func TestStatementsGolden(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join("testdata", "postgres_"+name+".sql")
-			got += "\n"
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("statement differs from %s:\n--- got\n%s\n--- want\n%s", path, got, want)
-			}
+			golden.Compare(t, path, got+"\n")
 		})
 	}
 }

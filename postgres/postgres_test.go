@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,29 +18,9 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/golden"
 	"github.com/txclaim/idempotent/postgres"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
-
-// golden compares got with testdata/name.golden, or rewrites it with -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from the golden file (run go test -update if the change is intended)\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
-}
 
 // tables are the names every table-taking method is golden-tested with.
 // The last one cannot come out of dialect.ParseTable; it shows the dialect
@@ -68,7 +47,7 @@ func TestSchemaSQLGolden(t *testing.T) {
 		}
 		b.WriteString("\n")
 	}
-	golden(t, "schema_sql", b.String())
+	golden.Compare(t, filepath.Join("testdata", "schema_sql.golden"), b.String())
 }
 
 func TestClaimSQLGolden(t *testing.T) {
@@ -77,7 +56,7 @@ func TestClaimSQLGolden(t *testing.T) {
 	for _, tb := range tables {
 		fmt.Fprintf(&b, "-- table %q.%q\n%s;\n\n", tb.Schema, tb.Name, d.ClaimSQL(tb))
 	}
-	golden(t, "claim_sql", b.String())
+	golden.Compare(t, filepath.Join("testdata", "claim_sql.golden"), b.String())
 }
 
 func TestLockTimeoutSQLGolden(t *testing.T) {
@@ -86,11 +65,11 @@ func TestLockTimeoutSQLGolden(t *testing.T) {
 	for _, dur := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 1500 * time.Microsecond, 50 * time.Millisecond, 5 * time.Second, time.Hour, 24 * 24 * time.Hour, 25 * 24 * time.Hour, 1 << 62} {
 		fmt.Fprintf(&b, "-- %v\n%q\n\n", dur, d.LockTimeoutSQL(dur))
 	}
-	golden(t, "lock_timeout_sql", b.String())
+	golden.Compare(t, filepath.Join("testdata", "lock_timeout_sql.golden"), b.String())
 }
 
 func TestTxIDSQLGolden(t *testing.T) {
-	golden(t, "txid_sql", postgres.New().TxIDSQL()+";\n")
+	golden.Compare(t, filepath.Join("testdata", "txid_sql.golden"), postgres.New().TxIDSQL()+";\n")
 }
 
 func TestNameAndLimits(t *testing.T) {

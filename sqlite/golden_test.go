@@ -1,17 +1,14 @@
 package sqlite
 
 import (
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the dialect's output")
 
 // TestGoldenSQL compares every statement the dialect builds with
 // testdata/*.golden. Run `go test ./sqlite -run TestGoldenSQL -update` after
@@ -36,7 +33,7 @@ func TestGoldenSQL(t *testing.T) {
 			b.WriteString("-- lock timeout 1.5s\n" + orNone(d.LockTimeoutSQL(1500*time.Millisecond)) + "\n")
 			b.WriteString("-- transaction id\n" + orNone(d.TxIDSQL()) + "\n")
 			b.WriteString("-- server check\n" + versionSQL + ";\n")
-			compareGolden(t, filepath.Join("testdata", tc.file), b.String())
+			golden.Compare(t, filepath.Join("testdata", tc.file), b.String())
 		})
 	}
 }
@@ -46,21 +43,4 @@ func orNone(s string) string {
 		return "(none: unsupported)"
 	}
 	return s + ";"
-}
-
-func compareGolden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs (run with -update and review the diff):\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
 }
