@@ -141,10 +141,8 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 			return nil
 		}
 		slices.Sort(fresh)
-		if m.txidSQL != "" {
-			if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&st.txid); err != nil {
-				return fmt.Errorf("idempotent: strict guard: read transaction id: %w", err)
-			}
+		if err := m.captureTxID(ctx, tx, st); err != nil {
+			return err
 		}
 		return fn(ctx, tx, fresh)
 	})

@@ -246,10 +246,8 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 			return nil
 		}
 		outcome = Applied
-		if m.txidSQL != "" {
-			if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&st.txid); err != nil {
-				return fmt.Errorf("idempotent: strict guard: read transaction id: %w", err)
-			}
+		if err := m.captureTxID(ctx, tx, st); err != nil {
+			return err
 		}
 		return fn(ctx, tx)
 	})
@@ -317,12 +315,25 @@ func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.
 	return n == 1, nil
 }
 
-// checkTxID is the strict guard: the transaction id read after the claim
-// must still be current.
-func (m *Middleware) checkTxID(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-	if st.txid == "" {
+// captureTxID is the strict guard's first read: with WithStrictGuard, every
+// path that runs a handler and commits reads the transaction id before the
+// handler runs, and checkTxID reads it again before COMMIT.
+func (m *Middleware) captureTxID(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+	if m.txidSQL == "" {
 		return nil
 	}
+	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&st.txid); err != nil {
+		return fmt.Errorf("idempotent: strict guard: read transaction id: %w", err)
+	}
+	if st.txid == "" {
+		return fmt.Errorf("idempotent: strict guard: the %s dialect's transaction id query returned nothing", m.d.Name())
+	}
+	return nil
+}
+
+// checkTxID is the strict guard: the transaction id read by captureTxID must
+// still be current.
+func (m *Middleware) checkTxID(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 	var now string
 	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&now); err != nil {
 		if errors.Is(err, sql.ErrTxDone) {

@@ -21,7 +21,8 @@ type NaturalFunc func(ctx context.Context, tx *sql.Tx) (applied bool, err error)
 // what makes a redelivery harmless. It returns Applied when fn reports that
 // its effect took place and Duplicate when not; the transaction commits
 // either way. key identifies the message to the observer and in errors, and
-// is validated like Process's.
+// is validated like Process's. WithStrictGuard applies here too: the
+// transaction id is read before fn runs and checked before COMMIT.
 //
 // Natural keys on business tables never expire, so they cover replays of any
 // age: prefer them for money.
@@ -34,7 +35,10 @@ func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalF
 			return 0, 0, err
 		}
 		var outcome Outcome
-		attempts, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+		attempts, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+			if err := m.captureTxID(ctx, tx, st); err != nil {
+				return err
+			}
 			applied, err := fn(ctx, tx)
 			outcome = Duplicate
 			if applied {

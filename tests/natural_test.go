@@ -158,3 +158,35 @@ func (f failingExecer) ExecContext(context.Context, string, ...any) (sql.Result,
 	f.t.Fatal("statement sent despite bad input")
 	return nil, nil
 }
+
+// WithStrictGuard covers ProcessNatural too: on a database opened without
+// GuardConnector (so nothing refuses the statement), an explicit COMMIT in
+// the handler ends the transaction, and the check before commit reports it.
+func TestProcessNaturalStrictGuard(t *testing.T) {
+	t.Parallel()
+	if pgDSN == "" {
+		t.Skip(skipReason)
+	}
+	db := sql.OpenDB(connector(t, "pgx", pgDSN))
+	db.SetMaxOpenConns(2)
+	t.Cleanup(func() { closeChecked(t, db) })
+	l := newLoyalty(t, db, idempotent.WithStrictGuard())
+	msg := orderCompleted{OrderID: 77, CustomerID: 3, TotalCents: 700}
+	_, err := l.mw.ProcessNatural(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		if err := l.credit(ctx, tx, msg); err != nil {
+			return false, err
+		}
+		_, err := tx.ExecContext(ctx, "COMMIT")
+		return true, err
+	})
+	if !errors.Is(err, idempotent.ErrAutocommit) {
+		t.Fatalf("ProcessNatural with an explicit COMMIT under the strict guard: %v, want ErrAutocommit", err)
+	}
+	// An ordinary natural-key delivery passes the guard.
+	got, err := l.mw.ProcessNatural(context.Background(), "order-completed:78", func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		return true, l.credit(ctx, tx, orderCompleted{OrderID: 78, CustomerID: 4, TotalCents: 100})
+	})
+	if err != nil || got != idempotent.Applied {
+		t.Fatalf("ordinary delivery under the strict guard: (%v, %v), want applied", got, err)
+	}
+}
