@@ -210,21 +210,6 @@ func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, uniq []string, 
 	return nil
 }
 
-// claimError wraps a failed claim statement's error as claim does.
-func (m *Middleware) claimError(err error) error {
-	switch m.d.Classify(err).Kind {
-	case dialect.KindLockTimeout:
-		if m.lockTimeout == 0 {
-			// The database's own lock timeout, not WithLockTimeout's.
-			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
-		}
-		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, m.lockTimeout, err)
-	case dialect.KindUndefinedTable:
-		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
-	}
-	return fmt.Errorf("idempotent: claim: %w", err)
-}
-
 // observeBatch tells the observer, if any, one Event per message.
 func (m *Middleware) observeBatch(ctx context.Context, keys []string, outcomes []Outcome, attempts int, d time.Duration, err error) {
 	if m.observer == nil {

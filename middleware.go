@@ -315,6 +315,21 @@ func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.
 	return n == 1, nil
 }
 
+// claimError wraps a failed claim statement's error for claim and the batch claim.
+func (m *Middleware) claimError(err error) error {
+	switch m.d.Classify(err).Kind {
+	case dialect.KindLockTimeout:
+		if m.lockTimeout == 0 {
+			// The database's own lock timeout, not WithLockTimeout's.
+			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
+		}
+		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, m.lockTimeout, err)
+	case dialect.KindUndefinedTable:
+		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
+	}
+	return fmt.Errorf("idempotent: claim: %w", err)
+}
+
 // captureTxID is the strict guard's first read: with WithStrictGuard, every
 // path that runs a handler and commits reads the transaction id before the
 // handler runs, and checkTxID reads it again before COMMIT.
