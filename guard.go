@@ -80,27 +80,30 @@ func (c *guardConn) check(ctx context.Context, op, query string) error {
 // the rest.
 func endsTransaction(query string) bool {
 	rest := query
+	// word returns the next keyword as written; callers compare it with
+	// strings.EqualFold, so the check allocates nothing on the hot path.
 	word := func() string {
 		rest = skipSpaceAndComments(rest)
 		i := 0
 		for i < len(rest) && (rest[i]|0x20 >= 'a' && rest[i]|0x20 <= 'z') {
 			i++
 		}
-		w := strings.ToUpper(rest[:i])
+		w := rest[:i]
 		rest = rest[i:]
 		return w
 	}
-	switch word() {
-	case "BEGIN", "COMMIT", "END", "ABORT":
+	is := strings.EqualFold
+	switch w := word(); {
+	case is(w, "BEGIN"), is(w, "COMMIT"), is(w, "END"), is(w, "ABORT"):
 		return true
-	case "START", "PREPARE":
-		return word() == "TRANSACTION"
-	case "ROLLBACK":
-		w := word()
-		if w == "WORK" || w == "TRANSACTION" {
-			w = word()
+	case is(w, "START"), is(w, "PREPARE"):
+		return is(word(), "TRANSACTION")
+	case is(w, "ROLLBACK"):
+		next := word()
+		if is(next, "WORK") || is(next, "TRANSACTION") {
+			next = word()
 		}
-		return w != "TO"
+		return !is(next, "TO")
 	}
 	return false
 }

@@ -39,3 +39,11 @@ func TestEndsTransaction(t *testing.T) {
 		}
 	}
 }
+
+func TestEndsTransactionAllocatesNothing(t *testing.T) {
+	for _, q := range []string{"update balances set points = points + 1", "INSERT INTO t VALUES (1)", "rollback to savepoint s"} {
+		if n := testing.AllocsPerRun(100, func() { endsTransaction(q) }); n != 0 {
+			t.Errorf("endsTransaction(%q) allocates %v times per call, want 0", q, n)
+		}
+	}
+}
