@@ -294,7 +294,7 @@ func TestMissingPartitionInsideTheWindowIsTransient(t *testing.T) {
 	ctx := context.Background()
 	start := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
 	l, clock := partitionedLoyalty(t, start, 1) // partitions up to 15 March
-	clock.Add(2 * 24 * time.Hour)              // 16 March, no maintenance since
+	clock.Add(2 * 24 * time.Hour)               // 16 March, no maintenance since
 	msg := orderCompleted{OrderID: 316, CustomerID: 3, TotalCents: 1600}
 	at := clock.Now().Add(-time.Hour)
 	apply := func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }
