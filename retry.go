@@ -104,9 +104,11 @@ type runner struct {
 	// implicit, when set, goes into each attempt's guard token (see
 	// dialect.ImplicitCommitter).
 	implicit dialect.ImplicitCommitter
-	// afterFailure, when set, runs after the body (not beforeCommit) failed and before the
-	// rollback; an error it returns is joined to the failure and makes it
-	// final (the strict guard's check on the error path).
+	// afterFailure, when set, runs after the body (not beforeCommit) failed
+	// with an error that is not retryable, before the rollback; an error it
+	// returns is joined to the failure and makes it final (the strict
+	// guard's check on the error path). A retryable failure is skipped: a
+	// deadlock ends the transaction on the database's side by design.
 	afterFailure func(ctx context.Context, tx *sql.Tx, st *attemptState) error
 }
 
@@ -208,7 +210,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	if err != nil {
 		done = true
 		class = r.d.Classify(err)
-		if r.afterFailure != nil && bodyFailed {
+		if r.afterFailure != nil && bodyFailed && !class.Retryable() {
 			if ferr := r.afterFailure(tctx, tx, st); ferr != nil {
 				err = errors.Join(err, ferr)
 				class = dialect.Class{}

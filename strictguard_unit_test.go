@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
 )
@@ -55,6 +56,29 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 			t.Fatalf("got %v, want the handler's error alone", err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "ROLLBACK")
+	})
+	t.Run("deadlock is retried, not checked", func(t *testing.T) {
+		// A deadlock rolls the whole transaction back on MariaDB, where
+		// @@in_transaction then reads 0: no false alarm, a retry.
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithStrictGuard())
+		deadlock := &pq.Error{Code: "40P01"}
+		r.mock.ExpectBegin()
+		expectClaim(r.mock, key, 1)
+		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("731"))
+		r.mock.ExpectExec(effectSQL).WillReturnError(deadlock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectClaim(r.mock, key, 1)
+		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("732"))
+		expectEffect(r.mock)
+		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("732"))
+		r.mock.ExpectCommit()
+
+		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+			t.Fatalf("got (%v, %v), want applied after one retry", got, err)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, "ROLLBACK", "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "COMMIT")
 	})
 	t.Run("id unreadable", func(t *testing.T) {
 		r := newRecorded(t)
