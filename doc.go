@@ -25,7 +25,9 @@
 //   - [WithRetention], [Middleware.Cleanup] and [WithDailyPartitions] with
 //     [Middleware.MaintainPartitions] keep the claim table bounded without
 //     weakening the guarantee; [Middleware.ProcessEvent] fences off messages
-//     older than the retention window ([ErrBeyondRetention]).
+//     older than the retention window ([ErrBeyondRetention]) and dated in
+//     the future ([ErrInvalidEventTime]); in partitioned mode a day whose
+//     partition is not there yet is [ErrNoPartition], which is transient.
 //   - [Middleware.ProcessBatch] and [WrapBatch] claim a batch of messages in
 //     one statement and commit once.
 //   - [Middleware.ProcessNatural] and [NewVersionedUpsert] cover effects whose
