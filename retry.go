@@ -211,6 +211,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		return dialect.Class{}, nil
 	}
 	if err == nil {
+		st.inHandler = false // what follows is the middleware's own
 		err = st.token.violation()
 	}
 	if err == nil && r.beforeCommit != nil {

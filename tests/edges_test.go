@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,8 +18,10 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/sqlite"
 )
 
 // The handler's edges: what the middleware retries when a handler fails,
@@ -455,5 +458,161 @@ func TestBatchRestoresLockTimeoutMySQL(t *testing.T) {
 	}
 	if after != 7 {
 		t.Errorf("after the batch the pooled session's innodb_lock_wait_timeout is %d, want 7 restored", after)
+	}
+}
+
+// mysqlDeadlock provokes a real deadlock (error 1213) between two sessions
+// of db, on a table of its own, and returns it.
+func mysqlDeadlock(t testing.TB, db *sql.DB) error {
+	t.Helper()
+	ctx := context.Background()
+	table := uniqueName("dl")
+	if _, err := db.Exec("CREATE TABLE " + table + " (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+	if _, err := db.Exec("INSERT INTO " + table + " VALUES (1, 0), (2, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	var txs [2]*sql.Tx
+	for i := range txs {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback() //nolint:errcheck
+		if _, err := tx.Exec(fmt.Sprintf("UPDATE %s SET v = v + 1 WHERE id = %d", table, i+1)); err != nil {
+			t.Fatal(err)
+		}
+		txs[i] = tx
+	}
+	// Each holds one row and asks for the other's: whichever asks second
+	// closes the cycle, and InnoDB rolls one of them back at once.
+	first := make(chan error, 1)
+	go func() {
+		_, err := txs[0].Exec("UPDATE " + table + " SET v = v + 1 WHERE id = 2")
+		first <- err
+	}()
+	_, second := txs[1].Exec("UPDATE " + table + " SET v = v + 1 WHERE id = 1")
+	if second != nil {
+		_ = txs[1].Rollback() // the victim; the first goes on
+		if err := <-first; err != nil {
+			t.Fatalf("after the second session's %v, the first failed too: %v", second, err)
+		}
+		return second
+	}
+	return <-first
+}
+
+// MariaDB: a deadlock the handler meets between two other sessions is
+// returned at once; the claim's transaction is alive. (A deadlock of the
+// claim's own transaction is retried: the conformance suite's Deadlock
+// check.)
+func TestHandlerForeignDeadlockNotRetriedMySQL(t *testing.T) {
+	t.Parallel()
+	dsn := mysqlDSN(t)
+	open := func() *sql.DB {
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(3)
+		t.Cleanup(func() { closeChecked(t, db) })
+		return db
+	}
+	db, other := open(), open()
+	ctx := context.Background()
+	table, effects := uniqueName("t"), uniqueName("fx")
+	t.Cleanup(func() { _, _ = other.Exec("DROP TABLE IF EXISTS " + table + ", " + effects) })
+	if _, err := other.Exec("CREATE TABLE " + effects + " (id INT PRIMARY KEY) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mw, err := idempotent.New(db, mysql.New(), "fx", idempotent.WithTable(table), idempotent.WithRetry(fastRetry(10)), idempotent.WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	var own error
+	_, err = mw.Process(ctx, "foreign-deadlock", func(ctx context.Context, tx *sql.Tx) error {
+		calls++
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" VALUES (1)"); err != nil {
+			return err
+		}
+		own = mysqlDeadlock(t, other)
+		return fmt.Errorf("ledger service: %w", own)
+	})
+	t.Logf("handler ran %d times; Process: %v", calls, err)
+	var me *gomysql.MySQLError
+	if !errors.As(own, &me) || me.Number != 1213 {
+		t.Fatalf("the provoked error is %v, want a deadlock (1213)", own)
+	}
+	if !errors.Is(err, own) || calls != 1 || len(rec.retryReasons()) != 0 {
+		t.Errorf("Process = %v after %d handler runs and retries %v; want the deadlock at once", err, calls, rec.retryReasons())
+	}
+	if n := count(t, other, "SELECT COUNT(*) FROM "+effects); n != 0 {
+		t.Errorf("%d effect rows, want 0", n)
+	}
+	if n := count(t, other, "SELECT COUNT(*) FROM "+table); n != 0 {
+		t.Errorf("%d claims, want 0", n)
+	}
+}
+
+// SQLite: the claim's transaction holds the write lock, so a SQLITE_BUSY in
+// the handler comes from another connection (here, a write outside the
+// transaction that will not wait): it is returned at once, not retried.
+func TestHandlerBusyElsewhereNotRetriedSQLite(t *testing.T) {
+	t.Parallel()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "edges.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeChecked(t, db) })
+	ctx := context.Background()
+	if _, err := db.Exec("CREATE TABLE effects (id INTEGER PRIMARY KEY); CREATE TABLE audit (id INTEGER PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mw, err := idempotent.New(db, sqlite.New(), "fx", idempotent.WithRetry(fastRetry(10)), idempotent.WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	var own error
+	_, err = mw.Process(ctx, "busy-elsewhere", func(ctx context.Context, tx *sql.Tx) error {
+		calls++
+		if _, err := tx.ExecContext(ctx, "INSERT INTO effects VALUES (1)"); err != nil {
+			return err
+		}
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.ExecContext(context.Background(), "PRAGMA busy_timeout = 0"); err != nil {
+			return err
+		}
+		_, own = c.ExecContext(context.Background(), "INSERT INTO audit VALUES (1)")
+		// The connection goes back to the pool: give it its wait again.
+		if _, err := c.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", sqlite.BusyTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		return own
+	})
+	t.Logf("handler ran %d times; Process: %v", calls, err)
+	if own == nil || sqlite.New().Classify(own).Kind != dialect.KindSerialization {
+		t.Fatalf("the write outside the transaction gave %v, want SQLITE_BUSY", own)
+	}
+	if !errors.Is(err, own) || calls != 1 || len(rec.retryReasons()) != 0 {
+		t.Errorf("Process = %v after %d handler runs and retries %v; want the busy error at once", err, calls, rec.retryReasons())
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM effects"); n != 0 {
+		t.Errorf("%d effect rows, want 0", n)
 	}
 }
