@@ -344,6 +344,10 @@ func TestNestedTransactionRefused(t *testing.T) {
 		{"EnsureSchema", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
 			return mw.EnsureSchema(ctx)
 		}},
+		{"Cleanup", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			_, err := mw.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+			return err
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRecorded(t)
