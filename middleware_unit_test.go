@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -982,6 +983,7 @@ func (resetDialect) LockTimeoutResetSQL() string { return resetSQL }
 // succeeded or not, and that a failed reset fails the delivery.
 func TestLockTimeoutReset(t *testing.T) {
 	const lock = "SET LOCAL lock_timeout = 1000"
+	batchSQL := pg.BatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
 	newReset := func(t *testing.T, r *recorded) *idempotent.Middleware {
 		t.Helper()
 		mw, err := idempotent.New(r.db, resetDialect{pg}, consumer, noWait, idempotent.WithLockTimeout(time.Second))
@@ -1034,6 +1036,36 @@ func TestLockTimeoutReset(t *testing.T) {
 			t.Fatalf("got %v, want the reset's error", err)
 		}
 		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
+	})
+	// The batch claims through the same path: the reset follows its last
+	// claim statement, before the handler, and after a failed one too.
+	t.Run("batch applied", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("a"))
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		outs, err := mw.ProcessBatch(context.Background(), []string{"b", "a"}, func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
+		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Duplicate, idempotent.Applied}) {
+			t.Fatalf("got (%v, %v), want [duplicate applied]", outs, err)
+		}
+		r.wantCalls(t, "BEGIN", lock, batchSQL, resetSQL, effectSQL, "COMMIT")
+	})
+	t.Run("batch claim busy", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).WillReturnError(&pq.Error{Code: "55P03"})
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectRollback()
+		if _, err := mw.ProcessBatch(context.Background(), []string{"a"}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrClaimBusy) {
+			t.Fatalf("got %v, want ErrClaimBusy", err)
+		}
+		r.wantCalls(t, "BEGIN", lock, batchSQL, resetSQL, "ROLLBACK")
 	})
 }
 
