@@ -207,14 +207,19 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 // the first to finish; if that one rolls back, the waiting one applies.
 //
 // An error from fn rolls back claim and effect together and is returned
-// wrapped. Serialization failures, deadlocks and lost connections — even
-// during COMMIT, where the outcome is unknown — are retried from the start
-// under the retry policy: if a lost COMMIT did land, the retry finds the
-// claim and returns Duplicate. A panic in fn rolls back and re-panics.
+// wrapped. Serialization failures, deadlocks and lost connections of the
+// claim's own transaction — even during COMMIT, where the outcome is
+// unknown — are retried from the start under the retry policy: if a lost
+// COMMIT did land, the retry finds the claim and returns Duplicate. An
+// error fn met elsewhere (another database, its own network call, its own
+// deadline) is returned at once, without a retry; the package
+// documentation has the table. A panic in fn rolls back and re-panics.
 //
 // fn must do all its work through tx, with ctx; see GuardConnector for how
-// a mistake is caught. Ack the message only after Process returns without an
-// error (Applied and Duplicate alike).
+// a mistake is caught. fn must not begin a transaction of its own with ctx —
+// Process, RunTx or any other entry point called with it fails with
+// ErrAutocommit and the delivery rolls back. Ack the message only after
+// Process returns without an error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
 	return m.processAt(ctx, key, time.Time{}, fn)
 }
@@ -251,7 +256,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 	}
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-		claimed, err := m.claim(ctx, tx, key, at)
+		claimed, err := m.claimKey(ctx, tx, st, key, at)
 		if err != nil {
 			return err
 		}
@@ -261,9 +266,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 			return nil
 		}
 		outcome = Applied
-		if err := m.captureTxID(ctx, tx, st); err != nil {
-			return err
-		}
+		st.inHandler = true
 		return fn(ctx, tx)
 	})
 	if err != nil {
@@ -294,40 +297,71 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	return claimed, nil
 }
 
-// claim runs the lock timeout (if any) and the claim statement on tx, then
-// the dialect's lock timeout reset (if any).
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (claimed bool, err error) {
+// claim claims key (with event time at, zero when it has none) on a
+// transaction the caller owns: Claim and ClaimEvent.
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
+	return m.claimKey(ctx, tx, nil, key, at)
+}
+
+// claimKey claims one key on tx through claimWith.
+func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time) (bool, error) {
+	return m.claimWith(ctx, tx, st, func() (bool, error) {
+		var res sql.Result
+		var err error
+		if m.ret.part == nil {
+			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
+		} else {
+			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
+		}
+		if err != nil {
+			if rerr := m.retentionClaimError(err, at); rerr != nil {
+				return false, rerr
+			}
+			return false, m.claimError(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
+		}
+		return n == 1, nil
+	})
+}
+
+// claimWith is the one claim path: Process, ProcessEvent, ProcessTx,
+// ProcessBatch, Claim and ClaimEvent all claim through it, so what surrounds
+// the claim statement cannot differ between them. stmt runs the claim
+// statement (or statements) and reports whether anything was claimed;
+// claimWith runs it under the lock timeout (withLockTimeout) and then, when
+// st is not nil — the middleware owns tx and runs a handler in it — and stmt
+// claimed, takes the strict guard's first reading (captureTxID).
+func (m *Middleware) claimWith(ctx context.Context, tx *sql.Tx, st *attemptState, stmt func() (bool, error)) (bool, error) {
+	claimed, err := m.withLockTimeout(ctx, tx, stmt)
+	if err != nil || !claimed || st == nil {
+		return claimed, err
+	}
+	return true, m.captureTxID(ctx, tx, st)
+}
+
+// withLockTimeout runs stmt on tx after setting the lock timeout of
+// WithLockTimeout, if any, and restores the session's own setting afterwards
+// where the dialect needs it (dialect.LockTimeoutResetter) — whether stmt
+// succeeded, failed or panicked, and even when ctx has ended: the setting
+// must not stay on a pooled connection, nor bound the handler's own waits.
+// Only claimWith calls it.
+func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func() (bool, error)) (claimed bool, err error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
 		}
 		if m.lockReset != "" {
 			defer func() {
-				// Even when ctx has ended: the setting must not stay on a
-				// pooled connection.
 				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
 					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
 				}
 			}()
 		}
 	}
-	var res sql.Result
-	if m.ret.part == nil {
-		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
-	} else {
-		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
-	}
-	if err != nil {
-		if rerr := m.retentionClaimError(err, at); rerr != nil {
-			return false, rerr
-		}
-		return false, m.claimError(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
-	}
-	return n == 1, nil
+	return stmt()
 }
 
 // claimError wraps a failed claim statement's error for claim and the batch claim.
@@ -347,7 +381,8 @@ func (m *Middleware) claimError(err error) error {
 
 // captureTxID is the strict guard's first read: with WithStrictGuard, every
 // path that runs a handler and commits reads the transaction id before the
-// handler runs, and checkTxID reads it again before COMMIT.
+// handler runs (claimWith after a claim, ProcessNatural without one), and
+// checkTxID reads it again before COMMIT.
 func (m *Middleware) captureTxID(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 	if m.txidSQL == "" {
 		return nil

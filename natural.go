@@ -39,6 +39,7 @@ func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalF
 			if err := m.captureTxID(ctx, tx, st); err != nil {
 				return err
 			}
+			st.inHandler = true
 			applied, err := fn(ctx, tx)
 			outcome = Duplicate
 			if applied {

@@ -97,6 +97,9 @@ func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, e
 	if m.ret.part == nil {
 		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: the Middleware for %s is not in partitioned mode (WithDailyPartitions)", m.table)
 	}
+	if err := refuseNested(ctx); err != nil {
+		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: %w", err)
+	}
 	exists, partitioned, err := m.tableKind(ctx, m.ret.part)
 	switch {
 	case err != nil:
