@@ -11,6 +11,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 )
 
 // TestStrictGuardOnTheErrorPath: when the handler fails, the strict guard
@@ -67,6 +68,8 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		expectClaim(r.mock, key, 1)
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("731"))
 		r.mock.ExpectExec(effectSQL).WillReturnError(deadlock)
+		// The probe finds the transaction aborted: the deadlock was its own.
+		expectProbe(r.mock, &pq.Error{Code: "25P02"})
 		r.mock.ExpectRollback()
 		r.mock.ExpectBegin()
 		expectClaim(r.mock, key, 1)
@@ -78,7 +81,7 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied after one retry", got, err)
 		}
-		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, "ROLLBACK", "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, dialect.ProbeSavepointSQL, "ROLLBACK", "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "COMMIT")
 	})
 	t.Run("id unreadable", func(t *testing.T) {
 		r := newRecorded(t)
