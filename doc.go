@@ -95,8 +95,11 @@
 // matches [ErrRetriesExhausted] and, as a [RetriesExhaustedError], wraps the
 // last cause. Errors are classified through errors.As on the driver's error
 // (interface{ SQLState() string }), never by message text, so lib/pq and
-// pgx's database/sql driver both work; anything else is returned wrapped
-// and never retried.
+// pgx's database/sql driver both work. A lock timeout (55P03) becomes
+// ErrClaimBusy, a missing claim table (42P01) [ErrNoClaimTable], and an
+// unknown statement outcome (40003) is returned as it is; anything else is
+// returned wrapped, errors.Is and errors.As still see it, and it is not
+// retried.
 //
 // A connection lost during COMMIT is ambiguous for ordinary code — the
 // commit may or may not have landed — but safe to retry here: the retry
