@@ -220,7 +220,10 @@
 // tests; idemsqlx runs sqlx handlers; migrations holds the claim table as
 // goose and golang-migrate files; outbox carries calls that leave the
 // database; otelmetrics reports to OpenTelemetry; rabbitmq is a consumer that
-// acks late; cmd/idempotent is the ops command. The repository's README and
+// acks late; cmd/idempotent is the ops command. The integrations that bring
+// a driver or client of their own (mysql, sqlite, idemsqlx, otelmetrics,
+// rabbitmq) are Go modules of their own, so importing this package and
+// postgres builds only lib/pq. The repository's README and
 // docs/ directory cover guarantees and how they are tested, operations,
 // dialects, the outbox and performance.
 package idempotent

@@ -46,5 +46,6 @@
 // # Conformance
 //
 // Package dialecttest is the suite every dialect passes against its real
-// database; a new dialect's test hands it a harness (see its example).
+// database; a new dialect's test hands it a harness (the SQLite dialect's
+// sqlite/conformance_test.go is a complete one).
 package dialect
