@@ -46,9 +46,9 @@
 // Ack the message only after Process returns a nil error, for Applied and
 // Duplicate alike: a duplicate's effect has already committed. On an error
 // do not ack; the claim rolled back with the effect and the redelivery
-// applies normally. Errors matching [ErrInvalidKey] or [ErrBeyondRetention]
-// fail the same way on every redelivery: dead-letter those. [ErrClaimBusy]
-// means deliver again later.
+// applies normally. Errors matching [ErrInvalidKey], [ErrInvalidEventTime] or
+// [ErrBeyondRetention] fail the same way on every redelivery: dead-letter
+// those. [ErrClaimBusy] and [ErrNoPartition] mean deliver again later.
 //
 // # Keys
 //
@@ -117,13 +117,18 @@
 // database, and the whole transaction rolls back even if the function
 // ignores the error. So do db.BeginTx with that context, a function that
 // commits or rolls back the *sql.Tx itself, and a transaction-control
-// statement (COMMIT, ROLLBACK, BEGIN, …) run through the tx. [WithStrictGuard]
-// also reads the database's transaction id after the claim and before
-// COMMIT and refuses to commit if the session left the transaction (which
-// the guard cannot see in a multi-statement string, or behind a pooler), at
-// the price of two round trips per applied message. Statements outside a
+// statement (COMMIT, ROLLBACK, BEGIN, …) run through the tx. On MySQL and
+// MariaDB, a statement the database would commit implicitly (DDL, LOCK
+// TABLES, …: dialect.ImplicitCommitter) is refused the same way.
+// [WithStrictGuard] also reads the database's transaction id after the claim
+// and before COMMIT and refuses to commit if the session left the
+// transaction (which the guard cannot see in a multi-statement string, or
+// behind a pooler), at the price of two round trips per applied message; when
+// the function fails it reads it once more, and says so loudly if the claim
+// had already been committed with part of the effect. Statements outside a
 // function are untouched; a function that uses context.Background() on the
-// *sql.DB cannot be caught.
+// *sql.DB cannot be caught. The repository's docs/dialects-edges.md lists
+// every such edge and what the middleware does at each.
 //
 // # Lock timeout
 //
@@ -131,7 +136,8 @@
 // transaction lasts. [WithLockTimeout] bounds the wait: past it the delivery
 // fails with ErrClaimBusy and writes nothing. [WithTxOptions] sets the
 // transaction's isolation level (under SERIALIZABLE, concurrent duplicates
-// fail with 40001 instead of waiting, and the retry returns Duplicate).
+// fail with 40001 instead of waiting, and the retry returns Duplicate); New
+// refuses a level or option the dialect cannot run.
 //
 // # Retention
 //
@@ -146,9 +152,12 @@
 // ErrBeyondRetention before any transaction: the retention fence. Claims are
 // kept for the window plus a clock-skew margin ([WithClockSkew],
 // [DefaultClockSkew]), so a message the fence lets through still finds its
-// claim. Process, Wrap and Claim carry no event time, and nothing is fenced:
-// a replay older than the window is applied again. [WithClock] replaces the
-// clock the middleware reads, for tests.
+// claim. An event time later than the clock plus the margin (a producer clock
+// far ahead, seconds read as milliseconds) is refused with
+// [ErrInvalidEventTime], since it would pass the fence long after its claim
+// was gone. Process, Wrap and Claim carry no event time, and nothing is
+// fenced: a replay older than the window is applied again. [WithClock]
+// replaces the clock the middleware reads, for tests.
 //
 // # Table upkeep
 //
@@ -161,7 +170,8 @@
 // the time of processing, so a redelivery the next day still meets its
 // claim), and [Middleware.MaintainPartitions] creates days ahead and drops
 // expired ones ([PartitionReport]); in that mode every delivery needs its
-// event time. [Middleware.Partitions] lists the days. The command
+// event time, and one whose day, inside the window, has no partition yet
+// fails with [ErrNoPartition], which is transient: deliver it again later. [Middleware.Partitions] lists the days. The command
 // cmd/idempotent runs all of this from cron; docs/operations.md in the
 // repository describes it.
 //

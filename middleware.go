@@ -115,7 +115,13 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		}
 	}
 	m.run = runner{db: db, d: d, policy: cfg.retry}
+	m.run.implicit, _ = d.(dialect.ImplicitCommitter)
 	if cfg.txOpts != (sql.TxOptions{}) {
+		if c, ok := d.(dialect.TxOptionsChecker); ok {
+			if err := c.CheckTxOptions(cfg.txOpts); err != nil {
+				return nil, fmt.Errorf("idempotent: WithTxOptions: %w", err)
+			}
+		}
 		o := cfg.txOpts
 		m.run.txOpts = &o
 	}
@@ -124,6 +130,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
+		m.run.afterFailure = m.checkTxIDAfterFailure
 	}
 	if err := m.initRetention(cfg.retention); err != nil {
 		return nil, err
@@ -154,9 +161,17 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	stmts := m.schemaSQL()
 	checker, _ := m.d.(dialect.ServerChecker)
-	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
+	// The schema's own DDL runs in this transaction, so the guard's
+	// implicit-commit check (a handler's concern) is left out.
+	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
 		if checker != nil {
 			if err := checker.CheckServer(ctx, m.table, txQuery(tx)); err != nil {
+				return err
+			}
+		}
+		if m.txidSQL != "" {
+			if err := m.probeTxID(ctx, tx); err != nil {
 				return err
 			}
 		}
@@ -344,6 +359,52 @@ func (m *Middleware) captureTxID(ctx context.Context, tx *sql.Tx, st *attemptSta
 		return fmt.Errorf("idempotent: strict guard: the %s dialect's transaction id query returned nothing", m.d.Name())
 	}
 	return nil
+}
+
+// probeTxID runs the strict guard's query once, from EnsureSchema, so that
+// WithStrictGuard on a server that cannot answer it (MySQL proper has no
+// @@in_transaction) fails there rather than at every applied message.
+func (m *Middleware) probeTxID(ctx context.Context, tx *sql.Tx) error {
+	var id sql.NullString
+	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&id); err != nil {
+		if m.d.Classify(err).Retryable() {
+			return err
+		}
+		return fmt.Errorf("idempotent: WithStrictGuard: this server cannot run the %s dialect's transaction id query %q (MySQL has no @@in_transaction: the strict guard needs MariaDB there): %w", m.d.Name(), m.txidSQL, err)
+	}
+	if id.String == "" {
+		return fmt.Errorf("idempotent: WithStrictGuard: the %s dialect's transaction id query %q returned nothing on this server", m.d.Name(), m.txidSQL)
+	}
+	return nil
+}
+
+// checkTxIDAfterFailure is the strict guard on the error path: after the
+// handler failed, the transaction id read by captureTxID must still be
+// current, or the claim was committed behind the middleware's back — by a
+// statement the database commits implicitly (DDL, LOCK TABLES, … on MySQL
+// and MariaDB) or the handler's own COMMIT — and the rollback that follows
+// cannot undo it. Nothing can be done automatically: deleting the claim
+// would let a redelivery apply again the part of the effect that did
+// commit. The error says so and matches ErrAutocommit, which adapters treat
+// as a failure, never as a retry. A failure to read the id (a lost
+// connection, a cancelled context) proves nothing and is ignored.
+func (m *Middleware) checkTxIDAfterFailure(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+	if st.txid == "" {
+		return nil // the handler never ran
+	}
+	var now string
+	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&now); err != nil {
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			return fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit)
+		}
+		return nil
+	}
+	if now == st.txid {
+		return nil
+	}
+	return fmt.Errorf("%w: CLAIM COMMITTED WITHOUT ITS FULL EFFECT: the session left the claim's transaction (id %s, now %s) before the handler failed — "+
+		"a statement the database commits implicitly (DDL, LOCK TABLES, …) or a COMMIT ran through the transaction, so the claim and the effect up to it are committed, "+
+		"and the statements after it committed one by one; redeliveries will be Duplicate: repair the effect by hand", ErrAutocommit, st.txid, now)
 }
 
 // checkTxID is the strict guard: the transaction id read by captureTxID must

@@ -84,6 +84,7 @@ func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptio
 		return fmt.Errorf("idempotent: RunTx: %w", err)
 	}
 	r := runner{db: db, d: d, txOpts: opts, policy: p}
+	r.implicit, _ = d.(dialect.ImplicitCommitter)
 	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error { return fn(ctx, tx) })
 	return err
 }
@@ -100,6 +101,15 @@ type runner struct {
 	// begin, when set, begins each attempt's transaction instead of
 	// db.BeginTx (see ProcessTx).
 	begin func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error)
+	// implicit, when set, goes into each attempt's guard token (see
+	// dialect.ImplicitCommitter).
+	implicit dialect.ImplicitCommitter
+	// afterFailure, when set, runs after the body (not beforeCommit) failed
+	// with an error that is not retryable, before the rollback; an error it
+	// returns is joined to the failure and makes it final (the strict
+	// guard's check on the error path). A retryable failure is skipped: a
+	// deadlock ends the transaction on the database's side by design.
+	afterFailure func(ctx context.Context, tx *sql.Tx, st *attemptState) error
 }
 
 // attemptState is what one attempt's body tells the loop.
@@ -168,6 +178,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	}{}
 	st := &a.st
 	st.token = &a.tok
+	a.tok.implicit = r.implicit
 	tctx := context.WithValue(ctx, tokenKey{}, st.token)
 	tx, err := r.beginTx(tctx)
 	if err != nil {
@@ -182,6 +193,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		}
 	}()
 	err = body(tctx, tx, st)
+	bodyFailed := err != nil
 	if err == nil && st.skipCommit {
 		done = true
 		if rbErr := tx.Rollback(); rbErr != nil && ctx.Err() == nil {
@@ -198,6 +210,12 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	if err != nil {
 		done = true
 		class = r.d.Classify(err)
+		if r.afterFailure != nil && bodyFailed && !class.Retryable() {
+			if ferr := r.afterFailure(tctx, tx, st); ferr != nil {
+				err = errors.Join(err, ferr)
+				class = dialect.Class{}
+			}
+		}
 		if rbErr := tx.Rollback(); rbErr != nil {
 			switch {
 			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil:

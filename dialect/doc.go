@@ -32,6 +32,11 @@
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
 //   - [Upserter]: the version-guarded upsert of idempotent.NewVersionedUpsert.
+//   - [ImplicitCommitter]: the statements the database commits implicitly
+//     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a
+//     handler;
+//   - [TxOptionsChecker]: the isolation levels and options the database
+//     cannot run, which idempotent.New refuses.
 //
 // Without one, the middleware refuses the ability with an error that names
 // the dialect ("the sqlite dialect does not support partitions").
@@ -46,6 +51,6 @@
 // # Conformance
 //
 // Package dialecttest is the suite every dialect passes against its real
-// database; a new dialect's test hands it a harness (the SQLite dialect's
+// database, checking each optional interface where a dialect has it; a new dialect's test hands it a harness (the SQLite dialect's
 // sqlite/conformance_test.go is a complete one).
 package dialect

@@ -113,6 +113,8 @@ func TestSettlesFailuresByKind(t *testing.T) {
 		{"no key", fmt.Errorf("wrapped: %w", rabbitmq.ErrNoKey), "reject 1"},
 		{"invalid key", fmt.Errorf("idempotent: %w: empty", idempotent.ErrInvalidKey), "reject 1"},
 		{"beyond retention", fmt.Errorf("idempotent: %w", idempotent.ErrBeyondRetention), "reject 1"},
+		{"event time in the future", fmt.Errorf("idempotent: %w", idempotent.ErrInvalidEventTime), "reject 1"},
+		{"no partition yet", fmt.Errorf("idempotent: %w", idempotent.ErrNoPartition), "nack 1 requeue"},
 		{"undecodable", fmt.Errorf("x: %w", rabbitmq.ErrUndecodable), "reject 1"},
 		{"marked poison", rabbitmq.Poison(appPoison), "reject 1"},
 		{"added predicate", fmt.Errorf("handler: %w", poisonedByApp{}), "reject 1"},
