@@ -203,12 +203,14 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 	defer hcancel()
 	stopping := make(chan struct{})
 	var wg sync.WaitGroup
+	wg.Add(c.cfg.workers)
 	for range c.cfg.workers {
-		wg.Go(func() {
+		go func() {
+			defer wg.Done()
 			for d := range deliveries {
 				c.work(hctx, &d, stopping)
 			}
-		})
+		}()
 	}
 	workersDone := make(chan struct{})
 	go func() {
