@@ -12,11 +12,6 @@ import (
 // mdLink matches a Markdown link's target: the text in ](…).
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// pendingDocs are documentation files written on another branch: a link to
-// one is logged, not failed, until the file exists. Remove an entry once it
-// is merged.
-var pendingDocs = map[string]bool{"docs/retries.md": true}
-
 // TestDocLinksResolve checks that every relative link in README.md,
 // CHANGELOG.md and docs/*.md points at a file or directory of the
 // repository, and that a link to a heading of a Markdown file names one of
@@ -51,10 +46,6 @@ func TestDocLinksResolve(t *testing.T) {
 			destRel, _ := filepath.Rel(root, dest)
 			checked++
 			if _, err := os.Stat(dest); err != nil {
-				if pendingDocs[filepath.ToSlash(destRel)] {
-					t.Logf("%s: link %q: %s is written on another branch", rel, target, destRel)
-					continue
-				}
 				t.Errorf("%s: link %q: %s does not exist", rel, target, destRel)
 				continue
 			}
