@@ -36,7 +36,8 @@
 // middleware's statements on go-sqlmock for unit tests; idemsqlx runs
 // handlers written against sqlx (see [ProcessTx] for other libraries that
 // wrap *sql.Tx); rabbitmq is a consumer with late acks; outbox carries calls
-// that leave the database; otelmetrics reports to OpenTelemetry; migrations
+// that leave the database; otelmetrics reports metrics and traces to
+// OpenTelemetry; migrations
 // holds the schema as goose and golang-migrate files.
 //
 // The package imports only the standard library and the dialect package. A
