@@ -37,8 +37,8 @@
 // handlers written against sqlx (see [ProcessTx] for other libraries that
 // wrap *sql.Tx); rabbitmq is a consumer with late acks; outbox carries calls
 // that leave the database; otelmetrics reports metrics and traces to
-// OpenTelemetry; migrations
-// holds the schema as goose and golang-migrate files.
+// OpenTelemetry; migrations holds the schema as goose and golang-migrate
+// files.
 //
 // The package imports only the standard library and the dialect package. A
 // [dialect.Dialect] supplies the SQL; github.com/txclaim/idempotent/postgres
