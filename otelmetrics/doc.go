@@ -53,6 +53,10 @@
 // adapter's or the application's, or a producer's span carried in the
 // message.
 //
+// An Observer of your own that passes reports on to this one must also pass
+// Start on (implement idempotent.Starter) for the span to start before the
+// attempts; otherwise spans are made as for a batch, below.
+//
 // ProcessBatch and WrapBatch report one span per message, started at the
 // batch's start and ended with it; their retries are events on the span in
 // the caller's context, if one is recording.
