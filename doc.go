@@ -278,7 +278,11 @@
 // attempts, duration, error) and every retry ([RetryEvent]: attempt,
 // reason, SQLSTATE, backoff) to an [Observer]. [Counts] counts them in
 // memory; its Duplicates figure is the real redelivery rate of the broker
-// and consumer. Package otelmetrics records them as OpenTelemetry metrics.
+// and consumer. An Observer that also implements [Starter] is called before
+// the first attempt of each delivery, and the context it returns is the one
+// the attempts, the handler and the Observer's calls get: package
+// otelmetrics records OpenTelemetry metrics and, with that hook, one span per
+// delivery under which the handler's own spans nest.
 //
 // # Bad input
 //
@@ -302,7 +306,7 @@
 // Around it: postgres, mysql and sqlite are the dialects; mocks is for unit
 // tests; idemsqlx runs sqlx handlers; migrations holds the claim table as
 // goose and golang-migrate files; outbox carries calls that leave the
-// database; otelmetrics reports to OpenTelemetry; rabbitmq is a consumer that
+// database; otelmetrics reports metrics and traces to OpenTelemetry; rabbitmq is a consumer that
 // acks late; cmd/idempotent is the ops command. The integrations that bring
 // a driver or client of their own (mysql, sqlite, idemsqlx, otelmetrics,
 // rabbitmq) are Go modules of their own, so importing this package and

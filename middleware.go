@@ -226,17 +226,19 @@ func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcom
 
 // processAt is Process with the message's event time (zero when it has none).
 func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, error) {
-	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
+	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
 }
 
-// observe runs f and tells the observer, if any, how it ended.
-func (m *Middleware) observe(ctx context.Context, key string, f func() (Outcome, int, error)) (Outcome, error) {
+// observe runs f and tells the observer, if any, how it ended. f runs with
+// the context of the delivery (see Starter).
+func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context.Context) (Outcome, int, error)) (Outcome, error) {
 	if m.observer == nil {
-		outcome, _, err := f()
+		outcome, _, err := f(ctx)
 		return outcome, err
 	}
+	ctx = m.startDelivery(ctx, key)
 	start := time.Now()
-	outcome, attempts, err := f()
+	outcome, attempts, err := f(ctx)
 	m.observer.Outcome(ctx, Event{
 		Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
 		Duration: time.Since(start), Err: err,

@@ -30,7 +30,7 @@ func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalF
 	if fn == nil {
 		return 0, errors.New("idempotent: ProcessNatural: nil function")
 	}
-	return m.observe(ctx, key, func() (Outcome, int, error) {
+	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
 		if err := validateKey(key, m.maxKey); err != nil {
 			return 0, 0, err
 		}

@@ -280,6 +280,11 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 		return
 	default:
 	}
+	if c.cfg.deliveryContext != nil {
+		if dctx := c.cfg.deliveryContext(ctx, d); dctx != nil {
+			ctx = dctx
+		}
+	}
 	c.stats.delivered.Add(1)
 	outcome, err := c.handle(ctx, d)
 	switch {

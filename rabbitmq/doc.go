@@ -37,4 +37,10 @@
 // closed under it. Reconnecting is the caller's loop: open a new channel and
 // call Run again. Deliveries whose ack was lost come back, and the claim makes
 // them duplicates.
+//
+// [WithDeliveryContext] derives each delivery's context from the delivery
+// before the handler runs: with OpenTelemetry, extract the producer's trace
+// context from the headers there (otelmetrics.ContextFromHeaders), and the
+// middleware's span for the delivery continues that trace. The package
+// itself imports no tracing library.
 package rabbitmq
