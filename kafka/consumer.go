@@ -146,17 +146,24 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 		kgo.OnPartitionsLost(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { s.drop(ctx, EventLost, m) }),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { s.rebalanceWaiting() }),
 	)
-	cl, err := kgo.NewClient(opts...)
+	// The options given must name a group and topics; a client built from
+	// them alone (it connects to nothing until used) says whether they do.
+	probe, err := kgo.NewClient(clientOpts...)
 	if err != nil {
 		return fmt.Errorf("%w: new client: %w", ErrClient, err)
 	}
-	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
-		cl.Close()
+	group, _ := probe.OptValue(kgo.ConsumerGroup).(string)
+	topics, _ := probe.OptValue(kgo.ConsumeTopics).([]string)
+	probe.Close()
+	if group == "" {
 		return errors.New("kafka: Run: no consumer group: pass kgo.ConsumerGroup")
 	}
-	if t, _ := cl.OptValue(kgo.ConsumeTopics).([]string); len(t) == 0 {
-		cl.Close()
+	if len(topics) == 0 {
 		return errors.New("kafka: Run: no topics: pass kgo.ConsumeTopics")
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("%w: new client: %w", ErrClient, err)
 	}
 
 	// Transactions run with a context that outlives ctx, so that a shutdown
