@@ -33,6 +33,9 @@ type Consumer struct {
 	cfg      config
 	q        offsetStatements
 	stats    counters
+
+	prepMu   sync.Mutex
+	prepared *sql.Stmt // the offset advance, prepared on first use
 }
 
 type counters struct {

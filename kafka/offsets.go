@@ -114,7 +114,11 @@ func (q *offsetStatements) tableError(err error) error {
 // (-1: no row) to next in tx, or returns a *fenceError (rolling tx back is
 // the caller's) when the stored offset is elsewhere.
 func (c *Consumer) advanceOffset(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64) error {
-	res, err := tx.ExecContext(ctx, c.q.advance, c.consumer, topic, partition, next, expected)
+	stmt, err := c.advanceStmt(ctx)
+	if err != nil {
+		return fmt.Errorf("kafka: prepare the offset advance: %w", c.q.tableError(err))
+	}
+	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, c.consumer, topic, partition, next, expected)
 	if err != nil {
 		return fmt.Errorf("kafka: advance offset of %s/%d to %d: %w", topic, partition, next, c.q.tableError(err))
 	}
@@ -157,3 +161,20 @@ func (c *Consumer) loadOffsets(ctx context.Context, topic string) (map[int32]int
 // pgQuote quotes an identifier ParseTable accepted (letters, digits and
 // underscores only, so nothing needs escaping).
 func pgQuote(s string) string { return `"` + s + `"` }
+
+// advanceStmt returns the offset advance prepared on the Consumer's db: it
+// runs on every transaction, and a statement prepared once per connection
+// costs one round trip where an unprepared one may cost two.
+func (c *Consumer) advanceStmt(ctx context.Context) (*sql.Stmt, error) {
+	c.prepMu.Lock()
+	defer c.prepMu.Unlock()
+	if c.prepared != nil {
+		return c.prepared, nil
+	}
+	stmt, err := c.db.PrepareContext(ctx, c.q.advance)
+	if err != nil {
+		return nil, err
+	}
+	c.prepared = stmt
+	return stmt, nil
+}
