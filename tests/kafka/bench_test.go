@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 )
 
 // BenchmarkConsumers consumes the same topic (6 partitions, distinct keys)
-// three ways, side by side in rounds, one worker each:
+// three ways, one worker each:
 //
 //   - handwritten: a franz-go poll loop that runs each record through
 //     Middleware.Process (claim + effect, one transaction) and commits the
@@ -27,8 +28,12 @@ import (
 //   - batch: kafka.NewBatchConsumer, one transaction per poll and partition
 //     (up to 100 records: WithMaxPollRecords(600) over 6 partitions).
 //
-// It reports each one's records per second and the ratios record/handwritten
-// and batch/record. Run it with -benchtime=1x (1,000 records a run, three rounds).
+// Each round runs the three in turn (1,000 records each) and then a
+// head-to-head cell: handwritten and record on the same topic at the same
+// time, each in its own group, so that both see the same machine; the ratio
+// of the records each applied while both ran is record/handwritten with the
+// noise of a shared machine cancelled. It reports the rates in turn, the
+// head-to-head ratio and batch/record. Run it with -benchtime=1x.
 func BenchmarkConsumers(b *testing.B) {
 	const records, rounds = 1000, 3
 	db := openDB(b, 8)
@@ -62,11 +67,10 @@ func BenchmarkConsumers(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	ours := func(batch bool) time.Duration {
+	ours := func(batch bool, done *atomic.Int64) time.Duration {
 		run++
 		name := fmt.Sprintf("bench-%d", run)
 		mw := newMW(name)
-		var done atomic.Int64
 		finished := make(chan struct{})
 		obs := kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
 			if e.Type == kafka.EventApplied && done.Add(1) == records {
@@ -101,7 +105,7 @@ func BenchmarkConsumers(b *testing.B) {
 		m.stop(b)
 		return d
 	}
-	handwritten := func() time.Duration {
+	handwritten := func(done *atomic.Int64) time.Duration {
 		run++
 		name := fmt.Sprintf("bench-%d", run)
 		mw := newMW(name)
@@ -131,6 +135,7 @@ func BenchmarkConsumers(b *testing.B) {
 					}
 				}
 				n++
+				done.Add(1)
 				polled = append(polled, r)
 			})
 			cl.CommitRecords(ctx, polled...)
@@ -138,18 +143,42 @@ func BenchmarkConsumers(b *testing.B) {
 		return time.Since(start)
 	}
 
+	// headToHead runs handwritten and record at once and returns how many
+	// records each applied between the first 100 and the moment either
+	// reached 900.
+	headToHead := func() (hwN, recN int64) {
+		var a, c atomic.Int64
+		var wg sync.WaitGroup
+		wg.Go(func() { handwritten(&a) })
+		wg.Go(func() { ours(false, &c) })
+		snap := func(cond func() bool) (int64, int64) {
+			for !cond() {
+				time.Sleep(time.Millisecond) // sampling interval of a measurement
+			}
+			return a.Load(), c.Load()
+		}
+		a0, c0 := snap(func() bool { return a.Load() >= 100 && c.Load() >= 100 })
+		a1, c1 := snap(func() bool { return a.Load() >= 900 || c.Load() >= 900 })
+		wg.Wait()
+		return a1 - a0, c1 - c0
+	}
+
 	for range b.N {
 		var hw, rec, bat time.Duration
+		var hwN, recN int64
 		for range rounds {
-			hw += handwritten()
-			rec += ours(false)
-			bat += ours(true)
+			hw += handwritten(new(atomic.Int64))
+			rec += ours(false, new(atomic.Int64))
+			bat += ours(true, new(atomic.Int64))
+			h, r := headToHead()
+			hwN, recN = hwN+h, recN+r
 		}
 		rate := func(d time.Duration) float64 { return float64(records*rounds) / d.Seconds() }
 		b.ReportMetric(rate(hw), "handwritten-msgs/s")
 		b.ReportMetric(rate(rec), "record-msgs/s")
 		b.ReportMetric(rate(bat), "batch-msgs/s")
 		b.ReportMetric(rate(rec)/rate(hw), "record/handwritten")
+		b.ReportMetric(float64(recN)/float64(hwN), "record/handwritten-h2h")
 		b.ReportMetric(rate(bat)/rate(rec), "batch/record")
 	}
 }
