@@ -288,7 +288,7 @@ func testChurn(t *testing.T, mode string, churnRecords int) {
 
 	// The audit.
 	var rows, distinct int
-	if err := db.QueryRow(`SELECT count(*), count(DISTINCT id) FROM ` + s + `.ledger`).Scan(&rows, &distinct); err != nil {
+	if err := db.QueryRow(`SELECT count(*), count(DISTINCT id) FROM `+s+`.ledger`).Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if rows != len(w.unique) || distinct != len(w.unique) {
