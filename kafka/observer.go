@@ -86,6 +86,7 @@ func (t EventType) String() string {
 // Event describes something a Consumer did. Fields that do not apply to the
 // event's Type are zero.
 type Event struct {
+	// Type says what happened.
 	Type EventType
 	// Topic and Partition name the partition of a record event.
 	Topic     string
