@@ -181,7 +181,7 @@ func TestChurn(t *testing.T) {
 
 func testChurn(t *testing.T, mode string, churnRecords int) {
 	// The durability of each commit is not what this test is about.
-	db := openDB(t, 24, "synchronous_commit=off")
+	db := openDB(t, 16, "synchronous_commit=off")
 	s := schema(t, db)
 	mw := newMiddleware(t, db, s, churnConsumer)
 	ob := newOutbox(t, db, s, churnConsumer)

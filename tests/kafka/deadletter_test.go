@@ -18,6 +18,7 @@ import (
 // each to the dead-letter topic — byte for byte, with the headers that say
 // where it came from, why, and the id its readers drop repeats by.
 func TestDeadLetterRelay(t *testing.T) {
+	t.Parallel()
 	db := openDB(t, 8)
 	s := schema(t, db)
 	mw := newMiddleware(t, db, s, "dl")

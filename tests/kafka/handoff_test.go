@@ -23,6 +23,7 @@ import (
 // second time — and B goes on from the stored offset. Every record is
 // applied once and the stored offset ends at the partition's end.
 func TestZombieMidTransaction(t *testing.T) {
+	t.Parallel()
 	db := openDB(t, 8)
 	s := schema(t, db)
 	mw := newMiddleware(t, db, s, "handoff")

@@ -18,6 +18,7 @@ import (
 // no later record starts, Run returns nil, and the member has left the
 // group.
 func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	db := openDB(t, 4)
 	s := schema(t, db)
 	mw := newMiddleware(t, db, s, "shut")

@@ -22,6 +22,7 @@ import (
 // already past it, so its transaction rolls back — it applies nothing,
 // dead-letters nothing, and the stored offset never moves backwards.
 func TestZombie(t *testing.T) {
+	t.Parallel()
 	db := openDB(t, 8)
 	s := schema(t, db)
 	mw := newMiddleware(t, db, s, "zombie")
