@@ -38,6 +38,6 @@ func ExampleFS() {
 		fmt.Println(names)
 	}
 	// Output:
-	// [goose/00001_create_processed_messages.sql]
-	// [golang-migrate/000001_create_processed_messages.down.sql golang-migrate/000001_create_processed_messages.up.sql]
+	// [goose/00001_create_processed_messages.sql goose/00002_create_kafka_offsets.sql]
+	// [golang-migrate/000001_create_processed_messages.down.sql golang-migrate/000001_create_processed_messages.up.sql golang-migrate/000002_create_kafka_offsets.down.sql golang-migrate/000002_create_kafka_offsets.up.sql]
 }

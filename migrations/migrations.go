@@ -2,13 +2,17 @@
 // github.com/txclaim/idempotent as migration files, for teams whose schema
 // changes go through a migration tool rather than EnsureSchema.
 //
-// [FS] holds four directories, each with one migration that creates (up) and
+// [FS] holds four directories, each with a migration that creates (up) and
 // drops (down) the default table, processed_messages:
 //
 //	goose/                       goose, plain table
 //	goose-partitioned/           goose, partitioned by event day
 //	golang-migrate/              golang-migrate, plain table
 //	golang-migrate-partitioned/  golang-migrate, partitioned by event day
+//
+// Each directory also holds a second migration creating kafka_offsets, the
+// offsets table of the github.com/txclaim/idempotent/kafka consumer (see
+// its SchemaSQL); it is empty and unused without that consumer.
 //
 // With goose:
 //

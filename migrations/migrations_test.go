@@ -52,6 +52,11 @@ func TestEmbeddedFilesMatchRenderedSQL(t *testing.T) {
 		if err != nil || d.IsDir() {
 			return err
 		}
+		if strings.Contains(p, "_create_kafka_offsets.") {
+			// The kafka module's offsets table: its tests check these
+			// files against kafka.SchemaSQL.
+			return nil
+		}
 		seen++
 		body, ok := want[p]
 		if !ok {

@@ -9,7 +9,10 @@ require (
 	github.com/lib/pq v1.12.3
 	github.com/ory/dockertest/v3 v3.12.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/txclaim/idempotent v0.0.0
+	github.com/txclaim/idempotent/kafka v0.0.0
 	github.com/txclaim/idempotent/mysql v0.0.0
 	github.com/txclaim/idempotent/otelmetrics v0.0.0
 	github.com/txclaim/idempotent/rabbitmq v0.0.0
@@ -43,6 +46,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/kr/text v0.2.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
@@ -52,9 +56,11 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.0 // indirect
 	github.com/opencontainers/runc v1.2.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/xeipuuv/gojsonpointer v0.0.0-20190905194746-02993c407bfb // indirect
 	github.com/xeipuuv/gojsonreference v0.0.0-20180127040603-bd5ef7bd5415 // indirect
 	github.com/xeipuuv/gojsonschema v1.2.0 // indirect
@@ -75,6 +81,7 @@ replace github.com/txclaim/idempotent => ../
 
 replace (
 	github.com/txclaim/idempotent/idemsqlx => ../idemsqlx
+	github.com/txclaim/idempotent/kafka => ../kafka
 	github.com/txclaim/idempotent/mysql => ../mysql
 	github.com/txclaim/idempotent/otelmetrics => ../otelmetrics
 	github.com/txclaim/idempotent/rabbitmq => ../rabbitmq

@@ -1,0 +1,218 @@
+package kafka
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/outbox"
+)
+
+// An Option configures a Consumer. Options are checked by NewConsumer and
+// NewBatchConsumer: a bad value is an error from them, never a surprise at
+// the first record.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+// Limits on option values.
+const (
+	// MaxWorkers is the largest number of workers WithWorkers accepts.
+	MaxWorkers = 1024
+	// MaxRetryDelay is the longest retry delay WithRetryDelay accepts.
+	MaxRetryDelay = time.Minute
+	// MaxPollRecords is the most records WithMaxPollRecords accepts.
+	MaxPollRecords = 100000
+)
+
+type config struct {
+	workers         int
+	maxPoll         int
+	retryInitial    time.Duration
+	retryMax        time.Duration
+	shutdownTimeout time.Duration
+	poison          []func(error) bool
+	observer        Observer
+	offsetsTable    string
+	deadLetter      *outbox.Outbox
+	deadTopic       string
+	txOpts          *sql.TxOptions
+	retry           idempotent.RetryPolicy
+	noEventTime     bool
+}
+
+func defaultConfig() config {
+	return config{
+		workers:         4,
+		maxPoll:         1000,
+		retryInitial:    100 * time.Millisecond,
+		retryMax:        5 * time.Second,
+		shutdownTimeout: 30 * time.Second,
+		offsetsTable:    DefaultOffsetsTable,
+		retry:           idempotent.DefaultRetryPolicy(),
+	}
+}
+
+// WithWorkers sets how many partitions are processed at once, each by its
+// own goroutine (and its own database connection: size the pool for it).
+// Records of one partition are always applied one after another, in offset
+// order. It must be 1 to MaxWorkers. Default is 4.
+func WithWorkers(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 || n > MaxWorkers {
+			return fmt.Errorf("kafka: WithWorkers: %d workers, want 1 to %d", n, MaxWorkers)
+		}
+		c.workers = n
+		return nil
+	})
+}
+
+// WithMaxPollRecords bounds how many records one poll returns, over all
+// partitions; a poll's records are finished before the group may rebalance,
+// so this bounds how long a rebalance waits. In batch mode one poll's
+// records of one partition form a batch, split at idempotent.MaxBatchSize.
+// It must be 1 to MaxPollRecords. Default is 1000.
+func WithMaxPollRecords(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 || n > MaxPollRecords {
+			return fmt.Errorf("kafka: WithMaxPollRecords: %d, want 1 to %d", n, MaxPollRecords)
+		}
+		c.maxPoll = n
+		return nil
+	})
+}
+
+// WithRetryDelay sets the backoff of a record (or batch) that failed with an
+// error that is not poison: the partition waits initial, then twice as long
+// after each further failure up to max, and tries the same record again —
+// it never skips it. Retries go on until the record succeeds, turns out
+// poison, or the partition is revoked or the Consumer stops (then nothing of
+// it was written, and it is read again from the stored offset). The
+// middleware's own retries of serialization failures and lost connections
+// happen inside each attempt. Both must be positive, initial <= max <=
+// MaxRetryDelay. Default is 100ms to 5s.
+func WithRetryDelay(initial, max time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if initial <= 0 || max < initial || max > MaxRetryDelay {
+			return fmt.Errorf("kafka: WithRetryDelay: %v to %v, want 0 < initial <= max <= %v", initial, max, MaxRetryDelay)
+		}
+		c.retryInitial, c.retryMax = initial, max
+		return nil
+	})
+}
+
+// WithShutdownTimeout bounds how long Run waits, after its context ends, for
+// in-flight transactions to finish. When it runs out their contexts are
+// cancelled: they roll back, and their records are read again by the next
+// owner from the stored offset. It must be positive. Default is 30 seconds.
+func WithShutdownTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("kafka: WithShutdownTimeout: %v is not a positive duration", d)
+		}
+		c.shutdownTimeout = d
+		return nil
+	})
+}
+
+// WithPoison adds a poison predicate: a handler error for which it returns
+// true dead-letters the record instead of retrying it. A record is poison if
+// IsPoison or any added predicate says so. Default is IsPoison alone.
+func WithPoison(isPoison func(error) bool) Option {
+	return optionFunc(func(c *config) error {
+		if isPoison == nil {
+			return errors.New("kafka: WithPoison: nil predicate")
+		}
+		c.poison = append(c.poison, isPoison)
+		return nil
+	})
+}
+
+// WithObserver sets the observer told of every record's outcome, retry,
+// fence and rebalance. Default is none.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return errors.New("kafka: WithObserver: nil observer")
+		}
+		c.observer = o
+		return nil
+	})
+}
+
+// WithOffsetsTable sets the offsets table, as "table" or "schema.table"
+// (plain identifiers, quoted in every statement). Default is
+// DefaultOffsetsTable ("kafka_offsets").
+func WithOffsetsTable(name string) Option {
+	return optionFunc(func(c *config) error {
+		c.offsetsTable = name
+		return nil
+	})
+}
+
+// WithDeadLetter sends poison records to the Kafka topic deadTopic through
+// ob: each poison record becomes one outbox row of kind DeadLetterKind,
+// written in the transaction that advances the record's offset, so the row
+// exists exactly once per poison record whatever crashes or rebalances
+// happen. A Relay with DeadLetterSender produces the rows to Kafka. Without
+// this option a poison record is dropped: its offset advances, nothing else
+// is written, and the Observer is told (EventDropped). Default is none.
+func WithDeadLetter(ob *outbox.Outbox, deadTopic string) Option {
+	return optionFunc(func(c *config) error {
+		if ob == nil {
+			return errors.New("kafka: WithDeadLetter: nil outbox")
+		}
+		if deadTopic == "" || len(deadTopic) > 249 {
+			return fmt.Errorf("kafka: WithDeadLetter: topic %q, want 1 to 249 bytes", deadTopic)
+		}
+		c.deadLetter, c.deadTopic = ob, deadTopic
+		return nil
+	})
+}
+
+// WithTxOptions sets the isolation level of the Consumer's transactions.
+// Use the same as the Middleware's. Default is the database's (READ
+// COMMITTED for Postgres).
+func WithTxOptions(o sql.TxOptions) Option {
+	return optionFunc(func(c *config) error {
+		if o.ReadOnly {
+			return errors.New("kafka: WithTxOptions: a read-only transaction cannot claim")
+		}
+		c.txOpts = &o
+		return nil
+	})
+}
+
+// WithRetry sets the retry policy of each transaction (serialization
+// failures, deadlocks and lost connections, as idempotent.RunTx retries
+// them). Use the same as the Middleware's. Default is
+// idempotent.DefaultRetryPolicy().
+func WithRetry(p idempotent.RetryPolicy) Option {
+	return optionFunc(func(c *config) error {
+		if p.MaxAttempts < 1 {
+			return fmt.Errorf("kafka: WithRetry: MaxAttempts %d, want at least 1", p.MaxAttempts)
+		}
+		c.retry = p
+		return nil
+	})
+}
+
+// WithoutEventTime stops the Consumer from passing each record's timestamp
+// to the middleware as its event time. By default it does, so a record older
+// than the middleware's retention window — whose claim may already be
+// cleaned up — is poison (idempotent.ErrBeyondRetention) instead of being
+// applied a second time. Turn it off only when record timestamps are not the
+// time the message was first produced (a replay tool that rewrites them,
+// say).
+func WithoutEventTime() Option {
+	return optionFunc(func(c *config) error {
+		c.noEventTime = true
+		return nil
+	})
+}

@@ -1,0 +1,234 @@
+// Package kafkatests runs the kafka package against an in-process Kafka
+// cluster (franz-go's kfake, which speaks the real protocol, group
+// coordination included) and a real Postgres.
+//
+// The database comes from IDEMPOTENT_POSTGRES_DSN, or the local server at
+// postgres://postgres@127.0.0.1:5432/test. If it does not answer the tests
+// skip — except when CI is set, where they fail.
+package kafkatests
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/lib/pq"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/kafka"
+	"github.com/txclaim/idempotent/outbox"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+func dsn() string {
+	if d := os.Getenv("IDEMPOTENT_POSTGRES_DSN"); d != "" {
+		return d
+	}
+	return localDSN
+}
+
+// openDB opens the test database; extra are connection parameters such as
+// "synchronous_commit=off".
+func openDB(t testing.TB, maxConns int, extra ...string) *sql.DB {
+	t.Helper()
+	d := dsn()
+	for _, e := range extra {
+		if strings.Contains(d, "?") {
+			d += "&" + e
+		} else {
+			d += "?" + e
+		}
+	}
+	db, err := sql.Open("postgres", d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(maxConns)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		if os.Getenv("CI") != "" {
+			t.Fatalf("Postgres at %s does not answer: %v", dsn(), err)
+		}
+		t.Skipf("Postgres at %s does not answer (set IDEMPOTENT_POSTGRES_DSN): %v", dsn(), err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// schema creates a schema of the test's own, with the claim, offsets and
+// outbox tables in it, dropped at the end.
+func schema(t testing.TB, db *sql.DB) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	s := "kt_" + hex.EncodeToString(b)
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.ExecContext(context.Background(), `DROP SCHEMA `+s+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", s, err)
+		}
+	})
+	if err := kafka.EnsureSchema(ctx, db, s+".kafka_offsets"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`
+CREATE TABLE %[1]s.accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+CREATE TABLE %[1]s.ledger (id text NOT NULL, account text NOT NULL, amount bigint NOT NULL, member text NOT NULL);`, s)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newMiddleware(t testing.TB, db *sql.DB, s, consumer string) *idempotent.Middleware {
+	t.Helper()
+	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(s+".processed_messages"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+func newOutbox(t testing.TB, db *sql.DB, s, consumer string) *outbox.Outbox {
+	t.Helper()
+	ob, err := outbox.New(db, consumer, outbox.WithTable(s+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return ob
+}
+
+// newCluster starts a kfake cluster with topics of the given partitions,
+// closed at the end of the test. Group sessions may be short, so that a
+// member that stops answering is fenced out quickly.
+func newCluster(t testing.TB, partitions int32, topics ...string) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, topics...),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func producer(t testing.TB, c *kfake.Cluster) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// member runs one consumer group member until stopped.
+type member struct {
+	name   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startMember(c *kafka.Consumer, name string, opts ...kgo.Opt) *member {
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &member{name: name, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- c.Run(ctx, opts...) }()
+	return m
+}
+
+func (m *member) stop(t testing.TB) {
+	t.Helper()
+	m.cancel()
+	select {
+	case err := <-m.done:
+		if err != nil {
+			t.Errorf("member %s: Run: %v", m.name, err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("member %s: Run did not return within a minute of its context ending", m.name)
+	}
+}
+
+// waitFor polls cond until it holds, failing after a minute.
+func waitFor(t testing.TB, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// storedOffsets reads the offsets table.
+func storedOffsets(t testing.TB, db *sql.DB, s, consumer, topic string) map[int32]int64 {
+	t.Helper()
+	rows, err := db.Query(`SELECT partition, next_offset FROM `+s+`.kafka_offsets WHERE consumer = $1 AND topic = $2`, consumer, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[int32]int64{}
+	for rows.Next() {
+		var p int32
+		var o int64
+		if err := rows.Scan(&p, &o); err != nil {
+			t.Fatal(err)
+		}
+		out[p] = o
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// counter is a kafka.Observer that counts events by type.
+type counter struct {
+	mu sync.Mutex
+	n  map[kafka.EventType]int
+}
+
+func (c *counter) Observe(_ context.Context, e kafka.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[kafka.EventType]int{}
+	}
+	c.n[e.Type]++
+}
+
+func (c *counter) get(t kafka.EventType) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[t]
+}

@@ -1,0 +1,7 @@
+//go:build race
+
+package kafkatests
+
+// raceDetector is true when the tests run with -race, which makes the
+// in-process cluster several times slower: the churn test scales down.
+const raceDetector = true
