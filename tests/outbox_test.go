@@ -468,10 +468,10 @@ func TestOutboxChaos(t *testing.T) {
 
 	// Let the chaos go on while the relays catch up, then stop it and wait
 	// for the last rows, leases expired included.
-	waitUntil(t, 20*time.Second, "a third of the calls to be sent", func() bool { return log.Count(outbox.EventSent) >= int64(committed/3) })
+	waitUntil(t, time.Minute, "a third of the calls to be sent", func() bool { return log.Count(outbox.EventSent) >= int64(committed/3) })
 	close(chaosDone)
 	chaos.Wait()
-	waitUntil(t, 20*time.Second, "every row to be sent", func() bool {
+	waitUntil(t, time.Minute, "every row to be sent", func() bool {
 		st, err := ob.Stats(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -572,7 +572,7 @@ func TestOutboxNoDoubleLease(t *testing.T) {
 		}
 		stops = append(stops, runRelay(t, r))
 	}
-	waitUntil(t, 20*time.Second, "every row to be sent", func() bool {
+	waitUntil(t, time.Minute, "every row to be sent", func() bool {
 		st, err := ob.Stats(context.Background())
 		if err != nil {
 			t.Fatal(err)
