@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txclaim/idempotent/tests/internal/pgcluster"
 )
 
 // ackProxy sits between one lane's consumers and the server, on a Unix
@@ -36,17 +38,17 @@ type ackProxy struct {
 
 // startAckProxy listens in dir on the socket lib/pq looks for at port, and
 // forwards to the cluster's socket.
-func startAckProxy(dir string, c *cluster) (*ackProxy, error) {
+func startAckProxy(dir string, c *pgcluster.Cluster) (*ackProxy, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	name := ".s.PGSQL." + strconv.Itoa(c.port)
+	name := ".s.PGSQL." + strconv.Itoa(c.Port)
 	ln, err := net.Listen("unix", filepath.Join(dir, name))
 	if err != nil {
 		return nil, fmt.Errorf("ack proxy: %w", err)
 	}
 	p := &ackProxy{
-		dir: dir, upstream: filepath.Join(c.dir, name), ln: ln,
+		dir: dir, upstream: filepath.Join(c.Dir, name), ln: ln,
 		fired: make(chan bool, 1), conns: map[net.Conn]struct{}{},
 	}
 	p.wg.Add(1)
@@ -55,8 +57,8 @@ func startAckProxy(dir string, c *cluster) (*ackProxy, error) {
 }
 
 // dsn is the cluster's DSN with the proxy's socket directory as host.
-func (p *ackProxy) dsn(c *cluster, app string) string {
-	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 application_name=%s", p.dir, c.port, app)
+func (p *ackProxy) dsn(c *pgcluster.Cluster, app string) string {
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 application_name=%s", p.dir, c.Port, app)
 }
 
 // cutNextCommitAck arms the proxy and waits up to within for a COMMIT to go

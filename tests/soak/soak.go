@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent/tests/internal/pgcluster"
 )
 
 // soakConfig configures one run.
@@ -141,7 +143,7 @@ type proc struct {
 type soak struct {
 	cfg     soakConfig
 	out     io.Writer
-	cl      *cluster
+	cl      *pgcluster.Cluster
 	admin   *sql.DB // producer and setup
 	inj     *sql.DB // fault injector
 	exe     string
@@ -178,7 +180,7 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	bin, err := findPGBin()
+	bin, err := pgcluster.FindBin()
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +190,7 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	}
 	fmt.Fprintf(out, "soak: seed=%d duration=%v lanes=read_committed,serializable consumers=%d×%d workers per lane dup=%.2f rate=%d/s per lane customers=%d\n",
 		cfg.Seed, cfg.Duration, cfg.Consumers, cfg.Workers, cfg.DupShare, cfg.Rate, cfg.Customers)
-	cl, err := newCluster(ctx, bin)
+	cl, err := pgcluster.New(ctx, bin, pgcluster.Options{Prefix: "idempotent-soak-"})
 	if err != nil {
 		return nil, err
 	}
@@ -200,17 +202,17 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	}
 	defer func() {
 		if cfg.Keep {
-			_ = cl.stop()
-			fmt.Fprintf(out, "soak: kept the cluster's directory %s\n", cl.dir)
+			_ = cl.Stop()
+			fmt.Fprintf(out, "soak: kept the cluster's directory %s\n", cl.Dir)
 			return
 		}
-		cl.remove()
+		cl.Remove()
 	}()
-	if err := cl.start(ctx); err != nil {
+	if err := cl.Start(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "soak: throwaway cluster %s (PostgreSQL from %s, socket port %d)\n", cl.dir, bin, cl.port)
-	if s.conslog, err = os.Create(filepath.Join(cl.dir, "consumers.log")); err != nil {
+	fmt.Fprintf(out, "soak: throwaway cluster %s (PostgreSQL from %s, socket port %d)\n", cl.Dir, bin, cl.Port)
+	if s.conslog, err = os.Create(filepath.Join(cl.Dir, "consumers.log")); err != nil {
 		return nil, err
 	}
 	defer s.conslog.Close()
@@ -219,12 +221,12 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 
 func (s *soak) run(ctx context.Context) (*result, error) {
 	var err error
-	if s.admin, err = sql.Open("postgres", s.cl.dsn("soak-admin")); err != nil {
+	if s.admin, err = sql.Open("postgres", s.cl.DSN("soak-admin")); err != nil {
 		return nil, err
 	}
 	s.admin.SetMaxOpenConns(4)
 	defer func() { _ = s.admin.Close() }()
-	if s.inj, err = sql.Open("postgres", s.cl.dsn("soak-injector")); err != nil {
+	if s.inj, err = sql.Open("postgres", s.cl.DSN("soak-injector")); err != nil {
 		return nil, err
 	}
 	s.inj.SetMaxOpenConns(2)
@@ -235,7 +237,7 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 			return nil, err
 		}
 		s.stats[l.name] = &laneStats{}
-		p, err := startAckProxy(filepath.Join(s.cl.dir, "proxy-"+l.name), s.cl)
+		p, err := startAckProxy(filepath.Join(s.cl.Dir, "proxy-"+l.name), s.cl)
 		if err != nil {
 			return nil, err
 		}
@@ -294,7 +296,7 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 	_ = s.inj.Close()
 	_ = s.admin.Close()
 
-	audit, err := sql.Open("postgres", s.cl.dsn("soak-audit"))
+	audit, err := sql.Open("postgres", s.cl.DSN("soak-audit"))
 	if err != nil {
 		return nil, err
 	}
@@ -586,11 +588,11 @@ func (s *soak) sigkill(laneName string, slot int) (bool, error) {
 // it again (crash recovery).
 func (s *soak) restartServer(ctx context.Context) (bool, error) {
 	t0 := time.Now()
-	if err := s.cl.crash(); err != nil {
+	if err := s.cl.Crash(); err != nil {
 		return false, err
 	}
 	time.Sleep(300 * time.Millisecond)
-	if err := s.cl.start(ctx); err != nil {
+	if err := s.cl.Start(ctx); err != nil {
 		return false, err
 	}
 	s.mu.Lock()
