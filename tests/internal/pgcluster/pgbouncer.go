@@ -61,8 +61,8 @@ type PgBouncer struct {
 	Port int
 
 	user, database string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	cmd            *exec.Cmd
+	exited         chan struct{}
 }
 
 // StartPgBouncer writes an ini and an auth file, starts pgbouncer (as the
