@@ -1,6 +1,7 @@
 package idempotent
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestBackoffBounds(t *testing.T) {
 }
 
 func TestSleepEndsWithContextWhenNotWaiting(t *testing.T) {
-	if err := sleep(t.Context(), 0); err != nil {
+	if err := sleep(context.Background(), 0); err != nil {
 		t.Fatalf("sleep(0) with a live context: %v", err)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -113,7 +112,7 @@ type sqlStateErr string
 func (e sqlStateErr) Error() string    { return "sqlstate " + string(e) }
 func (e sqlStateErr) SQLState() string { return string(e) }
 
-// safeToRetryErr mimics pgconn's client-side connection failures.
+// safeToRetryErr mimics pgx's (pgconn) client-side connection failures.
 type safeToRetryErr struct{ safe bool }
 
 func (e safeToRetryErr) Error() string     { return "conn closed" }
@@ -132,22 +131,22 @@ func TestClassify(t *testing.T) {
 		{"nil", nil, dialect.Class{}},
 		{"pq 40001", &pq.Error{Code: "40001"}, ser("40001")},
 		{"pq 40P01", &pq.Error{Code: "40P01"}, ser("40P01")},
-		{"pgx 40001", &pgconn.PgError{Code: "40001"}, ser("40001")},
-		{"pgx 40P01", &pgconn.PgError{Code: "40P01"}, ser("40P01")},
+		{"pgx-style 40001", sqlStateErr("40001"), ser("40001")},
+		{"pgx-style 40P01", sqlStateErr("40P01"), ser("40P01")},
 		{"other driver 40001", sqlStateErr("40001"), ser("40001")},
 		{"wrapped 40001", fmt.Errorf("claim: %w", &pq.Error{Code: "40001"}), ser("40001")},
-		{"joined 40P01", errors.Join(errors.New("x"), &pgconn.PgError{Code: "40P01"}), ser("40P01")},
+		{"joined 40P01", errors.Join(errors.New("x"), sqlStateErr("40P01")), ser("40P01")},
 		{"40003 is not retried", &pq.Error{Code: "40003"}, other("40003")},
 		{"40002 integrity constraint", &pq.Error{Code: "40002"}, other("40002")},
 		{"08000", &pq.Error{Code: "08000"}, conn("08000")},
-		{"08006", &pgconn.PgError{Code: "08006"}, conn("08006")},
+		{"08006", sqlStateErr("08006"), conn("08006")},
 		{"08P01 protocol violation", &pq.Error{Code: "08P01"}, conn("08P01")},
-		{"57P01 admin shutdown", &pgconn.PgError{Code: "57P01"}, conn("57P01")},
+		{"57P01 admin shutdown", sqlStateErr("57P01"), conn("57P01")},
 		{"57P02 crash shutdown", &pq.Error{Code: "57P02"}, conn("57P02")},
 		{"57P03 cannot connect now", &pq.Error{Code: "57P03"}, conn("57P03")},
 		{"57014 query canceled", &pq.Error{Code: "57014"}, other("57014")},
 		{"55P03 lock timeout", &pq.Error{Code: "55P03"}, dialect.Class{Kind: dialect.KindLockTimeout, Code: "55P03"}},
-		{"42P01 undefined table", &pgconn.PgError{Code: "42P01"}, dialect.Class{Kind: dialect.KindUndefinedTable, Code: "42P01"}},
+		{"42P01 undefined table", sqlStateErr("42P01"), dialect.Class{Kind: dialect.KindUndefinedTable, Code: "42P01"}},
 		{"23505 unique violation", &pq.Error{Code: "23505"}, other("23505")},
 		{"short code starting 08", sqlStateErr("08"), other("08")},
 		{"empty code", sqlStateErr(""), other("")},

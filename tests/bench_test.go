@@ -21,7 +21,7 @@ import (
 //
 //	go test -run '^$' -bench 'Loyalty/.*/ProcessVsHandWritten' -benchtime 3000x -count 3 ./tests/
 //
-// bench/ (go run ./bench) is the fuller harness: it interleaves the variants
+// tests/bench/ (go run ./tests/bench) is the fuller harness: it interleaves the variants
 // in rounds and reports latency percentiles and round trips.
 func BenchmarkLoyalty(b *testing.B) {
 	variants := map[string]string{

@@ -1,4 +1,4 @@
-package dialecttest_test
+package sqlite_test
 
 import (
 	"crypto/rand"

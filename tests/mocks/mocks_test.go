@@ -1,3 +1,6 @@
+// Package mocks_test runs the mocks package against every dialect (Postgres,
+// MySQL/MariaDB, SQLite and a fake), from the tests module so that the core
+// module does not depend on the MySQL and SQLite drivers.
 package mocks_test
 
 import (

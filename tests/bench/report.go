@@ -14,7 +14,7 @@ import (
 // report prints the Markdown report of a run.
 func report(w io.Writer, o options, args []string, env runEnv, res results) {
 	fmt.Fprintf(w, "# Benchmarks\n\n")
-	cmd := "go run ./bench"
+	cmd := "go run ./tests/bench"
 	if len(args) > 0 {
 		cmd += " " + strings.Join(args, " ")
 	}
