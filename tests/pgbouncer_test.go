@@ -88,6 +88,20 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 		"pq":  b.DSN(pgbouncerPQParams),
 		"pgx": b.DSN("default_query_exec_mode=" + pgbouncerPGXMode),
 	})
+	// After the subtests (cleanups run last in, first out): the traffic did
+	// go through the pooler.
+	// PgBouncer's counters are refreshed every stats_period (1s here).
+	t.Cleanup(func() {
+		var n int64
+		waitUntil(t, 10*time.Second, "PgBouncer to count the tests' transactions", func() bool {
+			var err error
+			if n, err = b.Transactions(context.Background()); err != nil {
+				t.Fatalf("pgbouncer SHOW STATS: %v", err)
+			}
+			return n >= 500
+		})
+		t.Logf("PgBouncer passed %d transactions", n)
+	})
 	for _, tc := range []struct {
 		name string
 		test func(*testing.T)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -101,10 +102,12 @@ max_client_conn = 500
 ignore_startup_parameters = extra_float_digits
 logfile = %s
 pidfile = %s
+admin_users = %s
+stats_period = 1
 log_connections = 0
 log_disconnections = 0
 `, opts.Database, opts.Host, opts.Port, opts.Database, b.Port, auth, opts.PoolMode, opts.PoolSize, opts.PoolSize,
-			filepath.Join(b.Dir, "pgbouncer.log"), filepath.Join(b.Dir, "pgbouncer.pid")),
+			filepath.Join(b.Dir, "pgbouncer.log"), filepath.Join(b.Dir, "pgbouncer.pid"), opts.User),
 	}
 	for name, text := range files {
 		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
@@ -174,6 +177,54 @@ func (b *PgBouncer) DSN(params string) string {
 		u += "&" + params
 	}
 	return u
+}
+
+// Transactions returns how many transactions PgBouncer has passed to the
+// pooled database so far (SHOW STATS' total_xact_count, from its admin
+// console).
+func (b *PgBouncer) Transactions(ctx context.Context) (int64, error) {
+	db, err := sql.Open("postgres", fmt.Sprintf("postgres://%s@127.0.0.1:%d/pgbouncer?sslmode=disable", b.user, b.Port))
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, "SHOW STATS")
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return 0, err
+	}
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return 0, err
+		}
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = fmt.Sprint(asString(vals[i]))
+		}
+		if row["database"] == b.database {
+			return strconv.ParseInt(row["total_xact_count"], 10, 64)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("SHOW STATS has no row for %s", b.database)
+}
+
+func asString(v any) any {
+	if b, ok := v.([]byte); ok {
+		return string(b)
+	}
+	return v
 }
 
 // LogTail returns the end of pgbouncer's log and standard error.
