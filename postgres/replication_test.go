@@ -1,9 +1,12 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/txclaim/idempotent/dialect"
 )
 
 func TestReplicationReport(t *testing.T) {
@@ -47,5 +50,29 @@ func TestReplicationReport(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// sqlStateError is a server error with an SQLSTATE, as both drivers' errors
+// expose it.
+type sqlStateError string
+
+func (e sqlStateError) Error() string    { return "ERROR: prepared statement (SQLSTATE " + string(e) + ")" }
+func (e sqlStateError) SQLState() string { return string(e) }
+
+func TestCheckServerNamesThePooler(t *testing.T) {
+	for _, code := range []string{"26000", "42P05"} {
+		q := func(context.Context, string, ...any) (string, error) { return "", sqlStateError(code) }
+		err := New().CheckServer(context.Background(), dialect.Table{Name: "t"}, q)
+		if !errors.Is(err, ErrPooledPreparedStatement) || errors.Is(err, dialect.ErrWrongDatabase) {
+			t.Errorf("%s: CheckServer = %v, want ErrPooledPreparedStatement and not ErrWrongDatabase", code, err)
+		}
+		if err == nil || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+			t.Errorf("%s: %v does not say what to set", code, err)
+		}
+	}
+	q := func(context.Context, string, ...any) (string, error) { return "", sqlStateError("42883") }
+	if err := New().CheckServer(context.Background(), dialect.Table{Name: "t"}, q); !errors.Is(err, dialect.ErrWrongDatabase) {
+		t.Errorf("42883: CheckServer = %v, want ErrWrongDatabase", err)
 	}
 }
