@@ -3,10 +3,12 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -442,6 +444,32 @@ func connectionRetries(r *recorder) int {
 	return n
 }
 
+// checkReplicationPrivileges runs CheckReplication as a role without
+// pg_monitor, which sees the standby but not its sync state, and again once
+// granted pg_monitor.
+func checkReplicationPrivileges(t *testing.T, p *replicationPair) {
+	t.Helper()
+	admin := p.open(t, p.primary.DSN("failover-admin"))
+	if _, err := admin.Exec("CREATE ROLE watcher LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	watcher := p.open(t, strings.Replace(p.primary.DSN("failover-watcher"), "user=postgres", "user=watcher", 1))
+	rep, err := postgres.CheckReplication(context.Background(), watcher)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.StandbysHidden || len(rep.Standbys) != 1 || rep.Err() == nil || !strings.Contains(strings.Join(rep.Warnings(), "\n"), "pg_monitor") {
+		t.Fatalf("CheckReplication without pg_monitor: %+v, warnings %q", rep, rep.Warnings())
+	}
+	if _, err := admin.Exec("GRANT pg_monitor TO watcher"); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = postgres.CheckReplication(context.Background(), watcher); err != nil || rep.StandbysHidden ||
+		len(rep.Standbys) != 1 || rep.Standbys[0].SyncState != "async" || rep.Standbys[0].Name != "standby" {
+		t.Fatalf("CheckReplication with pg_monitor: %+v, %v", rep, err)
+	}
+}
+
 const (
 	failoverKeys    = 600
 	failoverCopies  = 2
@@ -526,9 +554,10 @@ func TestFailoverAsynchronousReplicationLosesAcks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rep.Synchronous() || len(rep.Warnings()) == 0 {
+			if rep.Synchronous() || len(rep.Warnings()) == 0 || !errors.Is(rep.Err(), postgres.ErrAcksOutrunReplication) {
 				t.Fatalf("CheckReplication on an asynchronous primary warns of nothing: %+v", rep)
 			}
+			checkReplicationPrivileges(t, p)
 
 			rec := &recorder{}
 			mw := failoverConsumer(t, p, drv, rec)
