@@ -233,6 +233,7 @@ type failoverLoad struct {
 	cond    *sync.Cond
 	queue   []int // message numbers waiting for delivery
 	pending int   // deliveries not yet acked (queued or in flight)
+	stopped bool  // the run's context ended
 
 	remaining       []atomic.Int32 // per message: copies not yet acked
 	appliedLate     []atomic.Bool  // per message: applied by a delivery that started after the link was cut
@@ -272,12 +273,13 @@ func newFailoverLoad(keys, copies int) *failoverLoad {
 	return l
 }
 
-// next returns the next delivery, or false when every delivery is acked.
+// next returns the next delivery, or false when every delivery is acked or
+// the run's context ended.
 func (l *failoverLoad) next() (int, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for len(l.queue) == 0 {
-		if l.pending == 0 {
+	for len(l.queue) == 0 || l.stopped {
+		if l.pending == 0 || l.stopped {
 			return 0, false
 		}
 		l.cond.Wait()
@@ -304,6 +306,12 @@ func (l *failoverLoad) key(k int) string { return fmt.Sprintf("order:%d", k) }
 // run delivers every message with the given number of workers through mw;
 // the effect is one ledger row per applied message.
 func (l *failoverLoad) run(ctx context.Context, workers int, mw *idempotent.Middleware) {
+	defer context.AfterFunc(ctx, func() {
+		l.mu.Lock()
+		l.stopped = true
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	})()
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
