@@ -92,9 +92,9 @@ func TestScheduleCoversEveryFault(t *testing.T) {
 				seen[f.kind+"/"+f.lane] = true
 			}
 			for _, k := range faultKinds {
-				if k == faultRestart {
+				if globalFault(k) {
 					if !seen[k+"/"] {
-						t.Fatalf("seed %d, %v: no restart scheduled", seed, d)
+						t.Fatalf("seed %d, %v: no %s scheduled", seed, d, k)
 					}
 					continue
 				}
