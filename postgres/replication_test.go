@@ -57,7 +57,9 @@ func TestReplicationReport(t *testing.T) {
 // expose it.
 type sqlStateError string
 
-func (e sqlStateError) Error() string    { return "ERROR: prepared statement (SQLSTATE " + string(e) + ")" }
+func (e sqlStateError) Error() string {
+	return "ERROR: prepared statement (SQLSTATE " + string(e) + ")"
+}
 func (e sqlStateError) SQLState() string { return string(e) }
 
 func TestCheckServerNamesThePooler(t *testing.T) {
