@@ -127,8 +127,13 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 	isNew := make([]bool, len(uniq))
 	attempts, err := m.run.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		clear(isNew)
-		if err := m.claimBatch(ctx, tx, uniq, isNew); err != nil {
+		claimed, err := m.claimBatch(ctx, tx, st, uniq, isNew)
+		if err != nil {
 			return err
+		}
+		if !claimed {
+			st.skipCommit = true
+			return nil
 		}
 		var fresh []int
 		for j, ok := range isNew {
@@ -136,14 +141,8 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 				fresh = append(fresh, first[j])
 			}
 		}
-		if len(fresh) == 0 {
-			st.skipCommit = true
-			return nil
-		}
 		slices.Sort(fresh)
-		if err := m.captureTxID(ctx, tx, st); err != nil {
-			return err
-		}
+		st.inHandler = true
 		return fn(ctx, tx, fresh)
 	})
 	if err != nil {
@@ -164,19 +163,25 @@ func batchTooLarge(n int) error {
 	return fmt.Errorf("%w: %d messages, the limit is %d", ErrBatchTooLarge, n, MaxBatchSize)
 }
 
-// claimBatch claims the distinct, ascending keys uniq on tx and sets
-// isNew[j] when uniq[j]'s claim was new.
-func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, uniq []string, isNew []bool) error {
-	if m.lockSQL != "" {
-		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
-			return fmt.Errorf("idempotent: set lock timeout: %w", err)
+// claimBatch claims the distinct, ascending keys uniq on tx through
+// claimWith, sets isNew[j] when uniq[j]'s claim was new, and reports whether
+// any was.
+func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, uniq []string, isNew []bool) (bool, error) {
+	return m.claimWith(ctx, tx, st, func() (bool, error) {
+		if err := m.batchStatements(ctx, tx, uniq, isNew); err != nil {
+			return false, err
 		}
-	}
+		return slices.Contains(isNew, true), nil
+	})
+}
+
+// batchStatements runs the batch's claim statement (or one per key).
+func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []string, isNew []bool) error {
 	bc, ok := m.d.(dialect.BatchClaimer)
 	if !ok {
 		// One claim statement per key, in ascending order.
 		for j, k := range uniq {
-			res, err := tx.ExecContext(ctx, m.claimSQL, m.consumer, k)
+			res, err := tx.ExecContext(ctx, m.claimSQL, m.consumerArg, k)
 			if err != nil {
 				return fmt.Errorf("key %q: %w", k, m.claimError(err))
 			}

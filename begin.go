@@ -50,7 +50,7 @@ func ProcessTx[T any](ctx context.Context, m *Middleware, key string, begin Begi
 		return tx, nil
 	}
 	body := func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) }
-	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &r, key, time.Time{}, body) })
+	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, &r, key, time.Time{}, body) })
 }
 
 // WrapTx is [Wrap] for handlers that work on T, a transaction type of a

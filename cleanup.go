@@ -111,6 +111,9 @@ type CleanupProgress struct {
 // partitioned mode Cleanup refuses: MaintainPartitions drops whole days
 // instead. Bad options are an error before anything is sent.
 func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
+	if err := refuseNested(ctx); err != nil {
+		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
+	}
 	if err := opts.Validate(); err != nil {
 		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
 	}

@@ -17,10 +17,12 @@ var (
 	// ErrAutocommit reports that the handler's effect did not stay inside the
 	// claim's transaction: a statement ran with the handler's context on
 	// another connection (db.ExecContext instead of tx.ExecContext), the
-	// handler committed or rolled back the transaction itself, or the strict
-	// guard found the session in another transaction before commit. The
-	// transaction is rolled back where it still can be. This is a bug in the
-	// handler, not a transient failure.
+	// handler committed or rolled back the transaction itself, the strict
+	// guard found the session in another transaction before commit, or a
+	// transaction was begun inside a handler with the handler's context
+	// (RunTx, or Process of any Middleware). The transaction is rolled back
+	// where it still can be. This is a bug in the handler, not a transient
+	// failure.
 	ErrAutocommit = errors.New("idempotent: statement outside the claim's transaction")
 
 	// ErrRetriesExhausted reports that every attempt allowed by the retry

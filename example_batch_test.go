@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -16,18 +19,36 @@ type orderCompleted struct {
 	OrderID, CustomerID, Points int64
 }
 
-// A batch consumer (Kafka, or RabbitMQ with a prefetch) claims a whole batch
-// in one transaction, applies the new messages' effects set-wise, and
-// commits once.
-func ExampleWrapBatch() {
-	db, schema, drop := exampleDB()
-	defer drop()
-	ctx := context.Background()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+// expectBatchClaim scripts the Postgres dialect's one-statement batch claim
+// of keys (distinct, ascending: the order the middleware sends them in),
+// returning the keys whose claims were new.
+func expectBatchClaim(mock sqlmock.Sqlmock, keys string, fresh ...string) {
+	table, err := dialect.ParseTable("processed_messages")
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	rows := sqlmock.NewRows([]string{"message_key"})
+	for _, k := range fresh {
+		rows.AddRow(k)
+	}
+	mock.ExpectQuery(postgres.New().BatchClaimSQL(table)).WithArgs("loyalty", keys).WillReturnRows(rows)
+}
+
+const batchCreditSQL = "UPDATE balances b SET points = b.points + u.p " +
+	"FROM (SELECT c, sum(p) AS p FROM unnest($1::bigint[], $2::bigint[]) AS u(c, p) GROUP BY c) u WHERE b.customer_id = u.c"
+
+// A batch consumer (Kafka, or RabbitMQ with a prefetch) claims a whole batch
+// in one statement, applies the new messages' effects set-wise, and commits
+// once. A message repeated within the batch, or claimed by an earlier batch,
+// is a duplicate; when every message is a duplicate the handler does not run.
+func ExampleWrapBatch() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
 		log.Fatal(err)
 	}
 
@@ -39,51 +60,63 @@ func ExampleWrapBatch() {
 			for _, o := range msgs {
 				customers, points = append(customers, o.CustomerID), append(points, o.Points)
 			}
-			_, err := tx.ExecContext(ctx, "UPDATE "+pq.QuoteIdentifier(schema)+".balances b SET points = b.points + u.p "+
-				"FROM (SELECT c, sum(p) AS p FROM unnest($1::bigint[], $2::bigint[]) AS u(c, p) GROUP BY c) u WHERE b.customer_id = u.c",
-				pq.Array(customers), pq.Array(points))
+			fmt.Println("crediting", len(msgs), "orders")
+			_, err := tx.ExecContext(ctx, batchCreditSQL, pq.Array(customers), pq.Array(points))
 			return err
 		})
 
-	first := []orderCompleted{{9912, 7, 50}, {9913, 8, 20}, {9912, 7, 50}}
-	outcomes, err := process(ctx, first)
-	fmt.Println(outcomes, err)
-	// The broker redelivers the batch with one new message.
-	outcomes, err = process(ctx, append(first, orderCompleted{9914, 7, 5}))
-	fmt.Println(outcomes, err)
+	// The first batch: both orders are new.
+	mock.ExpectBegin()
+	expectBatchClaim(mock, `{"order-completed:9912","order-completed:9913"}`,
+		"order-completed:9912", "order-completed:9913")
+	mock.ExpectExec(batchCreditSQL).WithArgs("{7,8}", "{50,20}").WillReturnResult(sqlmock.NewResult(0, 2))
+	mock.ExpectCommit()
+	// The broker redelivers it with one new message: only 9914 is new.
+	mock.ExpectBegin()
+	expectBatchClaim(mock, `{"order-completed:9912","order-completed:9913","order-completed:9914"}`,
+		"order-completed:9914")
+	mock.ExpectExec(batchCreditSQL).WithArgs("{7}", "{5}").WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectCommit()
 
-	var p7, p8 int64
-	if err := db.QueryRow("SELECT (SELECT points FROM "+pq.QuoteIdentifier(schema)+".balances WHERE customer_id = 7), "+
-		"(SELECT points FROM "+pq.QuoteIdentifier(schema)+".balances WHERE customer_id = 8)").Scan(&p7, &p8); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("customer 7:", p7, "customer 8:", p8)
+	first := []orderCompleted{{9912, 7, 50}, {9913, 8, 20}, {9912, 7, 50}}
+	fmt.Println(process(context.Background(), first))
+	fmt.Println(process(context.Background(), append(first, orderCompleted{9914, 7, 5})))
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
+	// crediting 2 orders
 	// [applied applied duplicate] <nil>
+	// crediting 1 orders
 	// [duplicate duplicate duplicate applied] <nil>
-	// customer 7: 55 customer 8: 20
+	// statements as scripted: true
 }
 
 // ProcessBatch works on keys and message indexes, for consumers that keep
-// their messages in their own structures.
+// their messages in their own structures: fn gets the indexes of the new
+// messages, in batch order.
 func ExampleMiddleware_ProcessBatch() {
-	db, schema, drop := exampleDB()
-	defer drop()
-	ctx := context.Background()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
 		log.Fatal(err)
 	}
+
+	mock.ExpectBegin()
+	expectBatchClaim(mock, `{"evt-1","evt-2","evt-3"}`, "evt-1", "evt-2", "evt-3")
+	mock.ExpectCommit()
+
 	keys := []string{"evt-3", "evt-1", "evt-3", "evt-2"}
-	outcomes, err := mw.ProcessBatch(ctx, keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+	outcomes, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 		fmt.Println("new messages at", fresh)
 		return nil // apply the effects of keys[i] for each i in fresh, through tx
 	})
 	fmt.Println(outcomes, err)
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// new messages at [0 1 3]
 	// [applied applied duplicate applied] <nil>
+	// statements as scripted: true
 }

@@ -9,43 +9,61 @@ import (
 	"os"
 	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	_ "github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 )
 
-// These examples need a Postgres database (DATABASE_URL), so they are
-// compiled but not run by go test; tests/ runs the same calls against a real
-// server.
-
 // A message that carries its producer-assigned event time is fenced: once it
 // is older than the retention window its claim may have been cleaned up, so
-// it is refused instead of applied a second time.
+// it is refused, before any statement is sent, instead of applied a second
+// time. Here on go-sqlmock, with a clock the example moves.
 func ExampleMiddleware_ProcessEvent() {
-	ctx := context.Background()
-	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
+	now := time.Date(2031, 3, 16, 12, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty",
+		idempotent.WithRetention(30*24*time.Hour),
+		idempotent.WithClock(func() time.Time { return now }))
 	if err != nil {
 		log.Fatal(err)
 	}
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied("order-completed:9912")
+	m.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
+		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+	// The replay 40 days later sends nothing: no expectation for it.
+
 	eventTime := time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC) // set by the producer, carried in the message
-	outcome, err := mw.ProcessEvent(ctx, "order-completed:9912", eventTime, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
-		return err
-	})
-	switch {
-	case errors.Is(err, idempotent.ErrBeyondRetention):
-		// Too old to tell whether it was applied: dead-letter it for a person.
-	case err != nil:
-		// Not acked: the broker redelivers.
-	default:
-		fmt.Println(outcome) // ack, whether applied or duplicate
+	deliver := func() {
+		outcome, err := mw.ProcessEvent(context.Background(), "order-completed:9912", eventTime, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
+			return err
+		})
+		switch {
+		case errors.Is(err, idempotent.ErrBeyondRetention):
+			fmt.Println("beyond retention: dead-letter it for a person")
+		case err != nil:
+			fmt.Println("not acked, the broker redelivers:", err)
+		default:
+			fmt.Println(outcome) // ack, whether applied or duplicate
+		}
 	}
+	deliver()
+	now = now.Add(40 * 24 * time.Hour) // someone replays the dead-letter archive
+	deliver()
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// applied
+	// beyond retention: dead-letter it for a person
+	// statements as scripted: true
 }
 
 // WrapEvent takes the key and the event time from each decoded message.
@@ -56,7 +74,7 @@ func ExampleWrapEvent() {
 		CustomerID int64
 		Points     int64
 	}
-	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -73,9 +91,17 @@ func ExampleWrapEvent() {
 			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", m.Points, m.CustomerID)
 			return err
 		})
-	outcome, err := handle(context.Background(), orderCompleted{EventID: "9912", OccurredAt: time.Now(), CustomerID: 7, Points: 50})
+	mocks.ForMiddleware(mock, mw).ExpectDuplicate("order-completed:9912")
+
+	outcome, err := handle(context.Background(), orderCompleted{EventID: "9912", OccurredAt: time.Now().Add(-time.Hour), CustomerID: 7, Points: 50})
 	fmt.Println(outcome, err)
+	// Output:
+	// duplicate <nil>
 }
+
+// The examples below need a Postgres database (DATABASE_URL), so they are
+// compiled but not run by go test; tests/ runs the same calls against a real
+// server.
 
 // Cleanup runs from a nightly job: batches of 10,000 claims, each its own
 // short transaction, until none older than the window is left.

@@ -2,84 +2,69 @@ package idempotent_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
-	"os"
 
-	"github.com/lib/pq"
+	"github.com/DATA-DOG/go-sqlmock"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 )
 
-// exampleDB opens the Postgres at IDEMPOTENT_POSTGRES_DSN (default: the
-// local test server) through the autocommit guard, and creates a schema of
-// the example's own with a balances table for customers 7 and 8. done drops it and closes the DB.
-func exampleDB() (db *sql.DB, schema string, done func()) {
-	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	connector, err := pq.NewConnector(dsn)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db = sql.OpenDB(idempotent.GuardConnector(connector))
-	db.SetMaxOpenConns(4)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema = "example_" + hex.EncodeToString(b)
-	if _, err := db.Exec("CREATE SCHEMA " + schema + "; CREATE TABLE " + schema + ".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL); INSERT INTO " + schema + ".balances VALUES (7, 0), (8, 0)"); err != nil {
-		log.Fatalf("the examples need Postgres at IDEMPOTENT_POSTGRES_DSN (%s): %v", dsn, err)
-	}
-	return db, schema, func() {
-		if _, err := db.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
-			log.Print(err)
-		}
-		_ = db.Close()
-	}
-}
+// The examples run on go-sqlmock (through package mocks), so `go test` needs
+// no database: each one scripts the statements the middleware sends and the
+// database's answers, and prints what the caller sees. The same scenarios run
+// against a real Postgres in the tests module (tests/examples_test.go).
 
+// creditSQL is the loyalty handler's effect.
+const creditSQL = "UPDATE balances SET points = points + $1 WHERE customer_id = $2"
+
+// A delivery is claimed, applied and committed; its redelivery finds the
+// claim and is a duplicate, and its handler does not run. Ack after Process
+// returns, whether the outcome is applied or duplicate.
 func ExampleMiddleware_Process() {
-	db, schema, done := exampleDB()
-	defer done()
-	ctx := context.Background()
-
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
 		log.Fatal(err)
 	}
+
+	// What the database sees: BEGIN, the claim inserts one row, the
+	// handler's UPDATE, COMMIT; then BEGIN, the claim inserts nothing,
+	// ROLLBACK.
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied("order-completed:9912")
+	m.ExpectExec(creditSQL).WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+	m.ExpectDuplicate("order-completed:9912")
+
 	credit := func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
+		fmt.Println("crediting 50 points")
+		_, err := tx.ExecContext(ctx, creditSQL, 50, 7)
 		return err
 	}
-
-	// The broker delivers OrderCompleted:9912 twice.
+	// The broker delivers OrderCompleted 9912 twice.
 	for range 2 {
-		outcome, err := mw.Process(ctx, "order-completed:9912", credit)
+		outcome, err := mw.Process(context.Background(), "order-completed:9912", credit)
 		if err != nil {
-			log.Fatal(err) // do not ack: the message will be redelivered
+			log.Fatal(err) // do not ack: the broker redelivers
 		}
-		fmt.Println(outcome) // ack, whether applied or duplicate
+		fmt.Println(outcome) // ack, applied or duplicate alike
 	}
-
-	var points int
-	if err := db.QueryRowContext(ctx, "SELECT points FROM "+schema+".balances WHERE customer_id = 7").Scan(&points); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("points:", points)
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
+	// crediting 50 points
 	// applied
 	// duplicate
-	// points: 50
+	// statements as scripted: true
 }
 
 // OrderCompleted is the event the loyalty service consumes.
@@ -89,16 +74,17 @@ type OrderCompleted struct {
 	TotalCents int64 `json:"total_cents"`
 }
 
+// Wrap turns a handler of decoded messages into one that takes the key from
+// the message. A message without a key is refused before anything is sent,
+// with an error matching ErrInvalidKey: dead-letter it.
 func ExampleWrap() {
-	db, schema, done := exampleDB()
-	defer done()
-	ctx := context.Background()
-
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
 		log.Fatal(err)
 	}
 
@@ -112,9 +98,16 @@ func ExampleWrap() {
 		},
 		// The effect, in the claim's transaction.
 		func(ctx context.Context, tx *sql.Tx, o OrderCompleted) error {
-			_, err := tx.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + $1 WHERE customer_id = $2", o.TotalCents/100, o.CustomerID)
+			_, err := tx.ExecContext(ctx, creditSQL, o.TotalCents/100, o.CustomerID)
 			return err
 		})
+
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied("order-completed:9912")
+	m.ExpectExec(creditSQL).WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+	m.ExpectDuplicate("order-completed:9912")
+	// The poison message sends nothing: no expectation for it.
 
 	for _, body := range []string{
 		`{"order_id": 9912, "customer_id": 7, "total_cents": 5000}`,
@@ -125,7 +118,7 @@ func ExampleWrap() {
 		if err := json.Unmarshal([]byte(body), &o); err != nil {
 			log.Fatal(err)
 		}
-		outcome, err := handle(ctx, o)
+		outcome, err := handle(context.Background(), o)
 		switch {
 		case errors.Is(err, idempotent.ErrInvalidKey):
 			fmt.Println("rejected:", err)
@@ -135,27 +128,38 @@ func ExampleWrap() {
 			fmt.Println(outcome)
 		}
 	}
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// applied
 	// duplicate
 	// rejected: idempotent: invalid message key: key function: no order id
+	// statements as scripted: true
 }
 
+// Claim inserts the claim in a transaction the caller owns, for code that
+// manages its own transactions: apply the effect only if claimed, and commit
+// both together.
 func ExampleMiddleware_Claim() {
-	db, schema, done := exampleDB()
-	defer done()
-	ctx := context.Background()
-
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
 		log.Fatal(err)
 	}
 
-	// A transaction the caller owns, as in code that already manages its
-	// own: claim, apply only if claimed, commit both together.
+	m := mocks.ForMiddleware(mock, mw)
+	mock.ExpectBegin()
+	m.ExpectClaim("order-completed:9912").WillReturnResult(sqlmock.NewResult(0, 1)) // inserted
+	mock.ExpectExec(creditSQL).WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectCommit()
+	mock.ExpectBegin()
+	m.ExpectClaim("order-completed:9912").WillReturnResult(sqlmock.NewResult(0, 0)) // already there
+	mock.ExpectRollback()
+
+	ctx := context.Background()
 	deliver := func() (bool, error) {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
@@ -166,7 +170,7 @@ func ExampleMiddleware_Claim() {
 		if err != nil || !claimed {
 			return false, err
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + 50 WHERE customer_id = 7"); err != nil {
+		if _, err := tx.ExecContext(ctx, creditSQL, 50, 7); err != nil {
 			return false, err
 		}
 		return true, tx.Commit()
@@ -178,36 +182,47 @@ func ExampleMiddleware_Claim() {
 		}
 		fmt.Println("claimed:", claimed)
 	}
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// claimed: true
 	// claimed: false
+	// statements as scripted: true
 }
 
+// A handler that writes through the *sql.DB instead of its *sql.Tx would
+// commit on its own, outside the claim's transaction. On a database opened
+// through GuardConnector (here OpenGuarded, on a go-sqlmock driver) that
+// statement fails with ErrAutocommit before it reaches the database, and the
+// claim rolls back.
 func ExampleGuardConnector() {
-	db, schema, done := exampleDB() // opened through GuardConnector
-	defer done()
-	ctx := context.Background()
-
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	_, mock, err := sqlmock.NewWithDSN("example-guard", sqlmock.QueryMatcherOption(sqlmock.QueryMatcherEqual))
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil {
+	// With lib/pq: connector, err := pq.NewConnector(dsn);
+	// db := sql.OpenDB(idempotent.GuardConnector(connector)).
+	db, err := idempotent.OpenGuarded("sqlmock", "example-guard")
+	if err != nil {
 		log.Fatal(err)
 	}
-	_, err = mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
-		// The classic bug: db instead of tx. It would commit on its own.
-		_, err := db.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + 50 WHERE customer_id = 7")
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectApplied("order-completed:9912")
+	mock.ExpectRollback() // and no UPDATE: it never reaches the database
+
+	_, err = mw.Process(context.Background(), "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+		// The classic bug: db instead of tx.
+		_, err := db.ExecContext(ctx, creditSQL, 50, 7)
 		return err
 	})
 	fmt.Println(errors.Is(err, idempotent.ErrAutocommit))
-
-	var points int
-	if err := db.QueryRowContext(ctx, "SELECT points FROM "+schema+".balances WHERE customer_id = 7").Scan(&points); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("points:", points)
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// true
-	// points: 0
+	// statements as scripted: true
 }

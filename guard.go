@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/txclaim/idempotent/dialect"
 )
 
 // The autocommit guard.
@@ -22,15 +24,24 @@ import (
 // tx.ExecContext(ctx, …) — fails with ErrAutocommit before it reaches the
 // database, and the token remembers it, so the transaction is rolled back
 // even if the handler ignores the error and returns nil.
+//
+// Where the dialect implements dialect.ImplicitCommitter (MySQL, MariaDB),
+// the token also carries its test, and a statement sent through the claim's
+// own transaction that the database would commit implicitly (DDL, LOCK
+// TABLES, …) fails with ErrAutocommit the same way, before it reaches the
+// database.
 
 type tokenKey struct{}
 
 // txToken ties one attempt's context to the connection running its
 // transaction.
 type txToken struct {
-	conn   atomic.Pointer[guardConn]
-	mu     sync.Mutex
-	broken error
+	conn atomic.Pointer[guardConn]
+	// implicit, when set, is the dialect's test for statements its
+	// database commits implicitly (dialect.ImplicitCommitter).
+	implicit dialect.ImplicitCommitter
+	mu       sync.Mutex
+	broken   error
 }
 
 func tokenFrom(ctx context.Context) *txToken {
@@ -63,6 +74,11 @@ func (c *guardConn) check(ctx context.Context, op, query string) error {
 	if t.conn.Load() == c {
 		if endsTransaction(query) {
 			err := fmt.Errorf("%w: the handler ran %q, which would end the claim's transaction behind the middleware's back", ErrAutocommit, truncate(query, 80))
+			t.violate(err)
+			return err
+		}
+		if t.implicit != nil && t.implicit.CommitsImplicitly(query) {
+			err := fmt.Errorf("%w: the handler ran %q, which the database commits implicitly: it would commit the claim with the effect so far, and run the rest outside any transaction (run DDL, LOCK TABLES and the like outside handlers)", ErrAutocommit, truncate(query, 80))
 			t.violate(err)
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
@@ -57,6 +58,22 @@ func expectClaim(m sqlmock.Sqlmock, k string, rows int64) {
 func expectEffect(m sqlmock.Sqlmock) {
 	m.ExpectExec(effectSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 1))
 }
+
+// expectProbe scripts the middleware's check of the transaction after a
+// handler failed with a retryable-looking error: SAVEPOINT failing with err
+// (the transaction aborted, or its connection lost), or, with err nil,
+// SAVEPOINT and RELEASE succeeding (the transaction is alive).
+func expectProbe(m sqlmock.Sqlmock, err error) {
+	if err != nil {
+		m.ExpectExec(dialect.ProbeSavepointSQL).WithoutArgs().WillReturnError(err)
+		return
+	}
+	m.ExpectExec(dialect.ProbeSavepointSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	m.ExpectExec(dialect.ProbeReleaseSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+}
+
+// aborted is Postgres's answer to a statement in an aborted transaction.
+var aborted = &pq.Error{Code: "25P02", Message: "current transaction is aborted, commands ignored until end of transaction block"}
 
 // expectApplied scripts a whole applied delivery.
 func expectApplied(m sqlmock.Sqlmock, k string) {

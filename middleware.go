@@ -115,7 +115,13 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		}
 	}
 	m.run = runner{db: db, d: d, policy: cfg.retry}
+	m.run.implicit, _ = d.(dialect.ImplicitCommitter)
 	if cfg.txOpts != (sql.TxOptions{}) {
+		if c, ok := d.(dialect.TxOptionsChecker); ok {
+			if err := c.CheckTxOptions(cfg.txOpts); err != nil {
+				return nil, fmt.Errorf("idempotent: WithTxOptions: %w", err)
+			}
+		}
 		o := cfg.txOpts
 		m.run.txOpts = &o
 	}
@@ -124,6 +130,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
+		m.run.afterFailure = m.checkTxIDAfterFailure
 	}
 	if err := m.initRetention(cfg.retention); err != nil {
 		return nil, err
@@ -154,9 +161,17 @@ func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	stmts := m.schemaSQL()
 	checker, _ := m.d.(dialect.ServerChecker)
-	err := RunTx(ctx, m.db, m.d, nil, m.run.policy, func(ctx context.Context, tx *sql.Tx) error {
+	// The schema's own DDL runs in this transaction, so the guard's
+	// implicit-commit check (a handler's concern) is left out.
+	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
 		if checker != nil {
 			if err := checker.CheckServer(ctx, m.table, txQuery(tx)); err != nil {
+				return err
+			}
+		}
+		if m.txidSQL != "" {
+			if err := m.probeTxID(ctx, tx); err != nil {
 				return err
 			}
 		}
@@ -192,31 +207,38 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 // the first to finish; if that one rolls back, the waiting one applies.
 //
 // An error from fn rolls back claim and effect together and is returned
-// wrapped. Serialization failures, deadlocks and lost connections — even
-// during COMMIT, where the outcome is unknown — are retried from the start
-// under the retry policy: if a lost COMMIT did land, the retry finds the
-// claim and returns Duplicate. A panic in fn rolls back and re-panics.
+// wrapped. Serialization failures, deadlocks and lost connections of the
+// claim's own transaction — even during COMMIT, where the outcome is
+// unknown — are retried from the start under the retry policy: if a lost
+// COMMIT did land, the retry finds the claim and returns Duplicate. An
+// error fn met elsewhere (another database, its own network call, its own
+// deadline) is returned at once, without a retry; the package
+// documentation has the table. A panic in fn rolls back and re-panics.
 //
 // fn must do all its work through tx, with ctx; see GuardConnector for how
-// a mistake is caught. Ack the message only after Process returns without an
-// error (Applied and Duplicate alike).
+// a mistake is caught. fn must not begin a transaction of its own with ctx —
+// Process, RunTx or any other entry point called with it fails with
+// ErrAutocommit and the delivery rolls back. Ack the message only after
+// Process returns without an error (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
 	return m.processAt(ctx, key, time.Time{}, fn)
 }
 
 // processAt is Process with the message's event time (zero when it has none).
 func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, error) {
-	return m.observe(ctx, key, func() (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
+	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
 }
 
-// observe runs f and tells the observer, if any, how it ended.
-func (m *Middleware) observe(ctx context.Context, key string, f func() (Outcome, int, error)) (Outcome, error) {
+// observe runs f and tells the observer, if any, how it ended. f runs with
+// the context of the delivery (see Starter).
+func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context.Context) (Outcome, int, error)) (Outcome, error) {
 	if m.observer == nil {
-		outcome, _, err := f()
+		outcome, _, err := f(ctx)
 		return outcome, err
 	}
+	ctx = m.startDelivery(ctx, key)
 	start := time.Now()
-	outcome, attempts, err := f()
+	outcome, attempts, err := f(ctx)
 	m.observer.Outcome(ctx, Event{
 		Consumer: m.consumer, Key: key, Outcome: outcome, Attempts: attempts,
 		Duration: time.Since(start), Err: err,
@@ -236,7 +258,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 	}
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-		claimed, err := m.claim(ctx, tx, key, at)
+		claimed, err := m.claimKey(ctx, tx, st, key, at)
 		if err != nil {
 			return err
 		}
@@ -246,9 +268,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 			return nil
 		}
 		outcome = Applied
-		if err := m.captureTxID(ctx, tx, st); err != nil {
-			return err
-		}
+		st.inHandler = true
 		return fn(ctx, tx)
 	})
 	if err != nil {
@@ -279,40 +299,71 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	return claimed, nil
 }
 
-// claim runs the lock timeout (if any) and the claim statement on tx, then
-// the dialect's lock timeout reset (if any).
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (claimed bool, err error) {
+// claim claims key (with event time at, zero when it has none) on a
+// transaction the caller owns: Claim and ClaimEvent.
+func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
+	return m.claimKey(ctx, tx, nil, key, at)
+}
+
+// claimKey claims one key on tx through claimWith.
+func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time) (bool, error) {
+	return m.claimWith(ctx, tx, st, func() (bool, error) {
+		var res sql.Result
+		var err error
+		if m.ret.part == nil {
+			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
+		} else {
+			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
+		}
+		if err != nil {
+			if rerr := m.retentionClaimError(err, at); rerr != nil {
+				return false, rerr
+			}
+			return false, m.claimError(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
+		}
+		return n == 1, nil
+	})
+}
+
+// claimWith is the one claim path: Process, ProcessEvent, ProcessTx,
+// ProcessBatch, Claim and ClaimEvent all claim through it, so what surrounds
+// the claim statement cannot differ between them. stmt runs the claim
+// statement (or statements) and reports whether anything was claimed;
+// claimWith runs it under the lock timeout (withLockTimeout) and then, when
+// st is not nil — the middleware owns tx and runs a handler in it — and stmt
+// claimed, takes the strict guard's first reading (captureTxID).
+func (m *Middleware) claimWith(ctx context.Context, tx *sql.Tx, st *attemptState, stmt func() (bool, error)) (bool, error) {
+	claimed, err := m.withLockTimeout(ctx, tx, stmt)
+	if err != nil || !claimed || st == nil {
+		return claimed, err
+	}
+	return true, m.captureTxID(ctx, tx, st)
+}
+
+// withLockTimeout runs stmt on tx after setting the lock timeout of
+// WithLockTimeout, if any, and restores the session's own setting afterwards
+// where the dialect needs it (dialect.LockTimeoutResetter) — whether stmt
+// succeeded, failed or panicked, and even when ctx has ended: the setting
+// must not stay on a pooled connection, nor bound the handler's own waits.
+// Only claimWith calls it.
+func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func() (bool, error)) (claimed bool, err error) {
 	if m.lockSQL != "" {
 		if _, err := tx.ExecContext(ctx, m.lockSQL); err != nil {
 			return false, fmt.Errorf("idempotent: set lock timeout: %w", err)
 		}
 		if m.lockReset != "" {
 			defer func() {
-				// Even when ctx has ended: the setting must not stay on a
-				// pooled connection.
 				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
 					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
 				}
 			}()
 		}
 	}
-	var res sql.Result
-	if m.ret.part == nil {
-		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
-	} else {
-		res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
-	}
-	if err != nil {
-		if rerr := m.retentionClaimError(err, at); rerr != nil {
-			return false, rerr
-		}
-		return false, m.claimError(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
-	}
-	return n == 1, nil
+	return stmt()
 }
 
 // claimError wraps a failed claim statement's error for claim and the batch claim.
@@ -332,7 +383,8 @@ func (m *Middleware) claimError(err error) error {
 
 // captureTxID is the strict guard's first read: with WithStrictGuard, every
 // path that runs a handler and commits reads the transaction id before the
-// handler runs, and checkTxID reads it again before COMMIT.
+// handler runs (claimWith after a claim, ProcessNatural without one), and
+// checkTxID reads it again before COMMIT.
 func (m *Middleware) captureTxID(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 	if m.txidSQL == "" {
 		return nil
@@ -344,6 +396,52 @@ func (m *Middleware) captureTxID(ctx context.Context, tx *sql.Tx, st *attemptSta
 		return fmt.Errorf("idempotent: strict guard: the %s dialect's transaction id query returned nothing", m.d.Name())
 	}
 	return nil
+}
+
+// probeTxID runs the strict guard's query once, from EnsureSchema, so that
+// WithStrictGuard on a server that cannot answer it (MySQL proper has no
+// @@in_transaction) fails there rather than at every applied message.
+func (m *Middleware) probeTxID(ctx context.Context, tx *sql.Tx) error {
+	var id sql.NullString
+	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&id); err != nil {
+		if m.d.Classify(err).Retryable() {
+			return err
+		}
+		return fmt.Errorf("idempotent: WithStrictGuard: this server cannot run the %s dialect's transaction id query %q (MySQL has no @@in_transaction: the strict guard needs MariaDB there): %w", m.d.Name(), m.txidSQL, err)
+	}
+	if id.String == "" {
+		return fmt.Errorf("idempotent: WithStrictGuard: the %s dialect's transaction id query %q returned nothing on this server", m.d.Name(), m.txidSQL)
+	}
+	return nil
+}
+
+// checkTxIDAfterFailure is the strict guard on the error path: after the
+// handler failed, the transaction id read by captureTxID must still be
+// current, or the claim was committed behind the middleware's back — by a
+// statement the database commits implicitly (DDL, LOCK TABLES, … on MySQL
+// and MariaDB) or the handler's own COMMIT — and the rollback that follows
+// cannot undo it. Nothing can be done automatically: deleting the claim
+// would let a redelivery apply again the part of the effect that did
+// commit. The error says so and matches ErrAutocommit, which adapters treat
+// as a failure, never as a retry. A failure to read the id (a lost
+// connection, a cancelled context) proves nothing and is ignored.
+func (m *Middleware) checkTxIDAfterFailure(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+	if st.txid == "" {
+		return nil // the handler never ran
+	}
+	var now string
+	if err := tx.QueryRowContext(ctx, m.txidSQL).Scan(&now); err != nil {
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			return fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit)
+		}
+		return nil
+	}
+	if now == st.txid {
+		return nil
+	}
+	return fmt.Errorf("%w: CLAIM COMMITTED WITHOUT ITS FULL EFFECT: the session left the claim's transaction (id %s, now %s) before the handler failed — "+
+		"a statement the database commits implicitly (DDL, LOCK TABLES, …) or a COMMIT ran through the transaction, so the claim and the effect up to it are committed, "+
+		"and the statements after it committed one by one; redeliveries will be Duplicate: repair the effect by hand", ErrAutocommit, st.txid, now)
 }
 
 // checkTxID is the strict guard: the transaction id read by captureTxID must

@@ -6,8 +6,12 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,26 +229,147 @@ func TestHandlerError(t *testing.T) {
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "ROLLBACK")
 	})
-	t.Run("retryable, wrapped by the handler", func(t *testing.T) {
+	// A handler's error that the dialect classifies as retryable is retried
+	// only when the transaction suffered it: the probe tells.
+	for _, c := range []struct {
+		name    string
+		failure error
+		probe   error // what SAVEPOINT meets; nil: the transaction is alive
+		retried bool
+	}{
+		{"deadlock of the transaction, wrapped by the handler", fmt.Errorf("credit: %w", &pq.Error{Code: "40P01"}), aborted, true},
+		{"serialization failure met elsewhere", fmt.Errorf("audit database: %w", &pq.Error{Code: "40001"}), nil, false},
+		{"connection lost", fmt.Errorf("credit: %w", driver.ErrBadConn), driver.ErrBadConn, true},
+		{"serialization failure, connection lost", &pq.Error{Code: "40001"}, io.ErrUnexpectedEOF, true},
+		{"handler's EOF, connection alive", fmt.Errorf("points service: %w", io.EOF), nil, false},
+		{"handler's EOF, transaction aborted", io.EOF, aborted, false},
+		{"handler's network error", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRecorded(t)
+			var ev events
+			mw := newMiddleware(t, r, idempotent.WithObserver(&ev))
+			r.mock.ExpectBegin()
+			expectClaim(r.mock, key, 1)
+			expectProbe(r.mock, c.probe)
+			r.mock.ExpectRollback()
+			want := []string{"BEGIN", claimSQL, dialect.ProbeSavepointSQL}
+			if c.probe == nil {
+				want = append(want, dialect.ProbeReleaseSQL)
+			}
+			want = append(want, "ROLLBACK")
+			if c.retried {
+				expectApplied(r.mock, key)
+				want = append(want, "BEGIN", claimSQL, effectSQL, "COMMIT")
+			}
+
+			calls := 0
+			got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+				if calls++; calls == 1 {
+					return c.failure
+				}
+				return effect(ctx, tx)
+			})
+			switch {
+			case c.retried && (err != nil || got != idempotent.Applied || calls != 2 || len(ev.retries) != 1):
+				t.Fatalf("got (%v, %v) after %d calls and %d retries, want applied after one retry", got, err, calls, len(ev.retries))
+			case !c.retried && (!errors.Is(err, c.failure) || errors.Is(err, idempotent.ErrRetriesExhausted) || calls != 1 || len(ev.retries) != 0):
+				t.Fatalf("got (%v, %v) after %d calls and %d retries, want the handler's error at once", got, err, calls, len(ev.retries))
+			}
+			r.wantCalls(t, want...)
+		})
+	}
+	// A context error is never retried, nor is the transaction probed for
+	// it: pgx reports a query's own deadline as a connection failure.
+	t.Run("handler's own deadline", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		r.mock.ExpectBegin()
 		expectClaim(r.mock, key, 1)
 		r.mock.ExpectRollback()
-		expectApplied(r.mock, key)
-
+		deadline := &safeToRetry{context.DeadlineExceeded}
 		calls := 0
-		got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
-			if calls++; calls == 1 {
-				return fmt.Errorf("credit: %w", &pq.Error{Code: "40P01"})
-			}
-			return effect(ctx, tx)
-		})
-		if err != nil || got != idempotent.Applied {
+		_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { calls++; return deadline })
+		if !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
+			t.Fatalf("got %v after %d calls, want the deadline at once", err, calls)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+	})
+	// The claim's own failures are the transaction's: retried unprobed.
+	t.Run("claim's serialization failure", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
+		r.mock.ExpectRollback()
+		expectApplied(r.mock, key)
+		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, effectSQL, "COMMIT")
 	})
+}
+
+// safeToRetry is pgx's shape of a client-side failure: it has a
+// SafeToRetry method, which the Postgres dialect classifies as a lost
+// connection.
+type safeToRetry struct{ err error }
+
+func (e *safeToRetry) Error() string     { return "timeout: " + e.err.Error() }
+func (e *safeToRetry) Unwrap() error     { return e.err }
+func (e *safeToRetry) SafeToRetry() bool { return false }
+
+// A transaction begun inside a handler with the handler's context is refused
+// before it reaches the driver, and the handler's transaction rolls back
+// even when the handler swallows the refusal.
+func TestNestedTransactionRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(ctx context.Context, mw *idempotent.Middleware, db *sql.DB) error
+	}{
+		{"RunTx", func(ctx context.Context, _ *idempotent.Middleware, db *sql.DB) error {
+			return idempotent.RunTx(ctx, db, pg, nil, idempotent.DefaultRetryPolicy(), effect)
+		}},
+		{"Process, same key", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			_, err := mw.Process(ctx, key, effect)
+			return err
+		}},
+		{"ProcessBatch", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			_, err := mw.ProcessBatch(ctx, []string{"other"}, func(context.Context, *sql.Tx, []int) error { return nil })
+			return err
+		}},
+		{"ProcessNatural", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			_, err := mw.ProcessNatural(ctx, "other", func(context.Context, *sql.Tx) (bool, error) { return true, nil })
+			return err
+		}},
+		{"EnsureSchema", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			return mw.EnsureSchema(ctx)
+		}},
+		{"Cleanup", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
+			_, err := mw.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRecorded(t)
+			mw := newMiddleware(t, r)
+			r.mock.ExpectBegin()
+			expectClaim(r.mock, key, 1)
+			r.mock.ExpectRollback()
+			var nested error
+			_, err := mw.Process(context.Background(), key, func(ctx context.Context, _ *sql.Tx) error {
+				nested = c.run(ctx, mw, r.db)
+				return nil
+			})
+			if !errors.Is(nested, idempotent.ErrAutocommit) || !strings.Contains(nested.Error(), "inside a handler") {
+				t.Errorf("nested call: %v, want ErrAutocommit saying a transaction was begun inside a handler", nested)
+			}
+			if !errors.Is(err, idempotent.ErrAutocommit) {
+				t.Errorf("Process: %v, want ErrAutocommit", err)
+			}
+			r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+		})
+	}
 }
 
 func TestHandlerPanics(t *testing.T) {
@@ -858,6 +983,7 @@ func (resetDialect) LockTimeoutResetSQL() string { return resetSQL }
 // succeeded or not, and that a failed reset fails the delivery.
 func TestLockTimeoutReset(t *testing.T) {
 	const lock = "SET LOCAL lock_timeout = 1000"
+	batchSQL := pg.BatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
 	newReset := func(t *testing.T, r *recorded) *idempotent.Middleware {
 		t.Helper()
 		mw, err := idempotent.New(r.db, resetDialect{pg}, consumer, noWait, idempotent.WithLockTimeout(time.Second))
@@ -911,6 +1037,36 @@ func TestLockTimeoutReset(t *testing.T) {
 		}
 		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
 	})
+	// The batch claims through the same path: the reset follows its last
+	// claim statement, before the handler, and after a failed one too.
+	t.Run("batch applied", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("a"))
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		outs, err := mw.ProcessBatch(context.Background(), []string{"b", "a"}, func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
+		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Duplicate, idempotent.Applied}) {
+			t.Fatalf("got (%v, %v), want [duplicate applied]", outs, err)
+		}
+		r.wantCalls(t, "BEGIN", lock, batchSQL, resetSQL, effectSQL, "COMMIT")
+	})
+	t.Run("batch claim busy", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newReset(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).WillReturnError(&pq.Error{Code: "55P03"})
+		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		r.mock.ExpectRollback()
+		if _, err := mw.ProcessBatch(context.Background(), []string{"a"}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrClaimBusy) {
+			t.Fatalf("got %v, want ErrClaimBusy", err)
+		}
+		r.wantCalls(t, "BEGIN", lock, batchSQL, resetSQL, "ROLLBACK")
+	})
 }
 
 // plainDialect hides every optional interface of the dialect it wraps.
@@ -959,8 +1115,8 @@ func TestRetentionBranches(t *testing.T) {
 		r.mock.ExpectBegin()
 		r.mock.ExpectExec(claimAt).WithArgs(consumer, key, at.Format(time.DateOnly)).WillReturnError(&pq.Error{Code: "23514"})
 		r.mock.ExpectRollback()
-		if _, err := mw.ProcessEvent(ctx, key, at, effect); !errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
-			t.Fatalf("got %v, want ErrBeyondRetention for the missing partition", err)
+		if _, err := mw.ProcessEvent(ctx, key, at, effect); !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
+			t.Fatalf("got %v, want ErrNoPartition (not ErrBeyondRetention) for the missing partition", err)
 		}
 		r.wantCalls(t, "BEGIN", claimAt, "ROLLBACK")
 	})

@@ -30,7 +30,7 @@ func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalF
 	if fn == nil {
 		return 0, errors.New("idempotent: ProcessNatural: nil function")
 	}
-	return m.observe(ctx, key, func() (Outcome, int, error) {
+	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
 		if err := validateKey(key, m.maxKey); err != nil {
 			return 0, 0, err
 		}
@@ -39,6 +39,7 @@ func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalF
 			if err := m.captureTxID(ctx, tx, st); err != nil {
 				return err
 			}
+			st.inHandler = true
 			applied, err := fn(ctx, tx)
 			outcome = Duplicate
 			if applied {

@@ -45,8 +45,10 @@ type RetryEvent struct {
 
 // An Observer is told of every outcome and every retry, synchronously, on the
 // goroutine that called Process. Its methods must be safe for concurrent use
-// and should return quickly. The otelmetrics package adapts it to
-// OpenTelemetry; Counts is a ready-made in-memory one.
+// and should return quickly. An Observer that also implements [Starter] is
+// told when each delivery starts, and chooses the context it runs with. The
+// otelmetrics package adapts it to OpenTelemetry metrics and traces; Counts
+// is a ready-made in-memory one.
 type Observer interface {
 	// Outcome is called once per Process call, when it returns.
 	Outcome(ctx context.Context, e Event)

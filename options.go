@@ -48,8 +48,11 @@ func WithTable(name string) Option {
 // WithTxOptions sets the isolation level (and read-only flag, which a claim
 // cannot use) of the transactions Process opens. Under sql.LevelSerializable
 // concurrent duplicates fail with serialization errors instead of waiting;
-// the middleware retries them and they end as Duplicate. Default is the
-// database's default isolation level, read-write.
+// the middleware retries them and they end as Duplicate. New refuses a
+// level the dialect cannot run (where it implements
+// dialect.TxOptionsChecker), such as sql.LevelSnapshot on Postgres, instead
+// of every BeginTx failing later. Default is the database's default
+// isolation level, read-write.
 func WithTxOptions(o sql.TxOptions) Option {
 	return optionFunc(func(c *config) error {
 		if o.ReadOnly {
@@ -108,7 +111,15 @@ func WithObserver(o Observer) Option {
 // ErrAutocommit) if they differ: that catches an explicit COMMIT run inside
 // the handler, or a connection pooler that moved the session. It costs two
 // short queries per applied message (see the README for the measured cost).
-// New fails if the dialect cannot tell transactions apart. Default is off.
+// When the handler fails, the id is read once more: if the session already
+// left the transaction (on MySQL and MariaDB, a statement that commits
+// implicitly, such as DDL, committed the claim with part of the effect), the
+// error says so loudly and matches ErrAutocommit, for the effect cannot be
+// rolled back any more.
+//
+// New fails if the dialect cannot tell transactions apart, and EnsureSchema
+// fails if the server cannot run the dialect's transaction id query (MySQL
+// proper has no @@in_transaction; MariaDB has). Default is off.
 func WithStrictGuard() Option {
 	return optionFunc(func(c *config) error {
 		c.strictGuard = true

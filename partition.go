@@ -84,7 +84,7 @@ func (m *Middleware) tableKind(ctx context.Context, p dialect.Partitioner) (exis
 // detaches, then drops, every day that ended before that window. It never
 // drops a day that could hold a claim the retention fence still relies on,
 // and there is no default partition: a claim for a day with no partition
-// fails with ErrBeyondRetention instead of landing somewhere it would not be
+// fails with ErrNoPartition instead of landing somewhere it would not be
 // found.
 //
 // Each partition is created, detached or dropped in its own short
@@ -96,6 +96,9 @@ func (m *Middleware) tableKind(ctx context.Context, p dialect.Partitioner) (exis
 func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
 	if m.ret.part == nil {
 		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: the Middleware for %s is not in partitioned mode (WithDailyPartitions)", m.table)
+	}
+	if err := refuseNested(ctx); err != nil {
+		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: %w", err)
 	}
 	exists, partitioned, err := m.tableKind(ctx, m.ret.part)
 	switch {

@@ -30,6 +30,11 @@ import (
 // fence refuses messages as soon as they are older than the window itself.
 // As long as no two clocks differ by more than the margin, every message
 // the fence lets through still finds its claim if it has one.
+//
+// The fence has an upper bound too: an event time later than the clock plus
+// the margin is refused with ErrInvalidEventTime. A message dated days ahead
+// (or in the year 58884, seconds read as milliseconds) would otherwise pass
+// the fence for as long after its claim was cleaned up, and apply again.
 
 // DefaultRetention is the retention window when WithRetention is not given:
 // 30 days, which covers redeliveries (minutes), dead-letter triage and replay
@@ -40,19 +45,31 @@ const DefaultRetention = 30 * 24 * time.Hour
 const DefaultClockSkew = 5 * time.Minute
 
 var (
-	// ErrBeyondRetention reports a message that is outside the window in
-	// which its claim is kept: its event time is older than the retention
-	// window, so its claim may already have been deleted, or (in partitioned
-	// mode) no partition exists for its event day — a day already dropped,
-	// or beyond the days MaintainPartitions created ahead. Nothing was
-	// written and the handler did not run. An old message should go to a
-	// dead-letter queue for a person to decide; a message dated in the
-	// future is applied once its day's partition exists.
+	// ErrBeyondRetention reports a message that is too old: its event time
+	// is older than the retention window, so its claim may already have been
+	// deleted and applying it could double its effect. Nothing was written
+	// and the handler did not run. The message is poison: it should go to a
+	// dead-letter queue for a person to decide.
 	ErrBeyondRetention = errors.New("idempotent: message outside the retention window")
 
-	// ErrInvalidEventTime reports a zero event time given to ProcessEvent,
-	// ClaimEvent or WrapEvent. Nothing was written.
+	// ErrInvalidEventTime reports an event time given to ProcessEvent,
+	// ClaimEvent or WrapEvent that cannot be right: zero, or later than the
+	// middleware's clock plus the clock-skew margin (a producer clock far
+	// ahead, or seconds read as milliseconds). A message dated in the future
+	// would pass the retention fence long after its claim was cleaned up, so
+	// it is refused. Nothing was written and the handler did not run. The
+	// message is poison.
 	ErrInvalidEventTime = errors.New("idempotent: invalid event time")
+
+	// ErrNoPartition reports, in partitioned mode, a message whose event
+	// day — inside the retention window, so neither too old nor in the
+	// future — has no partition yet: MaintainPartitions has not run since
+	// the day came within reach. Nothing was written and the handler did
+	// not run. It is transient: deliver the message again later (broker
+	// adapters requeue it), and it applies once MaintainPartitions has
+	// created the day. It matches neither ErrBeyondRetention (too old) nor
+	// ErrClaimBusy.
+	ErrNoPartition = errors.New("idempotent: no partition for the event day yet")
 )
 
 type retentionConfig struct {
@@ -198,6 +215,10 @@ func (m *Middleware) checkEvent(key string, at time.Time) error {
 		return fmt.Errorf("%w: consumer %q, key %q: event time %s is %v old, older than the retention window of %v, so its claim may be gone",
 			ErrBeyondRetention, m.consumer, key, at.UTC().Format(time.RFC3339), now.Sub(at).Round(time.Second), m.ret.window)
 	}
+	if limit := now.Add(m.ret.skew); at.After(limit) {
+		return fmt.Errorf("%w: consumer %q, key %q: event time %s is in the future: the clock says %s, and the clock-skew margin is %v (a producer clock ahead, or seconds read as milliseconds?)",
+			ErrInvalidEventTime, m.consumer, key, at.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), m.ret.skew)
+	}
 	return nil
 }
 
@@ -211,8 +232,10 @@ func eventDay(t time.Time) time.Time {
 // explain; it returns nil for any other error.
 func (m *Middleware) retentionClaimError(err error, at time.Time) error {
 	if m.ret.part != nil && m.ret.part.IsNoPartition(err) {
-		return fmt.Errorf("%w: %s has no partition for event day %s (partitions cover the retention window and %d days ahead; run MaintainPartitions): %w",
-			ErrBeyondRetention, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)
+		// checkEvent let at through, so its day is inside the window: the
+		// partition is not there yet (or was removed by hand).
+		return fmt.Errorf("%w: %s has no partition for event day %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+			ErrNoPartition, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)
 	}
 	return nil
 }
@@ -221,13 +244,14 @@ func (m *Middleware) retentionClaimError(err error, at time.Time) error {
 // event time, which makes the retention fence work: a message whose event
 // time is older than the retention window is refused with an error matching
 // ErrBeyondRetention, before any transaction, instead of being applied a
-// second time after its claim was cleaned up. In partitioned mode the event
-// time also chooses the claim's partition, and a day with no partition is
-// refused the same way.
+// second time after its claim was cleaned up. An event time later than the
+// clock plus the clock-skew margin, or zero, is refused with an error
+// matching ErrInvalidEventTime. In partitioned mode the event time also
+// chooses the claim's partition; a day inside the window whose partition
+// does not exist yet fails with ErrNoPartition, which is transient.
 //
 // The event time must be stable across redeliveries and replays — set once by
-// the producer, never by the broker or the consumer. A zero eventTime is an
-// error matching ErrInvalidEventTime.
+// the producer, never by the broker or the consumer.
 func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn TxFunc) (Outcome, error) {
 	if eventTime.IsZero() {
 		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
@@ -240,10 +264,11 @@ func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime tim
 }
 
 // ClaimEvent is Claim for a message that carries its event time: it refuses
-// a message older than the retention window with ErrBeyondRetention, and in
-// partitioned mode it claims in the event day's partition. When a day has no
-// partition the statement fails inside tx, which the caller must then roll
-// back; the error matches ErrBeyondRetention.
+// a message older than the retention window with ErrBeyondRetention and one
+// dated in the future (beyond the clock-skew margin) with
+// ErrInvalidEventTime, and in partitioned mode it claims in the event day's
+// partition. When a day has no partition yet the statement fails inside tx,
+// which the caller must then roll back; the error matches ErrNoPartition.
 func (m *Middleware) ClaimEvent(ctx context.Context, tx *sql.Tx, key string, eventTime time.Time) (claimed bool, err error) {
 	if tx == nil {
 		return false, errors.New("idempotent: ClaimEvent: nil transaction")

@@ -3,6 +3,7 @@ package idempotent
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,8 +13,12 @@ import (
 )
 
 // RetryPolicy says how often and how patiently a transaction is run again
-// after a retryable failure: a serialization failure (SQLSTATE 40001), a
-// deadlock (40P01) or a lost connection, as classified by the dialect.
+// after a retryable failure of its own: a serialization failure (SQLSTATE
+// 40001), a deadlock (40P01) or the loss of its connection, as classified
+// by the dialect. An error the handler returns is retried only when the
+// transaction itself suffered it; an error matching context.Canceled or
+// context.DeadlineExceeded never is. The package documentation has the
+// full table.
 //
 // The whole transaction is retried: rolled back, then begun again with the
 // claim and the handler run anew. Between attempts the middleware sleeps with
@@ -68,14 +73,17 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 }
 
 // RunTx runs fn in a transaction on db, committing if fn returns nil and
-// rolling back otherwise, and runs it again under policy p when it fails with
-// an error the dialect classifies as retryable. opts may be nil.
+// rolling back otherwise, and runs it again under policy p when the
+// transaction fails with an error the dialect classifies as retryable: fn's
+// error is retried only when the transaction itself suffered it (see the
+// package documentation). opts may be nil.
 //
 // RunTx is the retry loop of Process without the claim: use it for work that
 // is idempotent by other means, such as a natural-key insert. The same guard
-// as Process applies (see GuardConnector). A panic in fn rolls back and
-// re-panics. After p.MaxAttempts failed attempts the error matches
-// ErrRetriesExhausted and wraps the last failure.
+// as Process applies (see GuardConnector), and like every entry point that
+// begins a transaction it refuses a handler's context with ErrAutocommit. A
+// panic in fn rolls back and re-panics. After p.MaxAttempts failed attempts
+// the error matches ErrRetriesExhausted and wraps the last failure.
 func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptions, p RetryPolicy, fn TxFunc) error {
 	if db == nil || d == nil || fn == nil {
 		return errors.New("idempotent: RunTx: nil db, dialect or function")
@@ -84,7 +92,11 @@ func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptio
 		return fmt.Errorf("idempotent: RunTx: %w", err)
 	}
 	r := runner{db: db, d: d, txOpts: opts, policy: p}
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error { return fn(ctx, tx) })
+	r.implicit, _ = d.(dialect.ImplicitCommitter)
+	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		st.inHandler = true
+		return fn(ctx, tx)
+	})
 	return err
 }
 
@@ -100,6 +112,15 @@ type runner struct {
 	// begin, when set, begins each attempt's transaction instead of
 	// db.BeginTx (see ProcessTx).
 	begin func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error)
+	// implicit, when set, goes into each attempt's guard token (see
+	// dialect.ImplicitCommitter).
+	implicit dialect.ImplicitCommitter
+	// afterFailure, when set, runs after the body (not beforeCommit) failed
+	// with an error that is not retryable, before the rollback; an error it
+	// returns is joined to the failure and makes it final (the strict
+	// guard's check on the error path). A retryable failure is skipped: a
+	// deadlock ends the transaction on the database's side by design.
+	afterFailure func(ctx context.Context, tx *sql.Tx, st *attemptState) error
 }
 
 // attemptState is what one attempt's body tells the loop.
@@ -110,12 +131,22 @@ type attemptState struct {
 	skipCommit bool
 	// txid is the strict guard's transaction id read after the claim.
 	txid string
+	// inHandler is set by the body just before it calls the caller's
+	// function: a failure from then on is the handler's, retried only when
+	// the transaction itself suffered it (see suffered).
+	inHandler bool
 }
 
 // run runs body in transactions until one commits, an error is not
 // retryable, the policy is exhausted or ctx ends. It returns the number of
 // attempts made. key is only passed on to onRetry.
+//
+// A ctx that carries a claim's token is a handler's: run refuses it at once,
+// before taking a connection (see refuseNested).
 func (r *runner) run(ctx context.Context, key string, body func(context.Context, *sql.Tx, *attemptState) error) (int, error) {
+	if err := refuseNested(ctx); err != nil {
+		return 0, err
+	}
 	for attempt := 1; ; attempt++ {
 		class, err := r.once(ctx, body)
 		if err == nil {
@@ -127,7 +158,7 @@ func (r *runner) run(ctx context.Context, key string, body func(context.Context,
 			}
 			return attempt, errors.Join(ctxErr, err)
 		}
-		if !class.Retryable() {
+		if !class.Retryable() || contextError(err) {
 			return attempt, err
 		}
 		if attempt >= r.policy.MaxAttempts {
@@ -168,6 +199,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	}{}
 	st := &a.st
 	st.token = &a.tok
+	a.tok.implicit = r.implicit
 	tctx := context.WithValue(ctx, tokenKey{}, st.token)
 	tx, err := r.beginTx(tctx)
 	if err != nil {
@@ -182,6 +214,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		}
 	}()
 	err = body(tctx, tx, st)
+	bodyFailed := err != nil
 	if err == nil && st.skipCommit {
 		done = true
 		if rbErr := tx.Rollback(); rbErr != nil && ctx.Err() == nil {
@@ -190,6 +223,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		return dialect.Class{}, nil
 	}
 	if err == nil {
+		st.inHandler = false // what follows is the middleware's own
 		err = st.token.violation()
 	}
 	if err == nil && r.beforeCommit != nil {
@@ -197,7 +231,18 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	}
 	if err != nil {
 		done = true
-		class = r.d.Classify(err)
+		failure := r.d.Classify(err)
+		class = failure
+		if st.inHandler && class.Retryable() && !r.suffered(ctx, tx, class, err) {
+			// The handler met the failure elsewhere: its own to return.
+			class = dialect.Class{}
+		}
+		if r.afterFailure != nil && bodyFailed && !class.Retryable() {
+			if ferr := r.afterFailure(tctx, tx, st); ferr != nil {
+				err = errors.Join(err, ferr)
+				class = dialect.Class{}
+			}
+		}
 		if rbErr := tx.Rollback(); rbErr != nil {
 			switch {
 			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil:
@@ -208,7 +253,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 					err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
 				}
 				class = dialect.Class{}
-			case errors.Is(rbErr, sql.ErrTxDone), class.Kind == dialect.KindConnection:
+			case errors.Is(rbErr, sql.ErrTxDone), failure.Kind == dialect.KindConnection, r.lost(rbErr):
 				// Already rolled back by a cancelled context or a lost
 				// connection: nothing to report.
 			default:
@@ -230,4 +275,52 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		return r.d.Classify(err), fmt.Errorf("idempotent: commit: %w", err)
 	}
 	return dialect.Class{}, nil
+}
+
+// refuseNested fails when ctx carries a claim's token: it is a handler's
+// context, or derives from one, and a transaction begun with it would commit
+// on its own, apart from the claim's transaction — surviving the claim's
+// rollback, or (with the same key) waiting on the claim forever. The
+// handler's transaction is marked, so it rolls back even if the handler
+// ignores the error.
+func refuseNested(ctx context.Context) error {
+	t := tokenFrom(ctx)
+	if t == nil {
+		return nil
+	}
+	err := fmt.Errorf("%w: a transaction was begun inside a handler, with the handler's context: it would commit apart from the claim's transaction (do the work through the handler's *sql.Tx, or see the package documentation for independent work)", ErrAutocommit)
+	t.violate(err)
+	return err
+}
+
+// contextError reports whether err matches context.Canceled or
+// context.DeadlineExceeded. Such a failure is never retried: the caller's
+// context ended, or the handler bounded its own work and ran out of time.
+func contextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// lost reports whether err says the connection is gone.
+func (r *runner) lost(err error) bool {
+	return errors.Is(err, driver.ErrBadConn) || r.d.Classify(err).Kind == dialect.KindConnection
+}
+
+// suffered reports whether the claim's transaction itself suffered the
+// handler's failure err, which the dialect classifies as c (retryable). It
+// asks the transaction (see dialect.ProbeSavepointSQL): a lost connection
+// explains any failure; an aborted transaction explains a serialization
+// failure or deadlock; a transaction still alive and open explains none —
+// the handler met the failure on another database or connection, or in a
+// call of its own, and returns it. A context error is never the
+// transaction's.
+func (r *runner) suffered(ctx context.Context, tx *sql.Tx, c dialect.Class, err error) bool {
+	if contextError(err) || ctx.Err() != nil {
+		return false
+	}
+	for _, q := range [...]string{dialect.ProbeSavepointSQL, dialect.ProbeReleaseSQL} {
+		if _, perr := tx.ExecContext(ctx, q); perr != nil {
+			return r.lost(perr) || c.Kind == dialect.KindSerialization
+		}
+	}
+	return false
 }

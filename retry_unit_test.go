@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 )
 
 // Unit tests of the retry loop: exhaustion, RunTx and the retry policy's
@@ -101,13 +102,14 @@ func TestRunTx(t *testing.T) {
 		r := newRecorded(t)
 		r.mock.ExpectBegin()
 		expectStmt(r.mock).WillReturnError(&pq.Error{Code: "40001"})
+		expectProbe(r.mock, aborted)
 		r.mock.ExpectRollback()
 		err := idempotent.RunTx(ctx, r.db, pg, nil, one, stmt)
 		var re *idempotent.RetriesExhaustedError
 		if !errors.As(err, &re) || re.Attempts != 1 {
 			t.Fatalf("got %v, want RetriesExhaustedError after 1 attempt", err)
 		}
-		r.wantCalls(t, "BEGIN", stmtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", stmtSQL, dialect.ProbeSavepointSQL, "ROLLBACK")
 	})
 	t.Run("panic rolls back", func(t *testing.T) {
 		r := newRecorded(t)

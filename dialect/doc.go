@@ -4,10 +4,53 @@
 // classification of the database's errors.
 //
 // A Dialect only returns SQL text and classifications; the middleware runs
-// the statements. Implementations live in their own packages (the Postgres
-// one is github.com/txclaim/idempotent/postgres) so that this package, like
-// the middleware, imports only the standard library.
+// the statements. That split makes every statement golden-testable without a
+// database. Implementations live in their own packages —
+// github.com/txclaim/idempotent/postgres, …/mysql and …/sqlite — so that this
+// package, like the middleware, imports only the standard library.
 //
-// Identifiers such as table names are parsed by [ParseTable] before any
-// dialect sees them, so a dialect only has to quote them.
+// # Classifying errors
+//
+// [Dialect.Classify] maps a database error to a [Class]: its [Kind]
+// (serialization failure or deadlock, lost connection, lock timeout, missing
+// table, or other) and its SQLSTATE or code. The middleware retries the first
+// two, turns a lock timeout into idempotent.ErrClaimBusy and a missing table
+// into idempotent.ErrNoClaimTable, and returns the rest. A dialect finds the
+// driver's error with errors.As, never by its message text.
+//
+// # Optional abilities
+//
+// A dialect implements more by implementing small optional interfaces, which
+// the middleware finds by type assertion:
+//
+//   - [BatchClaimer]: claim a whole batch in one statement (otherwise one
+//     claim statement per key, in the same transaction);
+//   - [LockTimeoutResetter]: restore a session-wide lock timeout after the
+//     claim (MySQL's innodb_lock_wait_timeout);
+//   - [ServerChecker]: check in EnsureSchema that the database is the one the
+//     dialect speaks to, failing with [ErrWrongDatabase] before any DDL;
+//   - [Cleaner]: batched cleanup of expired claims under a table lock;
+//   - [Partitioner]: daily partitions keyed on the event day;
+//   - [Upserter]: the version-guarded upsert of idempotent.NewVersionedUpsert.
+//   - [ImplicitCommitter]: the statements the database commits implicitly
+//     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a
+//     handler;
+//   - [TxOptionsChecker]: the isolation levels and options the database
+//     cannot run, which idempotent.New refuses.
+//
+// Without one, the middleware refuses the ability with an error that names
+// the dialect ("the sqlite dialect does not support partitions").
+//
+// # Identifiers
+//
+// Table names are parsed by [ParseTable] (table or schema.table, each part
+// letters, digits and _, not starting with a digit, at most 63 bytes) before
+// any dialect sees them, so a dialect only has to quote them; a bad name
+// matches [ErrInvalidIdentifier].
+//
+// # Conformance
+//
+// Package dialecttest is the suite every dialect passes against its real
+// database, checking each optional interface where a dialect has it; a new dialect's test hands it a harness (the SQLite dialect's
+// sqlite/conformance_test.go is a complete one).
 package dialect

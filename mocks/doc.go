@@ -35,7 +35,11 @@
 // driver.ErrBadConn or "57P01"), script the next attempt with ExpectApplied
 // or ExpectDuplicate again. The middleware sleeps between attempts with no
 // statement sent. If a commit that failed with a lost connection did land,
-// the retry finds the claim: ExpectDuplicate.
+// the retry finds the claim: ExpectDuplicate. When the handler fails with
+// such an error, the middleware first checks whether the transaction itself
+// suffered it: script [Mock.ExpectTxCheck], then ExpectRollback, then the
+// next attempt if the check found the transaction aborted or its
+// connection lost.
 //
 // The helpers follow the options the Middleware was built with: give For
 // [WithTable], [WithLockTimeout] and [WithStrictGuard] to match

@@ -231,6 +231,31 @@ func (m *Mock) ExpectCommitError(err error) {
 	m.ExpectCommit().WillReturnError(err)
 }
 
+// ExpectTxCheck expects the middleware's check of the claim's transaction
+// after the handler failed with an error the dialect classifies as
+// retryable (a serialization failure, a deadlock, a lost connection):
+// SAVEPOINT and RELEASE SAVEPOINT (dialect.ProbeSavepointSQL and
+// dialect.ProbeReleaseSQL). err is what the check meets:
+//
+//   - nil: the transaction is alive, so the handler met its failure
+//     elsewhere; Process returns it without a retry.
+//   - an error, which fails the SAVEPOINT: the transaction was aborted (with
+//     Postgres, &pq.Error{Code: "25P02"}) or its connection lost
+//     (driver.ErrBadConn). The failure is the transaction's own, and the
+//     middleware retries it if it is a serialization failure or deadlock,
+//     or if the connection was lost.
+//
+// Script ExpectRollback next, then the next attempt if there is one.
+func (m *Mock) ExpectTxCheck(err error) {
+	sp := m.Sqlmock.ExpectExec(dialect.ProbeSavepointSQL).WithoutArgs()
+	if err != nil {
+		sp.WillReturnError(err)
+		return
+	}
+	sp.WillReturnResult(sqlmock.NewResult(0, 0))
+	m.Sqlmock.ExpectExec(dialect.ProbeReleaseSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+}
+
 // ExpectEnsureSchema expects Middleware.EnsureSchema of a claim table that
 // is not partitioned: BEGIN, the dialect's server check if it has one
 // (dialect.ServerChecker), its schema statements, COMMIT, and, if the

@@ -38,7 +38,29 @@
 // lock waits keep the session's timeout.
 //
 // WithStrictGuard reads MariaDB's @@in_transaction, which catches a
-// handler that commits or rolls back the transaction itself. MySQL has no
-// such variable: there the guard's query fails (error 1193) on every
-// applied message, so do not enable it on MySQL.
+// handler that commits or rolls back the transaction itself, before commit
+// and, when the handler fails, once more. MySQL has no such variable: there
+// EnsureSchema fails (error 1193) when the strict guard is on, rather than
+// every applied message.
+//
+// # Implicit commits
+//
+// MySQL and MariaDB commit the open transaction to run DDL (CREATE, ALTER,
+// DROP, RENAME, TRUNCATE, except of TEMPORARY tables), LOCK TABLES, account
+// management and a few administrative statements
+// ([Dialect.CommitsImplicitly] lists them). Run through the claim's
+// transaction, such a statement would commit the claim with the part of the
+// effect run so far; if the handler then failed, the redelivery would be a
+// Duplicate and the rest of the effect lost. The dialect implements
+// dialect.ImplicitCommitter, so a database opened through
+// idempotent.GuardConnector refuses these statements with
+// idempotent.ErrAutocommit before they reach the server. Without the guard,
+// WithStrictGuard on MariaDB reports it after the fact: the error matches
+// ErrAutocommit and says the claim committed without its full effect.
+//
+// # Isolation levels
+//
+// WithTxOptions accepts the levels go-sql-driver/mysql can begin: Default,
+// Read Uncommitted, Read Committed, Repeatable Read and Serializable
+// ([Dialect.CheckTxOptions]); New refuses the others.
 package mysql

@@ -1,15 +1,3 @@
-// Package otelmetrics reports the idempotent middleware's outcomes and
-// retries as OpenTelemetry metrics. It is kept out of the root package so
-// that only users who want OpenTelemetry import it.
-//
-// The instruments are:
-//
-//	idempotent.outcomes  counter    consumer, outcome ("applied", "duplicate", "error")
-//	idempotent.retries   counter    consumer, reason ("serialization", "connection"), sqlstate
-//	idempotent.duration  histogram  consumer, outcome; seconds, retries included
-//
-// The duplicate share of idempotent.outcomes is the real redelivery rate of a
-// broker and consumer.
 package otelmetrics
 
 import (
@@ -19,27 +7,47 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txclaim/idempotent"
 )
 
-// ScopeName is the instrumentation scope of the meter the observer uses.
+// ScopeName is the instrumentation scope of the meter and the tracer the
+// observer uses.
 const ScopeName = "github.com/txclaim/idempotent"
 
-// Observer is an idempotent.Observer that records OpenTelemetry metrics.
+// Observer is an idempotent.Observer that records OpenTelemetry metrics and,
+// when given a TracerProvider, spans. It is also an idempotent.Starter, so
+// that a delivery's span is started before its first attempt. It is safe for
+// concurrent use.
 type Observer struct {
 	outcomes metric.Int64Counter
 	retries  metric.Int64Counter
 	duration metric.Float64Histogram
+	tracer   trace.Tracer // nil: no spans
 }
 
-var _ idempotent.Observer = (*Observer)(nil)
+var (
+	_ idempotent.Observer = (*Observer)(nil)
+	_ idempotent.Starter  = (*Observer)(nil)
+)
 
-// New returns an Observer recording to a meter of mp. Pass it to the
-// middleware with idempotent.WithObserver.
-func New(mp metric.MeterProvider) (*Observer, error) {
+// New returns an Observer recording to a meter of mp and, with
+// WithTracerProvider, to a tracer. Pass it to the middleware with
+// idempotent.WithObserver. For spans without metrics, pass a no-op
+// MeterProvider (go.opentelemetry.io/otel/metric/noop).
+func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	if mp == nil {
 		return nil, errors.New("otelmetrics: nil MeterProvider")
+	}
+	var cfg config
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("otelmetrics: New: nil option")
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
 	}
 	m := mp.Meter(ScopeName)
 	var o Observer
@@ -59,28 +67,42 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 		metric.WithUnit("s")); err != nil {
 		return nil, fmt.Errorf("otelmetrics: %w", err)
 	}
+	if cfg.tp != nil {
+		o.tracer = newTracer(cfg.tp)
+	}
 	return &o, nil
 }
 
-// Outcome records one delivery's outcome and duration.
+// Outcome records one delivery's outcome and duration, and ends its span.
 func (o *Observer) Outcome(ctx context.Context, e idempotent.Event) {
-	outcome := "error"
-	if e.Err == nil {
-		outcome = e.Outcome.String()
-	}
+	outcome := outcomeName(e)
 	attrs := metric.WithAttributeSet(attribute.NewSet(
 		attribute.String("consumer", e.Consumer),
 		attribute.String("outcome", outcome),
 	))
 	o.outcomes.Add(ctx, 1, attrs)
 	o.duration.Record(ctx, e.Duration.Seconds(), attrs)
+	if o.tracer != nil {
+		o.endSpan(ctx, e, outcome)
+	}
 }
 
-// Retry records one retried attempt.
+// Retry records one retried attempt, as a count and as an event of the
+// delivery's span.
 func (o *Observer) Retry(ctx context.Context, e idempotent.RetryEvent) {
 	o.retries.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
 		attribute.String("consumer", e.Consumer),
 		attribute.String("reason", e.Reason),
 		attribute.String("sqlstate", e.Code),
 	)))
+	if o.tracer != nil {
+		o.retryEvent(ctx, e)
+	}
+}
+
+func outcomeName(e idempotent.Event) string {
+	if e.Err != nil {
+		return "error"
+	}
+	return e.Outcome.String()
 }

@@ -203,12 +203,14 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 	defer hcancel()
 	stopping := make(chan struct{})
 	var wg sync.WaitGroup
+	wg.Add(c.cfg.workers)
 	for range c.cfg.workers {
-		wg.Go(func() {
+		go func() {
+			defer wg.Done()
 			for d := range deliveries {
 				c.work(hctx, &d, stopping)
 			}
-		})
+		}()
 	}
 	workersDone := make(chan struct{})
 	go func() {
@@ -277,6 +279,11 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 		c.settle(ctx, Settlement{Delivery: d, Action: Released}, d.Nack(false, true))
 		return
 	default:
+	}
+	if c.cfg.deliveryContext != nil {
+		if dctx := c.cfg.deliveryContext(ctx, d); dctx != nil {
+			ctx = dctx
+		}
 	}
 	c.stats.delivered.Add(1)
 	outcome, err := c.handle(ctx, d)

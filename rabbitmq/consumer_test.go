@@ -113,6 +113,8 @@ func TestSettlesFailuresByKind(t *testing.T) {
 		{"no key", fmt.Errorf("wrapped: %w", rabbitmq.ErrNoKey), "reject 1"},
 		{"invalid key", fmt.Errorf("idempotent: %w: empty", idempotent.ErrInvalidKey), "reject 1"},
 		{"beyond retention", fmt.Errorf("idempotent: %w", idempotent.ErrBeyondRetention), "reject 1"},
+		{"event time in the future", fmt.Errorf("idempotent: %w", idempotent.ErrInvalidEventTime), "reject 1"},
+		{"no partition yet", fmt.Errorf("idempotent: %w", idempotent.ErrNoPartition), "nack 1 requeue"},
 		{"undecodable", fmt.Errorf("x: %w", rabbitmq.ErrUndecodable), "reject 1"},
 		{"marked poison", rabbitmq.Poison(appPoison), "reject 1"},
 		{"added predicate", fmt.Errorf("handler: %w", poisonedByApp{}), "reject 1"},
@@ -404,6 +406,7 @@ func TestNewConsumerRejectsBadOptions(t *testing.T) {
 		{"nil poison", "q", h, []rabbitmq.Option{rabbitmq.WithPoison(nil)}, "WithPoison"},
 		{"nil settle hook", "q", h, []rabbitmq.Option{rabbitmq.WithOnSettle(nil)}, "WithOnSettle"},
 		{"empty tag", "q", h, []rabbitmq.Option{rabbitmq.WithConsumerTag("")}, "WithConsumerTag"},
+		{"nil delivery context", "q", h, []rabbitmq.Option{rabbitmq.WithDeliveryContext(nil)}, "WithDeliveryContext"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -415,5 +418,39 @@ func TestNewConsumerRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := rabbitmq.NewConsumer("q", h, rabbitmq.WithWorkers(8)); err != nil {
 		t.Fatalf("8 workers with the default prefetch: %v", err)
+	}
+}
+
+type traceKey struct{}
+
+// WithDeliveryContext derives the context the handler and the settle
+// function get, from the delivery (a trace id in its headers, say); a nil
+// return keeps the Run's context.
+func TestDeliveryContextReachesHandlerAndSettle(t *testing.T) {
+	t.Parallel()
+	f := newFakeChannel()
+	c := newConsumer(t, func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
+		f.record("handled %d with %v", d.DeliveryTag, ctx.Value(traceKey{}))
+		return idempotent.Applied, nil
+	}, rabbitmq.WithWorkers(1),
+		rabbitmq.WithDeliveryContext(func(ctx context.Context, d *amqp.Delivery) context.Context {
+			if id, ok := d.Headers["trace-id"]; ok {
+				return context.WithValue(ctx, traceKey{}, id)
+			}
+			return nil
+		}),
+		rabbitmq.WithOnSettle(func(ctx context.Context, s rabbitmq.Settlement) {
+			f.record("settled %d with %v", s.Delivery.DeliveryTag, ctx.Value(traceKey{}))
+		}))
+	stop, _ := start(t, c, f)
+	f.deliver(amqp.Delivery{MessageId: "a", Headers: amqp.Table{"trace-id": "t1"}})
+	f.deliver(amqp.Delivery{MessageId: "b"})
+	waitFor(t, "two settlements", hasEvent(f, "settled 2 with <nil>"))
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"handled 1 with t1", "ack 1", "settled 1 with t1", "handled 2 with <nil>", "ack 2", "settled 2 with <nil>", "cancel"}
+	if got := f.log(); !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
 	}
 }

@@ -10,13 +10,20 @@
 //   - the handler succeeded: ack;
 //   - the message is poison — it has no key ([ErrNoKey]), its key is invalid
 //     ([idempotent.ErrInvalidKey]), its body cannot be decoded
-//     ([ErrUndecodable]), or the handler marked the error with [Poison]:
+//     ([ErrUndecodable]), it is older than the retention window
+//     ([idempotent.ErrBeyondRetention]) or its event time is zero or in the
+//     future ([idempotent.ErrInvalidEventTime]), or the handler marked the
+//     error with [Poison]:
 //     reject without requeue, so the broker moves it to the queue's
 //     dead-letter exchange (or drops it, if the queue has none). More poison
 //     errors can be added with [WithPoison];
 //   - any other failure: wait the requeue delay ([WithRequeueDelay], one
 //     second by default), then nack with requeue, so a failing message
-//     comes back without spinning.
+//     comes back without spinning. This includes what is not possible yet
+//     but will be: a day whose partition MaintainPartitions has not created
+//     yet ([idempotent.ErrNoPartition]), a claim held by another delivery
+//     ([idempotent.ErrClaimBusy]) and exhausted retries
+//     ([idempotent.ErrRetriesExhausted]).
 //
 // The message key must be an identity the producer assigned — the AMQP
 // message_id property ([MessageID]), a header ([Header]) or a field of the
@@ -30,4 +37,10 @@
 // closed under it. Reconnecting is the caller's loop: open a new channel and
 // call Run again. Deliveries whose ack was lost come back, and the claim makes
 // them duplicates.
+//
+// [WithDeliveryContext] derives each delivery's context from the delivery
+// before the handler runs: with OpenTelemetry, extract the producer's trace
+// context from the headers there (otelmetrics.ContextFromHeaders), and the
+// middleware's span for the delivery continues that trace. The package
+// itself imports no tracing library.
 package rabbitmq

@@ -50,11 +50,20 @@ func Poison(err error) error {
 
 // IsPoison is the default poison predicate: it reports whether err matches
 // ErrPoison (which includes ErrUndecodable and errors marked with Poison),
-// idempotent.ErrInvalidKey (which includes ErrNoKey) or
+// idempotent.ErrInvalidKey (which includes ErrNoKey),
 // idempotent.ErrBeyondRetention (a message older than the retention window,
-// whose claim may already be gone: applying it could double its effect). A
-// Consumer consults it first, then any predicates added with WithPoison.
+// whose claim may already be gone: applying it could double its effect) or
+// idempotent.ErrInvalidEventTime (an event time that is zero or in the
+// future beyond the clock-skew margin: a producer bug that redelivery cannot
+// fix). A Consumer consults it first, then any predicates added with
+// WithPoison.
+//
+// What is not yet possible is not poison, and is requeued after the requeue
+// delay: idempotent.ErrNoPartition (in partitioned mode, the event day's
+// partition is not created yet), idempotent.ErrClaimBusy (another delivery
+// holds the claim) and idempotent.ErrRetriesExhausted (the database kept
+// failing with retryable errors).
 func IsPoison(err error) bool {
 	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
-		errors.Is(err, idempotent.ErrBeyondRetention)
+		errors.Is(err, idempotent.ErrBeyondRetention) || errors.Is(err, idempotent.ErrInvalidEventTime)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // An Option configures a Consumer. Options are checked by NewConsumer: a bad
@@ -33,6 +35,7 @@ type config struct {
 	shutdownTimeout time.Duration
 	poison          []func(error) bool
 	onSettle        func(context.Context, Settlement)
+	deliveryContext func(context.Context, *amqp.Delivery) context.Context
 	tagPrefix       string
 }
 
@@ -144,6 +147,24 @@ func WithConsumerTag(prefix string) Option {
 			return fmt.Errorf("rabbitmq: WithConsumerTag: %q, want 1 to 200 bytes", prefix)
 		}
 		c.tagPrefix = prefix
+		return nil
+	})
+}
+
+// WithDeliveryContext sets a function that derives each delivery's context
+// from the delivery, before the handler runs: the handler and the
+// WithOnSettle function get the context it returns. Use it to continue a
+// producer's trace carried in the message's headers, with a propagator of
+// your tracing library (otelmetrics.ContextFromHeaders for OpenTelemetry).
+// f runs on the worker's goroutine and must return ctx or a context derived
+// from it, so that the shutdown timeout still cancels the handler; a nil
+// return keeps ctx. Default is none.
+func WithDeliveryContext(f func(ctx context.Context, d *amqp.Delivery) context.Context) Option {
+	return optionFunc(func(c *config) error {
+		if f == nil {
+			return errors.New("rabbitmq: WithDeliveryContext: nil function")
+		}
+		c.deliveryContext = f
 		return nil
 	})
 }

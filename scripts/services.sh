@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Starts (and, on a machine without them, installs) the servers the tests
-# talk to: PostgreSQL on 127.0.0.1:5432, MariaDB on 127.0.0.1:3306 and
-# RabbitMQ on 127.0.0.1:5672. Servers that already answer are left alone.
+# talk to: PostgreSQL on 127.0.0.1:5432, MariaDB on 127.0.0.1:3306, RabbitMQ
+# on 127.0.0.1:5672, NATS with JetStream on 127.0.0.1:4222 and Redis on
+# 127.0.0.1:6379; and installs the binaries tests start servers of their own
+# from (nats-server for a JetStream cluster, redis-server, pgbouncer).
+# Servers that already answer are left alone.
 set -euo pipefail
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -52,5 +55,27 @@ rabbitmq() {
   wait_for 5672 RabbitMQ 120
 }
 
-if [ $# -eq 0 ]; then set -- postgres mariadb rabbitmq; fi
+nats() {
+  type -P nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || { echo "services: installing nats-server"; apt_install nats-server; }
+  listening 4222 && return 0
+  as_root mkdir -p /var/lib/nats-server
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_for 4222 NATS 60
+}
+
+redis() {
+  type -P redis-server >/dev/null || { echo "services: installing Redis"; apt_install redis-server; }
+  listening 6379 && return 0
+  as_root mkdir -p /var/lib/redis /var/log/redis
+  as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for 6379 Redis 60
+}
+
+pgbouncer() {
+  type -P pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { echo "services: installing PgBouncer"; apt_install pgbouncer; }
+}
+
+if [ $# -eq 0 ]; then set -- postgres mariadb rabbitmq nats redis pgbouncer; fi
 for s in "$@"; do "$s"; done

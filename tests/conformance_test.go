@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/dialect/dialecttest"
 	"github.com/txclaim/idempotent/mysql"
@@ -30,8 +31,12 @@ func TestConformancePostgres(t *testing.T) {
 		},
 		// The server is shared (max_connections 100): 32 deliveries queue
 		// for 16 connections.
-		MaxConns:    16,
-		KillSession: killPostgres,
+		MaxConns:         16,
+		KillSession:      killPostgres,
+		LockTimeoutQuery: "SHOW lock_timeout",
+		OpenGuarded: func(t testing.TB) (*sql.DB, error) {
+			return sql.OpenDB(idempotent.GuardConnector(connector(t, "pq", pgDSN))), nil
+		},
 		Provokers: []dialecttest.Provoker{
 			{Name: "serialization failure", Want: dialect.KindSerialization, Provoke: pgWriteSkew},
 			{Name: "lock not available", Want: dialect.KindLockTimeout, Provoke: pgNoWait},
@@ -43,11 +48,13 @@ func TestConformancePostgres(t *testing.T) {
 func TestConformanceMySQL(t *testing.T) {
 	dsn := mysqlDSN(t)
 	dialecttest.Run(t, dialecttest.Harness{
-		Dialect:     mysql.New(),
-		Open:        func(testing.TB) (*sql.DB, error) { return sql.Open("mysql", dsn) },
-		Table:       func(testing.TB, *sql.DB) string { return uniqueName("t") },
-		MaxConns:    34,
-		KillSession: killMySQL,
+		Dialect:          mysql.New(),
+		Open:             func(testing.TB) (*sql.DB, error) { return sql.Open("mysql", dsn) },
+		Table:            func(testing.TB, *sql.DB) string { return uniqueName("t") },
+		MaxConns:         34,
+		KillSession:      killMySQL,
+		LockTimeoutQuery: "SELECT @@SESSION.innodb_lock_wait_timeout",
+		OpenGuarded:      func(testing.TB) (*sql.DB, error) { return idempotent.OpenGuarded("mysql", dsn) },
 		Provokers: []dialecttest.Provoker{
 			{Name: "lock wait timeout", Want: dialect.KindLockTimeout, Provoke: mysqlLockWait},
 			{Name: "undefined table", Want: dialect.KindUndefinedTable, Provoke: missingTableInsert("?")},

@@ -256,7 +256,11 @@ func TestMaintainPartitionsCreatesAheadAndDropsOldDays(t *testing.T) {
 	}
 }
 
-func TestMissingPartitionIsBeyondRetention(t *testing.T) {
+// TestMissingPartitionIsNotTooOld: a message dated after the days created
+// ahead is in the future (ErrInvalidEventTime, before any transaction); a day
+// inside the window whose partition is gone is ErrNoPartition, transient,
+// never ErrBeyondRetention, which means too old.
+func TestMissingPartitionIsNotTooOld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	l, clock := partitionedLoyalty(t, time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC), 3)
@@ -265,16 +269,16 @@ func TestMissingPartitionIsBeyondRetention(t *testing.T) {
 	check := func(name string, err error) {
 		t.Helper()
 		var pqErr *pq.Error
-		if !errors.Is(err, idempotent.ErrBeyondRetention) || !errors.As(err, &pqErr) || pqErr.Code != "23514" {
-			t.Fatalf("%s: %v, want ErrBeyondRetention from SQLSTATE 23514", name, err)
+		if !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !errors.As(err, &pqErr) || pqErr.Code != "23514" {
+			t.Fatalf("%s: %v, want ErrNoPartition from SQLSTATE 23514", name, err)
 		}
 	}
 
-	// Beyond the days created ahead (the last is 17 March).
+	// Beyond the days created ahead (the last is 17 March), and beyond the
+	// clock: refused before the claim.
 	_, err := l.mw.ProcessEvent(ctx, "future", time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC), count)
-	check("event after the last partition", err)
-	if !strings.Contains(err.Error(), "has no partition for event day 2031-03-19") {
-		t.Errorf("error does not name the day: %v", err)
+	if !errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("event after the last partition: %v, want ErrInvalidEventTime", err)
 	}
 	// Inside the window, but the day's partition is gone.
 	if _, err := l.db.Exec("DROP TABLE " + pq.QuoteIdentifier(l.schema) + ".processed_messages_p20310310"); err != nil {
@@ -282,6 +286,9 @@ func TestMissingPartitionIsBeyondRetention(t *testing.T) {
 	}
 	_, err = l.mw.ProcessEvent(ctx, "gap", time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC), count)
 	check("event on a dropped day", err)
+	if !strings.Contains(err.Error(), "has no partition for event day 2031-03-10") {
+		t.Errorf("error does not name the day: %v", err)
+	}
 	// ClaimEvent in the caller's transaction.
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -293,13 +300,13 @@ func TestMissingPartitionIsBeyondRetention(t *testing.T) {
 	if ran != 0 || retCount(t, l.db, l.schema+".processed_messages", "") != 0 {
 		t.Fatalf("handler ran %d times; want nothing written", ran)
 	}
-	// Once its partition exists, the future message applies.
-	clock.Add(3 * 24 * time.Hour)
+	// Once its day has come and its partition exists, the message applies.
+	clock.Add(5 * 24 * time.Hour)
 	if _, err := l.mw.MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := l.mw.ProcessEvent(ctx, "future", time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC), count); got != idempotent.Applied || err != nil {
-		t.Fatalf("future event once its day exists = (%v, %v)", got, err)
+		t.Fatalf("the event once its day exists = (%v, %v)", got, err)
 	}
 }
 

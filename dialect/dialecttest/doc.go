@@ -26,7 +26,27 @@
 //     has no transaction id, is refused by idempotent.New;
 //   - bad input: bad keys (empty, NUL, invalid UTF-8, longer than
 //     MaxKeyBytes) and bad table names are rejected with nothing written;
-//     a missing claim table is reported as ErrNoClaimTable.
+//     a missing claim table is reported as ErrNoClaimTable;
+//   - the batch claim: ProcessBatch applies each distinct new key once,
+//     reports repeats and earlier claims as duplicates, rolls back whole,
+//     and shares its claims with Process;
+//   - the lock timeout's scope: after a claim and after a batch claim with
+//     WithLockTimeout, the session's lock timeout (Harness.LockTimeoutQuery)
+//     is what it was before, and in the handler too where the dialect is a
+//     dialect.LockTimeoutResetter;
+//   - DDL in a handler: run through the claim's transaction and followed by
+//     a failure, it leaves nothing committed and the redelivery applies
+//     once — transactional DDL rolls back, and where the dialect is a
+//     dialect.ImplicitCommitter the guard (Harness.OpenGuarded) refuses the
+//     statement before it reaches the database;
+//   - transaction options: New refuses ReadOnly and, where the dialect is a
+//     dialect.TxOptionsChecker, each level it refuses, naming the level and
+//     the dialect; every level it accepts runs a claim;
+//   - the optional interfaces, where the dialect implements them:
+//     dialect.Cleaner (Cleanup deletes only claims past the window),
+//     dialect.Partitioner (a day's claim applies once; a day without its
+//     partition yet is ErrNoPartition until MaintainPartitions creates it)
+//     and dialect.Upserter (the version-guarded upsert).
 //
 // Every check feeds the dialect errors the database really produced; none
 // is built by hand.

@@ -61,10 +61,22 @@ type Harness struct {
 	Skip map[string]string
 
 	// Extra runs more checks after the suite's own, as subtests of Run's
-	// test with the given names: checks particular to the dialect, or
-	// checks the suite does not have yet (cleanup and retention, for
-	// dialects that offer them).
+	// test with the given names: checks particular to the dialect.
 	Extra map[string]func(t *testing.T, e *Env)
+
+	// OpenGuarded returns a new *sql.DB on the same database as Open, with
+	// its connections wrapped by idempotent.GuardConnector (for instance
+	// with idempotent.OpenGuarded). Required when the dialect implements
+	// dialect.ImplicitCommitter: the ImplicitCommit check sends DDL through
+	// the claim's transaction and expects the guard to refuse it.
+	OpenGuarded func(t testing.TB) (*sql.DB, error)
+
+	// LockTimeoutQuery is a query yielding the session's current lock
+	// timeout as one value, such as "SHOW lock_timeout" (Postgres) or
+	// "SELECT @@SESSION.innodb_lock_wait_timeout" (MySQL). Required when
+	// the dialect can bound lock waits: the LockTimeoutRestored checks
+	// compare it on one session before and after a claim.
+	LockTimeoutQuery string
 }
 
 // Provoker makes the database under test fail with a real error that the

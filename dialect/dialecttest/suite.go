@@ -51,10 +51,16 @@ func checks() []check {
 		{"BadKeys", checkBadKeys},
 		{"BadTableNames", checkBadTableNames},
 		{"MissingTable", checkMissingTable},
-		// Cleanup and retention: when package dialect gains an optional
-		// interface for them, their checks go here, run only for dialects
-		// that implement it. Until then a dialect's harness adds them
-		// through Harness.Extra.
+		{"BatchClaim", checkBatchClaim},
+		{"LockTimeoutRestored/Claim", func(t *testing.T, e *Env) { checkLockTimeoutRestored(t, e, false) }},
+		{"LockTimeoutRestored/BatchClaim", func(t *testing.T, e *Env) { checkLockTimeoutRestored(t, e, true) }},
+		{"ImplicitCommit", checkImplicitCommit},
+		{"IsolationLevels", checkIsolationLevels},
+		// The optional interfaces of package dialect, checked where the
+		// dialect implements them and skipped where it does not.
+		{"Optional/Cleaner", checkCleaner},
+		{"Optional/Partitioner", checkPartitioner},
+		{"Optional/Upserter", checkUpserter},
 	}
 }
 

@@ -73,17 +73,20 @@ type dialectCase struct {
 	d         dialect.Dialect
 	retryable error // a serialization failure or lost connection
 	fatal     error // an error that is not retried
+	// txGone is what the transaction check meets after the transaction
+	// suffered retryable: aborted, or its connection lost.
+	txGone error
 	// server answers the dialect's server check, for ExpectEnsureSchema
 	// with the table "s.claims".
 	server []string
 }
 
 var dialects = []dialectCase{
-	{"postgres", postgres.New(), &pq.Error{Code: "40001"}, &pq.Error{Code: "23502"}, []string{"PostgreSQL 16.4 on x86_64-pc-linux-gnu"}},
-	{"postgres-deadlock", postgres.New(), &pq.Error{Code: "40P01"}, &pq.Error{Code: "22001"}, []string{"CockroachDB CCL v23.1"}},
-	{"mysql", mysql.New(), &mysqldrv.MySQLError{Number: 1213}, &mysqldrv.MySQLError{Number: 1048}, []string{"10.11.6-MariaDB", "YES", "InnoDB"}},
-	{"sqlite", sqlite.New(), driver.ErrBadConn, errors.New("constraint failed"), []string{"3.46.0"}},
-	{"fake", fakeDialect{}, &fakeError{retryable: true}, &fakeError{}, nil},
+	{"postgres", postgres.New(), &pq.Error{Code: "40001"}, &pq.Error{Code: "23502"}, &pq.Error{Code: "25P02"}, []string{"PostgreSQL 16.4 on x86_64-pc-linux-gnu"}},
+	{"postgres-deadlock", postgres.New(), &pq.Error{Code: "40P01"}, &pq.Error{Code: "22001"}, &pq.Error{Code: "25P02"}, []string{"CockroachDB CCL v23.1"}},
+	{"mysql", mysql.New(), &mysqldrv.MySQLError{Number: 1213}, &mysqldrv.MySQLError{Number: 1048}, &mysqldrv.MySQLError{Number: 1305}, []string{"10.11.6-MariaDB", "YES", "InnoDB"}},
+	{"sqlite", sqlite.New(), driver.ErrBadConn, errors.New("constraint failed"), driver.ErrBadConn, []string{"3.46.0"}},
+	{"fake", fakeDialect{}, &fakeError{retryable: true}, &fakeError{}, &fakeError{}, nil},
 }
 
 // supports reports whether d can run the Middleware options of cfg.
@@ -193,11 +196,20 @@ func TestDeliveries(t *testing.T) {
 		{"effect-retryable-then-applied", func(m *mocks.Mock, dc dialectCase) {
 			m.ExpectApplied(key)
 			m.ExpectExec(effectSQL).WillReturnError(dc.retryable)
+			m.ExpectTxCheck(dc.txGone)
 			m.ExpectRollback()
 			m.ExpectApplied(key)
 			expectEffect(m)
 			m.ExpectCommit()
 		}, idempotent.Applied, nil},
+		{"effect-retryable-elsewhere-returned", func(m *mocks.Mock, dc dialectCase) {
+			m.ExpectApplied(key)
+			m.ExpectExec(effectSQL).WillReturnError(dc.retryable)
+			m.ExpectTxCheck(nil)
+			m.ExpectRollback()
+		}, 0, func(dc dialectCase, err error) bool {
+			return errors.Is(err, dc.retryable) && !errors.Is(err, idempotent.ErrRetriesExhausted)
+		}},
 	}
 	for _, dc := range dialects {
 		for _, cfg := range configs {

@@ -1,0 +1,25 @@
+package dialect
+
+// The statements the middleware runs on the claim's transaction after the
+// handler failed with an error that Classify calls retryable (a
+// serialization failure, a deadlock or a lost connection), to learn whether
+// the transaction itself suffered that failure or the handler met it
+// elsewhere — on another database, another connection, or its own network
+// call. They are standard SQL, which Postgres, MySQL, MariaDB and SQLite run
+// alike, so no dialect supplies them:
+//
+//   - both succeed: the transaction is alive and still open, so the failure
+//     was not its own, and the handler's error is returned without a retry;
+//   - one fails with an error Classify calls KindConnection (or
+//     driver.ErrBadConn): the connection is gone, and the transaction with it;
+//   - one fails otherwise: the database aborted the transaction. Postgres
+//     refuses every statement of an aborted transaction (SQLSTATE 25P02);
+//     InnoDB rolls a deadlocked transaction back, after which the savepoint
+//     is not kept and its release fails (error 1305).
+//
+// The savepoint is released again at once; the middleware rolls the
+// transaction back afterwards in any case.
+const (
+	ProbeSavepointSQL = "SAVEPOINT idempotent_probe"
+	ProbeReleaseSQL   = "RELEASE SAVEPOINT idempotent_probe"
+)

@@ -1,0 +1,108 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/rabbitmq"
+)
+
+// TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered: in partitioned
+// mode, a message whose day is inside the window but whose partition
+// MaintainPartitions has not created yet is not possible yet, not too old:
+// the consumer requeues it (with its bounded delay) instead of
+// dead-lettering it, and it applies once the partition exists.
+func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	url := amqpURL(t)
+	l, clock := partitionedLoyalty(t, time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC), 1) // days up to 15 March
+	l.db.SetMaxOpenConns(4)
+	clock.Add(2 * 24 * time.Hour) // 16 March, and MaintainPartitions has not run
+	top := declareTopology(t, url)
+	admin := dialTest(t, url)
+	msg := orderCompleted{OrderID: 1603, CustomerID: 16, TotalCents: 3100}
+	pub := orderMessage(t, msg)
+	pub.Timestamp = clock.Now().Add(-time.Hour) // the producer's event time
+	newPublisher(t, admin, top.queue).publish(t, pub)
+
+	// The handler users write for event-time messages: key and event time
+	// from the AMQP properties.
+	credit := idempotent.WrapEvent(l.mw, func(d *amqp.Delivery) (string, time.Time, error) { return d.MessageId, d.Timestamp, nil },
+		func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+			o, err := rabbitmq.JSON[orderCompleted](d.Body)
+			if err != nil {
+				return err
+			}
+			return l.credit(ctx, tx, o)
+		})
+	settled := make(chan rabbitmq.Settlement)
+	stop := make(chan struct{})
+	defer close(stop)
+	c, err := rabbitmq.NewConsumer(top.queue, func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) { return credit(ctx, d) },
+		rabbitmq.WithWorkers(1), rabbitmq.WithRequeueDelay(20*time.Millisecond),
+		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+			select {
+			case settled <- s: // the worker waits for the test to look
+			case <-stop:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := openChannel(t, dialTest(t, url))
+	defer ch.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- c.Run(ctx, ch) }()
+	next := func(what string) rabbitmq.Settlement {
+		t.Helper()
+		select {
+		case s := <-settled:
+			return s
+		case err := <-res:
+			t.Fatalf("Run returned before %s: %v", what, err)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("timed out waiting for %s (stats %+v)", what, c.Stats())
+		}
+		return rabbitmq.Settlement{}
+	}
+	first := next("the first settlement")
+	if first.Action != rabbitmq.Requeued {
+		t.Fatalf("first delivery settled as %v (%v), want Requeued: the day's partition is only not there yet", first.Action, first.Err)
+	}
+	t.Logf("first delivery requeued: %v", first.Err)
+	if _, err := l.mw.MaintainPartitions(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		s := next("the ack")
+		if s.Action == rabbitmq.Acked {
+			if s.Outcome != idempotent.Applied {
+				t.Fatalf("acked as %v, want Applied", s.Outcome)
+			}
+			break
+		}
+		if s.Action != rabbitmq.Requeued {
+			t.Fatalf("settled as %v (%v), want Requeued until the partition exists, then Acked", s.Action, s.Err)
+		}
+	}
+	cancel()
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.DeadLettered != 0 || s.Applied != 1 {
+		t.Fatalf("stats %+v, want nothing dead-lettered and one applied", s)
+	}
+	if n := depth(t, admin, top.dlq); n != 0 {
+		t.Fatalf("%d messages in the dead-letter queue", n)
+	}
+	if b, n := l.balance(t, 16), l.ledgerRows(t, 1603); b != pointsFor(msg) || n != 1 {
+		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, pointsFor(msg))
+	}
+}
