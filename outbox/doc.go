@@ -41,7 +41,10 @@
 // idempotency key. Failed calls are retried with exponential backoff and
 // jitter; after the maximum number of attempts the row is marked dead and
 // reported to the [Observer], never retried silently forever. Relays wake on
-// LISTEN/NOTIFY ([WithListener]) and poll as a fallback. [Relay.Run] returns
+// LISTEN/NOTIFY ([WithListener]) and poll as a fallback; a relay whose
+// LISTEN connection does not receive its own test notification (PgBouncer in
+// transaction mode in between) reports [EventListenUnavailable] and polls
+// only. [Relay.Run] returns
 // after the calls in flight when its context ended have finished.
 //
 // # Housekeeping

@@ -47,6 +47,14 @@ var (
 	// record the result. The other relay calls again with the same
 	// idempotency key.
 	ErrLeaseLost = errors.New("outbox: lease lost before the result was recorded")
+
+	// ErrListenUnavailable is the error of an EventListenUnavailable: the
+	// relay's LISTEN connection did not receive the notification the relay
+	// sent itself, so LISTEN cannot work through that connection — as
+	// behind a pooler in transaction or statement mode such as PgBouncer,
+	// which hands the subscribed server connection to other clients. The
+	// relay polls only.
+	ErrListenUnavailable = errors.New("outbox: LISTEN does not receive notifications on this connection")
 )
 
 // Permanent wraps err so that the relay marks the row dead at once instead

@@ -31,8 +31,17 @@ const (
 	// continues); Err says what failed.
 	EventRelayError
 	// EventListening: the relay's LISTEN connection is subscribed (again),
-	// so commits wake it at once.
+	// so commits wake it at once. The first time, it follows a round trip
+	// of a test notification.
 	EventListening
+	// EventListenUnavailable: the relay's LISTEN connection did not
+	// receive the test notification the relay sent itself within the
+	// check timeout (WithListenerCheck). LISTEN cannot work through that
+	// connection — typically PgBouncer in transaction mode sits in
+	// between; point WithListener at the server or at a session-mode pool.
+	// The relay closed the connection and polls only; Err wraps
+	// ErrListenUnavailable.
+	EventListenUnavailable
 )
 
 // String returns the event type's name, such as "sent".
@@ -52,6 +61,8 @@ func (t EventType) String() string {
 		return "relay_error"
 	case EventListening:
 		return "listening"
+	case EventListenUnavailable:
+		return "listen_unavailable"
 	}
 	return fmt.Sprintf("EventType(%d)", int(t))
 }
@@ -100,7 +111,7 @@ func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 // Counts is an Observer that counts events by type. The zero value is ready
 // to use.
 type Counts struct {
-	n [EventListening + 1]atomic.Int64
+	n [EventListenUnavailable + 1]atomic.Int64
 }
 
 var _ Observer = (*Counts)(nil)

@@ -93,6 +93,8 @@ func TestNewRelayRejectsBadInput(t *testing.T) {
 		{"backoff max below initial", []RelayOption{send, WithBackoff(Backoff{Initial: time.Second, Max: time.Millisecond})}, "less than Initial"},
 		{"empty listener DSN", []RelayOption{send, WithListener("")}, "empty connection string"},
 		{"bad listener DSN", []RelayOption{send, WithListener("not a dsn")}, "WithListener: missing"},
+		{"zero listener check", []RelayOption{send, WithListenerCheck(0)}, "WithListenerCheck: 0s is not positive"},
+		{"negative listener check", []RelayOption{send, WithListenerCheck(-time.Second)}, "WithListenerCheck: -1s is not positive"},
 		{"bad relay id", []RelayOption{send, WithRelayID("relay one")}, "relay id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,15 +117,15 @@ func TestNewRelayDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.lease != DefaultLease || r.callTimeout != DefaultLease/2 || r.grace != r.callTimeout ||
-		r.poll != DefaultPollInterval || r.maxAttempts != DefaultMaxAttempts || r.backoff != DefaultBackoff() ||
+		r.poll != DefaultPollInterval || r.listenCheck != DefaultListenerCheck || r.maxAttempts != DefaultMaxAttempts || r.backoff != DefaultBackoff() ||
 		r.concurrency != DefaultConcurrency || r.batch != DefaultBatch || r.id == "" || checkName("id", r.id) != nil {
 		t.Errorf("defaults: %+v", r)
 	}
 	if strings.Join(r.kinds, ",") != "mail,sms" {
 		t.Errorf("kinds %v, want [mail sms]", r.kinds)
 	}
-	r, err = NewRelay(ob, WithSender("mail", nop), WithLease(10*time.Second), WithShutdownGrace(0), WithRelayID("r1"))
-	if err != nil || r.callTimeout != 5*time.Second || r.grace != 0 || r.ID() != "r1" {
+	r, err = NewRelay(ob, WithSender("mail", nop), WithLease(10*time.Second), WithShutdownGrace(0), WithRelayID("r1"), WithListenerCheck(time.Second))
+	if err != nil || r.callTimeout != 5*time.Second || r.grace != 0 || r.ID() != "r1" || r.listenCheck != time.Second {
 		t.Errorf("NewRelay = %+v, %v; want call timeout 5s from the lease, grace 0, id r1", r, err)
 	}
 	r2, err := NewRelay(ob, WithSender("mail", nop))
@@ -226,7 +228,11 @@ func TestCounts(t *testing.T) {
 	if c.Count(EventSent) != 2 || c.Count(EventDead) != 1 || c.Count(EventFailed) != 0 || c.Count(EventType(99)) != 0 {
 		t.Errorf("counts: sent %d dead %d failed %d", c.Count(EventSent), c.Count(EventDead), c.Count(EventFailed))
 	}
-	for e := EventEnqueued; e <= EventListening; e++ {
+	c.Observe(context.Background(), Event{Type: EventListenUnavailable})
+	if c.Count(EventListenUnavailable) != 1 {
+		t.Errorf("counts: listen_unavailable %d, want 1", c.Count(EventListenUnavailable))
+	}
+	for e := EventEnqueued; e <= EventListenUnavailable; e++ {
 		if strings.HasPrefix(e.String(), "EventType(") {
 			t.Errorf("%d has no name", int(e))
 		}

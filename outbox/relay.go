@@ -25,6 +25,7 @@ type Relay struct {
 	senders     map[string]Sender
 	kinds       []string
 	dsn         string
+	listenCheck time.Duration
 	poll        time.Duration
 	lease       time.Duration
 	callTimeout time.Duration
@@ -47,6 +48,7 @@ func NewRelay(o *Outbox, opts ...RelayOption) (*Relay, error) {
 	cfg := relayConfig{
 		senders:     map[string]Sender{},
 		poll:        DefaultPollInterval,
+		listenCheck: DefaultListenerCheck,
 		lease:       DefaultLease,
 		concurrency: DefaultConcurrency,
 		batch:       DefaultBatch,
@@ -77,7 +79,7 @@ func NewRelay(o *Outbox, opts ...RelayOption) (*Relay, error) {
 		cfg.id = defaultRelayID()
 	}
 	r := &Relay{
-		o: o, id: cfg.id, senders: cfg.senders, dsn: cfg.dsn,
+		o: o, id: cfg.id, senders: cfg.senders, dsn: cfg.dsn, listenCheck: cfg.listenCheck,
 		poll: cfg.poll, lease: cfg.lease, callTimeout: cfg.callTimeout, grace: cfg.grace,
 		concurrency: cfg.concurrency, batch: cfg.batch, maxAttempts: cfg.maxAttempts, backoff: cfg.backoff,
 	}
@@ -233,15 +235,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func()) 
 		}
 	})
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		// A nil notification follows a reconnection, after which missed
-		// notifications are unknowable: wake for it too.
-		for range l.Notify {
-			signal()
-		}
-	}()
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if err := l.Listen(r.o.channel); err != nil {
@@ -250,12 +244,61 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) (stop func()) 
 			}
 			return
 		}
+		if !r.checkListen(ctx, l, signal) {
+			_ = l.Close()
+			for range l.Notify { // closed by Close
+			}
+			return
+		}
 		r.observe(ctx, Event{Type: EventListening, Relay: r.id})
 		signal()
+		// A nil notification follows a reconnection, after which missed
+		// notifications are unknowable: wake for it too.
+		for range l.Notify {
+			signal()
+		}
 	}()
 	return func() {
 		_ = l.Close()
 		wg.Wait()
+	}
+}
+
+// checkListen sends a test notification on the outbox's channel through the
+// outbox's database and waits for it on l, signalling wake for any other
+// notification meanwhile. It reports false, after an
+// EventListenUnavailable, if the notification does not arrive within the
+// check timeout, and false if ctx ends first. If the test notification
+// cannot be sent, it reports the error and trusts the subscription.
+func (r *Relay) checkListen(ctx context.Context, l *pq.Listener, signal func()) bool {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	payload := "outbox-listen-check:" + r.id + ":" + hex.EncodeToString(b)
+	if _, err := r.o.db.ExecContext(ctx, "SELECT pg_notify($1, $2)", r.o.channel, payload); err != nil {
+		if ctx.Err() == nil {
+			r.observe(ctx, Event{Type: EventRelayError, Relay: r.id, Err: fmt.Errorf("outbox: test notification on %s: %w", r.o.channel, err)})
+		}
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(r.listenCheck)
+	defer timer.Stop()
+	for {
+		select {
+		case n, ok := <-l.Notify:
+			if !ok {
+				return false
+			}
+			if n != nil && n.Extra == payload {
+				return true
+			}
+			signal()
+		case <-timer.C:
+			r.observe(ctx, Event{Type: EventListenUnavailable, Relay: r.id,
+				Err: fmt.Errorf("%w: the test notification on %s did not arrive within %v; polling every %v instead", ErrListenUnavailable, r.o.channel, r.listenCheck, r.poll)})
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 

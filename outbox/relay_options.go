@@ -75,11 +75,12 @@ func (b Backoff) delay(attempt int) time.Duration {
 
 // Defaults of a Relay's options.
 const (
-	DefaultPollInterval = time.Second
-	DefaultLease        = time.Minute
-	DefaultConcurrency  = 16
-	DefaultBatch        = 16
-	DefaultMaxAttempts  = 15
+	DefaultPollInterval  = time.Second
+	DefaultLease         = time.Minute
+	DefaultConcurrency   = 16
+	DefaultBatch         = 16
+	DefaultMaxAttempts   = 15
+	DefaultListenerCheck = 5 * time.Second
 )
 
 // DefaultBackoff returns the backoff used when WithBackoff is not given:
@@ -99,6 +100,7 @@ type relayConfig struct {
 	senders     map[string]Sender
 	id          string
 	dsn         string
+	listenCheck time.Duration
 	poll        time.Duration
 	lease       time.Duration
 	callTimeout time.Duration
@@ -134,6 +136,12 @@ func WithSender(kind string, s Sender) RelayOption {
 // that Enqueue's notification wakes it as soon as the enqueueing
 // transaction commits. The connection is re-established when lost; polling
 // goes on meanwhile. Default is polling only.
+//
+// Once subscribed, the relay sends itself a test notification through the
+// outbox's *sql.DB and waits for it on the LISTEN connection (see
+// WithListenerCheck). If it does not arrive — dsn goes through a pooler in
+// transaction mode, such as PgBouncer, where LISTEN cannot work — the relay
+// reports EventListenUnavailable, closes the connection and polls only.
 func WithListener(dsn string) RelayOption {
 	return relayOptionFunc(func(c *relayConfig) error {
 		if dsn == "" {
@@ -143,6 +151,20 @@ func WithListener(dsn string) RelayOption {
 			return fmt.Errorf("outbox: WithListener: %w", err)
 		}
 		c.dsn = dsn
+		return nil
+	})
+}
+
+// WithListenerCheck sets how long the relay waits for its test
+// notification on the LISTEN connection before it concludes that LISTEN
+// cannot work there (EventListenUnavailable). It must be positive. Default
+// is DefaultListenerCheck (5s).
+func WithListenerCheck(d time.Duration) RelayOption {
+	return relayOptionFunc(func(c *relayConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("outbox: WithListenerCheck: %v is not positive", d)
+		}
+		c.listenCheck = d
 		return nil
 	})
 }

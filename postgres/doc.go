@@ -47,4 +47,18 @@
 //     detached then dropped by MaintainPartitions; a claim with no partition
 //     for its day (23514) becomes idempotent.ErrBeyondRetention;
 //   - the version-guarded upsert of idempotent.NewVersionedUpsert.
+//
+// # Deployment
+//
+// Every lock and setting the dialect takes is transaction-scoped (SET LOCAL,
+// pg_advisory_xact_lock), so it works behind PgBouncer in transaction mode;
+// see docs/deployment.md for the driver settings that needs. A driver's
+// prepared-statement cache broken by such a pooler fails EnsureSchema with
+// [ErrPooledPreparedStatement].
+//
+// A commit acknowledged before a standby has it is lost if the standby is
+// promoted: [CheckReplication] reports, at start-up, whether that can happen
+// on the consumers' connection (synchronous_commit,
+// synchronous_standby_names, pg_stat_replication), and its
+// [ReplicationReport.Err] refuses what it cannot confirm.
 package postgres

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,6 +10,16 @@ import (
 )
 
 var _ dialect.ServerChecker = (*Dialect)(nil)
+
+// ErrPooledPreparedStatement is wrapped by CheckServer (and so by
+// EnsureSchema) when the server says a prepared statement the driver relies
+// on does not exist (SQLSTATE 26000) or already exists (42P05): the driver
+// caches prepared statements per connection, and a pooler in transaction
+// mode, such as PgBouncer, runs each transaction on whichever server
+// connection is free. Use pgx's default_query_exec_mode=exec (or
+// simple_protocol) and lib/pq's binary_parameters=yes behind such a pooler;
+// see docs/deployment.md.
+var ErrPooledPreparedStatement = errors.New("the driver's prepared statements do not match the server connection (a transaction-mode pooler in between?)")
 
 // versionSQL is the query CheckServer runs.
 const versionSQL = "SELECT version()"
@@ -23,6 +34,9 @@ func (d *Dialect) CheckServer(ctx context.Context, _ dialect.Table, q dialect.Qu
 	if err != nil {
 		if d.Classify(err).Retryable() {
 			return err
+		}
+		if c := d.Classify(err).Code; c == "26000" || c == "42P05" {
+			return fmt.Errorf("postgres dialect: %w: %s failed: %w; behind PgBouncer in transaction mode set pgx's default_query_exec_mode=exec or lib/pq's binary_parameters=yes", ErrPooledPreparedStatement, versionSQL, err)
 		}
 		return fmt.Errorf("postgres dialect: %w: %s failed, so the server is not PostgreSQL (is the *sql.DB opened with another driver?): %w", dialect.ErrWrongDatabase, versionSQL, err)
 	}

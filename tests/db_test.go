@@ -114,7 +114,7 @@ func openDB(t testing.TB) *sql.DB {
 	if pgDSN == "" {
 		t.Skip(skipReason)
 	}
-	db, err := sql.Open("postgres", pgDSN)
+	db, err := sql.Open("postgres", routedDSN(t, "pq"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func openGuardedDSN(t testing.TB, drv, dsn string, maxConns int) *sql.DB {
 		t.Skip(skipReason)
 	}
 	if dsn == "" {
-		dsn = pgDSN
+		dsn = routedDSN(t, drv)
 	}
 	db := sql.OpenDB(idempotent.GuardConnector(connector(t, drv, dsn)))
 	db.SetMaxOpenConns(maxConns)
@@ -67,9 +67,18 @@ func openGuardedDSN(t testing.TB, drv, dsn string, maxConns int) *sql.DB {
 
 // openMonitor opens a small plain lib/pq pool for the test's own bookkeeping
 // (polling pg_stat_activity, killing backends, counting rows).
+// It connects straight to the test database even when the test's own
+// connections are routed through a pooler (see routeTests).
 func openMonitor(t testing.TB) *sql.DB {
 	t.Helper()
-	db := openDB(t)
+	if pgDSN == "" {
+		t.Skip(skipReason)
+	}
+	db, err := sql.Open("postgres", pgDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeChecked(t, db) })
 	db.SetMaxOpenConns(3)
 	return db
 }

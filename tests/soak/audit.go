@@ -154,11 +154,14 @@ func (s *soak) print(res *result, faulted, drained time.Duration) {
 		if k == faultRestart && n > 0 {
 			desc += fmt.Sprintf(" (down %v)", s.restart.Round(time.Millisecond))
 		}
+		if k == faultFailover && n > 0 {
+			desc += fmt.Sprintf(" (killed and promoted in %v)", s.failover.Round(time.Millisecond))
+		}
 		if m := s.missed[k]; m > 0 {
 			desc += fmt.Sprintf(" [%d found no target]", m)
 		}
 		fl = append(fl, desc)
-		if k == faultRestart {
+		if globalFault(k) {
 			if n == 0 {
 				res.failf("fault %s was never injected", k)
 			}

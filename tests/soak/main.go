@@ -4,7 +4,8 @@
 // It creates a throwaway PostgreSQL cluster of its own (initdb into a
 // temporary directory, its own port, a Unix socket in that directory; as
 // root the server runs as the postgres OS user), never the machine's shared
-// server. Two lanes, one under READ COMMITTED and one under SERIALIZABLE,
+// server, and a synchronous streaming standby of it (pg_basebackup -R,
+// synchronous_standby_names, synchronous_commit = on). Two lanes, one under READ COMMITTED and one under SERIALIZABLE,
 // each run several consumer processes — this same binary, re-executed —
 // that credit loyalty points for a stream of OrderCompleted deliveries
 // leased from an inbox table: at-least-once, with a share of duplicate
@@ -13,7 +14,12 @@
 // Meanwhile a fault injector, on a schedule drawn from the seed, kills
 // consumer backends with pg_terminate_backend in the middle of the handler
 // and in the middle of COMMIT, SIGKILLs consumer processes and restarts
-// them, and crashes and restarts PostgreSQL itself once.
+// them, crashes and restarts PostgreSQL itself once, and fails over once:
+// it kills the primary's every process with SIGKILL, promotes the standby
+// with pg_ctl promote, and moves the consumers' connection proxies to it (as
+// a virtual IP would); the producer and the injector follow through a
+// multi-host DSN with target_session_attrs=read-write. The audit runs on
+// the promoted standby.
 //
 // Then the inbox is drained and the audit checks, per lane: every
 // customer's points equal the sum over their distinct orders exactly; every

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txclaim/idempotent/tests/internal/pgcluster"
 )
 
 // ackProxy sits between one lane's consumers and the server, on a Unix
@@ -23,8 +25,9 @@ import (
 // COMMIT whose outcome it cannot know and which did land: the one case a
 // pg_terminate_backend cannot produce on purpose.
 type ackProxy struct {
-	dir      string // holds the socket .s.PGSQL.<port>
-	upstream string // the server's socket
+	dir      string                 // holds the socket .s.PGSQL.<port>
+	port     int                    // the port in the socket's name, as the consumers' DSN gives it
+	upstream atomic.Pointer[string] // the primary's socket
 	ln       net.Listener
 	armed    atomic.Bool
 	fired    chan bool // one value per armed cut: whether the COMMIT landed
@@ -36,27 +39,36 @@ type ackProxy struct {
 
 // startAckProxy listens in dir on the socket lib/pq looks for at port, and
 // forwards to the cluster's socket.
-func startAckProxy(dir string, c *cluster) (*ackProxy, error) {
+func startAckProxy(dir string, c *pgcluster.Cluster) (*ackProxy, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	name := ".s.PGSQL." + strconv.Itoa(c.port)
+	name := ".s.PGSQL." + strconv.Itoa(c.Port)
 	ln, err := net.Listen("unix", filepath.Join(dir, name))
 	if err != nil {
 		return nil, fmt.Errorf("ack proxy: %w", err)
 	}
 	p := &ackProxy{
-		dir: dir, upstream: filepath.Join(c.dir, name), ln: ln,
+		dir: dir, port: c.Port, ln: ln,
 		fired: make(chan bool, 1), conns: map[net.Conn]struct{}{},
 	}
+	p.retarget(c)
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
 }
 
-// dsn is the cluster's DSN with the proxy's socket directory as host.
-func (p *ackProxy) dsn(c *cluster, app string) string {
-	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 application_name=%s", p.dir, c.port, app)
+// retarget sends new connections to c's socket, as a virtual IP or a DNS
+// name moved by an orchestrator after a failover would. Connections already
+// relayed stay where they are.
+func (p *ackProxy) retarget(c *pgcluster.Cluster) {
+	up := filepath.Join(c.Dir, ".s.PGSQL."+strconv.Itoa(c.Port))
+	p.upstream.Store(&up)
+}
+
+// dsn is a DSN with the proxy's socket directory as host.
+func (p *ackProxy) dsn(app string) string {
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 application_name=%s", p.dir, p.port, app)
 }
 
 // cutNextCommitAck arms the proxy and waits up to within for a COMMIT to go
@@ -113,7 +125,7 @@ func (p *ackProxy) untrack(cs ...net.Conn) {
 
 // handle relays one client connection.
 func (p *ackProxy) handle(client net.Conn) {
-	server, err := net.Dial("unix", p.upstream)
+	server, err := net.Dial("unix", *p.upstream.Load())
 	if err != nil {
 		_ = client.Close() // the server is down: the client sees a lost connection
 		return

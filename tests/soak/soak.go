@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent/tests/internal/pgcluster"
 )
 
 // soakConfig configures one run.
@@ -67,9 +69,14 @@ const (
 	faultAckLost     = "commit-ack-lost"
 	faultSigkill     = "consumer-sigkill"
 	faultRestart     = "postgres-restart"
+	faultFailover    = "primary-failover"
 )
 
-var faultKinds = []string{faultKillHandler, faultKillCommit, faultAckLost, faultSigkill, faultRestart}
+var faultKinds = []string{faultKillHandler, faultKillCommit, faultAckLost, faultSigkill, faultRestart, faultFailover}
+
+// globalFault reports whether a fault kind hits the whole server (both
+// lanes at once) rather than one lane.
+func globalFault(kind string) bool { return kind == faultRestart || kind == faultFailover }
 
 // fault is one scheduled fault.
 type fault struct {
@@ -91,6 +98,7 @@ func schedule(rng *rand.Rand, cfg soakConfig) []fault {
 		}
 	}
 	fs = append(fs, fault{at: at(0.3, 0.6), kind: faultRestart})
+	fs = append(fs, fault{at: at(0.65, 0.85), kind: faultFailover})
 	for t := time.Duration(0); ; {
 		t += time.Duration(rng.ExpFloat64() * float64(cfg.FaultEvery))
 		if t >= time.Duration(d*0.9) {
@@ -139,14 +147,17 @@ type proc struct {
 // soak is one run: the cluster, the consumer processes, the producer, the
 // injector and what they counted.
 type soak struct {
-	cfg     soakConfig
-	out     io.Writer
-	cl      *cluster
-	admin   *sql.DB // producer and setup
-	inj     *sql.DB // fault injector
-	exe     string
-	conslog *os.File
-	proxies map[string]*ackProxy // lane → its consumers' proxy
+	cfg      soakConfig
+	out      io.Writer
+	cl       *pgcluster.Cluster // the primary (the promoted standby after the failover)
+	standby  *pgcluster.Cluster // the synchronous standby (nil after the failover)
+	dsnHosts string             // "host=… port=…" of both, for target_session_attrs=read-write
+	settings []string           // the primary's settings, kept across its restart
+	admin    *sql.DB            // producer and setup
+	inj      *sql.DB            // fault injector
+	exe      string
+	conslog  *os.File
+	proxies  map[string]*ackProxy // lane → its consumers' proxy
 
 	mu         sync.Mutex
 	procs      map[string]*proc  // lane/slot → running incarnation
@@ -157,6 +168,7 @@ type soak struct {
 	unexpected []string
 	stats      map[string]*laneStats
 	restart    time.Duration // how long the server was down
+	failover   time.Duration // from the primary's SIGKILL to the standby's promotion
 	audits     []laneAudit
 }
 
@@ -178,7 +190,7 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	bin, err := findPGBin()
+	bin, err := pgcluster.FindBin()
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +200,7 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	}
 	fmt.Fprintf(out, "soak: seed=%d duration=%v lanes=read_committed,serializable consumers=%d×%d workers per lane dup=%.2f rate=%d/s per lane customers=%d\n",
 		cfg.Seed, cfg.Duration, cfg.Consumers, cfg.Workers, cfg.DupShare, cfg.Rate, cfg.Customers)
-	cl, err := newCluster(ctx, bin)
+	cl, err := pgcluster.New(ctx, bin, pgcluster.Options{Prefix: "idempotent-soak-"})
 	if err != nil {
 		return nil, err
 	}
@@ -200,17 +212,35 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	}
 	defer func() {
 		if cfg.Keep {
-			_ = cl.stop()
-			fmt.Fprintf(out, "soak: kept the cluster's directory %s\n", cl.dir)
+			_ = cl.Stop()
+			fmt.Fprintf(out, "soak: kept the cluster's directory %s\n", cl.Dir)
 			return
 		}
-		cl.remove()
+		cl.Remove()
 	}()
-	if err := cl.start(ctx); err != nil {
+	s.settings = []string{"synchronous_standby_names=soak_standby", "synchronous_commit=on"}
+	if err := cl.Start(ctx, s.settings...); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "soak: throwaway cluster %s (PostgreSQL from %s, socket port %d)\n", cl.dir, bin, cl.port)
-	if s.conslog, err = os.Create(filepath.Join(cl.dir, "consumers.log")); err != nil {
+	sb, err := pgcluster.NewStandby(ctx, cl, pgcluster.Options{Prefix: "idempotent-soak-standby-"}, "soak_standby", "")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cfg.Keep {
+			_ = sb.Stop()
+			fmt.Fprintf(out, "soak: kept the standby's directory %s\n", sb.Dir)
+			return
+		}
+		sb.Remove()
+	}()
+	if err := sb.Start(ctx); err != nil {
+		return nil, err
+	}
+	s.standby = sb
+	s.dsnHosts = fmt.Sprintf("host=%s,%s port=%d,%d", cl.Dir, sb.Dir, cl.Port, sb.Port)
+	fmt.Fprintf(out, "soak: throwaway cluster %s (PostgreSQL from %s, socket port %d) with a synchronous standby %s\n", cl.Dir, bin, cl.Port, sb.Dir)
+	if s.conslog, err = os.Create(filepath.Join(cl.Dir, "consumers.log")); err != nil {
 		return nil, err
 	}
 	defer s.conslog.Close()
@@ -219,12 +249,15 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 
 func (s *soak) run(ctx context.Context) (*result, error) {
 	var err error
-	if s.admin, err = sql.Open("postgres", s.cl.dsn("soak-admin")); err != nil {
+	if err := s.waitSyncStandby(ctx); err != nil {
+		return nil, err
+	}
+	if s.admin, err = sql.Open("postgres", s.rwDSN("soak-admin")); err != nil {
 		return nil, err
 	}
 	s.admin.SetMaxOpenConns(4)
 	defer func() { _ = s.admin.Close() }()
-	if s.inj, err = sql.Open("postgres", s.cl.dsn("soak-injector")); err != nil {
+	if s.inj, err = sql.Open("postgres", s.rwDSN("soak-injector")); err != nil {
 		return nil, err
 	}
 	s.inj.SetMaxOpenConns(2)
@@ -235,7 +268,7 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 			return nil, err
 		}
 		s.stats[l.name] = &laneStats{}
-		p, err := startAckProxy(filepath.Join(s.cl.dir, "proxy-"+l.name), s.cl)
+		p, err := startAckProxy(filepath.Join(s.cl.Dir, "proxy-"+l.name), s.cl)
 		if err != nil {
 			return nil, err
 		}
@@ -294,7 +327,7 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 	_ = s.inj.Close()
 	_ = s.admin.Close()
 
-	audit, err := sql.Open("postgres", s.cl.dsn("soak-audit"))
+	audit, err := sql.Open("postgres", s.cl.DSN("soak-audit"))
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +349,7 @@ func (s *soak) spawn(laneName string, slot int) error {
 	inc := s.incarn[key]
 	s.mu.Unlock()
 	cc := consumerConfig{
-		DSN: s.proxies[laneName].dsn(s.cl, "soak-"+laneName), Lane: laneName, Instance: fmt.Sprintf("%s#%d", key, inc),
+		DSN: s.proxies[laneName].dsn("soak-" + laneName), Lane: laneName, Instance: fmt.Sprintf("%s#%d", key, inc),
 		Workers: s.cfg.Workers, Lease: s.cfg.Lease,
 	}
 	js, err := json.Marshal(cc)
@@ -543,6 +576,8 @@ func (s *soak) injectOne(ctx context.Context, rng *rand.Rand, f fault) (bool, er
 		return s.sigkill(f.lane, 1+rng.IntN(s.cfg.Consumers))
 	case faultRestart:
 		return s.restartServer(ctx)
+	case faultFailover:
+		return s.failoverServer(ctx)
 	}
 	return false, fmt.Errorf("unknown fault %q", f.kind)
 }
@@ -586,17 +621,79 @@ func (s *soak) sigkill(laneName string, slot int) (bool, error) {
 // it again (crash recovery).
 func (s *soak) restartServer(ctx context.Context) (bool, error) {
 	t0 := time.Now()
-	if err := s.cl.crash(); err != nil {
+	if err := s.cl.Crash(); err != nil {
 		return false, err
 	}
 	time.Sleep(300 * time.Millisecond)
-	if err := s.cl.start(ctx); err != nil {
+	settings := s.settings
+	if s.standby == nil {
+		settings = nil // the promoted standby has no standby of its own
+	}
+	if err := s.cl.Start(ctx, settings...); err != nil {
 		return false, err
 	}
 	s.mu.Lock()
 	s.restart = time.Since(t0)
 	s.mu.Unlock()
 	return true, nil
+}
+
+// failoverServer kills the primary with SIGKILL (every process at once),
+// promotes the synchronous standby, and moves the consumers' proxies to it,
+// as an orchestrator would. The producer and the injector follow through
+// target_session_attrs=read-write.
+func (s *soak) failoverServer(ctx context.Context) (bool, error) {
+	if s.standby == nil {
+		return false, nil
+	}
+	t0 := time.Now()
+	if err := s.cl.Kill(); err != nil {
+		return false, err
+	}
+	if err := s.standby.Promote(ctx); err != nil {
+		return false, err
+	}
+	for _, p := range s.proxies {
+		p.retarget(s.standby)
+	}
+	s.mu.Lock()
+	s.failover = time.Since(t0)
+	s.mu.Unlock()
+	// The old primary's directory stays until the end: it holds the
+	// proxies' sockets and the consumers' log.
+	s.cl, s.standby = s.standby, nil
+	return true, nil
+}
+
+// rwDSN is a DSN listing the primary and the standby that connects to
+// whichever accepts writes.
+func (s *soak) rwDSN(app string) string {
+	return s.dsnHosts + " user=postgres dbname=postgres sslmode=disable connect_timeout=5 target_session_attrs=read-write application_name=" + app
+}
+
+// waitSyncStandby waits until the primary reports the standby as
+// synchronous.
+func (s *soak) waitSyncStandby(ctx context.Context) error {
+	db, err := sql.Open("postgres", s.cl.DSN("soak-probe"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var n int
+		err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'soak_standby' AND sync_state = 'sync'").Scan(&n)
+		if err == nil && n == 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the standby did not become synchronous within 30s: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // drain waits until every lane's inbox is empty and returns how many

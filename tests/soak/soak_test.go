@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/txclaim/idempotent/tests/internal/pgcluster"
 )
 
 // TestMain lets the test binary serve as the soak's consumer processes:
@@ -28,7 +30,7 @@ func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: skipped in -short mode")
 	}
-	if _, err := findPGBin(); err != nil {
+	if _, err := pgcluster.FindBin(); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("soak needs PostgreSQL server binaries and CI is set: %v", err)
 		}
@@ -90,9 +92,9 @@ func TestScheduleCoversEveryFault(t *testing.T) {
 				seen[f.kind+"/"+f.lane] = true
 			}
 			for _, k := range faultKinds {
-				if k == faultRestart {
+				if globalFault(k) {
 					if !seen[k+"/"] {
-						t.Fatalf("seed %d, %v: no restart scheduled", seed, d)
+						t.Fatalf("seed %d, %v: no %s scheduled", seed, d, k)
 					}
 					continue
 				}
@@ -123,7 +125,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := defaultSoakConfig().validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
-	if _, err := runSoak(context.Background(), soakConfig{}, &strings.Builder{}); err == nil || errors.Is(err, errNoPostgres) {
+	if _, err := runSoak(context.Background(), soakConfig{}, &strings.Builder{}); err == nil || errors.Is(err, pgcluster.ErrNoPostgres) {
 		t.Fatalf("runSoak with a zero config: %v, want a validation error", err)
 	}
 }
