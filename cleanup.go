@@ -18,8 +18,9 @@ import (
 // ever deleted twice. Treat it as "someone else is doing it", not a failure.
 var ErrCleanupBusy = errors.New("idempotent: another cleanup of the claim table is running")
 
-// CleanupOptions tunes Cleanup. Start from DefaultCleanupOptions: every
-// numeric field must be set (zero is an error, not a default).
+// CleanupOptions tunes ClaimTable.Cleanup and ClaimTable.CleanupConsumer.
+// Start from DefaultCleanupOptions: every numeric field must be set (zero is
+// an error, not a default).
 type CleanupOptions struct {
 	// BatchSize is how many claims one batch deletes at most. Smaller
 	// batches hold locks and write WAL in shorter bursts. Default 10,000.
@@ -35,10 +36,11 @@ type CleanupOptions struct {
 	// Pause is slept between batches, with no transaction open, to leave
 	// the database room (replication, vacuum). Default 0.
 	Pause time.Duration
-	// AllConsumers deletes expired claims of every consumer sharing the
-	// table, not only this Middleware's. Use it only when every consumer of
-	// the table uses the same retention window, as an operator's tool does.
-	// Default false.
+	// AllConsumers makes Middleware.Cleanup delete expired claims of every
+	// consumer sharing the table, not only the Middleware's. ClaimTable's
+	// methods ignore it. Default false.
+	//
+	// Deprecated: use ClaimTable.Cleanup, which covers every consumer.
 	AllConsumers bool
 	// DryRun counts the claims Cleanup would delete and deletes nothing; the
 	// count is returned as deleted. Default false.
@@ -91,83 +93,123 @@ type CleanupProgress struct {
 	Cutoff time.Time
 }
 
-// Cleanup deletes the claims this Middleware's consumer processed before the
-// retention window (plus the clock-skew margin), in batches, and returns how
-// many it deleted. It never deletes a claim inside the window: the cutoff is
-// fixed when Cleanup starts.
+// Cleanup deletes the claims of every consumer of the table processed before
+// the retention window (plus the clock-skew margin), in batches, and returns
+// how many it deleted. It never deletes a claim inside the window: the
+// cutoff is fixed when Cleanup starts. Use it when every consumer of the
+// table uses the same retention window; otherwise clean each consumer with
+// CleanupConsumer and its own window.
 //
 // Each batch is its own short transaction: it takes the table's cleanup lock
 // without waiting (a transaction-scoped lock, safe behind transaction-mode
 // poolers), sets a statement timeout, and deletes at most BatchSize claims.
 // Batches repeat until one deletes nothing. A batch that times out is rolled
-// back and the batch size halves, down to MinBatchSize. If another Cleanup
-// holds the lock, Cleanup returns at once with what it had deleted and an
-// error matching ErrCleanupBusy. The context is checked between batches
-// (and cancels a running one); on cancellation Cleanup returns what it
-// deleted with the context's error. Serialization failures and lost
-// connections are retried under the Middleware's retry policy.
+// back and the batch size halves, down to MinBatchSize. If another cleanup
+// of the table holds the lock, Cleanup returns at once with what it had
+// deleted and an error matching ErrCleanupBusy. The context is checked
+// between batches (and cancels a running one); on cancellation Cleanup
+// returns what it deleted with the context's error. Serialization failures
+// and lost connections are retried under the retry policy (WithRetry).
 //
-// A missing table is an error matching ErrNoClaimTable that names it. In
-// partitioned mode Cleanup refuses: MaintainPartitions drops whole days
-// instead. Bad options are an error before anything is sent.
+// A missing table is an error matching ErrNoClaimTable that names it. A
+// partitioned table is refused: MaintainPartitions drops whole days instead.
+// Bad options are an error before anything is sent. Called with a handler's
+// context, it fails with ErrAutocommit.
+func (t *ClaimTable) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
+	return t.cleanup(ctx, "Cleanup", "", opts)
+}
+
+// CleanupConsumer is Cleanup for the claims of one consumer only, for a
+// table shared by consumers with different retention windows: give the
+// ClaimTable that consumer's window (WithRetention). It leaves every other
+// consumer's claims alone. A bad consumer name is an error matching
+// ErrInvalidConsumer before anything is sent, as is AllConsumers set in opts.
+func (t *ClaimTable) CleanupConsumer(ctx context.Context, consumer string, opts CleanupOptions) (deleted int64, err error) {
+	if err := validateConsumer(consumer); err != nil {
+		return 0, fmt.Errorf("idempotent: CleanupConsumer: %w", err)
+	}
+	if opts.AllConsumers {
+		return 0, fmt.Errorf("idempotent: CleanupConsumer: AllConsumers is set; use Cleanup for every consumer of %s", t.table)
+	}
+	return t.cleanup(ctx, "CleanupConsumer", consumer, opts)
+}
+
+// Cleanup deletes the claims this Middleware's consumer processed before the
+// retention window (plus the clock-skew margin) or, with opts.AllConsumers,
+// those of every consumer of the table; see ClaimTable.Cleanup for how.
+// In partitioned mode Cleanup refuses: MaintainPartitions drops whole days
+// instead.
+//
+// Deprecated: use m.ClaimTable().CleanupConsumer(ctx, m.Consumer(), opts),
+// or ClaimTable.Cleanup for every consumer of the table.
 func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
+	consumer := m.consumer
+	if opts.AllConsumers {
+		consumer = ""
+	}
+	return m.ClaimTable().cleanup(ctx, "Cleanup", consumer, opts)
+}
+
+// cleanup is Cleanup (consumer "") and CleanupConsumer; op names the method
+// in errors.
+func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts CleanupOptions) (deleted int64, err error) {
 	if err := refuseNested(ctx); err != nil {
-		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
+		return 0, fmt.Errorf("idempotent: %s: %w", op, err)
 	}
 	if err := opts.Validate(); err != nil {
-		return 0, fmt.Errorf("idempotent: Cleanup: %w", err)
+		return 0, fmt.Errorf("idempotent: %s: %w", op, err)
 	}
-	c, ok := m.d.(dialect.Cleaner)
+	c, ok := t.d.(dialect.Cleaner)
 	if !ok {
-		return 0, fmt.Errorf("idempotent: Cleanup: the %s dialect does not support batched cleanup", m.d.Name())
+		return 0, fmt.Errorf("idempotent: %s: the %s dialect does not support batched cleanup", op, t.d.Name())
 	}
-	if m.ret.part != nil {
-		return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned by day; MaintainPartitions drops old days instead", m.table)
+	if t.ret.part != nil {
+		return 0, fmt.Errorf("idempotent: %s: claim table %s is partitioned by day; MaintainPartitions drops old days instead", op, t.table)
 	}
-	if p, ok := m.d.(dialect.Partitioner); ok {
-		// A plain Middleware on a partitioned table: ctids repeat across
-		// partitions, so the batched delete does not apply.
-		exists, partitioned, err := m.tableKind(ctx, p)
+	if p, ok := t.d.(dialect.Partitioner); ok {
+		// A plain table configured on a partitioned one: ctids repeat
+		// across partitions, so the batched delete does not apply.
+		exists, partitioned, err := t.tableKind(ctx, p)
 		switch {
 		case err != nil:
 			return 0, err
 		case !exists:
-			return 0, fmt.Errorf("idempotent: cleanup: %w: %s", ErrNoClaimTable, m.table)
+			return 0, fmt.Errorf("idempotent: cleanup: %w: %s", ErrNoClaimTable, t.table)
 		case partitioned:
-			return 0, fmt.Errorf("idempotent: Cleanup: claim table %s is partitioned; MaintainPartitions drops old days instead", m.table)
+			return 0, fmt.Errorf("idempotent: %s: claim table %s is partitioned; MaintainPartitions drops old days instead", op, t.table)
 		}
 	}
-	cutoff := m.keepAfter(m.now())
+	cutoff := t.keepAfter(t.now())
 	if opts.DryRun {
-		return m.countExpired(ctx, c, cutoff, opts.AllConsumers)
+		return t.countExpired(ctx, c, cutoff, consumer)
 	}
 	size := opts.BatchSize
-	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+	r := runner{db: t.db, d: t.d, policy: t.policy}
 	for batch := 1; ; batch++ {
 		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, err)
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, err)
 		}
 		var n int64
 		start := time.Now()
 		_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
 			var err error
-			n, err = m.cleanupBatch(ctx, tx, c, cutoff, size, opts)
+			n, err = t.cleanupBatch(ctx, tx, c, cutoff, size, consumer, opts)
 			return err
 		})
 		p := CleanupProgress{Batch: batch, BatchSize: size, Took: time.Since(start), Cutoff: cutoff}
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrCleanupBusy):
-			return deleted, fmt.Errorf("%w: %s (deleted %d before it took over)", ErrCleanupBusy, m.table, deleted)
+			return deleted, fmt.Errorf("%w: %s (deleted %d before it took over)", ErrCleanupBusy, t.table, deleted)
 		case ctx.Err() != nil:
-			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, errors.Join(ctx.Err(), err))
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, errors.Join(ctx.Err(), err))
 		case c.IsStatementTimeout(err) && size > opts.MinBatchSize:
 			size = max(size/2, opts.MinBatchSize)
 			p.TimedOut = true
 		case c.IsStatementTimeout(err):
-			return deleted, fmt.Errorf("idempotent: cleanup of %s: a batch of %d claims (the floor) ran longer than %v: %w", m.table, size, opts.StatementTimeout, err)
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: a batch of %d claims (the floor) ran longer than %v: %w", t.table, size, opts.StatementTimeout, err)
 		default:
-			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, m.tableError(err))
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, t.tableError(err))
 		}
 		deleted += n
 		p.Deleted, p.Total = n, deleted
@@ -178,15 +220,16 @@ func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted 
 			return deleted, nil
 		}
 		if err := sleep(ctx, opts.Pause); err != nil {
-			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", m.table, err)
+			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, err)
 		}
 	}
 }
 
-// cleanupBatch runs one batch in tx: the lock, the timeout, the delete.
-func (m *Middleware) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, opts CleanupOptions) (int64, error) {
+// cleanupBatch runs one batch in tx: the lock, the timeout, the delete of
+// consumer's claims (every consumer's when consumer is "").
+func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, consumer string, opts CleanupOptions) (int64, error) {
 	var got bool
-	if err := tx.QueryRowContext(ctx, c.CleanupLockSQL(m.table)).Scan(&got); err != nil {
+	if err := tx.QueryRowContext(ctx, c.CleanupLockSQL(t.table)).Scan(&got); err != nil {
 		return 0, err
 	}
 	if !got {
@@ -196,24 +239,26 @@ func (m *Middleware) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cle
 		return 0, err
 	}
 	args := []any{cutoff, size}
-	if !opts.AllConsumers {
-		args = append(args, m.consumer)
+	if consumer != "" {
+		args = append(args, consumer)
 	}
-	res, err := tx.ExecContext(ctx, c.CleanupBatchSQL(m.table, opts.AllConsumers), args...)
+	res, err := tx.ExecContext(ctx, c.CleanupBatchSQL(t.table, consumer == ""), args...)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
-func (m *Middleware) countExpired(ctx context.Context, c dialect.Cleaner, cutoff time.Time, all bool) (int64, error) {
+// countExpired counts what a cleanup would delete: consumer's claims, or
+// every consumer's when consumer is "".
+func (t *ClaimTable) countExpired(ctx context.Context, c dialect.Cleaner, cutoff time.Time, consumer string) (int64, error) {
 	args := []any{cutoff}
-	if !all {
-		args = append(args, m.consumer)
+	if consumer != "" {
+		args = append(args, consumer)
 	}
 	var n int64
-	if err := m.db.QueryRowContext(ctx, c.CountExpiredSQL(m.table, all), args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("idempotent: cleanup of %s (dry run): %w", m.table, m.tableError(err))
+	if err := t.db.QueryRowContext(ctx, c.CountExpiredSQL(t.table, consumer == ""), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idempotent: cleanup of %s (dry run): %w", t.table, t.tableError(err))
 	}
 	return n, nil
 }

@@ -234,19 +234,32 @@
 //
 // # Table upkeep
 //
-// [Middleware.Cleanup] deletes claims older than the window plus the margin
-// in short batches, each its own transaction under a statement timeout that
-// halves the batch when it runs out ([CleanupOptions],
-// [DefaultCleanupOptions]); one runner works on a table at a time, and a
-// second gets [ErrCleanupBusy]. At high volume, [WithDailyPartitions]
-// partitions the table by the UTC day of each message's event time (never
-// the time of processing, so a redelivery the next day still meets its
-// claim), and [Middleware.MaintainPartitions] creates days ahead and drops
-// expired ones ([PartitionReport]); in that mode every delivery needs its
-// event time, and one whose day, inside the window, has no partition yet
-// fails with [ErrNoPartition], which is transient: deliver it again later. [Middleware.Partitions] lists the days. The command
-// cmd/idempotent runs all of this from cron; docs/operations.md in the
-// repository describes it.
+// A [ClaimTable] is the claim table apart from any consumer: schema, cleanup,
+// partitions and statistics for the whole table, configured with the
+// table's options ([WithTable], [WithRetention], [WithClockSkew],
+// [WithClock], [WithDailyPartitions], [WithRetry]) by [NewClaimTable], or
+// taken from a Middleware with [Middleware.ClaimTable]. Scheduled jobs and
+// the command cmd/idempotent use it without naming a consumer.
+//
+// [ClaimTable.Cleanup] deletes the claims of every consumer older than the
+// window plus the margin in short batches, each its own transaction under a
+// statement timeout that halves the batch when it runs out
+// ([CleanupOptions], [DefaultCleanupOptions]); one runner works on a table
+// at a time, and a second gets [ErrCleanupBusy].
+// [ClaimTable.CleanupConsumer] cleans one consumer's claims only, for a table
+// shared by consumers with different windows. At high volume,
+// [WithDailyPartitions] partitions the table by the UTC day of each
+// message's event time (never the time of processing, so a redelivery the
+// next day still meets its claim), and [ClaimTable.MaintainPartitions]
+// creates days ahead and drops expired ones ([PartitionReport]); in that
+// mode every delivery needs its event time, and one whose day, inside the
+// window, has no partition yet fails with [ErrNoPartition], which is
+// transient: deliver it again later. [ClaimTable.Partitions] lists the
+// days; [ClaimTable.Stats] counts each consumer's claims ([ConsumerStats]).
+// The Middleware's Cleanup, MaintainPartitions and Partitions are
+// deprecated wrappers of its ClaimTable; [Middleware.EnsureSchema] stays. The
+// command cmd/idempotent runs all of this from cron; docs/operations.md in
+// the repository describes it.
 //
 // # Batches
 //

@@ -103,15 +103,16 @@ func ExampleWrapEvent() {
 // compiled but not run by go test; tests/ runs the same calls against a real
 // server.
 
-// Cleanup runs from a nightly job: batches of 10,000 claims, each its own
-// short transaction, until none older than the window is left.
-func ExampleMiddleware_Cleanup() {
+// Cleanup runs from a nightly job on the claim table, with no consumer of
+// its own: batches of 10,000 claims, each its own short transaction, until
+// none older than the window is left.
+func ExampleClaimTable_Cleanup() {
 	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
+	table, err := idempotent.NewClaimTable(db, postgres.New(), idempotent.WithRetention(30*24*time.Hour))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func ExampleMiddleware_Cleanup() {
 	opts.Progress = func(p idempotent.CleanupProgress) {
 		log.Printf("batch %d: %d deleted (%d in all) in %v", p.Batch, p.Deleted, p.Total, p.Took)
 	}
-	deleted, err := mw.Cleanup(context.Background(), opts)
+	deleted, err := table.Cleanup(context.Background(), opts) // every consumer's expired claims
 	switch {
 	case errors.Is(err, idempotent.ErrCleanupBusy):
 		log.Printf("another cleanup is running; deleted %d here", deleted)
@@ -130,29 +131,68 @@ func ExampleMiddleware_Cleanup() {
 	}
 }
 
+// A consumer that keeps its claims for a shorter window than the others
+// sharing the table cleans its own claims only.
+func ExampleClaimTable_CleanupConsumer() {
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	table, err := idempotent.NewClaimTable(db, postgres.New(), idempotent.WithRetention(7*24*time.Hour))
+	if err != nil {
+		log.Fatal(err)
+	}
+	deleted, err := table.CleanupConsumer(context.Background(), "analytics", idempotent.DefaultCleanupOptions())
+	if err != nil && !errors.Is(err, idempotent.ErrCleanupBusy) {
+		log.Fatal(err)
+	}
+	log.Printf("deleted %d claims of analytics", deleted)
+}
+
 // In partitioned mode the claim table is partitioned by the day of each
 // message's event time, and old claims leave a whole day at a time.
-func ExampleMiddleware_MaintainPartitions() {
+func ExampleClaimTable_MaintainPartitions() {
 	ctx := context.Background()
 	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty",
+	table, err := idempotent.NewClaimTable(db, postgres.New(),
 		idempotent.WithRetention(30*24*time.Hour), idempotent.WithDailyPartitions(7))
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := mw.EnsureSchema(ctx); err != nil { // creates the table and its days
+	if err := table.EnsureSchema(ctx); err != nil { // creates the table and its days
 		log.Fatal(err)
 	}
 	// Daily, from a scheduler:
-	rep, err := mw.MaintainPartitions(ctx)
+	rep, err := table.MaintainPartitions(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, p := range rep.Dropped {
 		log.Printf("dropped %s (%s)", p.Name, p.Day.Format(time.DateOnly))
+	}
+}
+
+// Stats reads the claims per consumer, with the oldest and the newest.
+func ExampleClaimTable_Stats() {
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	table, err := idempotent.NewClaimTable(db, postgres.New(), idempotent.WithTable("shop.processed_messages"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	stats, err := table.Stats(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, c := range stats {
+		log.Printf("%s: %d claims from %s to %s", c.Consumer, c.Claims, c.Oldest.Format(time.RFC3339), c.Newest.Format(time.RFC3339))
 	}
 }

@@ -147,56 +147,6 @@ func (m *Middleware) Table() string { return m.table.String() }
 // Dialect returns the dialect given to New.
 func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 
-// EnsureSchema creates the claim table and its processed_at index if they do
-// not exist (the guide's Step 1). It is safe to call from many processes at
-// once and on every start. In partitioned mode (WithDailyPartitions) it
-// creates the partitioned table and the partitions MaintainPartitions would
-// create, but drops none. It fails, naming the table, when an existing table
-// is partitioned and the Middleware is not, or the other way round.
-//
-// If the dialect implements dialect.ServerChecker, EnsureSchema first checks
-// that the database is one the dialect speaks: a dialect used with another
-// database's driver fails here with an error matching
-// dialect.ErrWrongDatabase.
-func (m *Middleware) EnsureSchema(ctx context.Context) error {
-	stmts := m.schemaSQL()
-	checker, _ := m.d.(dialect.ServerChecker)
-	// The schema's own DDL runs in this transaction, so the guard's
-	// implicit-commit check (a handler's concern) is left out.
-	r := runner{db: m.db, d: m.d, policy: m.run.policy}
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
-		if checker != nil {
-			if err := checker.CheckServer(ctx, m.table, txQuery(tx)); err != nil {
-				return err
-			}
-		}
-		if m.txidSQL != "" {
-			if err := m.probeTxID(ctx, tx); err != nil {
-				return err
-			}
-		}
-		for _, s := range stmts {
-			if _, err := tx.ExecContext(ctx, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("idempotent: ensure schema of %s: %w", m.table, err)
-	}
-	return m.afterSchema(ctx)
-}
-
-// txQuery returns a dialect.QueryFunc that runs on tx.
-func txQuery(tx *sql.Tx) dialect.QueryFunc {
-	return func(ctx context.Context, query string, args ...any) (string, error) {
-		var s sql.NullString
-		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
-		return s.String, err
-	}
-}
-
 // Process applies fn's effect for the message with the given key exactly
 // once for this consumer.
 //

@@ -11,7 +11,10 @@ import (
 const DefaultTable = "processed_messages"
 
 // An Option configures a Middleware. Options are checked by New: a bad value
-// is an error from New, never a surprise at the first message.
+// is an error from New, never a surprise at the first message. The options
+// that describe the claim table (WithTable, WithRetention, WithClockSkew,
+// WithClock, WithDailyPartitions, WithRetry) also configure a ClaimTable
+// (NewClaimTable).
 type Option interface {
 	apply(*config) error
 }

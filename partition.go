@@ -37,47 +37,6 @@ type PartitionReport struct {
 	Dropped []Partition
 }
 
-// schemaSQL returns the statements EnsureSchema runs for the mode.
-func (m *Middleware) schemaSQL() []string {
-	if m.ret.part != nil {
-		return m.ret.part.PartitionedSchemaSQL(m.table)
-	}
-	return m.d.SchemaSQL(m.table)
-}
-
-// afterSchema checks that the claim table has the mode's layout and, in
-// partitioned mode, creates the missing partitions.
-func (m *Middleware) afterSchema(ctx context.Context) error {
-	p, ok := m.d.(dialect.Partitioner)
-	if !ok {
-		return nil
-	}
-	exists, partitioned, err := m.tableKind(ctx, p)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !exists:
-		return fmt.Errorf("%w: %s", ErrNoClaimTable, m.table)
-	case partitioned && m.ret.part == nil:
-		return fmt.Errorf("idempotent: claim table %s is partitioned, but the Middleware was not given WithDailyPartitions", m.table)
-	case !partitioned && m.ret.part != nil:
-		return fmt.Errorf("idempotent: WithDailyPartitions: claim table %s exists and is not partitioned; migrate it (or drop it) first", m.table)
-	case !partitioned:
-		return nil
-	}
-	_, err = m.maintain(ctx, false)
-	return err
-}
-
-func (m *Middleware) tableKind(ctx context.Context, p dialect.Partitioner) (exists, partitioned bool, err error) {
-	q, args := p.TableKindSQL(m.table)
-	if err := m.db.QueryRowContext(ctx, q, args...).Scan(&exists, &partitioned); err != nil {
-		return false, false, fmt.Errorf("idempotent: inspect claim table %s: %w", m.table, err)
-	}
-	return exists, partitioned, nil
-}
-
 // MaintainPartitions keeps a partitioned claim table's days: it creates the
 // partition of every day from the oldest day still inside the retention
 // window (plus the clock-skew margin) to leadDays days after today, and
@@ -92,33 +51,35 @@ func (m *Middleware) tableKind(ctx context.Context, p dialect.Partitioner) (exis
 // processes, and with PartitionLockTimeout as its lock wait. Run it at least
 // daily (from a scheduler, or the idempotent CLI's "partitions" command); it
 // is safe to run often and from many processes. The report lists what
-// changed, including when an error stopped it part way.
-func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
-	if m.ret.part == nil {
-		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: the Middleware for %s is not in partitioned mode (WithDailyPartitions)", m.table)
+// changed, including when an error stopped it part way. The ClaimTable must
+// be given WithDailyPartitions. Called with a handler's context, it fails
+// with ErrAutocommit.
+func (t *ClaimTable) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
+	if t.ret.part == nil {
+		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: the %s for %s is not in partitioned mode (WithDailyPartitions)", t.owner, t.table)
 	}
 	if err := refuseNested(ctx); err != nil {
 		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: %w", err)
 	}
-	exists, partitioned, err := m.tableKind(ctx, m.ret.part)
+	exists, partitioned, err := t.tableKind(ctx, t.ret.part)
 	switch {
 	case err != nil:
 		return PartitionReport{}, err
 	case !exists:
-		return PartitionReport{}, fmt.Errorf("%w: %s (run EnsureSchema or the migration first)", ErrNoClaimTable, m.table)
+		return PartitionReport{}, fmt.Errorf("%w: %s (run EnsureSchema or the migration first)", ErrNoClaimTable, t.table)
 	case !partitioned:
-		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: claim table %s is not partitioned", m.table)
+		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: claim table %s is not partitioned", t.table)
 	}
-	return m.maintain(ctx, true)
+	return t.maintain(ctx, true)
 }
 
 // maintain creates the missing days and, when drop is set, drops the old
 // ones. Every change is decided again under the maintenance lock, so that
 // processes running it at once neither collide nor report the same change.
-func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, error) {
+func (t *ClaimTable) maintain(ctx context.Context, drop bool) (PartitionReport, error) {
 	var rep PartitionReport
-	p := m.ret.part
-	existing, err := m.Partitions(ctx)
+	p := t.ret.part
+	existing, err := t.Partitions(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -126,22 +87,22 @@ func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, 
 	for _, e := range existing {
 		have[e.Day] = true
 	}
-	now := m.now()
-	first := eventDay(m.keepAfter(now))
-	last := eventDay(now).AddDate(0, 0, m.ret.leadDays)
+	now := t.now()
+	first := eventDay(t.keepAfter(now))
+	last := eventDay(now).AddDate(0, 0, t.ret.leadDays)
 	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
 		if have[d] {
 			continue
 		}
-		name := p.PartitionName(m.table, d)
-		done, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+		name := p.PartitionName(t.table, d)
+		done, err := t.maintenanceTx(ctx, func(cur map[string]Partition) string {
 			if _, ok := cur[name]; ok {
 				return ""
 			}
-			return p.CreatePartitionSQL(m.table, d)
+			return p.CreatePartitionSQL(t.table, d)
 		})
 		if err != nil {
-			return rep, fmt.Errorf("idempotent: create partition %s of %s: %w", name, m.table, err)
+			return rep, fmt.Errorf("idempotent: create partition %s of %s: %w", name, t.table, err)
 		}
 		if done {
 			rep.Created = append(rep.Created, Partition{Name: name, Day: d, Attached: true})
@@ -156,22 +117,22 @@ func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, 
 		}
 		// Detach (if still attached), then drop, each in its own
 		// transaction, so the claim table is locked only for the detach.
-		if _, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+		if _, err := t.maintenanceTx(ctx, func(cur map[string]Partition) string {
 			if c, ok := cur[e.Name]; ok && c.Attached {
-				return p.DetachPartitionSQL(m.table, e.Name)
+				return p.DetachPartitionSQL(t.table, e.Name)
 			}
 			return ""
 		}); err != nil {
-			return rep, fmt.Errorf("idempotent: detach partition %s of %s: %w", e.Name, m.table, err)
+			return rep, fmt.Errorf("idempotent: detach partition %s of %s: %w", e.Name, t.table, err)
 		}
-		done, err := m.maintenanceTx(ctx, func(cur map[string]Partition) string {
+		done, err := t.maintenanceTx(ctx, func(cur map[string]Partition) string {
 			if _, ok := cur[e.Name]; ok {
-				return p.DropPartitionSQL(m.table, e.Name)
+				return p.DropPartitionSQL(t.table, e.Name)
 			}
 			return ""
 		})
 		if err != nil {
-			return rep, fmt.Errorf("idempotent: drop detached partition %s of %s: %w", e.Name, m.table, err)
+			return rep, fmt.Errorf("idempotent: drop detached partition %s of %s: %w", e.Name, t.table, err)
 		}
 		if done {
 			rep.Dropped = append(rep.Dropped, e)
@@ -184,16 +145,16 @@ func (m *Middleware) maintain(ctx context.Context, drop bool) (PartitionReport, 
 // the partitions as they are once the lock is held and returns the statement
 // to run, or "" for none. It runs the statement under PartitionLockTimeout
 // and reports whether it ran one.
-func (m *Middleware) maintenanceTx(ctx context.Context, decide func(map[string]Partition) string) (bool, error) {
-	p := m.ret.part
-	r := runner{db: m.db, d: m.d, policy: m.run.policy}
+func (t *ClaimTable) maintenanceTx(ctx context.Context, decide func(map[string]Partition) string) (bool, error) {
+	p := t.ret.part
+	r := runner{db: t.db, d: t.d, policy: t.policy}
 	var ran bool
 	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
 		ran = false
-		if _, err := tx.ExecContext(ctx, p.MaintenanceLockSQL(m.table)); err != nil {
+		if _, err := tx.ExecContext(ctx, p.MaintenanceLockSQL(t.table)); err != nil {
 			return err
 		}
-		list, err := m.listPartitions(ctx, tx)
+		list, err := t.listPartitions(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -205,7 +166,7 @@ func (m *Middleware) maintenanceTx(ctx context.Context, decide func(map[string]P
 		if stmt == "" {
 			return nil
 		}
-		if s := m.d.LockTimeoutSQL(PartitionLockTimeout); s != "" {
+		if s := t.d.LockTimeoutSQL(PartitionLockTimeout); s != "" {
 			if _, err := tx.ExecContext(ctx, s); err != nil {
 				return err
 			}
@@ -216,36 +177,28 @@ func (m *Middleware) maintenanceTx(ctx context.Context, decide func(map[string]P
 		ran = true
 		return nil
 	})
-	return ran, m.tableError(err)
-}
-
-// tableError turns an undefined-table failure into ErrNoClaimTable.
-func (m *Middleware) tableError(err error) error {
-	if err != nil && m.d.Classify(err).Kind == dialect.KindUndefinedTable {
-		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
-	}
-	return err
+	return ran, t.tableError(err)
 }
 
 // Partitions lists the claim table's day partitions, oldest first, including
 // any left detached by an interrupted drop. It fails with ErrNoClaimTable
 // when the table does not exist, and when the dialect does not implement
 // dialect.Partitioner.
-func (m *Middleware) Partitions(ctx context.Context) ([]Partition, error) {
-	p, ok := m.d.(dialect.Partitioner)
+func (t *ClaimTable) Partitions(ctx context.Context) ([]Partition, error) {
+	p, ok := t.d.(dialect.Partitioner)
 	if !ok {
-		return nil, fmt.Errorf("idempotent: Partitions: the %s dialect does not support partitions", m.d.Name())
+		return nil, fmt.Errorf("idempotent: Partitions: the %s dialect does not support partitions", t.d.Name())
 	}
-	exists, _, err := m.tableKind(ctx, p)
+	exists, _, err := t.tableKind(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	if !exists {
-		return nil, fmt.Errorf("%w: %s", ErrNoClaimTable, m.table)
+		return nil, fmt.Errorf("%w: %s", ErrNoClaimTable, t.table)
 	}
-	ps, err := m.listPartitions(ctx, m.db)
+	ps, err := t.listPartitions(ctx, t.db)
 	if err != nil {
-		return nil, fmt.Errorf("idempotent: list partitions of %s: %w", m.table, err)
+		return nil, fmt.Errorf("idempotent: list partitions of %s: %w", t.table, err)
 	}
 	return ps, nil
 }
@@ -254,23 +207,23 @@ type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-func (m *Middleware) listPartitions(ctx context.Context, q querier) ([]Partition, error) {
-	p := m.d.(dialect.Partitioner)
-	query, args := p.ListPartitionsSQL(m.table)
+func (t *ClaimTable) listPartitions(ctx context.Context, q querier) ([]Partition, error) {
+	p := t.d.(dialect.Partitioner)
+	query, args := p.ListPartitionsSQL(t.table)
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []Partition
-	prefix := strings.TrimSuffix(p.PartitionName(m.table, time.Unix(0, 0)), "19700101")
+	prefix := strings.TrimSuffix(p.PartitionName(t.table, time.Unix(0, 0)), "19700101")
 	for rows.Next() {
 		var e Partition
 		if err := rows.Scan(&e.Name, &e.Attached); err != nil {
 			return nil, err
 		}
 		day, err := time.Parse("20060102", strings.TrimPrefix(e.Name, prefix))
-		if err != nil || !strings.HasPrefix(e.Name, prefix) || p.PartitionName(m.table, day) != e.Name {
+		if err != nil || !strings.HasPrefix(e.Name, prefix) || p.PartitionName(t.table, day) != e.Name {
 			continue // named like a partition, but not one of ours
 		}
 		e.Day = day
@@ -280,4 +233,22 @@ func (m *Middleware) listPartitions(ctx context.Context, q querier) ([]Partition
 		return nil, err
 	}
 	return out, nil
+}
+
+// MaintainPartitions is the MaintainPartitions of the Middleware's
+// ClaimTable; see ClaimTable.MaintainPartitions. The Middleware must be in
+// partitioned mode (WithDailyPartitions).
+//
+// Deprecated: use m.ClaimTable().MaintainPartitions, or a ClaimTable of
+// its own (NewClaimTable) in the job that maintains the table.
+func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
+	return m.ClaimTable().MaintainPartitions(ctx)
+}
+
+// Partitions is the Partitions of the Middleware's ClaimTable; see
+// ClaimTable.Partitions.
+//
+// Deprecated: use m.ClaimTable().Partitions.
+func (m *Middleware) Partitions(ctx context.Context) ([]Partition, error) {
+	return m.ClaimTable().Partitions(ctx)
 }

@@ -194,12 +194,6 @@ func (m *Middleware) Partitioned() bool { return m.ret.part != nil }
 
 func (m *Middleware) now() time.Time { return m.ret.clock() }
 
-// keepAfter returns the time before which claims may be removed: the
-// retention window plus the clock-skew margin before now.
-func (m *Middleware) keepAfter(now time.Time) time.Time {
-	return now.Add(-m.ret.window - m.ret.skew)
-}
-
 // checkEvent decides, before any transaction, whether a message with event
 // time at (zero when it has none) may be claimed.
 func (m *Middleware) checkEvent(key string, at time.Time) error {

@@ -31,6 +31,7 @@
 //     dialect speaks to, failing with [ErrWrongDatabase] before any DDL;
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
+//   - [StatsReader]: claims per consumer, for idempotent.ClaimTable.Stats;
 //   - [Upserter]: the version-guarded upsert of idempotent.NewVersionedUpsert.
 //   - [ImplicitCommitter]: the statements the database commits implicitly
 //     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a

@@ -38,6 +38,15 @@ type Cleaner interface {
 	IsStatementTimeout(err error) bool
 }
 
+// StatsReader is implemented by dialects that can summarise the claim table
+// per consumer, for ClaimTable.Stats.
+type StatsReader interface {
+	// StatsSQL returns a query, with no parameters, yielding one row per
+	// consumer with claims in the table — consumer, number of claims, oldest
+	// and newest processed_at — ordered by consumer.
+	StatsSQL(t Table) string
+}
+
 // Partitioner is implemented by dialects that can keep the claim table
 // partitioned by the day of each message's event time, so that old claims
 // leave by dropping a whole day instead of deleting rows.

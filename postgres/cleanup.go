@@ -11,7 +11,10 @@ import (
 	"github.com/txclaim/idempotent/dialect"
 )
 
-var _ dialect.Cleaner = (*Dialect)(nil)
+var (
+	_ dialect.Cleaner     = (*Dialect)(nil)
+	_ dialect.StatsReader = (*Dialect)(nil)
+)
 
 // Advisory lock classes (the first key of the two-key form). The second key
 // is the table's OID, so every spelling of one table's name ("t",
@@ -70,6 +73,12 @@ func (*Dialect) CountExpiredSQL(t dialect.Table, allConsumers bool) string {
 		return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1", quote(t))
 	}
 	return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1 AND consumer = $2", quote(t))
+}
+
+// StatsSQL returns the claims per consumer with the oldest and newest
+// processed_at. It reads every row of the table (every partition's).
+func (*Dialect) StatsSQL(t dialect.Table) string {
+	return fmt.Sprintf("SELECT consumer, count(*), min(processed_at), max(processed_at) FROM %s GROUP BY consumer ORDER BY consumer", quote(t))
 }
 
 // IsStatementTimeout reports SQLSTATE 57014 query_canceled. Postgres uses

@@ -17,7 +17,7 @@ import (
 var updateRetention = flag.Bool("update-retention", false, "rewrite testdata/retention.golden")
 
 // TestRetentionSQLGolden pins every statement of the Cleaner and
-// Partitioner interfaces.
+// Partitioner interfaces, and StatsSQL.
 func TestRetentionSQLGolden(t *testing.T) {
 	d := New()
 	tab := dialect.Table{Schema: "app", Name: "claims"}
@@ -32,6 +32,7 @@ func TestRetentionSQLGolden(t *testing.T) {
 	add("CleanupBatchSQL(all)", d.CleanupBatchSQL(tab, true))
 	add("CountExpiredSQL(consumer)", d.CountExpiredSQL(tab, false))
 	add("CountExpiredSQL(all)", d.CountExpiredSQL(tab, true))
+	add("StatsSQL", d.StatsSQL(tab))
 	add("PartitionedSchemaSQL", strings.Join(d.PartitionedSchemaSQL(tab), ";\n"))
 	q, args := d.TableKindSQL(tab)
 	add("TableKindSQL", fmt.Sprintf("%s\n%q", q, args))

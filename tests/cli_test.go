@@ -214,6 +214,27 @@ func TestCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("no consumer of its own", func(t *testing.T) {
+		// The commands work on the ClaimTable: the tool carries no consumer
+		// name to run them under, so none can reach the table or clash with
+		// a real consumer's.
+		b, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("idempotent-cli")) {
+			t.Fatal("the CLI binary still carries the consumer name idempotent-cli")
+		}
+		shared := schema + ".shared"
+		ok(append([]string{"migrate", "-table", shared}, dsn...)...)
+		retInsertClaims(t, db, shared, "idempotent-cli", "old", 3, time.Now().AddDate(0, 0, -40))
+		retInsertClaims(t, db, shared, "loyalty", "old", 4, time.Now().AddDate(0, 0, -40))
+		out := ok(append([]string{"cleanup", "-table", shared, "-retention", "30d", "-consumer", "loyalty"}, dsn...)...)
+		if !strings.Contains(out, "deleted 4 claims") || retCount(t, db, shared, "consumer = 'idempotent-cli'") != 3 {
+			t.Fatalf("cleanup -consumer loyalty printed %q and left %d claims of a consumer named idempotent-cli, want 3", out, retCount(t, db, shared, "consumer = 'idempotent-cli'"))
+		}
+	})
+
 	t.Run("unreachable database", func(t *testing.T) {
 		code, stdout, stderr := cliRun(t, bin, []string{"DATABASE_URL=postgres://ops:Sup3rS3cret@127.0.0.1:1/x?sslmode=disable"}, "stats")
 		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 ||

@@ -12,10 +12,6 @@ import (
 	"github.com/txclaim/idempotent/postgres"
 )
 
-// operator is the consumer name the CLI gives the middleware when a command
-// acts on the whole table rather than on one consumer's claims.
-const operator = "idempotent-cli"
-
 func cmdSchema(_ context.Context, args []string, e env) error {
 	c := newCommand("schema", "Prints the claim table's DDL for Postgres. Needs no database.", e, false)
 	partitioned := c.fs.Bool("partitioned", false, "the table partitioned by event day")
@@ -42,15 +38,28 @@ func cmdSchema(_ context.Context, args []string, e env) error {
 	return nil
 }
 
-// middleware opens the database and builds a Middleware on the table.
-func (c *command) middleware(ctx context.Context, consumer string, opts ...idempotent.Option) (*database, *idempotent.Middleware, error) {
+// claimTable opens the database and returns its claim table, configured by
+// opts after the -table flag.
+func (c *command) claimTable(ctx context.Context, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
+	return c.claimTableFor(ctx, "", opts...)
+}
+
+// claimTableFor is claimTable that also checks, before the network is
+// touched, consumer's name when it is not "".
+func (c *command) claimTableFor(ctx context.Context, consumer string, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
 	opts = append([]idempotent.Option{idempotent.WithTable(c.table)}, opts...)
 	d, err := c.open()
 	if err != nil {
 		return nil, nil, err
 	}
-	// New sends nothing: the flags are checked before the network is touched.
-	mw, err := idempotent.New(d.db, postgres.New(), consumer, opts...)
+	// NewClaimTable sends nothing: the flags are checked before the network
+	// is touched.
+	t, err := idempotent.NewClaimTable(d.db, postgres.New(), opts...)
+	if err == nil && consumer != "" {
+		// New checks a consumer's name as the consumer's own Middleware
+		// does, and sends nothing either.
+		_, err = idempotent.New(d.db, postgres.New(), consumer)
+	}
 	if err != nil {
 		_ = d.db.Close()
 		return nil, nil, usageError{strings.TrimPrefix(err.Error(), "idempotent: ")}
@@ -59,7 +68,7 @@ func (c *command) middleware(ctx context.Context, consumer string, opts ...idemp
 		_ = d.db.Close()
 		return nil, nil, err
 	}
-	return d, mw, nil
+	return d, t, nil
 }
 
 func cmdMigrate(ctx context.Context, args []string, e env) error {
@@ -78,19 +87,19 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 	if *partitioned {
 		opts = append(opts, idempotent.WithDailyPartitions(*lead))
 	}
-	d, mw, err := c.middleware(ctx, operator, opts...)
+	d, t, err := c.claimTable(ctx, opts...)
 	if err != nil {
 		return err
 	}
 	defer d.db.Close()
-	if err := mw.EnsureSchema(ctx); err != nil {
+	if err := t.EnsureSchema(ctx); err != nil {
 		return d.clean(err)
 	}
 	if !*partitioned {
 		fmt.Fprintf(e.stdout, "claim table %s is ready (plain, with its processed_at index)\n", c.table)
 		return nil
 	}
-	ps, err := mw.Partitions(ctx)
+	ps, err := t.Partitions(ctx)
 	if err != nil {
 		return d.clean(err)
 	}
@@ -138,17 +147,15 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 	}
 	opts := def
 	opts.BatchSize, opts.MinBatchSize, opts.StatementTimeout, opts.Pause = *batch, *minBatch, *timeout, *pause
-	opts.DryRun, opts.AllConsumers = *dryRun, *consumer == ""
-	name, who := *consumer, "every consumer"
-	if name == "" {
-		name = operator
-	} else {
-		who = "consumer " + name
+	opts.DryRun = *dryRun
+	who := "every consumer"
+	if *consumer != "" {
+		who = "consumer " + *consumer
 	}
 	if err := opts.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	d, mw, err := c.middleware(ctx, name, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d))
+	d, t, err := c.claimTableFor(ctx, *consumer, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d))
 	if err != nil {
 		return err
 	}
@@ -174,7 +181,12 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 			fmt.Fprintf(e.stdout, "\r\033[Kbatch %d: %d deleted, %.0f claims/s, last batch %d in %v", p.Batch, p.Total, rate, p.Deleted, p.Took.Round(time.Millisecond))
 		}
 	}
-	n, err := mw.Cleanup(ctx, opts)
+	var n int64
+	if *consumer == "" {
+		n, err = t.Cleanup(ctx, opts)
+	} else {
+		n, err = t.CleanupConsumer(ctx, *consumer, opts)
+	}
 	if e.terminal && !*dryRun && batches > 0 {
 		fmt.Fprintln(e.stdout)
 	}
@@ -218,13 +230,13 @@ func cmdPartitions(ctx context.Context, args []string, e env) error {
 	if err := firstError(checkDuration("skew", skew.d, true), positive("lead-days", *lead, 1)); err != nil {
 		return err
 	}
-	d, mw, err := c.middleware(ctx, operator, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d), idempotent.WithDailyPartitions(*lead))
+	d, t, err := c.claimTable(ctx, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d), idempotent.WithDailyPartitions(*lead))
 	if err != nil {
 		return err
 	}
 	defer d.db.Close()
 	if *list {
-		ps, err := mw.Partitions(ctx)
+		ps, err := t.Partitions(ctx)
 		if err != nil {
 			return d.clean(err)
 		}
@@ -238,7 +250,7 @@ func cmdPartitions(ctx context.Context, args []string, e env) error {
 		fmt.Fprintf(e.stdout, "%d partitions\n", len(ps))
 		return nil
 	}
-	rep, err := mw.MaintainPartitions(ctx)
+	rep, err := t.MaintainPartitions(ctx)
 	for _, p := range rep.Created {
 		fmt.Fprintf(e.stdout, "created %s (%s)\n", p.Name, p.Day.Format(time.DateOnly))
 	}

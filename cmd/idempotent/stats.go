@@ -17,12 +17,12 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	d, mw, err := c.middleware(ctx, operator)
+	d, tab, err := c.claimTable(ctx)
 	if err != nil {
 		return err
 	}
 	defer d.db.Close()
-	t, _ := dialect.ParseTable(c.table) // checked by middleware
+	t, _ := dialect.ParseTable(c.table) // checked by claimTable
 	q := t.Quoted(pq.QuoteIdentifier)
 
 	var exists, partitioned bool
@@ -42,25 +42,13 @@ FROM pg_partition_tree($1::regclass)`
 	if err := d.db.QueryRowContext(ctx, sizes, q).Scan(&tableBytes, &indexBytes); err != nil {
 		return d.clean(err)
 	}
-	type consumer struct {
-		name           string
-		claims         int64
-		oldest, newest time.Time
-	}
-	var consumers []consumer
-	var total int64
-	err = query(ctx, d.db, "SELECT consumer, count(*), min(processed_at), max(processed_at) FROM "+q+" GROUP BY consumer ORDER BY consumer", nil,
-		func(rows *sql.Rows) error {
-			var c consumer
-			if err := rows.Scan(&c.name, &c.claims, &c.oldest, &c.newest); err != nil {
-				return err
-			}
-			total += c.claims
-			consumers = append(consumers, c)
-			return nil
-		})
+	consumers, err := tab.Stats(ctx)
 	if err != nil {
 		return d.clean(err)
+	}
+	var total int64
+	for _, c := range consumers {
+		total += c.Claims
 	}
 
 	kind := "plain"
@@ -74,7 +62,7 @@ FROM pg_partition_tree($1::regclass)`
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "CONSUMER\tCLAIMS\tOLDEST\tNEWEST")
 	for _, c := range consumers {
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", c.name, c.claims, c.oldest.UTC().Format(time.RFC3339), c.newest.UTC().Format(time.RFC3339))
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", c.Consumer, c.Claims, c.Oldest.UTC().Format(time.RFC3339), c.Newest.UTC().Format(time.RFC3339))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -83,7 +71,7 @@ FROM pg_partition_tree($1::regclass)`
 		return nil
 	}
 
-	ps, err := mw.Partitions(ctx)
+	ps, err := tab.Partitions(ctx)
 	if err != nil {
 		return d.clean(err)
 	}

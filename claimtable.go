@@ -1,0 +1,281 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// ClaimTable is the claim table of a database apart from any consumer: its
+// schema, cleanup, partitions and statistics. Operators' jobs (a cron
+// cleanup, a daily partition run, the idempotent CLI) use it without
+// naming a consumer; a Middleware's own table is [Middleware.ClaimTable].
+// It is safe for concurrent use.
+type ClaimTable struct {
+	db     *sql.DB
+	d      dialect.Dialect
+	table  dialect.Table
+	ret    retention
+	policy RetryPolicy
+	// owner names, in error messages, what was configured: "ClaimTable",
+	// or "Middleware" for a Middleware's table.
+	owner string
+}
+
+// NewClaimTable returns the claim table of db, speaking dialect d. It takes
+// the options that describe the table, which are the Middleware's own:
+// WithTable, WithRetention, WithClockSkew, WithClock, WithDailyPartitions
+// and WithRetry (the retry policy of the maintenance transactions). Give it
+// the same values as the Middlewares using the table. The options that
+// configure a consumer's deliveries (WithTxOptions, WithLockTimeout,
+// WithObserver, WithStrictGuard) are refused with an error naming them.
+//
+// NewClaimTable sends nothing to the database.
+func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...Option) (*ClaimTable, error) {
+	if db == nil {
+		return nil, errors.New("idempotent: NewClaimTable: nil *sql.DB")
+	}
+	if d == nil {
+		return nil, errors.New("idempotent: NewClaimTable: nil dialect")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("idempotent: NewClaimTable: nil option")
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if name := consumerOption(cfg); name != "" {
+		return nil, fmt.Errorf("idempotent: NewClaimTable: %s configures a consumer's deliveries (give it to New), not the claim table", name)
+	}
+	table, err := dialect.ParseTable(cfg.table)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: %w", err)
+	}
+	t := &ClaimTable{db: db, d: d, table: table, ret: retention{retentionConfig: cfg.retention}, policy: cfg.retry, owner: "ClaimTable"}
+	if cfg.retention.leadDays > 0 {
+		p, ok := d.(dialect.Partitioner)
+		if !ok {
+			return nil, fmt.Errorf("idempotent: WithDailyPartitions: the %s dialect does not support partitions", d.Name())
+		}
+		if n := len(p.PartitionName(table, time.Unix(0, 0))); n > dialect.MaxIdentifierBytes {
+			return nil, fmt.Errorf("idempotent: WithDailyPartitions: table name %q is too long: its partitions' names would be %d bytes, the limit is %d",
+				table.Name, n, dialect.MaxIdentifierBytes)
+		}
+		t.ret.part = p
+	}
+	return t, nil
+}
+
+// consumerOption names the first option in cfg that only a Middleware
+// uses, or returns "".
+func consumerOption(cfg config) string {
+	switch {
+	case cfg.txOpts != (sql.TxOptions{}):
+		return "WithTxOptions"
+	case cfg.lockTimeout != 0:
+		return "WithLockTimeout"
+	case cfg.observer != nil:
+		return "WithObserver"
+	case cfg.strictGuard:
+		return "WithStrictGuard"
+	}
+	return ""
+}
+
+// ClaimTable returns the claim table the Middleware uses, with its table
+// name, retention window, clock-skew margin, clock, partitioned mode and
+// retry policy.
+func (m *Middleware) ClaimTable() *ClaimTable {
+	return &ClaimTable{db: m.db, d: m.d, table: m.table, ret: m.ret, policy: m.run.policy, owner: "Middleware"}
+}
+
+// Name returns the table's name as configured, unquoted.
+func (t *ClaimTable) Name() string { return t.table.String() }
+
+// Retention returns the retention window.
+func (t *ClaimTable) Retention() time.Duration { return t.ret.window }
+
+// Partitioned reports whether the table is configured as partitioned by
+// event day (WithDailyPartitions).
+func (t *ClaimTable) Partitioned() bool { return t.ret.part != nil }
+
+func (t *ClaimTable) now() time.Time { return t.ret.clock() }
+
+// keepAfter returns the time before which claims may be removed: the
+// retention window plus the clock-skew margin before now.
+func (t *ClaimTable) keepAfter(now time.Time) time.Time {
+	return now.Add(-t.ret.window - t.ret.skew)
+}
+
+// EnsureSchema creates the claim table and its processed_at index if they do
+// not exist (the guide's Step 1). It is safe to call from many processes at
+// once and on every start. When partitioned (WithDailyPartitions) it
+// creates the partitioned table and the partitions MaintainPartitions would
+// create, but drops none. It fails, naming the table, when an existing table
+// is partitioned and the ClaimTable is not, or the other way round.
+//
+// If the dialect implements dialect.ServerChecker, EnsureSchema first checks
+// that the database is one the dialect speaks: a dialect used with another
+// database's driver fails here with an error matching
+// dialect.ErrWrongDatabase.
+func (t *ClaimTable) EnsureSchema(ctx context.Context) error {
+	return t.ensureSchema(ctx, nil)
+}
+
+// ensureSchema is EnsureSchema; probe, if set, runs in the schema's
+// transaction after the server check.
+func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Context, *sql.Tx) error) error {
+	stmts := t.schemaSQL()
+	checker, _ := t.d.(dialect.ServerChecker)
+	// The schema's own DDL runs in this transaction, so the guard's
+	// implicit-commit check (a handler's concern) is left out.
+	r := runner{db: t.db, d: t.d, policy: t.policy}
+	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+		if checker != nil {
+			if err := checker.CheckServer(ctx, t.table, txQuery(tx)); err != nil {
+				return err
+			}
+		}
+		if probe != nil {
+			if err := probe(ctx, tx); err != nil {
+				return err
+			}
+		}
+		for _, s := range stmts {
+			if _, err := tx.ExecContext(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("idempotent: ensure schema of %s: %w", t.table, err)
+	}
+	return t.afterSchema(ctx)
+}
+
+// EnsureSchema creates the claim table and its processed_at index if they do
+// not exist (the guide's Step 1): it is the EnsureSchema of the
+// Middleware's ClaimTable and, with WithStrictGuard, also checks that the
+// server can run the strict guard's transaction id query. It is safe to
+// call from many processes at once and on every start. In partitioned mode
+// (WithDailyPartitions) it creates the partitioned table and the partitions
+// MaintainPartitions would create, but drops none. It fails, naming the
+// table, when an existing table is partitioned and the Middleware is not, or
+// the other way round.
+//
+// If the dialect implements dialect.ServerChecker, EnsureSchema first checks
+// that the database is one the dialect speaks: a dialect used with another
+// database's driver fails here with an error matching
+// dialect.ErrWrongDatabase.
+func (m *Middleware) EnsureSchema(ctx context.Context) error {
+	var probe func(context.Context, *sql.Tx) error
+	if m.txidSQL != "" {
+		probe = m.probeTxID
+	}
+	return m.ClaimTable().ensureSchema(ctx, probe)
+}
+
+// txQuery returns a dialect.QueryFunc that runs on tx.
+func txQuery(tx *sql.Tx) dialect.QueryFunc {
+	return func(ctx context.Context, query string, args ...any) (string, error) {
+		var s sql.NullString
+		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
+		return s.String, err
+	}
+}
+
+// schemaSQL returns the statements EnsureSchema runs for the mode.
+func (t *ClaimTable) schemaSQL() []string {
+	if t.ret.part != nil {
+		return t.ret.part.PartitionedSchemaSQL(t.table)
+	}
+	return t.d.SchemaSQL(t.table)
+}
+
+// afterSchema checks that the claim table has the mode's layout and, in
+// partitioned mode, creates the missing partitions.
+func (t *ClaimTable) afterSchema(ctx context.Context) error {
+	p, ok := t.d.(dialect.Partitioner)
+	if !ok {
+		return nil
+	}
+	exists, partitioned, err := t.tableKind(ctx, p)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !exists:
+		return fmt.Errorf("%w: %s", ErrNoClaimTable, t.table)
+	case partitioned && t.ret.part == nil:
+		return fmt.Errorf("idempotent: claim table %s is partitioned, but the %s was not given WithDailyPartitions", t.table, t.owner)
+	case !partitioned && t.ret.part != nil:
+		return fmt.Errorf("idempotent: WithDailyPartitions: claim table %s exists and is not partitioned; migrate it (or drop it) first", t.table)
+	case !partitioned:
+		return nil
+	}
+	_, err = t.maintain(ctx, false)
+	return err
+}
+
+func (t *ClaimTable) tableKind(ctx context.Context, p dialect.Partitioner) (exists, partitioned bool, err error) {
+	q, args := p.TableKindSQL(t.table)
+	if err := t.db.QueryRowContext(ctx, q, args...).Scan(&exists, &partitioned); err != nil {
+		return false, false, fmt.Errorf("idempotent: inspect claim table %s: %w", t.table, err)
+	}
+	return exists, partitioned, nil
+}
+
+// tableError turns an undefined-table failure into ErrNoClaimTable.
+func (t *ClaimTable) tableError(err error) error {
+	if err != nil && t.d.Classify(err).Kind == dialect.KindUndefinedTable {
+		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, t.table, err)
+	}
+	return err
+}
+
+// ConsumerStats is one consumer's claims in the claim table.
+type ConsumerStats struct {
+	// Consumer is the consumer's name.
+	Consumer string
+	// Claims is how many claims the consumer has in the table.
+	Claims int64
+	// Oldest and Newest are the processed_at of the consumer's oldest and
+	// newest claim.
+	Oldest, Newest time.Time
+}
+
+// Stats counts the claims of every consumer with claims in the table, with
+// the oldest and newest, ordered by consumer name. It reads every row: on a
+// large table it takes as long as a full scan. A missing table is an error
+// matching ErrNoClaimTable; the dialect must implement dialect.StatsReader.
+func (t *ClaimTable) Stats(ctx context.Context) ([]ConsumerStats, error) {
+	s, ok := t.d.(dialect.StatsReader)
+	if !ok {
+		return nil, fmt.Errorf("idempotent: Stats: the %s dialect does not support table statistics", t.d.Name())
+	}
+	rows, err := t.db.QueryContext(ctx, s.StatsSQL(t.table))
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: stats of %s: %w", t.table, t.tableError(err))
+	}
+	defer rows.Close()
+	var out []ConsumerStats
+	for rows.Next() {
+		var c ConsumerStats
+		if err := rows.Scan(&c.Consumer, &c.Claims, &c.Oldest, &c.Newest); err != nil {
+			return nil, fmt.Errorf("idempotent: stats of %s: %w", t.table, err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idempotent: stats of %s: %w", t.table, t.tableError(err))
+	}
+	return out, nil
+}
