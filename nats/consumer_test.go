@@ -101,13 +101,18 @@ func TestPoisonIsTerminatedAndReported(t *testing.T) {
 	cons := newConsumer(t, s, durable, 30*time.Second)
 	l := newLedger(t, openDB(t, 4), durable)
 	good := order{OrderID: 1, CustomerID: 3, Points: 12}
-	publish(t, js, stream+".orders", "", mustJSON(t, order{OrderID: 2, CustomerID: 3, Points: 9}), nil) // no Nats-Msg-Id
-	publish(t, js, stream+".orders", "order-completed:3", []byte("order 3, customer 3, 9 points"), nil)
-	publish(t, js, stream+".orders", good.key(), mustJSON(t, good), nil)
+	now := map[string]string{"Event-Time": time.Now().UTC().Format(time.RFC3339)}
+	old := order{OrderID: 4, CustomerID: 3, Points: 7}
+	publish(t, js, stream+".orders", "", mustJSON(t, order{OrderID: 2, CustomerID: 3, Points: 9}), now) // no Nats-Msg-Id
+	publish(t, js, stream+".orders", "order-completed:3", []byte("order 3, customer 3, 9 points"), now)
+	publish(t, js, stream+".orders", good.key(), mustJSON(t, good), now)
+	publish(t, js, stream+".orders", old.key(), mustJSON(t, old), map[string]string{"Event-Time": time.Now().Add(-40 * 24 * time.Hour).UTC().Format(time.RFC3339)})
+	publish(t, js, stream+".orders", "order-completed:5", mustJSON(t, order{OrderID: 5, CustomerID: 3, Points: 1}), nil) // no event time
 
 	var mu sync.Mutex
 	terminated := map[uint64]error{} // stream sequence -> error
-	c, err := idnats.NewConsumer(l.handler(), idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
+	h := idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit, idnats.WithEventTime(idnats.TimeHeader("Event-Time")))
+	c, err := idnats.NewConsumer(h, idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
 		if s.Action == idnats.Terminated {
 			md, _ := s.Msg.Metadata()
 			mu.Lock()
@@ -121,19 +126,19 @@ func TestPoisonIsTerminatedAndReported(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, cons) }()
-	waitFor(t, 30*time.Second, "all three settled", func() (bool, error) {
+	waitFor(t, 30*time.Second, "all five settled", func() (bool, error) {
 		s := c.Stats()
-		return s.Acked+s.Terminated == 3, nil
+		return s.Acked+s.Terminated == 5, nil
 	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Stats(); s.Acked != 1 || s.Terminated != 2 || s.Naked != 0 || s.Delivered != 3 {
-		t.Fatalf("stats %+v, want 1 acked, 2 terminated, nothing naked", s)
+	if s := c.Stats(); s.Acked != 1 || s.Terminated != 4 || s.Naked != 0 || s.Delivered != 5 {
+		t.Fatalf("stats %+v, want 1 acked, 4 terminated, nothing naked", s)
 	}
 	mu.Lock()
-	for seq, want := range map[uint64]error{1: idnats.ErrNoKey, 2: idnats.ErrUndecodable} {
+	for seq, want := range map[uint64]error{1: idnats.ErrNoKey, 2: idnats.ErrUndecodable, 4: idempotent.ErrBeyondRetention, 5: idempotent.ErrInvalidEventTime} {
 		if err := terminated[seq]; !errors.Is(err, want) {
 			t.Errorf("message %d terminated with %v, want %v", seq, err, want)
 		}
