@@ -11,6 +11,7 @@ require (
 	github.com/lib/pq v1.12.3 // indirect
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
+	github.com/rabbitmq/amqp091-go v1.16.0 // indirect
 )
 
 replace github.com/txclaim/idempotent => ../
