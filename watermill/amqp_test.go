@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -146,4 +146,3 @@ func TestAMQPAuditWithDuplicatesAndFailures(t *testing.T) {
 	}
 	l.audit(t, orders)
 }
-

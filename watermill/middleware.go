@@ -97,9 +97,12 @@ func WithOutbox(ob *outbox.Outbox, kind string) Option {
 //		return std.Tx, true
 //	})
 //
-// The subscriber commits on ack and rolls back on nack; the middleware
-// neither commits nor retries. The claim table must be in the subscriber's
-// database. A message without a transaction fails with ErrNoTransaction.
+// The subscriber commits its transaction; the middleware neither commits
+// nor retries. Each attempt runs under a savepoint, rolled back when the
+// handler fails: watermill-sql resends a nacked message in the same
+// transaction (and shares one transaction among a batch of messages), so
+// without it a failed attempt's claim would stay and mark the message seen.
+// The claim table must be in the subscriber's database. A message without a transaction fails with ErrNoTransaction.
 // Default is off: the middleware begins, retries and commits its own
 // transaction on the *sql.DB of its idempotent.Middleware.
 func WithSubscriberTx(txOf func(ctx context.Context) (*sql.Tx, bool)) Option {
@@ -166,12 +169,35 @@ func (c *config) inSubscriberTx(mw *idempotent.Middleware, h message.HandlerFunc
 	if !ok || tx == nil {
 		return fmt.Errorf("%w: message %s", ErrNoTransaction, msg.UUID)
 	}
-	claimed, err := mw.Claim(ctx, tx, key)
-	if err != nil || !claimed {
+	// The subscriber may keep its transaction across a nack (watermill-sql
+	// resends a nacked message in the same transaction, and shares one
+	// transaction among a batch of messages): a savepoint makes each
+	// attempt's claim and effect roll back together, leaving the
+	// transaction usable and the message not marked seen.
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepoint); err != nil {
+		return fmt.Errorf("watermill: message %q: savepoint: %w", key, err)
+	}
+	err := func() error {
+		claimed, err := mw.Claim(ctx, tx, key)
+		if err != nil || !claimed {
+			return err
+		}
+		return c.run(ctx, tx, h, msg, key)
+	}()
+	if err != nil {
+		if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+savepoint); rerr != nil {
+			return fmt.Errorf("watermill: message %q: %w (and rolling back to the savepoint: %w)", key, err, rerr)
+		}
 		return err
 	}
-	return c.run(ctx, tx, h, msg, key)
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint); err != nil {
+		return fmt.Errorf("watermill: message %q: release savepoint: %w", key, err)
+	}
+	return nil
 }
+
+// savepoint names the savepoint of an attempt in a subscriber's transaction.
+const savepoint = "idempotent_watermill"
 
 // run calls h with tx in the message's context, and enqueues the messages
 // it returns.
