@@ -221,11 +221,15 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 	// The handler holds the message for three half-AckWaits: without the
 	// heartbeats the server would redeliver it to the second worker.
 	var c *idnats.Consumer
+	giveUp := make(chan struct{})
+	t.Cleanup(func() { close(giveUp) })
 	h := idnats.Decode(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order) error {
 		for c.Stats().InProgress < 3 {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
+			case <-giveUp:
+				return errors.New("the test gave up")
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
@@ -237,6 +241,7 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, cons) }()
 	waitFor(t, 30*time.Second, "the ack", func() (bool, error) { return c.Stats().Acked == 1, nil })
@@ -314,20 +319,38 @@ func TestRunReportsConsumerGoneAndRefusesAckNone(t *testing.T) {
 	if err := c.Run(ctx, ackNone); !errors.Is(err, idnats.ErrNotDurable) {
 		t.Fatalf("Run on an AckNone consumer: %v, want ErrNotDurable", err)
 	}
-	cons := newConsumer(t, s, "loyalty", 30*time.Second)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx, cons) }()
-	if err := js.DeleteConsumer(ctx, stream, "loyalty"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, idnats.ErrConsumerGone) {
-			t.Fatalf("Run after the consumer was deleted: %v, want ErrConsumerGone", err)
+	runDeleted := func(name string, beforeRun bool) {
+		t.Helper()
+		cons := newConsumer(t, s, name, 30*time.Second)
+		if beforeRun {
+			// Pull requests to it expire unanswered.
+			if err := js.DeleteConsumer(ctx, stream, name); err != nil {
+				t.Fatal(err)
+			}
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return after the consumer was deleted")
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx, cons) }()
+		if !beforeRun {
+			// The server answers open pull requests "consumer deleted".
+			waitFor(t, 10*time.Second, "open pull requests", func() (bool, error) {
+				info, err := cons.Info(ctx)
+				return err == nil && info.NumWaiting >= 1, nil
+			})
+			if err := js.DeleteConsumer(ctx, stream, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case err := <-done:
+			if !errors.Is(err, idnats.ErrConsumerGone) {
+				t.Fatalf("%s: Run after the consumer was deleted: %v, want ErrConsumerGone", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: Run did not return after the consumer was deleted", name)
+		}
 	}
+	runDeleted("deleted-while-pulling", false)
+	runDeleted("deleted-before-run", true)
 }
 
 func TestBatchConsumerAppliesOnceAndSetsPoisonAside(t *testing.T) {
@@ -339,14 +362,17 @@ func TestBatchConsumerAppliesOnceAndSetsPoisonAside(t *testing.T) {
 	cons := newConsumer(t, s, durable, 30*time.Second)
 	l := newLedger(t, openDB(t, 4), durable)
 	orders := makeOrders(300)
-	for _, o := range orders {
+	for i, o := range orders {
 		publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+		if i == 150 {
+			// Amid the batch: a message whose order names no customer, which
+			// the handler marks poison, failing its batch, which is then
+			// tried message by message; and one without a key.
+			bad := order{OrderID: 1000, CustomerID: 0, Points: 1}
+			publish(t, js, stream+".orders", bad.key(), mustJSON(t, bad), nil)
+			publish(t, js, stream+".orders", "", []byte(`{}`), nil)
+		}
 	}
-	// A message whose order names no customer: the handler marks it
-	// poison, failing its batch, which is then tried message by message.
-	bad := order{OrderID: 1000, CustomerID: 0, Points: 1}
-	publish(t, js, stream+".orders", bad.key(), mustJSON(t, bad), nil)
-	publish(t, js, stream+".orders", "", []byte(`{}`), nil)
 
 	h := idnats.DecodeBatch(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, batch []order) error {
 		for _, o := range batch {
