@@ -30,7 +30,7 @@ func BenchmarkPerMessageVsBatch(b *testing.B) {
 		for _, o := range orders {
 			msgs = append(msgs, outMsg{msgID: o.key(), data: mustJSON(b, o)})
 		}
-		if _, err := publishAll(context.Background(), js, stream+".orders", msgs); err != nil {
+		if _, err := publishAll(context.Background(), js, stream+".orders", msgs, nil); err != nil {
 			b.Fatal(err)
 		}
 		one := newLedger(b, db, "per-message")

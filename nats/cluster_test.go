@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ type outMsg struct {
 // publishAll publishes msgs in order, retrying each until the stream
 // acknowledges it: its Nats-Msg-Id makes a retry after a lost PubAck safe.
 // It returns how many PubAcks reported a duplicate.
-func publishAll(ctx context.Context, js jetstream.JetStream, subject string, msgs []outMsg) (dups int, err error) {
+func publishAll(ctx context.Context, js jetstream.JetStream, subject string, msgs []outMsg, published *atomic.Int64) (dups int, err error) {
 	for _, o := range msgs {
 		m := natsgo.NewMsg(subject)
 		m.Data = o.data
@@ -38,6 +39,9 @@ func publishAll(ctx context.Context, js jetstream.JetStream, subject string, msg
 			if err == nil {
 				if ack.Duplicate {
 					dups++
+				}
+				if published != nil {
+					published.Add(1)
 				}
 				break
 			}
@@ -85,7 +89,7 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		_, err := publishAll(ctx, js, stream+".orders", msgs)
+		_, err := publishAll(ctx, js, stream+".orders", msgs, nil)
 		pubDone <- err
 	}()
 
@@ -160,10 +164,11 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 		msgs = append(msgs, outMsg{msgID: o.key(), data: mustJSON(t, o)})
 	}
 	pubDone := make(chan error, 1)
+	var published atomic.Int64
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		_, err := publishAll(ctx, js, stream+".orders", msgs)
+		_, err := publishAll(ctx, js, stream+".orders", msgs, &published)
 		pubDone <- err
 	}()
 
@@ -174,12 +179,13 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 	}
 	p := start(t, cn, c.urls(), stream, durable)
 
-	waitFor(t, 2*time.Minute, "1000 ledger rows", func() (bool, error) {
-		return l.count(t, "SELECT count(*) FROM $S.point_ledger") >= 1000, nil
+	// Kill mid-stream: half the messages published, some consumed.
+	waitFor(t, 2*time.Minute, "1500 messages published and some consumed", func() (bool, error) {
+		return published.Load() >= 1500 && l.count(t, "SELECT count(*) FROM $S.point_ledger") > 0, nil
 	})
 	leader := streamLeader(t, js, stream)
 	c.byName(leader).kill()
-	t.Logf("killed the stream leader %s with SIGKILL at %d ledger rows", leader, l.count(t, "SELECT count(*) FROM $S.point_ledger"))
+	t.Logf("killed the stream leader %s with SIGKILL at %d ledger rows, %d of %d messages published", leader, l.count(t, "SELECT count(*) FROM $S.point_ledger"), published.Load(), len(msgs))
 	var next string
 	waitFor(t, time.Minute, "a new leader", func() (bool, error) {
 		next = streamLeader(t, js, stream)
