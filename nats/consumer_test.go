@@ -55,13 +55,12 @@ func TestCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
 	if first != nil || err == nil {
 		t.Fatal("NewConsumer(nil) did not fail")
 	}
-	var p *running
-	first, err = idnats.NewConsumer(record(func() { p.nc.Close() }), idnats.WithWorkers(1))
+	pnc := connect(t, nc.ConnectedUrl())
+	first, err = idnats.NewConsumer(record(pnc.Close), idnats.WithWorkers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p = start(t, first, nc.ConnectedUrl(), stream, durable)
-	if err := <-p.done; !errors.Is(err, idnats.ErrConnectionClosed) {
+	if err := first.Run(context.Background(), bindConsumer(t, newJS(t, pnc), stream, durable)); !errors.Is(err, idnats.ErrConnectionClosed) {
 		t.Fatalf("first Run: %v, want ErrConnectionClosed", err)
 	}
 	if s := first.Stats(); s.Applied != 1 || s.Acked != 0 || s.SettleFailed != 1 {
