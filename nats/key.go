@@ -1,0 +1,120 @@
+package nats
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/txclaim/idempotent"
+)
+
+// A KeyFunc returns a message's key: the stable identity the producer gave
+// the message's effect, such as "order-completed:9912". It must return the
+// same key for every delivery of the same message — redelivered after a lost
+// ack, published twice, or republished from another stream weeks later — so
+// it must never use the stream or consumer sequence, the delivery count, or
+// any id the server assigns. An error (conventionally wrapping [ErrNoKey])
+// makes the message poison.
+type KeyFunc func(msg jetstream.Msg) (string, error)
+
+// MsgID returns a KeyFunc that reads the Nats-Msg-Id header
+// (jetstream.MsgIDHeader), the id a producer sets with jetstream.WithMsgID
+// and the stream uses to drop repeated publishes within its duplicate window.
+// It is the default key. A message without one fails with ErrNoKey.
+func MsgID() KeyFunc { return Header(jetstream.MsgIDHeader) }
+
+// Header returns a KeyFunc that reads the first value of the header name. A
+// missing or empty header fails with ErrNoKey.
+func Header(name string) KeyFunc {
+	return func(msg jetstream.Msg) (string, error) {
+		v := msg.Headers().Get(name)
+		if v == "" {
+			return "", fmt.Errorf("%w: no %q header", ErrNoKey, name)
+		}
+		return v, nil
+	}
+}
+
+// BodyField returns a KeyFunc that reads a field of a JSON object body,
+// following path through nested objects: BodyField("order", "id") reads
+// {"order": {"id": …}}. A string value is used as it is; a number as written
+// in the body. Data that is not a JSON object fails with ErrUndecodable; a
+// missing, null or empty field, or one of another type, fails with ErrNoKey.
+// BodyField panics if path is empty.
+func BodyField(path ...string) KeyFunc {
+	if len(path) == 0 {
+		panic("nats: BodyField: empty path")
+	}
+	where := strings.Join(path, ".")
+	return func(msg jetstream.Msg) (string, error) {
+		dec := json.NewDecoder(bytes.NewReader(msg.Data()))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return "", fmt.Errorf("%w: reading key field %q: %w", ErrUndecodable, where, err)
+		}
+		if dec.More() {
+			return "", fmt.Errorf("%w: reading key field %q: data after the JSON value", ErrUndecodable, where)
+		}
+		for i, p := range path {
+			obj, ok := v.(map[string]any)
+			if !ok {
+				if i == 0 {
+					return "", fmt.Errorf("%w: reading key field %q: the data is not a JSON object", ErrUndecodable, where)
+				}
+				return "", fmt.Errorf("%w: field %q is not a JSON object", ErrNoKey, strings.Join(path[:i], "."))
+			}
+			if v, ok = obj[p]; !ok {
+				return "", fmt.Errorf("%w: no field %q in the data", ErrNoKey, where)
+			}
+		}
+		switch v := v.(type) {
+		case string:
+			if v == "" {
+				return "", fmt.Errorf("%w: field %q is empty", ErrNoKey, where)
+			}
+			return v, nil
+		case json.Number:
+			return v.String(), nil
+		}
+		return "", fmt.Errorf("%w: field %q is not a string or a number", ErrNoKey, where)
+	}
+}
+
+// Prefixed returns a KeyFunc that puts prefix before the key k returns.
+// Prefixes keep the keys of different message types apart when one consumer
+// reads several subjects.
+func Prefixed(prefix string, k KeyFunc) KeyFunc {
+	return func(msg jetstream.Msg) (string, error) {
+		key, err := k(msg)
+		if err != nil {
+			return "", err
+		}
+		return prefix + key, nil
+	}
+}
+
+// A TimeFunc returns a message's event time, set once by the producer; see
+// WithEventTime.
+type TimeFunc func(msg jetstream.Msg) (time.Time, error)
+
+// TimeHeader returns a TimeFunc that parses the header name as an RFC 3339
+// time. A missing or unparsable header fails with an error matching
+// idempotent.ErrInvalidEventTime, which makes the message poison.
+func TimeHeader(name string) TimeFunc {
+	return func(msg jetstream.Msg) (time.Time, error) {
+		v := msg.Headers().Get(name)
+		if v == "" {
+			return time.Time{}, fmt.Errorf("%w: no %q header", idempotent.ErrInvalidEventTime, name)
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%w: header %q: %w", idempotent.ErrInvalidEventTime, name, err)
+		}
+		return t, nil
+	}
+}

@@ -1,0 +1,130 @@
+package nats_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	idnats "github.com/txclaim/idempotent/nats"
+	"github.com/txclaim/idempotent/outbox"
+)
+
+// TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream relays outbox
+// rows to JetStream through a Sender whose first PubAck of every call is
+// lost (the stream stored the message, the relay saw an error): the relay
+// publishes again with the same Nats-Msg-Id, the stream answers Duplicate,
+// and it holds each call once.
+func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
+	t.Parallel()
+	nc := localNATS(t)
+	js := newJS(t, nc)
+	_, stream := newStream(t, js, 1)
+	db := openDB(t, 6)
+	l := newLedger(t, db, "loyalty")
+	ob, err := outbox.New(db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ob.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The handler credits the order and enqueues a points-awarded event in
+	// the claim's transaction.
+	orders := makeOrders(40)
+	keys := map[string]bool{}
+	for _, o := range orders {
+		_, err := l.mw.Process(ctx, o.key(), func(ctx context.Context, tx *sql.Tx) error {
+			if err := l.credit(ctx, tx, o); err != nil {
+				return err
+			}
+			k, err := ob.Enqueue(ctx, tx, o.key(), "points_awarded", mustJSON(t, o))
+			keys[k] = true
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var mu sync.Mutex
+	acks := map[string][]bool{} // idempotency key -> PubAck.Duplicate of each publish
+	sender, err := idnats.NewSender(js, func(outbox.Message) string { return stream + ".points" },
+		idnats.WithPubAck(func(m outbox.Message, ack *jetstream.PubAck) {
+			mu.Lock()
+			acks[m.IdempotencyKey] = append(acks[m.IdempotencyKey], ack.Duplicate)
+			mu.Unlock()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lossy := outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		if err := sender.Send(ctx, m); err != nil {
+			return err
+		}
+		if m.Attempt == 1 {
+			return errors.New("PubAck lost: connection reset")
+		}
+		return nil
+	})
+	relay, err := outbox.NewRelay(ob, outbox.WithSender("points_awarded", lossy), outbox.WithPollInterval(10*time.Millisecond),
+		outbox.WithBackoff(outbox.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	waitFor(t, 30*time.Second, "every row sent", func() (bool, error) {
+		s, err := ob.Stats(ctx)
+		return err == nil && s.Pending == 0, err
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	mu.Lock()
+	for k := range keys {
+		if fmt.Sprint(acks[k]) != "[false true]" {
+			t.Errorf("call %s: PubAck duplicates %v, want [false true] (stored, then dropped as a duplicate)", k, acks[k])
+		}
+	}
+	mu.Unlock()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(len(orders)) {
+		t.Fatalf("the stream holds %d messages, want %d: one per outbox row", info.State.Msgs, len(orders))
+	}
+	// Each stored message carries its row's idempotency key.
+	cons := newConsumer(t, s, "points", 30*time.Second)
+	batch, err := cons.Fetch(len(orders), jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for m := range batch.Messages() {
+		seen[m.Headers().Get(jetstream.MsgIDHeader)] = true
+	}
+	if len(seen) != len(keys) {
+		t.Fatalf("%d distinct Nats-Msg-Id values in the stream, want %d", len(seen), len(keys))
+	}
+	for k := range keys {
+		if !seen[k] {
+			t.Errorf("no message with Nats-Msg-Id %s", k)
+		}
+	}
+}

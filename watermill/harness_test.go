@@ -1,0 +1,275 @@
+package watermill_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/postgres"
+	idwm "github.com/txclaim/idempotent/watermill"
+)
+
+// The tests run against a real Postgres (IDEMPOTENT_POSTGRES_DSN, default
+// the local server) and, for watermill-amqp, the real RabbitMQ
+// (IDEMPOTENT_AMQP_URL, default the local server). Without them the tests
+// skip — except when CI is set, where they fail.
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+func uniqueName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+func openDB(t testing.TB, maxConns int) *sql.DB {
+	t.Helper()
+	dsn := env("IDEMPOTENT_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		unavailable(t, "no Postgres at IDEMPOTENT_POSTGRES_DSN (%s): %v", dsn, err)
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// ledger is the loyalty service on a schema of the test's own.
+type ledger struct {
+	db     *sql.DB
+	schema string
+	mw     *idempotent.Middleware
+	counts *idempotent.Counts
+}
+
+type order struct {
+	OrderID    int64 `json:"order_id"`
+	CustomerID int64 `json:"customer_id"`
+	Points     int64 `json:"points"`
+}
+
+func (o order) key() string { return fmt.Sprintf("order-completed:%d", o.OrderID) }
+
+func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
+	t.Helper()
+	schema := uniqueName("wm")
+	q := pq.QuoteIdentifier(schema)
+	if _, err := db.Exec(fmt.Sprintf(`CREATE SCHEMA %[1]s;
+CREATE TABLE %[1]s.balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0);
+CREATE TABLE %[1]s.point_ledger (order_id bigint NOT NULL, customer_id bigint NOT NULL, points bigint NOT NULL);
+INSERT INTO %[1]s.balances SELECT g, 0 FROM generate_series(1, 100) g;`, q)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec("DROP SCHEMA " + q + " CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	counts := &idempotent.Counts{}
+	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(schema+".processed_messages"), idempotent.WithObserver(counts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &ledger{db: db, schema: schema, mw: mw, counts: counts}
+}
+
+// credit applies o through tx.
+func (l *ledger) credit(ctx context.Context, tx *sql.Tx, o order) error {
+	q := pq.QuoteIdentifier(l.schema)
+	if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances SET points = points + $1 WHERE customer_id = $2", o.Points, o.CustomerID); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) VALUES ($1, $2, $3)", o.OrderID, o.CustomerID, o.Points)
+	return err
+}
+
+// handler is the Watermill handler users write under the middleware: the
+// transaction comes from the message's context.
+func (l *ledger) handler(failFirst func(order) bool) message.NoPublishHandlerFunc {
+	seen := newOnce()
+	return func(msg *message.Message) error {
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return idwm.Poison(err)
+		}
+		// The effect as credit writes it, failing half-way through (after the
+		// balance, before the ledger row) on the first attempt when failFirst
+		// says so.
+		ctx, tx, q := msg.Context(), idwm.TxFromContext(msg.Context()), pq.QuoteIdentifier(l.schema)
+		if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances SET points = points + $1 WHERE customer_id = $2", o.Points, o.CustomerID); err != nil {
+			return err
+		}
+		if failFirst != nil && failFirst(o) && seen.first(o.OrderID) {
+			return fmt.Errorf("order %d: pricing service timed out", o.OrderID)
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) VALUES ($1, $2, $3)", o.OrderID, o.CustomerID, o.Points)
+		return err
+	}
+}
+
+func (l *ledger) count(t testing.TB, query string) int64 {
+	t.Helper()
+	var n int64
+	if err := l.db.QueryRow(strings.ReplaceAll(query, "$S", pq.QuoteIdentifier(l.schema))).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// audit checks the effects are exactly those of orders.
+func (l *ledger) audit(t testing.TB, orders []order) {
+	t.Helper()
+	want := map[int64]int64{}
+	for _, o := range orders {
+		want[o.CustomerID] += o.Points
+	}
+	if n := l.count(t, "SELECT count(*) FROM $S.point_ledger"); n != int64(len(orders)) {
+		t.Errorf("%d ledger rows, want %d", n, len(orders))
+	}
+	if n := l.count(t, "SELECT count(*) FROM (SELECT order_id FROM $S.point_ledger GROUP BY order_id HAVING count(*) > 1) d"); n != 0 {
+		t.Errorf("%d orders applied more than once", n)
+	}
+	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != int64(len(orders)) {
+		t.Errorf("%d claims, want %d", n, len(orders))
+	}
+	wrong := 0
+	for c := int64(1); c <= 100; c++ {
+		var p int64
+		if err := l.db.QueryRow("SELECT points FROM "+pq.QuoteIdentifier(l.schema)+".balances WHERE customer_id = $1", c).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		if p != want[c] {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("%d balances wrong", wrong)
+	}
+}
+
+func makeOrders(n int) []order {
+	orders := make([]order, n)
+	for i := range orders {
+		id := int64(i + 1)
+		orders[i] = order{OrderID: id, CustomerID: 1 + id%97, Points: 1 + id%37}
+	}
+	return orders
+}
+
+// orderMessage is o as a producer publishes it: a fresh UUID per publish,
+// the key in the metadata.
+func orderMessage(t testing.TB, o order) *message.Message {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := message.NewMessage(watermill.NewUUID(), b)
+	m.Metadata.Set(idwm.KeyMetadata, o.key())
+	return m
+}
+
+// withDuplicates returns the messages of orders, every fourth one published
+// a second time (another UUID, the same key) a little later.
+func withDuplicates(t testing.TB, orders []order) []*message.Message {
+	t.Helper()
+	var msgs []*message.Message
+	for i, o := range orders {
+		msgs = append(msgs, orderMessage(t, o))
+		if i%4 == 0 && i >= 20 {
+			msgs = append(msgs, orderMessage(t, orders[i-20]))
+		}
+	}
+	return msgs
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runRouter runs r until the test ends.
+func runRouter(t testing.TB, r *message.Router) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-r.Running():
+	case err := <-done:
+		t.Fatalf("router: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	})
+}
+
+func newRouter(t testing.TB) *message.Router {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func ours(t testing.TB, l *ledger, opts ...idwm.Option) message.HandlerMiddleware {
+	t.Helper()
+	m, err := idwm.New(l.mw, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

@@ -1,0 +1,82 @@
+package watermill_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/lib/pq"
+
+	idwm "github.com/txclaim/idempotent/watermill"
+)
+
+// subscriberTx returns the *sql.Tx the watermill-sql subscriber consumes the
+// message in.
+func subscriberTx(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := wsql.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	std, ok := tx.(*wsql.StdSQLTx)
+	if !ok {
+		return nil, false
+	}
+	return std.Tx, true
+}
+
+// TestSQLSubscriberClaimEffectAndOffsetCommitTogether consumes from a
+// watermill-sql topic in the subscriber's own transaction, which the
+// subscriber shares among a batch of messages and keeps across a nack: a
+// handler failure rolls back that attempt's claim and effect (to the
+// savepoint), the message is resent and applied then; a republished message
+// is a duplicate; claims, effects and offsets commit together.
+func TestSQLSubscriberClaimEffectAndOffsetCommitTogether(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, 6)
+	l := newLedger(t, db, "loyalty")
+	table := func(prefix string) func(string) string {
+		return func(topic string) string {
+			return pq.QuoteIdentifier(l.schema) + "." + pq.QuoteIdentifier(prefix+topic)
+		}
+	}
+	schema := wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: table("watermill_"), SubscribeBatchSize: 10}
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: table("watermill_offsets_")}
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
+		ConsumerGroup: "loyalty", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true,
+		PollInterval: 20 * time.Millisecond, RetryInterval: 10 * time.Millisecond, ResendInterval: 10 * time.Millisecond,
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+
+	var s settled
+	r := newRouter(t)
+	r.AddMiddleware(s.middleware, ours(t, l, idwm.WithSubscriberTx(subscriberTx)))
+	r.AddNoPublisherHandler("loyalty", "orders", sub, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
+	runRouter(t, r)
+
+	orders := makeOrders(300)
+	msgs := withDuplicates(t, orders)
+	if err := pub.Publish("orders", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	// The subscriber commits after the ack: wait for the last offset to be
+	// committed.
+	waitFor(t, 2*time.Minute, "every message acked and its offset committed", func() (bool, error) {
+		return s.acked.Load() == int64(len(msgs)) &&
+			l.count(t, `SELECT count(*) FROM $S.watermill_offsets_orders o WHERE o.consumer_group = 'loyalty' AND o.offset_acked = (SELECT max("offset") FROM $S.watermill_orders)`) == 1, nil
+	})
+	t.Logf("%d messages (300 orders, %d published twice), %d handler failures rolled back to the savepoint and resent", len(msgs), len(msgs)-300, s.nacked.Load())
+	if s.nacked.Load() != 300/13 {
+		t.Errorf("%d nacks, want %d", s.nacked.Load(), 300/13)
+	}
+	l.audit(t, orders)
+}
