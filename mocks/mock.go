@@ -270,7 +270,9 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 // sqlmock.NewResult(0, 1) when the claim inserts, (0, 0) when it exists, or
 // WillReturnError. Use it for Middleware.Claim in a transaction of the
 // caller's; for Process, ExpectApplied, ExpectDuplicate and ExpectClaimError
-// script the whole transaction.
+// script the whole transaction. In partitioned mode these four panic: a
+// message there needs its event time (ExpectClaimAt, ExpectAppliedAt,
+// ExpectDuplicateAt, ExpectClaimErrorAt).
 func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
 	m.notPartitioned("ExpectClaim", "ExpectClaimAt")
 	return m.expectClaim(key, time.Time{})
