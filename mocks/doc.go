@@ -41,13 +41,40 @@
 // next attempt if the check found the transaction aborted or its
 // connection lost.
 //
-// The helpers follow the options the Middleware was built with: give For
-// [WithTable], [WithLockTimeout] and [WithStrictGuard] to match
-// idempotent.WithTable, idempotent.WithLockTimeout and
-// idempotent.WithStrictGuard, or use [ForMiddleware], which reads the
-// table, consumer and dialect from the Middleware. They work with any
-// dialect.Dialect, including the optional statements some dialects add: a
-// lock timeout reset after the claim (dialect.LockTimeoutResetter) and the
-// server check of EnsureSchema (dialect.ServerChecker; see
-// [Mock.ExpectEnsureSchema]).
+// Every entry point has its scripts:
+//
+//   - ProcessBatch and WrapBatch: [Mock.ExpectBatchApplied] (with the keys
+//     whose claims are new), [Mock.ExpectBatchDuplicate] and
+//     [Mock.ExpectBatchClaimError]. The claim is the dialect's: one query
+//     for the whole batch with a dialect.BatchClaimer (Postgres), one
+//     statement per distinct key, in ascending order, otherwise.
+//   - ProcessNatural: [Mock.ExpectNatural] (BEGIN), the handler's own
+//     conflict-free insert, then ExpectCommit, sent whether or not the
+//     insert took effect.
+//   - ProcessEvent, WrapEvent and ClaimEvent, messages with their event
+//     time: [Mock.ExpectAppliedAt], [Mock.ExpectDuplicateAt],
+//     [Mock.ExpectClaimErrorAt] and [Mock.ExpectClaimAt]. In partitioned
+//     mode ([WithDailyPartitions]) the claim carries the event's UTC day; a
+//     day without a partition is ExpectClaimErrorAt with the dialect's
+//     error (with Postgres, &pq.Error{Code: "23514"}), which the
+//     Middleware returns as idempotent.ErrNoPartition. A message the
+//     retention fence refuses — older than the window, zero, or later than
+//     the clock plus the clock-skew margin — sends nothing:
+//     [Mock.ExpectFenced] says so, and checks it. The event-time helpers
+//     apply the same fence, and panic if the Middleware would refuse the
+//     message; the helpers without an event time panic in partitioned
+//     mode, as the Middleware refuses such messages before sending
+//     anything.
+//
+// The helpers follow the options the Middleware was built with. Use
+// [ForMiddleware], which reads them from the Middleware: dialect, consumer,
+// table, lock timeout, strict guard, retention window, clock-skew margin,
+// clock and partitioned mode. [For] is told them instead: [WithTable],
+// [WithLockTimeout], [WithStrictGuard], [WithRetention], [WithClockSkew],
+// [WithClock] and [WithDailyPartitions] match the idempotent options of
+// the same names. The helpers work with any dialect.Dialect, including the
+// optional statements some dialects add: a lock timeout reset after the
+// claim (dialect.LockTimeoutResetter) and the server check of EnsureSchema
+// (dialect.ServerChecker; see [Mock.ExpectEnsureSchema], which does not
+// script a partitioned table's schema).
 package mocks

@@ -231,3 +231,69 @@ func ExampleNew() {
 	}
 	_ = testCreditsOnce
 }
+
+// A batch of three orders, one of which was applied before: the handler
+// runs once for the two new ones.
+func ExampleMock_ExpectBatchApplied() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		panic(err)
+	}
+	keys := []string{"order-completed:3", "order-completed:1", "order-completed:2"}
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectBatchApplied(keys, "order-completed:1", "order-completed:3")
+	m.ExpectExec("UPDATE balances SET points = points + 10 WHERE customer_id = 7").WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+
+	outcomes, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+		fmt.Println("new:", fresh)
+		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + 10 WHERE customer_id = 7")
+		return err
+	})
+	fmt.Println(outcomes, err)
+	fmt.Println(mock.ExpectationsWereMet())
+	// Output:
+	// new: [0 1]
+	// [applied applied duplicate] <nil>
+	// <nil>
+}
+
+// In partitioned mode a claim carries its event's UTC day, and a message
+// older than the retention window is refused before anything is sent.
+func ExampleMock_ExpectAppliedAt() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithDailyPartitions(2),
+		idempotent.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	m := mocks.ForMiddleware(mock, mw) // reads the mode, the window and the clock
+	at := now.Add(-2 * time.Hour)
+	m.ExpectAppliedAt("order-completed:9912", at)
+	expectCredit(m)
+	m.ExpectCommit()
+	old := now.AddDate(0, 0, -45)
+	m.ExpectFenced(old)
+
+	outcome, err := mw.ProcessEvent(context.Background(), "order-completed:9912", at, func(ctx context.Context, tx *sql.Tx) error {
+		return creditPoints(ctx, tx, order)
+	})
+	fmt.Println(outcome, err)
+	_, err = mw.ProcessEvent(context.Background(), "order-completed:9913", old, func(context.Context, *sql.Tx) error { return nil })
+	fmt.Println(errors.Is(err, idempotent.ErrBeyondRetention))
+	fmt.Println(mock.ExpectationsWereMet())
+	// Output:
+	// applied <nil>
+	// true
+	// <nil>
+}

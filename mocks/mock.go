@@ -37,6 +37,10 @@ type Mock struct {
 	lockReset string
 	txidSQL   string
 	schema    []string
+	// part is the dialect's partitioner in partitioned mode
+	// (WithDailyPartitions), nil otherwise.
+	part  dialect.Partitioner
+	fence fence
 	// txid is the transaction id the strict guard's queries return for the
 	// current attempt; each ExpectApplied takes a new one.
 	txid int64
@@ -51,6 +55,16 @@ type settings struct {
 	table       string
 	lockTimeout time.Duration
 	strictGuard bool
+	leadDays    int
+	fence       fence
+}
+
+// fence is the retention fence of ProcessEvent: the window, the clock-skew
+// margin and the clock.
+type fence struct {
+	window time.Duration
+	skew   time.Duration
+	clock  func() time.Time
 }
 
 type optionFunc func(*settings) error
@@ -88,6 +102,59 @@ func WithStrictGuard() Option {
 	})
 }
 
+// WithRetention matches idempotent.WithRetention: the retention window the
+// event-time helpers (ExpectAppliedAt and the others) check an event time
+// against. Default is idempotent.DefaultRetention.
+func WithRetention(d time.Duration) Option {
+	return optionFunc(func(s *settings) error {
+		if d <= 0 {
+			return fmt.Errorf("WithRetention: %v is not a positive duration", d)
+		}
+		s.fence.window = d
+		return nil
+	})
+}
+
+// WithClockSkew matches idempotent.WithClockSkew. Default is
+// idempotent.DefaultClockSkew.
+func WithClockSkew(d time.Duration) Option {
+	return optionFunc(func(s *settings) error {
+		if d < 0 {
+			return fmt.Errorf("WithClockSkew: %v is negative", d)
+		}
+		s.fence.skew = d
+		return nil
+	})
+}
+
+// WithClock matches idempotent.WithClock: the clock the event-time helpers
+// read for the retention fence. Default is time.Now.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(s *settings) error {
+		if now == nil {
+			return errors.New("WithClock: nil clock")
+		}
+		s.fence.clock = now
+		return nil
+	})
+}
+
+// WithDailyPartitions matches idempotent.WithDailyPartitions: claims carry
+// their event day, so they are scripted with the event-time helpers
+// (ExpectAppliedAt, ExpectDuplicateAt, ExpectClaimErrorAt, ExpectClaimAt),
+// and the helpers without an event time panic, as the Middleware refuses
+// those deliveries before sending anything. The dialect must implement
+// dialect.Partitioner. Default is a table that is not partitioned.
+func WithDailyPartitions(leadDays int) Option {
+	return optionFunc(func(s *settings) error {
+		if leadDays < 1 {
+			return fmt.Errorf("WithDailyPartitions: %d lead days, want at least 1", leadDays)
+		}
+		s.leadDays = leadDays
+		return nil
+	})
+}
+
 // For returns a Mock scripting, on mock, the statements of a Middleware
 // created with dialect d, consumer and the matching options.
 //
@@ -102,19 +169,40 @@ func For(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts ...Optio
 	return m
 }
 
-// ForMiddleware is For with the dialect, consumer and table of mw. opts
-// adds what a Middleware does not tell: WithLockTimeout and WithStrictGuard,
-// if mw was created with them.
+// ForMiddleware is For with everything mw tells of its configuration: its
+// dialect, consumer and table, its lock timeout (LockTimeout), strict guard
+// (StrictGuard), retention window, clock-skew margin and clock (Retention,
+// ClockSkew, Now) and partitioned mode (PartitionLeadDays). opts are no
+// longer needed; any given are applied after what mw tells, and override it.
 func ForMiddleware(mock sqlmock.Sqlmock, mw *idempotent.Middleware, opts ...Option) *Mock {
 	if mw == nil {
 		panic("mocks: ForMiddleware: nil Middleware")
 	}
-	opts = append([]Option{WithTable(mw.Table())}, opts...)
-	m, err := newMock(mock, mw.Dialect(), mw.Consumer(), opts)
+	m, err := newMock(mock, mw.Dialect(), mw.Consumer(), append(middlewareOptions(mw), opts...))
 	if err != nil {
 		panic("mocks: ForMiddleware: " + err.Error())
 	}
 	return m
+}
+
+// middlewareOptions returns the Options matching mw's configuration.
+func middlewareOptions(mw *idempotent.Middleware) []Option {
+	opts := []Option{
+		WithTable(mw.Table()),
+		WithRetention(mw.Retention()),
+		WithClockSkew(mw.ClockSkew()),
+		WithClock(mw.Now),
+	}
+	if d := mw.LockTimeout(); d > 0 {
+		opts = append(opts, WithLockTimeout(d))
+	}
+	if mw.StrictGuard() {
+		opts = append(opts, WithStrictGuard())
+	}
+	if n := mw.PartitionLeadDays(); n > 0 {
+		opts = append(opts, WithDailyPartitions(n))
+	}
+	return opts
 }
 
 func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Option) (*Mock, error) {
@@ -124,7 +212,10 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 	if d == nil {
 		return nil, errors.New("nil dialect")
 	}
-	s := settings{table: idempotent.DefaultTable}
+	s := settings{
+		table: idempotent.DefaultTable,
+		fence: fence{window: idempotent.DefaultRetention, skew: idempotent.DefaultClockSkew, clock: time.Now},
+	}
 	for _, o := range opts {
 		if o == nil {
 			return nil, errors.New("nil option")
@@ -145,6 +236,15 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 		claimSQL: d.ClaimSQL(table),
 		schema:   d.SchemaSQL(table),
 		txid:     1000,
+		fence:    s.fence,
+	}
+	if s.leadDays > 0 {
+		p, ok := d.(dialect.Partitioner)
+		if !ok {
+			return nil, fmt.Errorf("WithDailyPartitions: the %s dialect does not support partitions", d.Name())
+		}
+		m.part = p
+		m.claimSQL = p.ClaimAtSQL(table)
 	}
 	if s.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(s.lockTimeout); m.lockSQL == "" {
@@ -170,16 +270,46 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 // sqlmock.NewResult(0, 1) when the claim inserts, (0, 0) when it exists, or
 // WillReturnError. Use it for Middleware.Claim in a transaction of the
 // caller's; for Process, ExpectApplied, ExpectDuplicate and ExpectClaimError
-// script the whole transaction.
+// script the whole transaction. In partitioned mode these four panic: a
+// message there needs its event time (ExpectClaimAt, ExpectAppliedAt,
+// ExpectDuplicateAt, ExpectClaimErrorAt).
 func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
+	m.notPartitioned("ExpectClaim", "ExpectClaimAt")
+	return m.expectClaim(key, time.Time{})
+}
+
+// expectClaim expects the claim of key with event time at (zero: none).
+func (m *Mock) expectClaim(key string, at time.Time) *sqlmock.ExpectedExec {
+	m.expectLockTimeout()
+	claim := m.Sqlmock.ExpectExec(m.claimSQL)
+	if m.part != nil {
+		claim.WithArgs(m.consumer, key, eventDay(at))
+	} else {
+		claim.WithArgs(m.consumer, key)
+	}
+	m.expectLockReset()
+	return claim
+}
+
+func (m *Mock) expectLockTimeout() {
 	if m.lockSQL != "" {
 		m.Sqlmock.ExpectExec(m.lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
-	claim := m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(m.consumer, key)
+}
+
+func (m *Mock) expectLockReset() {
 	if m.lockReset != "" {
 		m.Sqlmock.ExpectExec(m.lockReset).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
-	return claim
+}
+
+// notPartitioned panics if the Mock is in partitioned mode, where the
+// Middleware refuses a message without an event time before sending
+// anything.
+func (m *Mock) notPartitioned(helper, instead string) {
+	if m.part != nil {
+		panic(fmt.Sprintf("mocks: %s: the claim table is partitioned by event day, and the Middleware refuses a message without an event time before sending anything: use %s", helper, instead))
+	}
 }
 
 // ExpectApplied expects the start of a delivery whose claim is new: BEGIN,
@@ -187,8 +317,19 @@ func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
 // query. The handler runs next: script its statements, then ExpectCommit (or
 // ExpectCommitError), or ExpectRollback if the handler fails.
 func (m *Mock) ExpectApplied(key string) {
+	m.notPartitioned("ExpectApplied", "ExpectAppliedAt")
+	m.expectApplied(key, time.Time{})
+}
+
+func (m *Mock) expectApplied(key string, at time.Time) {
 	m.Sqlmock.ExpectBegin()
-	m.ExpectClaim(key).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.expectClaim(key, at).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.expectFirstTxID()
+}
+
+// expectFirstTxID expects the strict guard's first reading of a new
+// transaction id, if the Mock has a strict guard.
+func (m *Mock) expectFirstTxID() {
 	if m.txidSQL != "" {
 		m.txid++
 		m.expectTxID()
@@ -198,8 +339,13 @@ func (m *Mock) ExpectApplied(key string) {
 // ExpectDuplicate expects a whole delivery whose claim already exists:
 // BEGIN, the claim inserting nothing, ROLLBACK. The handler does not run.
 func (m *Mock) ExpectDuplicate(key string) {
+	m.notPartitioned("ExpectDuplicate", "ExpectDuplicateAt")
+	m.expectDuplicate(key, time.Time{})
+}
+
+func (m *Mock) expectDuplicate(key string, at time.Time) {
 	m.Sqlmock.ExpectBegin()
-	m.ExpectClaim(key).WillReturnResult(sqlmock.NewResult(0, 0))
+	m.expectClaim(key, at).WillReturnResult(sqlmock.NewResult(0, 0))
 	m.Sqlmock.ExpectRollback()
 }
 
@@ -207,8 +353,13 @@ func (m *Mock) ExpectDuplicate(key string) {
 // the claim, ROLLBACK. If the dialect classifies err as retryable, the
 // middleware tries again: script the next attempt after it.
 func (m *Mock) ExpectClaimError(key string, err error) {
+	m.notPartitioned("ExpectClaimError", "ExpectClaimErrorAt")
+	m.expectClaimError(key, time.Time{}, err)
+}
+
+func (m *Mock) expectClaimError(key string, at time.Time, err error) {
 	m.Sqlmock.ExpectBegin()
-	m.ExpectClaim(key).WillReturnError(err)
+	m.expectClaim(key, at).WillReturnError(err)
 	m.Sqlmock.ExpectRollback()
 }
 
@@ -271,7 +422,13 @@ func (m *Mock) ExpectTxCheck(err error) {
 // dialect's own check against the answers to learn its queries, and panics
 // if the check rejects them or leaves answers unused — a mistake in the
 // test.
+//
+// In partitioned mode (WithDailyPartitions) EnsureSchema also creates the
+// day partitions, which ExpectEnsureSchema does not script: it panics.
 func (m *Mock) ExpectEnsureSchema(answers ...string) {
+	if m.part != nil {
+		panic("mocks: ExpectEnsureSchema: scripting EnsureSchema of a partitioned claim table is not supported")
+	}
 	m.Sqlmock.ExpectBegin()
 	m.expectServerCheck(answers)
 	for _, s := range m.schema {

@@ -31,6 +31,19 @@
 // delivery, nor any id a broker or relay reassigns when it republishes or
 // replays a dead-lettered message.
 //
+// In partitioned mode (idempotent.WithDailyPartitions), and wherever the
+// retention fence should apply, each delivery also needs its event time:
+// give [Process] or [Decode] the option [WithEventTime], usually with
+// [Timestamp] (the AMQP timestamp property the producer set in
+// amqp091.Publishing.Timestamp), and deliveries go through
+// idempotent.Middleware.ProcessEvent. A delivery whose event time cannot be
+// read ([ErrNoEventTime]) or is refused by the fence is poison; a day whose
+// partition does not exist yet is requeued. Like the key, the event time
+// must be the producer's and stable across republishes: a redelivery on a
+// later day then lands in the same partition and meets its claim. Process
+// and Decode panic when given a partitioned Middleware without
+// WithEventTime.
+//
 // [Consumer.Run] returns nil after a graceful shutdown (its context ended:
 // in-flight deliveries finished and were acked, prefetched ones handed back),
 // and an error matching [ErrChannelClosed] when the channel or its connection

@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	_ "github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
@@ -123,4 +125,39 @@ func ExampleWithPoison() {
 		log.Fatal(err)
 	}
 	_ = consumer // Run it as in the NewConsumer example
+}
+
+// The adapter in partitioned mode: the event time comes from the AMQP
+// timestamp property, and the claim lands in the event day's partition.
+// (The database is go-sqlmock, scripted by the mocks package.)
+func ExampleWithEventTime() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithDailyPartitions(2))
+	if err != nil {
+		log.Fatal(err)
+	}
+	credit := rabbitmq.Process(mw, rabbitmq.MessageID(), func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + 50 WHERE customer_id = 7")
+		return err
+	}, rabbitmq.WithEventTime(rabbitmq.Timestamp()))
+
+	at := time.Now().Add(-time.Hour).Truncate(time.Second) // set by the producer
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectAppliedAt("order-completed:9912", at) // the claim in at's day
+	m.ExpectExec("UPDATE balances SET points = points + 50 WHERE customer_id = 7").WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectCommit()
+
+	outcome, err := credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9912", Timestamp: at})
+	fmt.Println(outcome, err)
+	_, err = credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9913"}) // no timestamp
+	fmt.Println(rabbitmq.IsPoison(err), errors.Is(err, rabbitmq.ErrNoEventTime))
+	fmt.Println(mock.ExpectationsWereMet())
+	// Output:
+	// applied <nil>
+	// true true
+	// <nil>
 }

@@ -8,4 +8,6 @@ require (
 	github.com/txclaim/idempotent v0.0.0
 )
 
+require github.com/DATA-DOG/go-sqlmock v1.5.2
+
 replace github.com/txclaim/idempotent => ../

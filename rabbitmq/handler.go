@@ -28,17 +28,31 @@ type Handler func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, er
 // which runs fn inside the claim's transaction if the key is new. A key
 // error makes the delivery poison (it is wrapped with
 // idempotent.ErrInvalidKey unless it already matches it or ErrPoison).
-// Process panics if an argument is nil.
-func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error) Handler {
+//
+// With [WithEventTime], each delivery's event time is read too, and the
+// delivery goes through mw.ProcessEvent: the retention fence applies, and in
+// partitioned mode the claim lands in the event day's partition. A
+// Middleware in partitioned mode (idempotent.WithDailyPartitions) needs
+// WithEventTime.
+//
+// Process panics if an argument or option is nil, or if mw is in
+// partitioned mode and no WithEventTime is given: mistakes in the program's
+// set-up, which no delivery could get past.
+func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error, opts ...HandlerOption) Handler {
 	if mw == nil || key == nil || fn == nil {
 		panic("rabbitmq: Process: nil middleware, key function or handler")
 	}
+	cfg := newHandlerConfig("Process", mw, opts)
 	return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		k, err := deliveryKey(key, d)
 		if err != nil {
 			return 0, err
 		}
-		return mw.Process(ctx, k, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, d) })
+		at, err := cfg.eventTime(k, d)
+		if err != nil {
+			return 0, err
+		}
+		return cfg.process(ctx, mw, k, at, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, d) })
 	}
 }
 
@@ -46,13 +60,19 @@ func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context
 // decode and applies h's effect for it exactly once, keyed by key. A key
 // error or a decode error (wrapped with ErrUndecodable) makes the delivery
 // poison; neither opens a transaction. [JSON] is a ready-made decode
-// function. Decode panics if an argument is nil.
-func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []byte) (M, error), h idempotent.Handler[M]) Handler {
+// function. With [WithEventTime] the delivery goes through
+// mw.ProcessEvent, as with Process. Decode panics as Process does.
+func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []byte) (M, error), h idempotent.Handler[M], opts ...HandlerOption) Handler {
 	if mw == nil || key == nil || decode == nil || h == nil {
 		panic("rabbitmq: Decode: nil middleware, key function, decode function or handler")
 	}
+	cfg := newHandlerConfig("Decode", mw, opts)
 	return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		k, err := deliveryKey(key, d)
+		if err != nil {
+			return 0, err
+		}
+		at, err := cfg.eventTime(k, d)
 		if err != nil {
 			return 0, err
 		}
@@ -63,7 +83,7 @@ func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []by
 			}
 			return 0, fmt.Errorf("rabbitmq: message %q: %w: %w", k, ErrUndecodable, err)
 		}
-		return mw.Process(ctx, k, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
+		return cfg.process(ctx, mw, k, at, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
 	}
 }
 

@@ -2,11 +2,8 @@ package tests
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/rabbitmq"
@@ -30,20 +27,13 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 	pub.Timestamp = clock.Now().Add(-time.Hour) // the producer's event time
 	newPublisher(t, admin, top.queue).publish(t, pub)
 
-	// The handler users write for event-time messages: key and event time
-	// from the AMQP properties.
-	credit := idempotent.WrapEvent(l.mw, func(d *amqp.Delivery) (string, time.Time, error) { return d.MessageId, d.Timestamp, nil },
-		func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-			o, err := rabbitmq.JSON[orderCompleted](d.Body)
-			if err != nil {
-				return err
-			}
-			return l.credit(ctx, tx, o)
-		})
+	// The adapter in partitioned mode: key from message_id, event time
+	// from the timestamp property.
+	credit := l.eventOrderHandler()
 	settled := make(chan rabbitmq.Settlement)
 	stop := make(chan struct{})
 	defer close(stop)
-	c, err := rabbitmq.NewConsumer(top.queue, func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) { return credit(ctx, d) },
+	c, err := rabbitmq.NewConsumer(top.queue, credit,
 		rabbitmq.WithWorkers(1), rabbitmq.WithRequeueDelay(20*time.Millisecond),
 		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
 			select {

@@ -242,7 +242,8 @@ func TestDeliveries(t *testing.T) {
 	}
 }
 
-// TestForMiddleware reads dialect, consumer and table from the Middleware.
+// TestForMiddleware reads dialect, consumer, table, lock timeout and strict
+// guard from the Middleware, with no option repeated.
 func TestForMiddleware(t *testing.T) {
 	for _, dc := range dialects {
 		t.Run(dc.name, func(t *testing.T) {
@@ -251,15 +252,14 @@ func TestForMiddleware(t *testing.T) {
 			if dc.d.TxIDSQL() != "" {
 				opts = append(opts, idempotent.WithStrictGuard())
 			}
+			if dc.d.LockTimeoutSQL(time.Second) != "" {
+				opts = append(opts, idempotent.WithLockTimeout(time.Second))
+			}
 			mw, err := idempotent.New(db, dc.d, "billing", opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var mopts []mocks.Option
-			if dc.d.TxIDSQL() != "" {
-				mopts = append(mopts, mocks.WithStrictGuard())
-			}
-			m := mocks.ForMiddleware(mock, mw, mopts...)
+			m := mocks.ForMiddleware(mock, mw)
 			m.ExpectApplied(key)
 			expectEffect(m)
 			m.ExpectCommit()

@@ -1,0 +1,325 @@
+package mocks_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/mocks"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// now is the clock of the event-time tests.
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func clock() time.Time { return now }
+
+const effectSQL = "UPDATE balances SET points = points + 50 WHERE customer_id = 7"
+
+func effect(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, effectSQL)
+	return err
+}
+
+func expectEffect(m *mocks.Mock) {
+	m.ExpectExec(effectSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 1))
+}
+
+var fastRetry = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3})
+
+// newMiddleware returns a Postgres Middleware on a new mock and the Mock
+// that ForMiddleware reads from it, with no option repeated.
+func newMiddleware(t *testing.T, opts ...idempotent.Option) (*idempotent.Middleware, *mocks.Mock) {
+	t.Helper()
+	db, mock := mocks.New(t)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", append([]idempotent.Option{fastRetry}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw, mocks.ForMiddleware(mock, mw)
+}
+
+// configs are the Middleware's optional statements the helpers must follow.
+var configs = []struct {
+	name string
+	opts []idempotent.Option
+}{
+	{"defaults", nil},
+	{"table", []idempotent.Option{idempotent.WithTable("shop.claims")}},
+	{"lock-timeout", []idempotent.Option{idempotent.WithLockTimeout(1500 * time.Millisecond)}},
+	{"strict-guard", []idempotent.Option{idempotent.WithStrictGuard()}},
+	{"all", []idempotent.Option{idempotent.WithTable("claims"), idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
+}
+
+// TestBatch runs ProcessBatch against the batch scripts: the Postgres
+// dialect claims the whole batch with one query of its distinct keys in
+// ascending order, returning the new ones.
+func TestBatch(t *testing.T) {
+	keys := []string{"c", "a", "b", "a"}
+	scenarios := []struct {
+		name   string
+		script func(m *mocks.Mock)
+		want   []idempotent.Outcome
+		fresh  []int
+	}{
+		{"some-new", func(m *mocks.Mock) {
+			m.ExpectBatchApplied(keys, "a", "c")
+			expectEffect(m)
+			m.ExpectCommit()
+		}, []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate}, []int{0, 1}},
+		{"all-duplicate", func(m *mocks.Mock) {
+			m.ExpectBatchDuplicate(keys)
+		}, []idempotent.Outcome{idempotent.Duplicate, idempotent.Duplicate, idempotent.Duplicate, idempotent.Duplicate}, nil},
+		{"retryable-then-applied", func(m *mocks.Mock) {
+			m.ExpectBatchClaimError(keys, &pq.Error{Code: "40P01"})
+			m.ExpectBatchApplied(keys, "b")
+			expectEffect(m)
+			m.ExpectCommit()
+		}, []idempotent.Outcome{idempotent.Duplicate, idempotent.Duplicate, idempotent.Applied, idempotent.Duplicate}, []int{2}},
+	}
+	for _, cfg := range configs {
+		for _, sc := range scenarios {
+			t.Run(cfg.name+"/"+sc.name, func(t *testing.T) {
+				t.Parallel()
+				mw, m := newMiddleware(t, cfg.opts...)
+				sc.script(m)
+				var fresh []int
+				got, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, f []int) error {
+					fresh = f
+					return effect(ctx, tx)
+				})
+				if err != nil || !slices.Equal(got, sc.want) || !slices.Equal(fresh, sc.fresh) {
+					t.Fatalf("got (%v, %v), fresh %v; want (%v, nil), fresh %v", got, err, fresh, sc.want, sc.fresh)
+				}
+			})
+		}
+	}
+	t.Run("claim-fatal", func(t *testing.T) {
+		mw, m := newMiddleware(t)
+		fatal := &pq.Error{Code: "23502"}
+		m.ExpectBatchClaimError(keys, fatal)
+		_, err := mw.ProcessBatch(context.Background(), keys, func(context.Context, *sql.Tx, []int) error {
+			t.Error("the handler ran")
+			return nil
+		})
+		if !errors.Is(err, fatal) {
+			t.Fatalf("got %v, want the claim's error", err)
+		}
+	})
+}
+
+// TestNatural runs ProcessNatural against ExpectNatural: no claim, the
+// handler's own insert decides, COMMIT either way.
+func TestNatural(t *testing.T) {
+	const insert = "INSERT INTO point_ledger (order_id, points) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+	for _, cfg := range configs {
+		for _, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
+			t.Run(cfg.name+"/"+want.String(), func(t *testing.T) {
+				t.Parallel()
+				mw, m := newMiddleware(t, cfg.opts...)
+				m.ExpectNatural()
+				n := int64(0)
+				if want == idempotent.Applied {
+					n = 1
+				}
+				m.ExpectExec(insert).WithArgs(9912, 50).WillReturnResult(sqlmock.NewResult(0, n))
+				m.ExpectCommit()
+				got, err := mw.ProcessNatural(context.Background(), "order-completed:9912", func(ctx context.Context, tx *sql.Tx) (bool, error) {
+					res, err := tx.ExecContext(ctx, insert, 9912, 50)
+					if err != nil {
+						return false, err
+					}
+					n, err := res.RowsAffected()
+					return n == 1, err
+				})
+				if err != nil || got != want {
+					t.Fatalf("got (%v, %v), want %v", got, err, want)
+				}
+			})
+		}
+	}
+}
+
+// TestEvent runs ProcessEvent against the event-time scripts, in both
+// modes: partitioned, the claim carries the event's UTC day.
+func TestEvent(t *testing.T) {
+	const key = "order-completed:9912"
+	// Late on the 29th in New York is the 30th in UTC.
+	at := time.Date(2026, 11, 29, 22, 30, 0, 0, time.FixedZone("EST", -5*3600))
+	modes := []struct {
+		name string
+		opts []idempotent.Option
+	}{
+		{"plain", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithRetention(72 * time.Hour)}},
+		{"partitioned", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithRetention(72 * time.Hour), idempotent.WithDailyPartitions(2)}},
+		{"partitioned-all", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithDailyPartitions(1),
+			idempotent.WithTable("shop.claims"), idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
+	}
+	scenarios := []struct {
+		name    string
+		at      time.Time
+		script  func(m *mocks.Mock, at time.Time)
+		want    idempotent.Outcome
+		wantErr error
+	}{
+		{"applied", at, func(m *mocks.Mock, at time.Time) {
+			m.ExpectAppliedAt(key, at)
+			expectEffect(m)
+			m.ExpectCommit()
+		}, idempotent.Applied, nil},
+		{"duplicate", at, func(m *mocks.Mock, at time.Time) {
+			m.ExpectDuplicateAt(key, at)
+		}, idempotent.Duplicate, nil},
+		{"retryable-then-duplicate", at, func(m *mocks.Mock, at time.Time) {
+			m.ExpectClaimErrorAt(key, at, &pq.Error{Code: "40001"})
+			m.ExpectDuplicateAt(key, at)
+		}, idempotent.Duplicate, nil},
+		{"beyond-retention", now.Add(-100 * 24 * time.Hour), func(m *mocks.Mock, at time.Time) {
+			m.ExpectFenced(at)
+		}, 0, idempotent.ErrBeyondRetention},
+		{"future", now.Add(time.Hour), func(m *mocks.Mock, at time.Time) {
+			m.ExpectFenced(at)
+		}, 0, idempotent.ErrInvalidEventTime},
+	}
+	for _, mode := range modes {
+		for _, sc := range scenarios {
+			t.Run(mode.name+"/"+sc.name, func(t *testing.T) {
+				t.Parallel()
+				mw, m := newMiddleware(t, mode.opts...)
+				sc.script(m, sc.at)
+				got, err := mw.ProcessEvent(context.Background(), key, sc.at, effect)
+				if sc.wantErr != nil {
+					if !errors.Is(err, sc.wantErr) {
+						t.Fatalf("got (%v, %v), want %v", got, err, sc.wantErr)
+					}
+					return
+				}
+				if err != nil || got != sc.want {
+					t.Fatalf("got (%v, %v), want %v", got, err, sc.want)
+				}
+			})
+		}
+	}
+	t.Run("partitioned/no-partition", func(t *testing.T) {
+		mw, m := newMiddleware(t, idempotent.WithClock(clock), idempotent.WithDailyPartitions(1))
+		m.ExpectClaimErrorAt(key, at, &pq.Error{Code: "23514"})
+		if _, err := mw.ProcessEvent(context.Background(), key, at, effect); !errors.Is(err, idempotent.ErrNoPartition) {
+			t.Fatalf("got %v, want ErrNoPartition", err)
+		}
+	})
+	t.Run("partitioned/claim-event", func(t *testing.T) {
+		db, mock := mocks.New(t)
+		mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithClock(clock), idempotent.WithDailyPartitions(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := mocks.ForMiddleware(mock, mw)
+		m.ExpectBegin()
+		m.ExpectClaimAt(key, at).WillReturnResult(sqlmock.NewResult(0, 1))
+		m.ExpectRollback()
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := mw.ClaimEvent(context.Background(), tx, key, at); err != nil || !ok {
+			t.Fatalf("got (%v, %v), want (true, nil)", ok, err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestForMiddlewareReadsOptions: a Mock that For is not told of the
+// Middleware's options does not match, while ForMiddleware with no option
+// does.
+func TestForMiddlewareReadsOptions(t *testing.T) {
+	const key = "order-completed:9912"
+	opts := []idempotent.Option{idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard(),
+		idempotent.WithClock(clock), idempotent.WithDailyPartitions(1)}
+	for _, byMiddleware := range []bool{true, false} {
+		db, mock, err := mocks.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		mw, err := idempotent.New(db, postgres.New(), "loyalty", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := mocks.For(mock, postgres.New(), "loyalty", mocks.WithClock(clock), mocks.WithDailyPartitions(1))
+		if byMiddleware {
+			m = mocks.ForMiddleware(mock, mw)
+		}
+		m.ExpectAppliedAt(key, now)
+		expectEffect(m)
+		m.ExpectCommit()
+		_, perr := mw.ProcessEvent(context.Background(), key, now, effect)
+		met := perr == nil && mock.ExpectationsWereMet() == nil
+		if met != byMiddleware {
+			t.Errorf("ForMiddleware %v: script met %v (Process: %v)", byMiddleware, met, perr)
+		}
+	}
+}
+
+// TestMisuse: a helper asked for what the Middleware would not send panics
+// with a message that says what to use.
+func TestMisuse(t *testing.T) {
+	_, mock, err := mocks.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := postgres.New()
+	partitioned := func() *mocks.Mock {
+		return mocks.For(mock, pg, "c", mocks.WithClock(clock), mocks.WithDailyPartitions(1))
+	}
+	plain := func() *mocks.Mock { return mocks.For(mock, pg, "c", mocks.WithClock(clock)) }
+	cases := []struct {
+		name string
+		f    func()
+		want string
+	}{
+		{"applied without event time, partitioned", func() { partitioned().ExpectApplied("k") }, "use ExpectAppliedAt"},
+		{"claim without event time, partitioned", func() { partitioned().ExpectClaim("k") }, "use ExpectClaimAt"},
+		{"batch, partitioned", func() { partitioned().ExpectBatchDuplicate([]string{"k"}) }, "ProcessBatch refuses"},
+		{"fenced message scripted as applied", func() { plain().ExpectAppliedAt("k", now.AddDate(0, 0, -31)) }, "use ExpectFenced"},
+		{"zero event time", func() { plain().ExpectDuplicateAt("k", time.Time{}) }, "is zero"},
+		{"future event time", func() { plain().ExpectClaimErrorAt("k", now.Add(time.Hour), nil) }, "clock-skew margin"},
+		{"fence lets it through", func() { plain().ExpectFenced(now) }, "would claim it"},
+		{"fresh key not in batch", func() { plain().ExpectBatchApplied([]string{"a"}, "b") }, `"b" is not in the batch`},
+		{"no fresh key", func() { plain().ExpectBatchApplied([]string{"a"}) }, "ExpectBatchDuplicate"},
+		{"empty batch", func() { plain().ExpectBatchDuplicate(nil) }, "empty batch"},
+		{"partitioned schema", func() { partitioned().ExpectEnsureSchema("PostgreSQL 16") }, "not supported"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				p := recover()
+				if s, ok := p.(string); !ok || !strings.Contains(s, c.want) {
+					t.Fatalf("panic %v, want one containing %q", p, c.want)
+				}
+			}()
+			c.f()
+		})
+	}
+	t.Run("options", func(t *testing.T) {
+		for _, o := range []mocks.Option{mocks.WithRetention(0), mocks.WithClockSkew(-time.Second), mocks.WithClock(nil), mocks.WithDailyPartitions(0)} {
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Error("For accepted an invalid option")
+					}
+				}()
+				mocks.For(mock, pg, "c", o)
+			}()
+		}
+	})
+}

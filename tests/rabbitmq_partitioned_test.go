@@ -1,0 +1,167 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/rabbitmq"
+)
+
+// eventOrderHandler is the loyalty consumer with the adapter in partitioned
+// mode: key from the producer's message_id, event time from its timestamp
+// property.
+func (l *loyalty) eventOrderHandler() rabbitmq.Handler {
+	return rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit,
+		rabbitmq.WithEventTime(rabbitmq.Timestamp()))
+}
+
+// eventOrderMessage is orderMessage stamped with the producer's event time.
+func eventOrderMessage(t testing.TB, o orderCompleted, at time.Time) amqp.Publishing {
+	t.Helper()
+	m := orderMessage(t, o)
+	m.Timestamp = at
+	return m
+}
+
+// TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate:
+// the adapter in partitioned mode commits the credit, the process dies
+// before its ack, and the broker redelivers the message the next day (by
+// the consumer's clock). The event time, not the day of processing, picks
+// the partition, so the redelivery meets the claim: Duplicate, one credit.
+func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
+	t.Parallel()
+	url := amqpURL(t)
+	now := time.Date(2031, 3, 14, 23, 30, 0, 0, time.UTC)
+	l, clock := partitionedLoyalty(t, now, 2)
+	l.db.SetMaxOpenConns(4)
+	top := declareTopology(t, url)
+	admin := dialTest(t, url)
+	msg := orderCompleted{OrderID: 9913, CustomerID: 8, TotalCents: 5000}
+	newPublisher(t, admin, top.queue).publish(t, eventOrderMessage(t, msg, now.Add(-time.Hour)))
+
+	type seen struct {
+		outcome     idempotent.Outcome
+		redelivered bool
+	}
+	var mu sync.Mutex
+	var deliveries []seen
+	record := func(inner rabbitmq.Handler, after func()) rabbitmq.Handler {
+		return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
+			out, err := inner(ctx, d)
+			if err != nil {
+				t.Errorf("handler: %v", err)
+			}
+			mu.Lock()
+			deliveries = append(deliveries, seen{out, d.Redelivered})
+			mu.Unlock()
+			after()
+			return out, err
+		}
+	}
+
+	p, err := dialProcess(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.conn.Close()
+	ch, err := p.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(), p.crash), rabbitmq.WithWorkers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Run(context.Background(), ch); !errors.Is(err, rabbitmq.ErrChannelClosed) {
+		t.Fatalf("first Run: %v, want ErrChannelClosed", err)
+	}
+	if s := first.Stats(); s.Applied != 1 || s.Acked != 0 || s.SettleFailed != 1 {
+		t.Fatalf("first consumer: %+v, want 1 applied whose ack failed", s)
+	}
+	wantPart := l.schema + ".processed_messages_p20310314"
+	if got := partitionOf(t, l, msg.key()); got != wantPart {
+		t.Fatalf("claim in %s, want %s (the event's day)", got, wantPart)
+	}
+
+	clock.Add(24 * time.Hour) // the redelivery is processed on 15 March
+	second, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(), func() {}), rabbitmq.WithWorkers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runUntil(t, second, dialTest(t, url), "the redelivery's ack", func() bool { return second.Stats().Acked == 1 }); err != nil {
+		t.Fatalf("second Run: %v", err)
+	}
+	want := []seen{{idempotent.Applied, false}, {idempotent.Duplicate, true}}
+	mu.Lock()
+	got := append([]seen(nil), deliveries...)
+	mu.Unlock()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("deliveries (outcome, redelivered) %v, want %v", got, want)
+	}
+	if b, n := l.balance(t, 8), l.ledgerRows(t, 9913); b != pointsFor(msg) || n != 1 {
+		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, pointsFor(msg))
+	}
+	if n := depth(t, admin, top.queue); n != 0 {
+		t.Fatalf("%d messages left in the queue, want 0", n)
+	}
+}
+
+// TestRabbitMQPartitionedFenceDeadLetters: in partitioned mode, a message
+// older than the retention window and one whose event time cannot be read
+// are poison: dead-lettered, with nothing written, while a message of today
+// is applied.
+func TestRabbitMQPartitionedFenceDeadLetters(t *testing.T) {
+	t.Parallel()
+	url := amqpURL(t)
+	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
+	l, _ := partitionedLoyalty(t, now, 1)
+	l.db.SetMaxOpenConns(4)
+	top := declareTopology(t, url)
+	admin := dialTest(t, url)
+	good := orderCompleted{OrderID: 21, CustomerID: 9, TotalCents: 1200}
+	old := orderCompleted{OrderID: 22, CustomerID: 9, TotalCents: 900}
+	unstamped := orderCompleted{OrderID: 23, CustomerID: 9, TotalCents: 700}
+	newPublisher(t, admin, top.queue).publish(t,
+		eventOrderMessage(t, old, now.Add(-idempotent.DefaultRetention-time.Hour)),
+		orderMessage(t, unstamped),
+		eventOrderMessage(t, good, now.Add(-time.Minute)))
+
+	var dead sync.Map // message_id -> error
+	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+		if s.Action == rabbitmq.DeadLettered {
+			dead.Store(s.Delivery.MessageId, s.Err)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runUntil(t, c, dialTest(t, url), "all three settled", func() bool {
+		s := c.Stats()
+		return s.Acked+s.DeadLettered == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Acked != 1 || s.Applied != 1 || s.DeadLettered != 2 || s.Requeued != 0 {
+		t.Fatalf("stats %+v, want 1 applied and acked, 2 dead-lettered", s)
+	}
+	for id, want := range map[string]error{old.key(): idempotent.ErrBeyondRetention, unstamped.key(): rabbitmq.ErrNoEventTime} {
+		got, _ := dead.Load(id)
+		if err, _ := got.(error); !errors.Is(err, want) {
+			t.Errorf("message %q dead-lettered with %v, want %v", id, got, want)
+		}
+	}
+	waitFor(t, "two messages in the dead-letter queue", func() (bool, error) { return depth(t, admin, top.dlq) == 2, nil })
+	if n := count(t, l.db, "SELECT count(*) FROM "+quoteTable(l.schema+".processed_messages")); n != 1 {
+		t.Fatalf("%d claims, want 1", n)
+	}
+	if b, n := l.balance(t, 9), l.ledgerRows(t, 22)+l.ledgerRows(t, 23); b != pointsFor(good) || n != 0 {
+		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, pointsFor(good))
+	}
+}
