@@ -31,7 +31,7 @@
 //     dialect speaks to, failing with [ErrWrongDatabase] before any DDL;
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
-//   - [Upserter]: the version-guarded upsert of idempotent.NewVersionedUpsert.
+//   - [Upserter]: the version-guarded upsert of [NewVersionedUpsert].
 //   - [ImplicitCommitter]: the statements the database commits implicitly
 //     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a
 //     handler;
