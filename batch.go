@@ -13,8 +13,8 @@ import (
 	"github.com/txclaim/idempotent/dialect"
 )
 
-// MaxBatchSize is the most messages ProcessBatch and WrapBatch accept in one
-// call. It keeps one batch's claim statement, its locks and its transaction
+// MaxBatchSize is the most messages ProcessMessages (and ProcessBatch,
+// WrapMessages, WrapBatch) accept in one call. It keeps one batch's claim statement, its locks and its transaction
 // short; split larger batches.
 const MaxBatchSize = 1000
 
@@ -22,14 +22,18 @@ const MaxBatchSize = 1000
 // Nothing was sent to the database.
 var ErrBatchTooLarge = errors.New("idempotent: batch too large")
 
-// BatchKeyError reports the message of a batch whose key is invalid. The
+// BatchKeyError reports the message of a batch that cannot be claimed: its
+// key is invalid, or its event time is refused by the retention fence. The
 // whole batch was refused and nothing was written. Err matches
-// ErrInvalidKey, so errors.Is(err, ErrInvalidKey) holds for a BatchKeyError;
-// use errors.As to learn which message to set aside.
+// ErrInvalidKey for a bad key, ErrBeyondRetention for an event time older
+// than the retention window, ErrInvalidEventTime for one in the future (or
+// a zero one in partitioned mode, or one that differs in its day from an
+// earlier message with the same key); errors.Is on the BatchKeyError sees
+// through it. Use errors.As to learn which message to set aside.
 type BatchKeyError struct {
 	// Index is the message's index in the batch.
 	Index int
-	// Err says what is wrong with its key.
+	// Err says what is wrong with its key or event time.
 	Err error
 }
 
@@ -38,12 +42,12 @@ func (e *BatchKeyError) Error() string {
 	return fmt.Sprintf("idempotent: batch message %d: %v", e.Index, e.Err)
 }
 
-// Unwrap returns the key's error.
+// Unwrap returns the message's error.
 func (e *BatchKeyError) Unwrap() error { return e.Err }
 
 // BatchFunc applies the effects of a batch's new messages inside the
 // transaction that claimed them. fresh holds the indexes, in the batch given
-// to ProcessBatch, of the messages whose claims were new, in ascending order;
+// to ProcessMessages, of the messages whose claims were new, in ascending order;
 // it is never empty. Like TxFunc, it must do all its work through tx, with
 // ctx, and must not commit or roll back tx. It may run more than once if the
 // batch is retried, each time with a fresh slice.
@@ -56,78 +60,115 @@ type BatchFunc func(ctx context.Context, tx *sql.Tx, fresh []int) error
 // they cost a whole batch.
 type BatchHandler[M any] func(ctx context.Context, tx *sql.Tx, msgs []M) error
 
-// ProcessBatch applies the effects of a batch of messages exactly once for
-// this consumer, in one transaction: it claims every key, runs fn once for
-// the messages whose claims were new, and commits claims and effects
-// together. It returns one Outcome per key, in the order of keys: Applied for
-// a message whose effect fn applied, Duplicate for one claimed before. A key
-// that occurs more than once in the batch is applied once: its first
-// occurrence may be Applied, the later ones are Duplicate. If every message
-// is a duplicate, fn does not run and nothing is committed.
+// ProcessBatch is ProcessMessages for messages known by their keys alone
+// (no event times): keys[i] is message i's key. See ProcessMessages. In
+// partitioned mode every message needs its event time, so ProcessBatch
+// refuses any batch there: use ProcessMessages.
+func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]Outcome, error) {
+	msgs := make([]Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return m.ProcessMessages(ctx, msgs, fn)
+}
+
+// ProcessMessages applies the effects of a batch of messages exactly once
+// for this consumer, in one transaction: it claims every message, runs fn
+// once for the messages whose claims were new, and commits claims and
+// effects together. It returns one Outcome per message, in the order of
+// msgs: Applied for a message whose effect fn applied, Duplicate for one
+// claimed before. A key that occurs more than once in the batch is applied
+// once: its first occurrence may be Applied, the later ones are Duplicate.
+// If every message is a duplicate, fn does not run and nothing is
+// committed.
 //
 // The claims are taken in ascending byte order of their keys, so two
 // overlapping batches wait for each other instead of deadlocking on their
 // claims. With a dialect that implements dialect.BatchClaimer (the Postgres
-// one does) the whole batch is claimed by one statement; otherwise each key
-// is claimed by its own statement, in the same order and transaction.
+// one does) a batch on an unpartitioned table is claimed by one statement;
+// otherwise — and in partitioned mode — each key is claimed by its own
+// statement, in the same order and transaction.
 //
+// Event times work as for ProcessMessage, message by message: each message
+// that carries one passes the retention fence, and in partitioned mode each
+// claim goes into its own event day's partition, so a batch may span days.
 // Bad input is refused before anything is sent: an empty batch returns
-// (nil, nil) at once, a batch of more than MaxBatchSize keys fails with
-// ErrBatchTooLarge, and an invalid key fails the whole batch with
-// ErrInvalidKey and naming its index (a *BatchKeyError).
+// (nil, nil) at once, a batch of more than MaxBatchSize messages fails with
+// ErrBatchTooLarge, and a message that cannot be claimed fails the whole
+// batch with a *BatchKeyError naming its index — an invalid key
+// (ErrInvalidKey), an event time older than the retention window
+// (ErrBeyondRetention), one in the future or, in partitioned mode, a zero
+// one (ErrInvalidEventTime). A key given twice with event times on
+// different days is refused too, in partitioned mode (ErrInvalidEventTime,
+// at the later index): the two would be claimed in different partitions.
+// The rest of the batch is not applied either: set the message aside (to a
+// dead-letter queue) and process the others again. A day inside the window
+// that has no partition yet fails the whole batch with ErrNoPartition,
+// which is transient.
 //
-// Failures are handled as by Process, for the batch as a whole: an error from
-// fn rolls back every claim and effect of the batch; serialization failures,
-// deadlocks and lost connections retry the whole batch under the retry
-// policy. An Observer is told one Event per message, each carrying the
-// batch's attempts and duration; retries are reported with an empty Key.
-func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]Outcome, error) {
-	if len(keys) == 0 {
+// Failures are handled as by ProcessMessage, for the batch as a whole: an
+// error from fn rolls back every claim and effect of the batch;
+// serialization failures, deadlocks and lost connections retry the whole
+// batch under the retry policy. An Observer is told one Event per message,
+// each carrying the batch's attempts and duration; retries are reported
+// with an empty Key.
+func (m *Middleware) ProcessMessages(ctx context.Context, msgs []Message, fn BatchFunc) ([]Outcome, error) {
+	if len(msgs) == 0 {
 		return nil, nil
 	}
 	start := time.Now()
-	outcomes, attempts, err := m.processBatch(ctx, keys, fn)
-	m.observeBatch(ctx, keys, outcomes, attempts, time.Since(start), err)
+	outcomes, attempts, err := m.processMessages(ctx, msgs, fn)
+	m.observeBatch(ctx, msgs, outcomes, attempts, time.Since(start), err)
 	return outcomes, err
 }
 
-func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFunc) ([]Outcome, int, error) {
+// processMessages is the one batch path: ProcessBatch, ProcessMessages,
+// WrapBatch and WrapMessages all end here.
+func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn BatchFunc) ([]Outcome, int, error) {
 	if fn == nil {
-		return nil, 0, errors.New("idempotent: ProcessBatch: nil function")
+		return nil, 0, errors.New("idempotent: ProcessMessages: nil function")
 	}
-	if len(keys) > MaxBatchSize {
-		return nil, 0, batchTooLarge(len(keys))
+	if len(msgs) > MaxBatchSize {
+		return nil, 0, batchTooLarge(len(msgs))
 	}
-	if m.ret.part != nil {
-		return nil, 0, fmt.Errorf("idempotent: ProcessBatch: the claim table %s is partitioned by event day, and a batch carries no event times: use ProcessEvent per message", m.table)
-	}
-	for i, k := range keys {
-		if err := validateKey(k, m.maxKey); err != nil {
+	for i, msg := range msgs {
+		if err := m.checkMessage(msg, eventTimeOptional); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
 	}
 	// uniq holds the distinct keys in ascending order, first[j] the index
-	// of uniq[j]'s first occurrence in keys.
-	order := make([]int, len(keys))
+	// of uniq[j]'s first occurrence in msgs.
+	order := make([]int, len(msgs))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Or(strings.Compare(keys[a], keys[b]), a-b) })
-	uniq := make([]string, 0, len(keys))
-	first := make([]int, 0, len(keys))
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(strings.Compare(msgs[a].Key, msgs[b].Key), a-b) })
+	uniq := make([]string, 0, len(msgs))
+	first := make([]int, 0, len(msgs))
 	for _, i := range order {
-		if n := len(uniq); n > 0 && uniq[n-1] == keys[i] {
+		if n := len(uniq); n > 0 && uniq[n-1] == msgs[i].Key {
+			if f := msgs[first[n-1]]; m.ret.part != nil && !eventDay(f.EventTime).Equal(eventDay(msgs[i].EventTime)) {
+				return nil, 0, &BatchKeyError{Index: i, Err: fmt.Errorf("%w: consumer %q, key %q: event day %s, but message %d with the same key has event day %s",
+					ErrInvalidEventTime, m.consumer, msgs[i].Key, eventDay(msgs[i].EventTime).Format(time.DateOnly), first[n-1], eventDay(f.EventTime).Format(time.DateOnly))}
+			}
 			continue
 		}
-		uniq = append(uniq, keys[i])
+		uniq = append(uniq, msgs[i].Key)
 		first = append(first, i)
 	}
+	var days []time.Time // the event time of uniq[j], in partitioned mode
+	if m.ret.part != nil {
+		days = make([]time.Time, len(uniq))
+		for j, i := range first {
+			days[j] = msgs[i].EventTime
+		}
+	}
 
-	outcomes := make([]Outcome, len(keys))
+	outcomes := make([]Outcome, len(msgs))
 	isNew := make([]bool, len(uniq))
 	attempts, err := m.run.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		clear(isNew)
-		claimed, err := m.claimBatch(ctx, tx, st, uniq, isNew)
+		claimed, err := m.claimBatch(ctx, tx, st, uniq, days, isNew)
 		if err != nil {
 			return err
 		}
@@ -146,7 +187,7 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 		return fn(ctx, tx, fresh)
 	})
 	if err != nil {
-		return nil, attempts, fmt.Errorf("idempotent: consumer %q, batch of %d: %w", m.consumer, len(keys), err)
+		return nil, attempts, fmt.Errorf("idempotent: consumer %q, batch of %d: %w", m.consumer, len(msgs), err)
 	}
 	for i := range outcomes {
 		outcomes[i] = Duplicate
@@ -163,26 +204,38 @@ func batchTooLarge(n int) error {
 	return fmt.Errorf("%w: %d messages, the limit is %d", ErrBatchTooLarge, n, MaxBatchSize)
 }
 
-// claimBatch claims the distinct, ascending keys uniq on tx through
-// claimWith, sets isNew[j] when uniq[j]'s claim was new, and reports whether
-// any was.
-func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, uniq []string, isNew []bool) (bool, error) {
+// claimBatch claims the distinct, ascending keys uniq (with event times
+// days, in partitioned mode) on tx through claimWith, sets isNew[j] when
+// uniq[j]'s claim was new, and reports whether any was.
+func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, uniq []string, days []time.Time, isNew []bool) (bool, error) {
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
-		if err := m.batchStatements(ctx, tx, uniq, isNew); err != nil {
+		if err := m.batchStatements(ctx, tx, uniq, days, isNew); err != nil {
 			return false, err
 		}
 		return slices.Contains(isNew, true), nil
 	})
 }
 
-// batchStatements runs the batch's claim statement (or one per key).
-func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []string, isNew []bool) error {
+// batchStatements runs the batch's claim statement (or one per key: in
+// partitioned mode, each with its event day).
+func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []string, days []time.Time, isNew []bool) error {
 	bc, ok := m.d.(dialect.BatchClaimer)
-	if !ok {
+	if !ok || days != nil {
 		// One claim statement per key, in ascending order.
 		for j, k := range uniq {
-			res, err := tx.ExecContext(ctx, m.claimSQL, m.consumerArg, k)
+			var res sql.Result
+			var err error
+			if days == nil {
+				res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, k)
+			} else {
+				res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, k, eventDay(days[j]).Format(time.DateOnly))
+			}
 			if err != nil {
+				if days != nil {
+					if rerr := m.retentionClaimError(err, days[j]); rerr != nil {
+						return fmt.Errorf("key %q: %w", k, rerr)
+					}
+				}
 				return fmt.Errorf("key %q: %w", k, m.claimError(err))
 			}
 			n, err := res.RowsAffected()
@@ -216,12 +269,12 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 }
 
 // observeBatch tells the observer, if any, one Event per message.
-func (m *Middleware) observeBatch(ctx context.Context, keys []string, outcomes []Outcome, attempts int, d time.Duration, err error) {
+func (m *Middleware) observeBatch(ctx context.Context, msgs []Message, outcomes []Outcome, attempts int, d time.Duration, err error) {
 	if m.observer == nil {
 		return
 	}
-	for i, k := range keys {
-		e := Event{Consumer: m.consumer, Key: k, Attempts: attempts, Duration: d, Err: err}
+	for i, msg := range msgs {
+		e := Event{Consumer: m.consumer, Key: msg.Key, Attempts: attempts, Duration: d, Err: err}
 		if err == nil {
 			e.Outcome = outcomes[i]
 		}
@@ -229,17 +282,27 @@ func (m *Middleware) observeBatch(ctx context.Context, keys []string, outcomes [
 	}
 }
 
-// WrapBatch turns a handler of decoded messages into a function that
-// processes a batch of them exactly once, as ProcessBatch does: h is called
-// once per batch with the messages that are new, in their order in the
-// batch, and is not called when all are duplicates. key returns each
-// message's stable, producer-assigned identity (see Wrap). If key fails for
-// any message, the returned function fails the whole batch with an error
-// matching ErrInvalidKey that names the message's index, before anything is
-// sent.
+// WrapBatch is WrapMessages for messages known by their keys alone: key
+// returns each message's stable, producer-assigned identity (see Wrap). If
+// key fails for any message, the returned function fails the whole batch
+// with an error matching ErrInvalidKey that names the message's index,
+// before anything is sent.
 func WrapBatch[M any](m *Middleware, key func(M) (string, error), h BatchHandler[M]) func(ctx context.Context, msgs []M) ([]Outcome, error) {
-	return func(ctx context.Context, msgs []M) ([]Outcome, error) {
-		if len(msgs) == 0 {
+	return WrapMessages(m, keyOnly(key), h)
+}
+
+// WrapMessages turns a handler of decoded messages into a function that
+// processes a batch of them exactly once, as ProcessMessages does: h is
+// called once per batch with the messages that are new, in their order in
+// the batch, and is not called when all are duplicates. msg returns each
+// message's Message: its stable, producer-assigned key and, when it has
+// one, its event time (required in partitioned mode). If msg fails for any
+// message, the returned function fails the whole batch with a
+// *BatchKeyError matching ErrInvalidKey that names the message's index,
+// before anything is sent.
+func WrapMessages[M any](m *Middleware, msg func(M) (Message, error), h BatchHandler[M]) func(ctx context.Context, msgs []M) ([]Outcome, error) {
+	return func(ctx context.Context, vs []M) ([]Outcome, error) {
+		if len(vs) == 0 {
 			return nil, nil
 		}
 		fail := func(err error) ([]Outcome, error) {
@@ -248,24 +311,24 @@ func WrapBatch[M any](m *Middleware, key func(M) (string, error), h BatchHandler
 			}
 			return nil, err
 		}
-		if key == nil || h == nil {
-			return fail(errors.New("idempotent: WrapBatch: nil key function or handler"))
+		if msg == nil || h == nil {
+			return fail(errors.New("idempotent: WrapMessages: nil message function or handler"))
 		}
-		if len(msgs) > MaxBatchSize {
-			return fail(batchTooLarge(len(msgs)))
+		if len(vs) > MaxBatchSize {
+			return fail(batchTooLarge(len(vs)))
 		}
-		keys := make([]string, len(msgs))
-		for i, msg := range msgs {
-			k, err := key(msg)
+		msgs := make([]Message, len(vs))
+		for i, v := range vs {
+			mm, err := msg(v)
 			if err != nil {
 				return fail(&BatchKeyError{Index: i, Err: fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)})
 			}
-			keys[i] = k
+			msgs[i] = mm
 		}
-		return m.ProcessBatch(ctx, keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+		return m.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 			sel := make([]M, len(fresh))
 			for j, i := range fresh {
-				sel[j] = msgs[i]
+				sel[j] = vs[i]
 			}
 			return h(ctx, tx, sel)
 		})

@@ -4,13 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 )
 
-// BeginFunc begins one attempt's transaction for ProcessTx and WrapTx, for a
-// library that wraps *sql.Tx in a type of its own (T), such as sqlx's
-// *sqlx.Tx. It must begin the transaction on db — the Middleware's database —
-// with ctx and opts exactly as given: the autocommit guard and the isolation
+// BeginFunc begins one attempt's transaction for ProcessMessageTx and
+// WrapMessageTx, for a library that wraps *sql.Tx in a type of its own (T),
+// such as sqlx's *sqlx.Tx. It must begin the transaction on db — the
+// Middleware's database — with ctx and opts exactly as given: the autocommit guard and the isolation
 // level set by WithTxOptions travel in them. It returns the transaction both
 // as T, which the handler gets, and as the *sql.Tx inside it, in which the
 // middleware claims and which it commits or rolls back.
@@ -28,13 +27,19 @@ import (
 // The idemsqlx package is exactly that.
 type BeginFunc[T any] func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (T, *sql.Tx, error)
 
-// ProcessTx is [Middleware.Process] for a function that works on T, a
-// transaction type of a library built on database/sql: each attempt's
-// transaction is begun by begin instead of db.BeginTx, and fn gets it as T.
-// Everything else — claim, retries, guard, observer — is Process's.
-func ProcessTx[T any](ctx context.Context, m *Middleware, key string, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
+// ProcessMessageTx is [Middleware.ProcessMessage] for a function that
+// works on T, a transaction type of a library built on database/sql: each
+// attempt's transaction is begun by begin instead of db.BeginTx, and fn gets
+// it as T. Everything else — claim, retention fence, partitioned mode,
+// retries, guard, observer — is ProcessMessage's.
+func ProcessMessageTx[T any](ctx context.Context, m *Middleware, msg Message, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
+	return processMessageTx(ctx, m, msg, eventTimeOptional, begin, fn)
+}
+
+// processMessageTx is ProcessMessageTx with an event-time rule.
+func processMessageTx[T any](ctx context.Context, m *Middleware, msg Message, rule eventRule, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
 	if begin == nil || fn == nil {
-		return 0, errors.New("idempotent: ProcessTx: nil begin or function")
+		return 0, errors.New("idempotent: ProcessMessageTx: nil begin or function")
 	}
 	var cur T
 	r := m.run
@@ -49,24 +54,24 @@ func ProcessTx[T any](ctx context.Context, m *Middleware, key string, begin Begi
 		cur = t
 		return tx, nil
 	}
-	body := func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) }
-	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, &r, key, time.Time{}, body) })
+	return m.processMessage(ctx, &r, msg, rule, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
 }
 
-// WrapTx is [Wrap] for handlers that work on T, a transaction type of a
-// library built on database/sql; see [ProcessTx] and [BeginFunc]. If key
-// fails, the returned function returns an error matching ErrInvalidKey
-// without opening a transaction.
-func WrapTx[M, T any](m *Middleware, begin BeginFunc[T], key func(M) (string, error), h func(ctx context.Context, tx T, msg M) error) func(ctx context.Context, msg M) (Outcome, error) {
-	return func(ctx context.Context, msg M) (Outcome, error) {
-		if key == nil || h == nil {
-			return 0, errors.New("idempotent: WrapTx: nil key function or handler")
+// WrapMessageTx is [WrapMessage] for handlers that work on T, a transaction
+// type of a library built on database/sql; see [ProcessMessageTx] and
+// [BeginFunc]. msg returns the message's key and, when it has one, its
+// event time. If msg fails, the returned function returns an error matching
+// ErrInvalidKey without opening a transaction.
+func WrapMessageTx[M, T any](m *Middleware, begin BeginFunc[T], msg func(M) (Message, error), h func(ctx context.Context, tx T, msg M) error) func(ctx context.Context, msg M) (Outcome, error) {
+	return func(ctx context.Context, v M) (Outcome, error) {
+		if msg == nil || h == nil {
+			return 0, errors.New("idempotent: WrapMessageTx: nil message function or handler")
 		}
-		k, err := key(msg)
+		mm, err := msg(v)
 		if err != nil {
 			return 0, m.keyFailed(ctx, err)
 		}
-		return ProcessTx(ctx, m, k, begin, func(ctx context.Context, tx T) error { return h(ctx, tx, msg) })
+		return ProcessMessageTx(ctx, m, mm, begin, func(ctx context.Context, tx T) error { return h(ctx, tx, v) })
 	}
 }
 

@@ -62,26 +62,44 @@
 //
 // # Entry points
 //
-// Process takes a key and a [TxFunc]. The others are shapes of the same
-// loop:
+// Every entry point takes a [Message]: the key and, when the producer
+// stamped one, the event time (zero means unknown). Event time, partitioned
+// mode, batches and caller-owned transactions therefore combine freely. One
+// message or many, the middleware's transaction or the caller's:
 //
-//   - [Wrap] turns a [Handler] of decoded messages into a function that
-//     takes the key from the message (a failing key function is
-//     ErrInvalidKey, with no transaction opened).
-//   - [Middleware.ProcessEvent], [WrapEvent] and [Middleware.ClaimEvent]
-//     also take the message's producer-assigned event time, which enables
-//     the retention fence and partitioned mode (see Retention below).
-//   - [Middleware.ProcessBatch] and [WrapBatch] process a batch in one
-//     transaction (see Batches below).
-//   - [ProcessTx] and [WrapTx] begin each attempt's transaction through a
-//     [BeginFunc], for libraries that wrap *sql.Tx in their own type (package
-//     idemsqlx is sqlx's).
-//   - [Middleware.Claim] inserts the claim in a transaction the caller owns
-//     and reports whether it was new; the caller applies the effect only if
-//     so, and commits. Retries are then the caller's: [RunTx] runs a function
-//     in a transaction under the same retry loop, without a claim.
+//	transaction             one message                 a batch
+//	middleware's *sql.Tx    Middleware.ProcessMessage   Middleware.ProcessMessages
+//	                        WrapMessage                 WrapMessages
+//	a BeginFunc's T         ProcessMessageTx            -
+//	                        WrapMessageTx
+//	the caller's *sql.Tx    Middleware.ClaimMessage     -
+//
+// In turn:
+//
+//   - [Middleware.ProcessMessage] runs one delivery with a [TxFunc];
+//     [Middleware.Process] is ProcessMessage with a key alone.
+//   - [WrapMessage] turns a [Handler] of decoded messages into a function
+//     that takes the Message from the message (a failing function is
+//     ErrInvalidKey, with no transaction opened); [Wrap] takes a key
+//     function instead.
+//   - [Middleware.ProcessMessages] and [WrapMessages] process a batch in one
+//     transaction (see Batches below); [Middleware.ProcessBatch] and
+//     [WrapBatch] are their key-only forms.
+//   - [ProcessMessageTx] and [WrapMessageTx] begin each attempt's
+//     transaction through a [BeginFunc], for libraries that wrap *sql.Tx in
+//     their own type (package idemsqlx is sqlx's).
+//   - [Middleware.ClaimMessage] inserts the claim in a transaction the
+//     caller owns and reports whether it was new; the caller applies the
+//     effect only if so, and commits. [Middleware.Claim] is its key-only
+//     form. Retries are then the caller's: [RunTx] runs a function in a
+//     transaction under the same retry loop, without a claim.
 //   - [Middleware.ProcessNatural] runs the loop without a claim table, for
 //     effects whose own table has a natural unique key (see below).
+//
+// A message's event time enables the retention fence and, in partitioned
+// mode, where it is required, chooses the claim's partition (see Retention
+// below). ProcessEvent, ClaimEvent, WrapEvent, ProcessTx and WrapTx are
+// deprecated forms of the Message entry points.
 //
 // # Retries
 //
@@ -161,9 +179,9 @@
 //
 // A handler does its database work through the *sql.Tx it is given, with
 // the context it is given. A transaction begun with that context — RunTx,
-// Process, ProcessEvent, ProcessBatch, ProcessNatural or ProcessTx of any
-// Middleware, the Wrap functions, EnsureSchema, Cleanup, MaintainPartitions
-// — is refused at once with an error matching [ErrAutocommit], before it
+// Process, ProcessMessage, ProcessMessages, ProcessNatural or
+// ProcessMessageTx of any Middleware, the Wrap functions, EnsureSchema,
+// Cleanup, MaintainPartitions — is refused at once with an error matching [ErrAutocommit], before it
 // takes a connection, and the delivery rolls back even if the handler
 // ignores that error: such a transaction would commit on its own and
 // survive the delivery's rollback (or, with the same Middleware and key,
@@ -220,16 +238,17 @@
 // the longest dead-letter triage and replay you allow; for effects no window
 // makes safe, keep a natural unique key on the business table as well.
 //
-// A message that carries its event time (ProcessEvent, WrapEvent,
-// ClaimEvent) and is older than the window is refused with
-// ErrBeyondRetention before any transaction: the retention fence. Claims are
+// A message that carries its event time ([Message].EventTime) and is older
+// than the window is refused with ErrBeyondRetention before any
+// transaction: the retention fence. Claims are
 // kept for the window plus a clock-skew margin ([WithClockSkew],
 // [DefaultClockSkew]), so a message the fence lets through still finds its
 // claim. An event time later than the clock plus the margin (a producer clock
 // far ahead, seconds read as milliseconds) is refused with
 // [ErrInvalidEventTime], since it would pass the fence long after its claim
-// was gone. Process, Wrap and Claim carry no event time, and nothing is
-// fenced: a replay older than the window is applied again. [WithClock]
+// was gone. A message without an event time (Process, Wrap, Claim, or a
+// zero EventTime) cannot be fenced: a replay older than the window is
+// applied again. [WithClock]
 // replaces the clock the middleware reads, for tests.
 //
 // # Table upkeep
@@ -263,17 +282,21 @@
 //
 // # Batches
 //
-// [Middleware.ProcessBatch] claims up to [MaxBatchSize] keys in one
-// transaction — with Postgres in one statement (dialect.BatchClaimer) —
-// runs the function once with the indexes of the new messages ([BatchFunc];
-// [WrapBatch] passes the messages, [BatchHandler]) and commits once; it
-// returns one Outcome per key. A key repeated within the batch is applied
-// once. Keys are claimed in ascending byte order, so overlapping batches wait
-// for each other instead of deadlocking. If every message is a duplicate the
-// function does not run. Bad input fails the whole batch before anything is
-// sent: [ErrBatchTooLarge], or a [BatchKeyError] naming the index and
-// matching ErrInvalidKey. Retries re-run the whole batch; an [Observer] gets
-// one [Event] per message.
+// [Middleware.ProcessMessages] claims up to [MaxBatchSize] messages in one
+// transaction — on an unpartitioned Postgres table in one statement
+// (dialect.BatchClaimer) — runs the function once with the indexes of the
+// new messages ([BatchFunc]; [WrapMessages] passes the messages,
+// [BatchHandler]) and commits once; it returns one Outcome per message. A
+// key repeated within the batch is applied once. Keys are claimed in
+// ascending byte order, so overlapping batches wait for each other instead
+// of deadlocking. If every message is a duplicate the function does not
+// run. Event times work message by message: each passes the retention
+// fence, and in partitioned mode each claim goes into its own day's
+// partition. Bad input fails the whole batch before anything is sent:
+// [ErrBatchTooLarge], or a [BatchKeyError] naming the index and matching
+// ErrInvalidKey, ErrBeyondRetention or ErrInvalidEventTime — set that
+// message aside and send the rest again. Retries re-run the whole batch;
+// an [Observer] gets one [Event] per message.
 //
 // # Natural keys and versioned upserts
 //
@@ -281,9 +304,9 @@
 // order), [Middleware.ProcessNatural] runs a [NaturalFunc] with the
 // transaction, retries and observer but no claim table; the function reports
 // whether its INSERT … ON CONFLICT DO NOTHING took effect. For
-// last-writer-wins state, [NewVersionedUpsert] builds an [Upsert] that writes
-// a row only if its version is newer than the stored one, so repeated and
-// out-of-order messages are harmless.
+// last-writer-wins state, dialect.NewVersionedUpsert builds a dialect.Upsert
+// that writes a row only if its version is newer than the stored one, so
+// repeated and out-of-order messages are harmless.
 //
 // # Observing
 //

@@ -3,8 +3,10 @@ package idempotent_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/lib/pq"
@@ -118,5 +120,58 @@ func ExampleMiddleware_ProcessBatch() {
 	// Output:
 	// new messages at [0 1 3]
 	// [applied applied duplicate applied] <nil>
+	// statements as scripted: true
+}
+
+// ProcessMessages is the batch with event times: each message passes the
+// retention fence, and in partitioned mode each claim goes into its own
+// event day's partition, so a batch may span days. A message outside the
+// retention window refuses the whole batch before anything is sent, naming
+// its index: set it aside and process the rest.
+func ExampleMiddleware_ProcessMessages() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	now := time.Date(2031, 3, 16, 12, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty",
+		idempotent.WithDailyPartitions(7),
+		idempotent.WithClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	table, err := dialect.ParseTable("processed_messages")
+	if err != nil {
+		log.Fatal(err)
+	}
+	claimAt := postgres.New().ClaimAtSQL(table) // one claim per message, in key order, with its day
+	mock.ExpectBegin()
+	mock.ExpectExec(claimAt).WithArgs("loyalty", "evt-1", "2031-03-14").WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(claimAt).WithArgs("loyalty", "evt-2", "2031-03-16").WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectCommit()
+
+	msgs := []idempotent.Message{
+		{Key: "evt-2", EventTime: time.Date(2031, 3, 16, 8, 0, 0, 0, time.UTC)},
+		{Key: "evt-1", EventTime: time.Date(2031, 3, 14, 23, 0, 0, 0, time.UTC)},
+	}
+	apply := func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+		fmt.Println("new messages at", fresh)
+		return nil // apply the effects of msgs[i] for each i in fresh, through tx
+	}
+	fmt.Println(mw.ProcessMessages(context.Background(), msgs, apply))
+
+	// A replay from the archive, one message 40 days old: nothing is sent.
+	old := append(msgs, idempotent.Message{Key: "evt-0", EventTime: now.AddDate(0, 0, -40)})
+	_, err = mw.ProcessMessages(context.Background(), old, apply)
+	var bad *idempotent.BatchKeyError
+	if errors.As(err, &bad) && errors.Is(err, idempotent.ErrBeyondRetention) {
+		fmt.Println("message", bad.Index, "is beyond retention: dead-letter it, process the others again")
+	}
+	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// new messages at [1]
+	// [duplicate applied] <nil>
+	// message 2 is beyond retention: dead-letter it, process the others again
 	// statements as scripted: true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
@@ -31,9 +32,9 @@ func beginLedger(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (Ledger, 
 	return Ledger{tx}, tx, nil
 }
 
-// ProcessTx hands the function the library's transaction type; here on a
-// go-sqlmock database.
-func ExampleProcessTx() {
+// ProcessMessageTx hands the function the library's transaction type; here
+// on a go-sqlmock database.
+func ExampleProcessMessageTx() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		panic(err)
@@ -49,7 +50,8 @@ func ExampleProcessTx() {
 		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
 
-	outcome, err := idempotent.ProcessTx(context.Background(), mw, "order-completed:9912", beginLedger,
+	msg := idempotent.Message{Key: "order-completed:9912", EventTime: time.Now().Add(-time.Minute)}
+	outcome, err := idempotent.ProcessMessageTx(context.Background(), mw, msg, beginLedger,
 		func(ctx context.Context, l Ledger) error { return l.Credit(ctx, 7, 50) })
 	fmt.Println(outcome, err)
 	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
@@ -58,8 +60,9 @@ func ExampleProcessTx() {
 	// expectations met: true
 }
 
-// WrapTx is Wrap for handlers of the library's transaction type.
-func ExampleWrapTx() {
+// WrapMessageTx is WrapMessage for handlers of the library's transaction
+// type.
+func ExampleWrapMessageTx() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		panic(err)
@@ -69,9 +72,14 @@ func ExampleWrapTx() {
 	if err != nil {
 		panic(err)
 	}
-	type orderCompleted struct{ OrderID, CustomerID, Points int64 }
-	handle := idempotent.WrapTx(mw, beginLedger,
-		func(o orderCompleted) (string, error) { return fmt.Sprintf("order-completed:%d", o.OrderID), nil },
+	type orderCompleted struct {
+		OrderID, CustomerID, Points int64
+		OccurredAt                  time.Time
+	}
+	handle := idempotent.WrapMessageTx(mw, beginLedger,
+		func(o orderCompleted) (idempotent.Message, error) {
+			return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID), EventTime: o.OccurredAt}, nil
+		},
 		func(ctx context.Context, l Ledger, o orderCompleted) error {
 			return l.Credit(ctx, o.CustomerID, o.Points)
 		})
@@ -79,7 +87,7 @@ func ExampleWrapTx() {
 	m := mocks.ForMiddleware(mock, mw)
 	m.ExpectDuplicate("order-completed:9912")
 
-	fmt.Println(handle(context.Background(), orderCompleted{OrderID: 9912, CustomerID: 7, Points: 50}))
+	fmt.Println(handle(context.Background(), orderCompleted{OrderID: 9912, CustomerID: 7, Points: 50, OccurredAt: time.Now().Add(-time.Hour)}))
 	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// duplicate <nil>

@@ -21,7 +21,7 @@ import (
 // is older than the retention window its claim may have been cleaned up, so
 // it is refused, before any statement is sent, instead of applied a second
 // time. Here on go-sqlmock, with a clock the example moves.
-func ExampleMiddleware_ProcessEvent() {
+func ExampleMiddleware_ProcessMessage() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -41,9 +41,12 @@ func ExampleMiddleware_ProcessEvent() {
 	m.ExpectCommit()
 	// The replay 40 days later sends nothing: no expectation for it.
 
-	eventTime := time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC) // set by the producer, carried in the message
+	msg := idempotent.Message{
+		Key:       "order-completed:9912",
+		EventTime: time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC), // set by the producer, carried in the message
+	}
 	deliver := func() {
-		outcome, err := mw.ProcessEvent(context.Background(), "order-completed:9912", eventTime, func(ctx context.Context, tx *sql.Tx) error {
+		outcome, err := mw.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
 			return err
 		})
@@ -66,8 +69,8 @@ func ExampleMiddleware_ProcessEvent() {
 	// statements as scripted: true
 }
 
-// WrapEvent takes the key and the event time from each decoded message.
-func ExampleWrapEvent() {
+// WrapMessage takes the key and the event time from each decoded message.
+func ExampleWrapMessage() {
 	type orderCompleted struct {
 		EventID    string
 		OccurredAt time.Time
@@ -83,9 +86,9 @@ func ExampleWrapEvent() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handle := idempotent.WrapEvent(mw,
-		func(m orderCompleted) (string, time.Time, error) {
-			return "order-completed:" + m.EventID, m.OccurredAt, nil
+	handle := idempotent.WrapMessage(mw,
+		func(m orderCompleted) (idempotent.Message, error) {
+			return idempotent.Message{Key: "order-completed:" + m.EventID, EventTime: m.OccurredAt}, nil
 		},
 		func(ctx context.Context, tx *sql.Tx, m orderCompleted) error {
 			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", m.Points, m.CustomerID)

@@ -147,36 +147,13 @@ func (m *Middleware) Table() string { return m.table.String() }
 // Dialect returns the dialect given to New.
 func (m *Middleware) Dialect() dialect.Dialect { return m.d }
 
-// Process applies fn's effect for the message with the given key exactly
-// once for this consumer.
-//
-// It begins a transaction, inserts the claim (consumer, key), and, only if
-// the claim is new, runs fn in the same transaction and commits both
-// together: the result is Applied. If the claim exists, fn does not run and
-// the result is Duplicate. A concurrent delivery of the same key waits for
-// the first to finish; if that one rolls back, the waiting one applies.
-//
-// An error from fn rolls back claim and effect together and is returned
-// wrapped. Serialization failures, deadlocks and lost connections of the
-// claim's own transaction — even during COMMIT, where the outcome is
-// unknown — are retried from the start under the retry policy: if a lost
-// COMMIT did land, the retry finds the claim and returns Duplicate. An
-// error fn met elsewhere (another database, its own network call, its own
-// deadline) is returned at once, without a retry; the package
-// documentation has the table. A panic in fn rolls back and re-panics.
-//
-// fn must do all its work through tx, with ctx; see GuardConnector for how
-// a mistake is caught. fn must not begin a transaction of its own with ctx —
-// Process, RunTx or any other entry point called with it fails with
-// ErrAutocommit and the delivery rolls back. Ack the message only after
-// Process returns without an error (Applied and Duplicate alike).
+// Process is ProcessMessage for a message known by its key alone (no
+// event time): it applies fn's effect for the message with the given key
+// exactly once for this consumer. See ProcessMessage for what it does on
+// every path. Ack the message only after Process returns without an error
+// (Applied and Duplicate alike).
 func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
-	return m.processAt(ctx, key, time.Time{}, fn)
-}
-
-// processAt is Process with the message's event time (zero when it has none).
-func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn TxFunc) (Outcome, error) {
-	return m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, &m.run, key, at, fn) })
+	return m.ProcessMessage(ctx, Message{Key: key}, fn)
 }
 
 // observe runs f and tells the observer, if any, how it ended. f runs with
@@ -196,63 +173,13 @@ func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context
 	return outcome, err
 }
 
-func (m *Middleware) process(ctx context.Context, r *runner, key string, at time.Time, fn TxFunc) (Outcome, int, error) {
-	if fn == nil {
-		return 0, 0, errors.New("idempotent: Process: nil function")
-	}
-	if err := validateKey(key, m.maxKey); err != nil {
-		return 0, 0, err
-	}
-	if err := m.checkEvent(key, at); err != nil {
-		return 0, 0, err
-	}
-	var outcome Outcome
-	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-		claimed, err := m.claimKey(ctx, tx, st, key, at)
-		if err != nil {
-			return err
-		}
-		if !claimed {
-			outcome = Duplicate
-			st.skipCommit = true
-			return nil
-		}
-		outcome = Applied
-		st.inHandler = true
-		return fn(ctx, tx)
-	})
-	if err != nil {
-		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
-	}
-	return outcome, attempts, nil
-}
-
-// Claim inserts the claim for key in a transaction the caller owns, and
-// reports whether it was new. When it was, the caller applies the effect in
-// tx and commits; when not, the message is a duplicate. Claim neither
-// commits nor retries: the caller does both. The lock timeout, if set,
-// applies to tx from here on.
+// Claim is ClaimMessage for a message known by its key alone: it inserts
+// the claim for key in a transaction the caller owns, and reports whether it
+// was new. When it was, the caller applies the effect in tx and commits;
+// when not, the message is a duplicate. Claim neither commits nor retries:
+// the caller does both. The lock timeout, if set, applies to tx from here on.
 func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed bool, err error) {
-	if tx == nil {
-		return false, errors.New("idempotent: Claim: nil transaction")
-	}
-	if err := validateKey(key, m.maxKey); err != nil {
-		return false, err
-	}
-	if err := m.checkEvent(key, time.Time{}); err != nil {
-		return false, err
-	}
-	claimed, err = m.claim(ctx, tx, key, time.Time{})
-	if err != nil {
-		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
-	}
-	return claimed, nil
-}
-
-// claim claims key (with event time at, zero when it has none) on a
-// transaction the caller owns: Claim and ClaimEvent.
-func (m *Middleware) claim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
-	return m.claimKey(ctx, tx, nil, key, at)
+	return m.ClaimMessage(ctx, tx, Message{Key: key})
 }
 
 // claimKey claims one key on tx through claimWith.
@@ -279,8 +206,9 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 	})
 }
 
-// claimWith is the one claim path: Process, ProcessEvent, ProcessTx,
-// ProcessBatch, Claim and ClaimEvent all claim through it, so what surrounds
+// claimWith is the one claim path: every entry point that claims (the
+// single-message path processMessage, the batch path processMessages and
+// claimMessage for a caller's transaction) claims through it, so what surrounds
 // the claim statement cannot differ between them. stmt runs the claim
 // statement (or statements) and reports whether anything was claimed;
 // claimWith runs it under the lock timeout (withLockTimeout) and then, when
@@ -427,21 +355,13 @@ func (m *Middleware) keyFailed(ctx context.Context, err error) error {
 	return err
 }
 
-// Wrap turns a handler of decoded messages into a function that processes
-// each message exactly once. key returns the message's stable,
-// producer-assigned identity — an event id or a natural key such as
-// "order-completed:9912", never a broker's delivery tag or a message id the
-// broker reassigns on republish. If key fails, the returned function
-// returns an error matching ErrInvalidKey without opening a transaction.
+// Wrap is WrapMessage for messages known by their key alone: it turns a
+// handler of decoded messages into a function that processes each message
+// exactly once. key returns the message's stable, producer-assigned
+// identity — an event id or a natural key such as "order-completed:9912",
+// never a broker's delivery tag or a message id the broker reassigns on
+// republish. If key fails, the returned function returns an error matching
+// ErrInvalidKey without opening a transaction.
 func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
-	return func(ctx context.Context, msg M) (Outcome, error) {
-		if key == nil || h == nil {
-			return 0, errors.New("idempotent: Wrap: nil key function or handler")
-		}
-		k, err := key(msg)
-		if err != nil {
-			return 0, m.keyFailed(ctx, err)
-		}
-		return m.Process(ctx, k, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
-	}
+	return WrapMessage(m, keyOnly(key), h)
 }

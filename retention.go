@@ -1,8 +1,6 @@
 package idempotent
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -18,9 +16,9 @@ import (
 // a retention window — 30 days by default — and only then may Cleanup or
 // MaintainPartitions remove them. A message redelivered after its claim is
 // gone would be applied again, so a message that carries its own event time
-// (ProcessEvent, ClaimEvent, WrapEvent) is refused with ErrBeyondRetention
-// once it is older than the window: the retention fence. A message without
-// an event time (Process, Claim, Wrap) cannot be fenced. For effects that no
+// (Message.EventTime) is refused with ErrBeyondRetention once it is older
+// than the window: the retention fence. A message without an event time
+// (Process, Claim, Wrap, or a zero EventTime) cannot be fenced. For effects that no
 // window makes safe, such as money, keep a natural unique key on the
 // business table as well: it never expires.
 //
@@ -52,10 +50,11 @@ var (
 	// dead-letter queue for a person to decide.
 	ErrBeyondRetention = errors.New("idempotent: message outside the retention window")
 
-	// ErrInvalidEventTime reports an event time given to ProcessEvent,
-	// ClaimEvent or WrapEvent that cannot be right: zero, or later than the
-	// middleware's clock plus the clock-skew margin (a producer clock far
-	// ahead, or seconds read as milliseconds). A message dated in the future
+	// ErrInvalidEventTime reports a message's event time that cannot be
+	// right: later than the middleware's clock plus the clock-skew margin (a
+	// producer clock far ahead, or seconds read as milliseconds), or zero
+	// where one is required (partitioned mode, the deprecated Event entry
+	// points). A message dated in the future
 	// would pass the retention fence long after its claim was cleaned up, so
 	// it is refused. Nothing was written and the handler did not run. The
 	// message is poison.
@@ -93,8 +92,8 @@ type retention struct {
 // WithRetention sets the retention window: how long a claim must live, and
 // so how late a redelivery or replay may arrive and still be recognised.
 // Cleanup and MaintainPartitions remove only claims older than the window
-// plus the clock-skew margin; ProcessEvent refuses messages older than the
-// window with ErrBeyondRetention. Choose it longer than the longest
+// plus the clock-skew margin; a message whose event time is older than the
+// window is refused with ErrBeyondRetention. Choose it longer than the longest
 // dead-letter triage and replay you allow. d must be positive. Default is
 // DefaultRetention (30 days).
 func WithRetention(d time.Duration) Option {
@@ -145,9 +144,10 @@ func WithClock(now func() time.Time) Option {
 // in the same partition and meets its claim. (A table partitioned on
 // processed_at would put a redelivery on another day into another partition,
 // where the primary key cannot see the first claim, and apply it again.) So
-// in this mode every message needs its event time — use ProcessEvent,
-// ClaimEvent or WrapEvent — and the producer must keep it stable across
-// republishes, like the key itself.
+// in this mode every message needs its event time — set Message.EventTime
+// (ProcessMessage, ProcessMessages, ProcessMessageTx, ClaimMessage, the Wrap
+// functions) — and the producer must keep it stable across republishes,
+// like the key itself.
 //
 // MaintainPartitions (and EnsureSchema) create the partitions for every day
 // of the retention window and leadDays days ahead; run MaintainPartitions at
@@ -199,8 +199,8 @@ func (m *Middleware) now() time.Time { return m.ret.clock() }
 func (m *Middleware) checkEvent(key string, at time.Time) error {
 	if at.IsZero() {
 		if m.ret.part != nil {
-			return fmt.Errorf("idempotent: consumer %q, key %q: the claim table %s is partitioned by event day: use ProcessEvent, ClaimEvent or WrapEvent with the message's event time",
-				m.consumer, key, m.table)
+			return fmt.Errorf("%w: consumer %q, key %q: the claim table %s is partitioned by event day: give the message its event time (Message.EventTime)",
+				ErrInvalidEventTime, m.consumer, key, m.table)
 		}
 		return nil
 	}
@@ -232,71 +232,4 @@ func (m *Middleware) retentionClaimError(err error, at time.Time) error {
 			ErrNoPartition, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)
 	}
 	return nil
-}
-
-// ProcessEvent is Process for a message that carries its producer-assigned
-// event time, which makes the retention fence work: a message whose event
-// time is older than the retention window is refused with an error matching
-// ErrBeyondRetention, before any transaction, instead of being applied a
-// second time after its claim was cleaned up. An event time later than the
-// clock plus the clock-skew margin, or zero, is refused with an error
-// matching ErrInvalidEventTime. In partitioned mode the event time also
-// chooses the claim's partition; a day inside the window whose partition
-// does not exist yet fails with ErrNoPartition, which is transient.
-//
-// The event time must be stable across redeliveries and replays — set once by
-// the producer, never by the broker or the consumer.
-func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn TxFunc) (Outcome, error) {
-	if eventTime.IsZero() {
-		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
-		if m.observer != nil {
-			m.observer.Outcome(ctx, Event{Consumer: m.consumer, Key: key, Err: err})
-		}
-		return 0, err
-	}
-	return m.processAt(ctx, key, eventTime, fn)
-}
-
-// ClaimEvent is Claim for a message that carries its event time: it refuses
-// a message older than the retention window with ErrBeyondRetention and one
-// dated in the future (beyond the clock-skew margin) with
-// ErrInvalidEventTime, and in partitioned mode it claims in the event day's
-// partition. When a day has no partition yet the statement fails inside tx,
-// which the caller must then roll back; the error matches ErrNoPartition.
-func (m *Middleware) ClaimEvent(ctx context.Context, tx *sql.Tx, key string, eventTime time.Time) (claimed bool, err error) {
-	if tx == nil {
-		return false, errors.New("idempotent: ClaimEvent: nil transaction")
-	}
-	if err := validateKey(key, m.maxKey); err != nil {
-		return false, err
-	}
-	if eventTime.IsZero() {
-		return false, fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
-	}
-	if err := m.checkEvent(key, eventTime); err != nil {
-		return false, err
-	}
-	claimed, err = m.claim(ctx, tx, key, eventTime)
-	if err != nil {
-		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
-	}
-	return claimed, nil
-}
-
-// WrapEvent is Wrap for messages that carry their event time: key returns
-// the message's stable identity and its producer-assigned event time, and
-// each message is processed with ProcessEvent. If key fails, the returned
-// function returns an error matching ErrInvalidKey without opening a
-// transaction.
-func WrapEvent[M any](m *Middleware, key func(M) (string, time.Time, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
-	return func(ctx context.Context, msg M) (Outcome, error) {
-		if key == nil || h == nil {
-			return 0, errors.New("idempotent: WrapEvent: nil key function or handler")
-		}
-		k, at, err := key(msg)
-		if err != nil {
-			return 0, m.keyFailed(ctx, err)
-		}
-		return m.ProcessEvent(ctx, k, at, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
-	}
 }

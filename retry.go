@@ -110,7 +110,7 @@ type runner struct {
 	// beforeCommit, when set, runs after fn succeeded and before COMMIT.
 	beforeCommit func(ctx context.Context, tx *sql.Tx, st *attemptState) error
 	// begin, when set, begins each attempt's transaction instead of
-	// db.BeginTx (see ProcessTx).
+	// db.BeginTx (see ProcessMessageTx).
 	begin func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error)
 	// implicit, when set, goes into each attempt's guard token (see
 	// dialect.ImplicitCommitter).

@@ -4,9 +4,9 @@ import "context"
 
 // A Starter is an [Observer] that is also told when a delivery starts. When
 // the Observer given to [WithObserver] implements Starter, the middleware
-// calls Start once per call of Process, ProcessEvent, ProcessNatural and
-// ProcessTx (and of the Wrap functions built on them), before the key is
-// checked and before the first attempt, on the caller's goroutine.
+// calls Start once per call of Process, ProcessMessage, ProcessNatural and
+// ProcessMessageTx (and of the Wrap functions built on them), before the key
+// is checked and before the first attempt, on the caller's goroutine.
 //
 // The context Start returns replaces the caller's for the rest of the call:
 // every attempt's transaction and handler run with it, and the Retry and
@@ -15,7 +15,7 @@ import "context"
 // the delivery's, and ends it in Outcome. Start must return a context
 // derived from ctx; a nil return leaves ctx unchanged.
 //
-// ProcessBatch and WrapBatch do not call Start: their observer hears one
+// ProcessMessages, ProcessBatch, WrapMessages and WrapBatch do not call Start: their observer hears one
 // Outcome per message, with the caller's context.
 type Starter interface {
 	Start(ctx context.Context, consumer, key string) context.Context

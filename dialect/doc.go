@@ -32,7 +32,7 @@
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
 //   - [StatsReader]: claims per consumer, for idempotent.ClaimTable.Stats;
-//   - [Upserter]: the version-guarded upsert of idempotent.NewVersionedUpsert.
+//   - [Upserter]: the version-guarded upsert of [NewVersionedUpsert];
 //   - [ImplicitCommitter]: the statements the database commits implicitly
 //     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a
 //     handler;
@@ -41,6 +41,15 @@
 //
 // Without one, the middleware refuses the ability with an error that names
 // the dialect ("the sqlite dialect does not support partitions").
+//
+// # Versioned upserts
+//
+// [NewVersionedUpsert] builds, for a dialect that is an [Upserter], a
+// version-guarded upsert ([Upsert]): it writes a row only if its version is
+// newer than the stored one, so repeated and out-of-order messages of
+// last-writer-wins state are harmless without a claim. A handler runs it
+// through its transaction ([Execer]) and can return its result from
+// idempotent's ProcessNatural.
 //
 // # Identifiers
 //

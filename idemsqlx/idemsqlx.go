@@ -14,7 +14,7 @@
 // Each attempt's transaction is begun with db.BeginTxx, so the *sqlx.Tx
 // binds parameters for db's driver name and maps fields with db's Mapper.
 // Claim, retries, guard and observer are the Middleware's
-// (idempotent.ProcessTx).
+// (idempotent.ProcessMessageTx).
 package idemsqlx
 
 import (
@@ -56,13 +56,19 @@ func Begin(db *sqlx.DB) idempotent.BeginFunc[*sqlx.Tx] {
 	}
 }
 
-// Process is Middleware.Process for fn on a *sqlx.Tx of db, which must
-// wrap the Middleware's *sql.DB.
+// Process is ProcessMessage for a message known by its key alone.
 func Process(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, key string, fn TxFunc) (idempotent.Outcome, error) {
+	return ProcessMessage(ctx, mw, db, idempotent.Message{Key: key}, fn)
+}
+
+// ProcessMessage is Middleware.ProcessMessage for fn on a *sqlx.Tx of db,
+// which must wrap the Middleware's *sql.DB: msg's event time, when it has
+// one, works as there (the retention fence, partitioned mode).
+func ProcessMessage(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, msg idempotent.Message, fn TxFunc) (idempotent.Outcome, error) {
 	if fn == nil {
 		return 0, errors.New("idemsqlx: Process: nil function")
 	}
-	return idempotent.ProcessTx(ctx, mw, key, Begin(db), fn)
+	return idempotent.ProcessMessageTx(ctx, mw, msg, Begin(db), fn)
 }
 
 // Wrap is idempotent.Wrap for a handler on a *sqlx.Tx of db, which must
@@ -70,5 +76,20 @@ func Process(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, key st
 // returns an error matching idempotent.ErrInvalidKey without opening a
 // transaction.
 func Wrap[M any](mw *idempotent.Middleware, db *sqlx.DB, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
-	return idempotent.WrapTx(mw, Begin(db), key, h)
+	if key == nil {
+		return WrapMessage[M](mw, db, nil, h)
+	}
+	return WrapMessage(mw, db, func(msg M) (idempotent.Message, error) {
+		k, err := key(msg)
+		return idempotent.Message{Key: k}, err
+	}, h)
+}
+
+// WrapMessage is idempotent.WrapMessage for a handler on a *sqlx.Tx of db,
+// which must wrap the Middleware's *sql.DB. msg returns the message's key
+// and, when it has one, its event time. If msg fails, the returned function
+// returns an error matching idempotent.ErrInvalidKey without opening a
+// transaction.
+func WrapMessage[M any](mw *idempotent.Middleware, db *sqlx.DB, msg func(M) (idempotent.Message, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+	return idempotent.WrapMessageTx(mw, Begin(db), msg, h)
 }

@@ -232,3 +232,31 @@ func TestBeginError(t *testing.T) {
 		t.Fatalf("got %v, want the begin error", err)
 	}
 }
+
+// TestMessageEventTime checks the Message forms carry the event time: in
+// partitioned mode it chooses the claim's day, and one beyond the retention
+// window is refused before any statement.
+func TestMessageEventTime(t *testing.T) {
+	now := time.Date(2031, 3, 16, 12, 0, 0, 0, time.UTC)
+	sdb, mw, m := setup(t, idempotent.WithDailyPartitions(2), idempotent.WithClock(func() time.Time { return now }))
+	at := time.Date(2031, 3, 14, 9, 0, 0, 0, time.UTC)
+	claimAt := postgres.New().ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
+	m.ExpectBegin()
+	m.ExpectExec(claimAt).WithArgs("loyalty", "order-completed:9912", "2031-03-14").WillReturnResult(sqlmock.NewResult(0, 1))
+	expectCredit(m)
+	m.ExpectCommit()
+	handle := idemsqlx.WrapMessage(mw, sdb, func(o orderCompleted) (idempotent.Message, error) {
+		k, err := orderKey(o)
+		return idempotent.Message{Key: k, EventTime: at}, err
+	}, creditPoints)
+	if got, err := handle(context.Background(), msg); err != nil || got != idempotent.Applied {
+		t.Fatalf("WrapMessage: got (%v, %v), want applied", got, err)
+	}
+	old := idempotent.Message{Key: "order-completed:1", EventTime: now.AddDate(0, 0, -40)}
+	if got, err := idemsqlx.ProcessMessage(context.Background(), mw, sdb, old, func(context.Context, *sqlx.Tx) error {
+		t.Error("the function ran")
+		return nil
+	}); got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("ProcessMessage beyond retention: got (%v, %v)", got, err)
+	}
+}

@@ -308,7 +308,7 @@ func (c *Consumer) claim(ctx context.Context, tx *sql.Tx, key string, r *kgo.Rec
 	if c.cfg.noEventTime || r.Timestamp.IsZero() {
 		return c.mw.Claim(ctx, tx, key)
 	}
-	return c.mw.ClaimEvent(ctx, tx, key, r.Timestamp)
+	return c.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key, EventTime: r.Timestamp})
 }
 
 // tooOld reports, for batch mode, a record older than the retention window

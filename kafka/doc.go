@@ -39,7 +39,7 @@
 //  1. advances the partition's row of the offsets table
 //     (consumer, topic, partition) → next_offset from the offset it read to
 //     the record's offset + 1 — a compare-and-set, forward only;
-//  2. claims the key (idempotent's Claim, or ClaimEvent with the record's
+//  2. claims the key (idempotent's Claim, or ClaimMessage with the record's
 //     timestamp, so a record older than the retention window is poison);
 //  3. runs the handler, only if the claim was new;
 //  4. commits.

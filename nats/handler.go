@@ -42,7 +42,7 @@ type handlerConfig struct {
 	eventTime TimeFunc
 }
 
-// WithEventTime makes the handler call idempotent's Middleware.ProcessEvent
+// WithEventTime makes the handler call idempotent's Middleware.ProcessMessage
 // with the event time at returns, so that a message older than the
 // middleware's retention window is refused (ErrBeyondRetention) and
 // terminated instead of being applied again after its claim was cleaned up.
@@ -79,13 +79,16 @@ func (c handlerConfig) process(ctx context.Context, mw *idempotent.Middleware, k
 		return mw.Process(ctx, k, fn)
 	}
 	at, err := c.eventTime(msg)
+	if err == nil && at.IsZero() {
+		err = fmt.Errorf("%w: the event time function returned the zero time", idempotent.ErrInvalidEventTime)
+	}
 	if err != nil {
 		if !errors.Is(err, idempotent.ErrInvalidEventTime) && !errors.Is(err, ErrPoison) {
 			err = fmt.Errorf("%w: %w", idempotent.ErrInvalidEventTime, err)
 		}
 		return 0, fmt.Errorf("nats: message %q: event time: %w", k, err)
 	}
-	return mw.ProcessEvent(ctx, k, at, fn)
+	return mw.ProcessMessage(ctx, idempotent.Message{Key: k, EventTime: at}, fn)
 }
 
 // Process returns a Handler that applies fn's effect for each message exactly

@@ -20,8 +20,8 @@
 //
 // # Traces
 //
-// With [WithTracerProvider], each call of Process, ProcessEvent,
-// ProcessNatural or ProcessTx (and of the Wrap functions and broker adapters
+// With [WithTracerProvider], each call of Process, ProcessMessage,
+// ProcessNatural or ProcessMessageTx (and of the Wrap functions and broker adapters
 // built on them) is one span of kind consumer, named "<consumer> process",
 // following OpenTelemetry's messaging conventions where they fit:
 //

@@ -46,7 +46,7 @@
 //   - daily partitions: PARTITION BY RANGE (event_day), created ahead and
 //     detached then dropped by MaintainPartitions; a claim with no partition
 //     for its day (23514) becomes idempotent.ErrBeyondRetention;
-//   - the version-guarded upsert of idempotent.NewVersionedUpsert.
+//   - the version-guarded upsert of dialect.NewVersionedUpsert.
 //
 // # Deployment
 //

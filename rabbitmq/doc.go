@@ -36,7 +36,7 @@
 // give [Process] or [Decode] the option [WithEventTime], usually with
 // [Timestamp] (the AMQP timestamp property the producer set in
 // amqp091.Publishing.Timestamp), and deliveries go through
-// idempotent.Middleware.ProcessEvent. A delivery whose event time cannot be
+// idempotent.Middleware.ProcessMessage. A delivery whose event time cannot be
 // read ([ErrNoEventTime]) or is refused by the fence is poison; a day whose
 // partition does not exist yet is requeued. Like the key, the event time
 // must be the producer's and stable across republishes: a redelivery on a

@@ -57,7 +57,7 @@ type handlerConfig struct {
 
 // WithEventTime reads each delivery's event time with f (such as
 // [Timestamp]) and processes the delivery with
-// idempotent.Middleware.ProcessEvent instead of Process: a message older
+// idempotent.Middleware.ProcessMessage instead of Process: a message older
 // than the retention window is refused with idempotent.ErrBeyondRetention
 // and dead-lettered instead of being applied a second time after its claim
 // was cleaned up; one whose event time cannot be read, is zero or lies in
@@ -111,11 +111,11 @@ func (c *handlerConfig) eventTime(key string, d *amqp.Delivery) (time.Time, erro
 	return at, nil
 }
 
-// process runs fn for key through mw: ProcessEvent when the Handler reads
+// process runs fn for key through mw: ProcessMessage with the event time when the Handler reads
 // event times, Process otherwise.
 func (c *handlerConfig) process(ctx context.Context, mw *idempotent.Middleware, key string, at time.Time, fn idempotent.TxFunc) (idempotent.Outcome, error) {
 	if c.eventTimeFn == nil {
 		return mw.Process(ctx, key, fn)
 	}
-	return mw.ProcessEvent(ctx, key, at, fn)
+	return mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, fn)
 }

@@ -30,7 +30,7 @@ type Handler func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, er
 // idempotent.ErrInvalidKey unless it already matches it or ErrPoison).
 //
 // With [WithEventTime], each delivery's event time is read too, and the
-// delivery goes through mw.ProcessEvent: the retention fence applies, and in
+// delivery goes through mw.ProcessMessage: the retention fence applies, and in
 // partitioned mode the claim lands in the event day's partition. A
 // Middleware in partitioned mode (idempotent.WithDailyPartitions) needs
 // WithEventTime.
@@ -61,7 +61,7 @@ func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context
 // error or a decode error (wrapped with ErrUndecodable) makes the delivery
 // poison; neither opens a transaction. [JSON] is a ready-made decode
 // function. With [WithEventTime] the delivery goes through
-// mw.ProcessEvent, as with Process. Decode panics as Process does.
+// mw.ProcessMessage, as with Process. Decode panics as Process does.
 func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []byte) (M, error), h idempotent.Handler[M], opts ...HandlerOption) Handler {
 	if mw == nil || key == nil || decode == nil || h == nil {
 		panic("rabbitmq: Decode: nil middleware, key function, decode function or handler")

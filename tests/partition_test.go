@@ -316,7 +316,7 @@ func TestPartitionedModeNeedsTheEventTime(t *testing.T) {
 	l, _ := partitionedLoyalty(t, time.Now(), 1)
 	ran := 0
 	fn := func(context.Context, *sql.Tx) error { ran++; return nil }
-	if _, err := l.mw.Process(ctx, "k", fn); err == nil || !strings.Contains(err.Error(), "is partitioned by event day: use ProcessEvent, ClaimEvent or WrapEvent") {
+	if _, err := l.mw.Process(ctx, "k", fn); err == nil || !strings.Contains(err.Error(), "is partitioned by event day: give the message its event time (Message.EventTime)") {
 		t.Fatalf("Process: %v", err)
 	}
 	h := idempotent.Wrap(l.mw, func(s string) (string, error) { return s, nil }, func(context.Context, *sql.Tx, string) error { ran++; return nil })

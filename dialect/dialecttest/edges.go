@@ -322,19 +322,19 @@ func checkPartitioner(t *testing.T, e *Env) {
 	})
 	nop := func(context.Context, *sql.Tx) error { return nil }
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-		if out, err := mw.ProcessEvent(ctx, "p", now.Add(-time.Hour), nop); err != nil || out != want {
+		if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "p", EventTime: now.Add(-time.Hour)}, nop); err != nil || out != want {
 			t.Fatalf("delivery %d = %v, %v; want %v", i+1, out, err, want)
 		}
 	}
 	now = now.Add(2 * 24 * time.Hour) // no MaintainPartitions since
-	_, err := mw.ProcessEvent(ctx, "q", now.Add(-time.Hour), nop)
+	_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "q", EventTime: now.Add(-time.Hour)}, nop)
 	if !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("a day inside the window without its partition yet: %v, want ErrNoPartition and not ErrBeyondRetention", err)
 	}
 	if _, err := mw.MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := mw.ProcessEvent(ctx, "q", now.Add(-time.Hour), nop); err != nil || out != idempotent.Applied {
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "q", EventTime: now.Add(-time.Hour)}, nop); err != nil || out != idempotent.Applied {
 		t.Fatalf("once the day's partition exists = %v, %v; want applied", out, err)
 	}
 }
@@ -360,7 +360,7 @@ func checkUpserter(t *testing.T, e *Env) {
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL, status VARCHAR(20) NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	up, err := idempotent.NewVersionedUpsert(e.h.Dialect, idempotent.VersionedUpsert{Table: table, Key: []string{"id"}, Version: "version", Columns: []string{"status"}})
+	up, err := dialect.NewVersionedUpsert(e.h.Dialect, dialect.VersionedUpsert{Table: table, Key: []string{"id"}, Version: "version", Columns: []string{"status"}})
 	if err != nil {
 		t.Fatal(err)
 	}

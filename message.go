@@ -1,0 +1,213 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Message is what the middleware needs to know of a message: its identity
+// and, when the producer stamped one, its event time. Every entry point
+// takes one — ProcessMessage, ProcessMessages, ProcessMessageTx,
+// ClaimMessage and the Wrap functions — so event times, partitioned mode,
+// batches and caller-owned transactions combine freely.
+type Message struct {
+	// Key is the message's stable, producer-assigned identity — an event id
+	// or a natural key such as "order-completed:9912", never a broker's
+	// delivery tag or a message id the broker reassigns on republish. It
+	// must be non-empty valid UTF-8 without NUL bytes, at most the
+	// dialect's limit in bytes.
+	Key string
+
+	// EventTime is when the producer says the event happened, stable across
+	// redeliveries and replays (set once by the producer, never by the
+	// broker or the consumer). The zero value means unknown.
+	//
+	// When it is known, the retention fence applies: a message whose event
+	// time is older than the retention window is refused with
+	// ErrBeyondRetention, and one later than the clock plus the clock-skew
+	// margin with ErrInvalidEventTime, before any transaction. When it is
+	// unknown the fence cannot apply. In partitioned mode
+	// (WithDailyPartitions) it chooses the claim's partition and is
+	// required: a zero EventTime is refused with ErrInvalidEventTime.
+	EventTime time.Time
+}
+
+// eventRule says whether an entry point accepts a message without an event
+// time: the Message entry points do unless in partitioned mode; the
+// deprecated Event ones never did.
+type eventRule bool
+
+const (
+	eventTimeOptional eventRule = false
+	eventTimeRequired eventRule = true
+)
+
+// checkMessage decides, before any transaction, whether msg may be claimed:
+// its key is valid and its event time, if any, passes the retention fence.
+func (m *Middleware) checkMessage(msg Message, rule eventRule) error {
+	if err := validateKey(msg.Key, m.maxKey); err != nil {
+		return err
+	}
+	if msg.EventTime.IsZero() && rule == eventTimeRequired {
+		return m.zeroEventTime(msg.Key)
+	}
+	return m.checkEvent(msg.Key, msg.EventTime)
+}
+
+// zeroEventTime is the error for a message that needs an event time and
+// has none.
+func (m *Middleware) zeroEventTime(key string) error {
+	return fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
+}
+
+// ProcessMessage applies fn's effect for msg exactly once for this
+// consumer; Process is ProcessMessage with a key alone.
+//
+// It begins a transaction, inserts the claim (consumer, msg.Key), and, only
+// if the claim is new, runs fn in the same transaction and commits both
+// together: the result is Applied. If the claim exists, fn does not run and
+// the result is Duplicate. A concurrent delivery of the same key waits for
+// the first to finish; if that one rolls back, the waiting one applies.
+//
+// When msg carries its event time, the retention fence applies before any
+// transaction: an event time older than the retention window fails with an
+// error matching ErrBeyondRetention, one later than the clock plus the
+// clock-skew margin with ErrInvalidEventTime; nothing is written and fn
+// does not run. In partitioned mode the event time is required and chooses
+// the claim's partition; a day inside the window whose partition does not
+// exist yet fails with ErrNoPartition, which is transient.
+//
+// An error from fn rolls back claim and effect together and is returned
+// wrapped. Serialization failures, deadlocks and lost connections of the
+// claim's own transaction — even during COMMIT, where the outcome is
+// unknown — are retried from the start under the retry policy: if a lost
+// COMMIT did land, the retry finds the claim and returns Duplicate. An
+// error fn met elsewhere (another database, its own network call, its own
+// deadline) is returned at once, without a retry; the package
+// documentation has the table. A panic in fn rolls back and re-panics.
+//
+// fn must do all its work through tx, with ctx; see GuardConnector for how
+// a mistake is caught. fn must not begin a transaction of its own with ctx —
+// any entry point called with it fails with ErrAutocommit and the delivery
+// rolls back. Ack the message only after ProcessMessage returns without an
+// error (Applied and Duplicate alike).
+func (m *Middleware) ProcessMessage(ctx context.Context, msg Message, fn TxFunc) (Outcome, error) {
+	return m.processMessage(ctx, &m.run, msg, eventTimeOptional, fn)
+}
+
+// processMessage is the one single-message path: every entry point that
+// processes one message with a claim (Process, ProcessMessage,
+// ProcessMessageTx, the Wrap functions and the deprecated ones) ends here.
+// r is the Middleware's runner, or a copy with a caller's begin function.
+func (m *Middleware) processMessage(ctx context.Context, r *runner, msg Message, rule eventRule, fn TxFunc) (Outcome, error) {
+	if rule == eventTimeRequired && msg.EventTime.IsZero() {
+		// Refused before the delivery starts, as ProcessEvent always did.
+		err := m.zeroEventTime(msg.Key)
+		if m.observer != nil {
+			m.observer.Outcome(ctx, Event{Consumer: m.consumer, Key: msg.Key, Err: err})
+		}
+		return 0, err
+	}
+	return m.observe(ctx, msg.Key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, r, msg, fn) })
+}
+
+// process checks msg, then claims it and runs fn under r's retries.
+func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxFunc) (Outcome, int, error) {
+	if fn == nil {
+		return 0, 0, errors.New("idempotent: Process: nil function")
+	}
+	if err := m.checkMessage(msg, eventTimeOptional); err != nil {
+		return 0, 0, err
+	}
+	key := msg.Key
+	var outcome Outcome
+	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		claimed, err := m.claimKey(ctx, tx, st, key, msg.EventTime)
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			outcome = Duplicate
+			st.skipCommit = true
+			return nil
+		}
+		outcome = Applied
+		st.inHandler = true
+		return fn(ctx, tx)
+	})
+	if err != nil {
+		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
+	}
+	return outcome, attempts, nil
+}
+
+// ClaimMessage inserts the claim for msg in a transaction the caller owns,
+// and reports whether it was new. When it was, the caller applies the effect
+// in tx and commits; when not, the message is a duplicate. ClaimMessage
+// neither commits nor retries: the caller does both. The lock timeout, if
+// set, applies to tx from here on; Claim is ClaimMessage with a key alone.
+//
+// The retention fence applies as for ProcessMessage, before any statement:
+// ErrBeyondRetention for an event time older than the window,
+// ErrInvalidEventTime for one in the future or, in partitioned mode, for a
+// zero one. In partitioned mode the claim goes into the event day's
+// partition; when the day has no partition yet the statement fails inside
+// tx, which the caller must then roll back, and the error matches
+// ErrNoPartition.
+func (m *Middleware) ClaimMessage(ctx context.Context, tx *sql.Tx, msg Message) (claimed bool, err error) {
+	return m.claimMessage(ctx, tx, msg, eventTimeOptional)
+}
+
+// claimMessage is the one path of claims in a caller's transaction: Claim,
+// ClaimMessage and the deprecated ClaimEvent.
+func (m *Middleware) claimMessage(ctx context.Context, tx *sql.Tx, msg Message, rule eventRule) (bool, error) {
+	if tx == nil {
+		return false, errors.New("idempotent: Claim: nil transaction")
+	}
+	if err := m.checkMessage(msg, rule); err != nil {
+		return false, err
+	}
+	claimed, err := m.claimKey(ctx, tx, nil, msg.Key, msg.EventTime)
+	if err != nil {
+		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, msg.Key, err)
+	}
+	return claimed, nil
+}
+
+// WrapMessage turns a handler of decoded messages into a function that
+// processes each message exactly once with ProcessMessage. msg returns the
+// message's Message: its stable, producer-assigned key and, when the
+// producer stamped one, its event time (required in partitioned mode). If
+// msg fails, the returned function returns an error matching ErrInvalidKey
+// without opening a transaction.
+func WrapMessage[M any](m *Middleware, msg func(M) (Message, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
+	return wrapMessage(m, msg, eventTimeOptional, h)
+}
+
+// wrapMessage is WrapMessage with the deprecated WrapEvent's rule.
+func wrapMessage[M any](m *Middleware, msgOf func(M) (Message, error), rule eventRule, h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
+	return func(ctx context.Context, msg M) (Outcome, error) {
+		if msgOf == nil || h == nil {
+			return 0, errors.New("idempotent: Wrap: nil key function or handler")
+		}
+		mm, err := msgOf(msg)
+		if err != nil {
+			return 0, m.keyFailed(ctx, err)
+		}
+		return m.processMessage(ctx, &m.run, mm, rule, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
+	}
+}
+
+// keyOnly turns a key function into a Message function.
+func keyOnly[M any](key func(M) (string, error)) func(M) (Message, error) {
+	if key == nil {
+		return nil
+	}
+	return func(msg M) (Message, error) {
+		k, err := key(msg)
+		return Message{Key: k}, err
+	}
+}
