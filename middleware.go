@@ -57,6 +57,7 @@ type Middleware struct {
 	observer    Observer
 	run         runner
 	ret         retention
+	seen        Seen
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -100,6 +101,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		lockTimeout: cfg.lockTimeout,
 		maxKey:      d.MaxKeyBytes(),
 		observer:    cfg.observer,
+		seen:        cfg.seen,
 	}
 	if cfg.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {
@@ -234,6 +236,9 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 	if err := m.checkEvent(key, at); err != nil {
 		return 0, 0, err
 	}
+	if m.seenBefore(ctx, key) {
+		return Duplicate, 0, nil
+	}
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		claimed, err := m.claim(ctx, tx, key, at)
@@ -254,6 +259,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, key string, at time
 	if err != nil {
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
+	m.recordSeen(ctx, key)
 	return outcome, attempts, nil
 }
 
