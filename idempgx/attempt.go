@@ -59,6 +59,7 @@ type attempt struct {
 	inner     pgx.Tx // the batch's transaction; nil with a fake connection
 	violation error
 	batch     pgx.Batch
+	tx        claimTx
 }
 
 func (a *attempt) violate(err error) {
@@ -111,16 +112,21 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	}
 	defer a.l.release()
 
-	a.batch.BeginTx(m.txOpts)
-	if m.lockSQL != "" {
-		a.batch.Queue(m.lockSQL)
-	}
-	c.queue(&a.batch)
-	br := a.l.c.SendBatch(ctx, &a.batch)
-	a.inner = br.Tx()
-	claimed, err := readBegin(br, m.lockSQL != "", c)
-	if cerr := br.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("idempgx: claim: %w", cerr)
+	var claimed bool
+	if wc, ok := c.(wireClaimer); ok && a.l.raw != nil && m.prepared {
+		claimed, err = wc.wire(ctx, a.l.raw)
+	} else {
+		a.batch.BeginTx(m.txOpts)
+		if m.lockSQL != "" {
+			a.batch.Queue(m.lockSQL)
+		}
+		c.queue(&a.batch)
+		br := a.l.c.SendBatch(ctx, &a.batch)
+		a.inner = br.Tx()
+		claimed, err = readBegin(br, m.lockSQL != "", c)
+		if cerr := br.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("idempgx: claim: %w", cerr)
+		}
 	}
 	if err != nil {
 		class = m.pg.Classify(err)
@@ -136,7 +142,8 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	}
 	*outcome = idempotent.Applied
 
-	tx := &claimTx{a: a}
+	tx := &a.tx
+	tx.a = a
 	done := false
 	defer func() {
 		tx.closed = true

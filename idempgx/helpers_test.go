@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,9 +39,9 @@ func dsn(t testing.TB) string {
 }
 
 // newPool opens a pool of at most maxConns connections, closed in Cleanup.
-func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+func newPool(t testing.TB, maxConns int32, options ...string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn(t))
+	cfg, err := pgxpool.ParseConfig(withOptions(dsn(t), options...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,4 +116,19 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
 	}
+}
+
+// withOptions adds server settings given as URL parameters, such as
+// "synchronous_commit=off", to a URL DSN; pgx sends them as run-time
+// parameters of each connection.
+func withOptions(dsn string, options ...string) string {
+	o := strings.Join(options, "&")
+	if o == "" {
+		return dsn
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + o
 }

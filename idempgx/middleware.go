@@ -46,6 +46,10 @@ type Middleware struct {
 	claimSQL    string
 	batchSQL    string
 	txOpts      pgx.TxOptions
+	beginStmt   string // BEGIN with the isolation level
+	beginName   string // prepared statement names
+	lockName    string
+	claimName   string
 	lockSQL     string
 	lockTimeout time.Duration
 	table       string
@@ -55,6 +59,7 @@ type Middleware struct {
 	retention   time.Duration
 	clock       func() time.Time
 	partitioned bool
+	prepared    bool // the pool's connections prepare statements
 	leadDays    int
 	pg          *postgres.Dialect
 	// status reads the claim connection's transaction status and whether it
@@ -79,6 +84,7 @@ func New(pool *pgxpool.Pool, consumer string, opts ...Option) (*Middleware, erro
 		return nil, err
 	}
 	m.pool = pool
+	m.prepared = usesPrepared(pool.Config().ConnConfig.DefaultQueryExecMode)
 	m.acquire = func(ctx context.Context) (lease, error) {
 		pc, err := pool.Acquire(ctx)
 		if err != nil {
@@ -138,6 +144,13 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		m.partitioned = true
 		m.claimSQL = pg.ClaimAtSQL(table)
 	}
+	m.beginStmt = "begin"
+	if cfg.iso != "" {
+		m.beginStmt = "begin isolation level " + string(cfg.iso)
+	}
+	m.beginName = statementName("begin", m.beginStmt)
+	m.lockName = statementName("lock", m.lockSQL)
+	m.claimName = statementName("claim", m.claimSQL)
 	return m, nil
 }
 
@@ -244,16 +257,11 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 		return idempotent.Duplicate, 0, nil
 	}
 	var outcome idempotent.Outcome
-	c := claimOne{m: m}
-	c.args[0] = m.consumer
-	c.args[1] = key
-	nargs := 2
+	c := &claimOne{m: m, at: at, key: key}
 	if m.partitioned {
-		c.args[2] = at.UTC().Format(time.DateOnly)
-		nargs = 3
+		c.day = at.UTC().Format(time.DateOnly)
 	}
-	c.argv = c.args[:nargs]
-	attempts, err := m.run(ctx, key, &c, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx) }, &outcome)
+	attempts, err := m.run(ctx, key, c, fn, &outcome)
 	if err != nil {
 		return 0, attempts, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, err)
 	}
@@ -338,30 +346,29 @@ func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(
 
 // claimOne is the single-message claim step.
 type claimOne struct {
-	m    *Middleware
-	args [3]any
-	argv []any
+	m   *Middleware
+	at  time.Time
+	key string
+	day string // the event day in partitioned mode
+	w   wireMessages
 }
 
 // queue adds the claim to the pipelined batch.
-func (c *claimOne) queue(b *pgx.Batch) { b.Queue(c.m.claimSQL, c.argv...) }
+func (c *claimOne) queue(b *pgx.Batch) {
+	if c.day != "" {
+		b.Queue(c.m.claimSQL, c.m.consumer, c.key, c.day)
+		return
+	}
+	b.Queue(c.m.claimSQL, c.m.consumer, c.key)
+}
 
 // read reads the claim's result: whether it inserted.
 func (c *claimOne) read(br pgx.BatchResults) (bool, error) {
 	tag, err := br.Exec()
 	if err != nil {
-		at, _ := time.Parse(time.DateOnly, dayArg(c.argv))
-		return false, c.m.claimError(err, at)
+		return false, c.m.claimError(err, c.at)
 	}
 	return tag.RowsAffected() == 1, nil
-}
-
-func dayArg(argv []any) string {
-	if len(argv) < 3 {
-		return ""
-	}
-	s, _ := argv[2].(string)
-	return s
 }
 
 // connStatus reads a pgx connection's transaction status.

@@ -170,17 +170,28 @@ func TestSerializableStorm(t *testing.T) {
 	var applied atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
+	// The first handler of each worker waits, after its read, until every
+	// worker has read: all but one of them must then fail to serialize.
+	var read sync.WaitGroup
+	read.Add(workers)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
+			first := true
 			for r := 0; r < rounds; r++ {
-				for k := 0; k < keys; k++ {
+				for i := 0; i < keys; i++ {
+					k := (i + w*keys/workers) % keys
 					o, err := m.Process(context.Background(), fmt.Sprintf("s%d", k), func(ctx context.Context, tx pgx.Tx) error {
 						var n int
 						if err := tx.QueryRow(ctx, "SELECT n FROM "+s+".effects WHERE id = 'total'").Scan(&n); err != nil {
 							return err
+						}
+						if first {
+							first = false
+							read.Done()
+							read.Wait()
 						}
 						_, err := tx.Exec(ctx, "UPDATE "+s+".effects SET n = $1 WHERE id = 'total'", n+1)
 						return err
@@ -204,8 +215,11 @@ func TestSerializableStorm(t *testing.T) {
 	if n := count(t, p, "SELECT n FROM "+s+".effects WHERE id = 'total'"); n != keys {
 		t.Fatalf("counter %d, want %d", n, keys)
 	}
-	if retries.Retries() == 0 {
-		t.Log("no serialization failure happened in this run")
+	if retries.Retries() < workers-1 {
+		t.Fatalf("%d retries, want at least %d", retries.Retries(), workers-1)
+	}
+	if retries.Failed() != 0 {
+		t.Fatalf("%d failed deliveries", retries.Failed())
 	}
 }
 
@@ -257,5 +271,5 @@ func TestBackendKilledMidHandler(t *testing.T) {
 
 type observerFunc func(idempotent.RetryEvent)
 
-func (observerFunc) Outcome(context.Context, idempotent.Event)    {}
+func (observerFunc) Outcome(context.Context, idempotent.Event)          {}
 func (f observerFunc) Retry(_ context.Context, e idempotent.RetryEvent) { f(e) }
