@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -273,3 +274,101 @@ type observerFunc func(idempotent.RetryEvent)
 
 func (observerFunc) Outcome(context.Context, idempotent.Event)          {}
 func (f observerFunc) Retry(_ context.Context, e idempotent.RetryEvent) { f(e) }
+
+func TestProcessBatch(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	ctx := context.Background()
+	if _, err := m.Process(ctx, "b", insertEffect(s, "b")); err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	outcomes, err := m.ProcessBatch(ctx, []string{"c", "b", "a", "c"}, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+		got = append([]int(nil), fresh...)
+		for _, i := range fresh {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ($1)", []string{"c", "b", "a", "c"}[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Applied, idempotent.Duplicate}
+	if fmt.Sprint(outcomes) != fmt.Sprint(want) || fmt.Sprint(got) != "[0 2]" {
+		t.Fatalf("outcomes %v fresh %v; want %v [0 2]", outcomes, got, want)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	// All duplicates: the function does not run.
+	outcomes, err = m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return errors.New("ran") })
+	if err != nil || fmt.Sprint(outcomes) != "[duplicate duplicate]" {
+		t.Fatalf("%v, %v", outcomes, err)
+	}
+}
+
+func TestLockTimeoutClaimBusy(t *testing.T) {
+	t.Parallel()
+	_, s, m := setup(t, 4, idempgx.WithLockTimeout(50*time.Millisecond))
+	holding, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Process(context.Background(), "busy", func(ctx context.Context, tx pgx.Tx) error {
+			close(holding)
+			<-release
+			return nil
+		})
+		done <- err
+	}()
+	<-holding
+	_, err := m.Process(context.Background(), "busy", insertEffect(s, "second"))
+	close(release)
+	if !errors.Is(err, idempotent.ErrClaimBusy) {
+		t.Fatalf("err = %v, want ErrClaimBusy", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPartitionedEvent(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	p, s, m := setup(t, 4, idempgx.WithDailyPartitions(2), idempgx.WithRetention(7*24*time.Hour), idempgx.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
+		o, err := m.ProcessEvent(ctx, "e1", now.Add(-time.Hour), insertEffect(s, "e1"))
+		if err != nil || o != want {
+			t.Fatalf("delivery %d: %v, %v", i, o, err)
+		}
+	}
+	if _, err := m.Process(ctx, "e2", insertEffect(s, "e2")); err == nil {
+		t.Fatal("Process without event time succeeded in partitioned mode")
+	}
+	// Inside the window but beyond the partitions created ahead.
+	if _, err := m.ProcessEvent(ctx, "e3", now.Add(10*24*time.Hour), insertEffect(s, "e3")); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("future day: %v, want ErrBeyondRetention", err)
+	}
+	if _, err := m.ProcessEvent(ctx, "e4", now.Add(-8*24*time.Hour), insertEffect(s, "e4")); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("old event: %v, want ErrBeyondRetention", err)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestErrorsMatchAcrossPaths: a claim taken through the database/sql
+// Middleware is a duplicate here, and the other way round.
+func TestErrorsMatchAcrossPaths(t *testing.T) {
+	t.Parallel()
+	_, s, m := setup(t, 4)
+	ctx := context.Background()
+	if o, err := m.Core().Process(ctx, "shared", func(context.Context, *sql.Tx) error { return nil }); err != nil || o != idempotent.Applied {
+		t.Fatalf("core: %v, %v", o, err)
+	}
+	if o, err := m.Process(ctx, "shared", insertEffect(s, "x")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("pgx: %v, %v", o, err)
+	}
+}
