@@ -372,3 +372,37 @@ func TestErrorsMatchAcrossPaths(t *testing.T) {
 		t.Fatalf("pgx: %v, %v", o, err)
 	}
 }
+
+// TestSeenPreCheck: with an in-process pre-check, a failed delivery is not
+// recorded (its redelivery applies), a committed one is, and its
+// redelivery is answered without the database.
+func TestSeenPreCheck(t *testing.T) {
+	t.Parallel()
+	lru, err := idempotent.NewSeenLRU(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, s, m := setup(t, 4, idempgx.WithSeen(lru))
+	ctx := context.Background()
+	boom := errors.New("boom")
+	if _, err := m.Process(ctx, "k", func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if lru.Seen(ctx, "orders", "k") {
+		t.Fatal("a rolled-back delivery was recorded")
+	}
+	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Applied {
+		t.Fatalf("%v, %v; want applied", o, err)
+	}
+	if !lru.Seen(ctx, "orders", "k") {
+		t.Fatal("a committed delivery was not recorded")
+	}
+	// Drop the claim table: an answer now can only come from the pre-check.
+	exec(t, p, "DROP TABLE "+s+".claims")
+	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("%v, %v; want duplicate from the pre-check", o, err)
+	}
+	if _, err := m.Process(ctx, "new", insertEffect(s, "new")); !errors.Is(err, idempotent.ErrNoClaimTable) {
+		t.Fatalf("a new key: %v, want it sent to the (missing) claim table", err)
+	}
+}
