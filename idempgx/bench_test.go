@@ -133,6 +133,8 @@ func BenchmarkHeadToHead(b *testing.B) {
 			}
 		}
 	}
+	b.Run("Throughput/process", func(b *testing.B) { throughput(b, process) })
+	b.Run("Throughput/handwritten", func(b *testing.B) { throughput(b, handWritten) })
 	b.Run("ProcessVsHandWritten", func(b *testing.B) { headToHead(b, process, handWritten, "process", "handwritten") })
 	b.Run("DuplicateVsSQL", func(b *testing.B) { headToHead(b, dupPgx, dupSQL, "pgx_dup", "sql_dup") })
 	b.Run("SeenVsDuplicate", func(b *testing.B) { headToHead(b, dupSeen, dupPgx, "seen_dup", "pgx_dup") })
@@ -200,4 +202,21 @@ func mustTable(b testing.TB, name string) dialect.Table {
 		b.Fatal(err)
 	}
 	return t
+}
+
+// throughput runs f on 8 workers alone and reports messages per second,
+// the figure to hold against pgbench's (sql-limit.sh).
+func throughput(b *testing.B, f func() error) {
+	b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
+	start := time.Now()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := f(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msg/s")
 }
