@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txclaim/idempotent"
@@ -193,8 +192,6 @@ func serial(b *testing.B, f func() error) {
 		}
 	}
 }
-
-var _ *pgxpool.Pool
 
 func mustTable(b testing.TB, name string) dialect.Table {
 	t, err := dialect.ParseTable(name)

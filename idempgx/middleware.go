@@ -39,7 +39,6 @@ var ErrNested = fmt.Errorf("%w: Process called from inside a handler", idempoten
 // pgxpool.Pool. It is safe for concurrent use; create one per consumer and
 // share it.
 type Middleware struct {
-	pool        *pgxpool.Pool
 	acquire     func(ctx context.Context) (lease, error)
 	core        *idempotent.Middleware
 	consumer    string
@@ -83,7 +82,6 @@ func New(pool *pgxpool.Pool, consumer string, opts ...Option) (*Middleware, erro
 	if err != nil {
 		return nil, err
 	}
-	m.pool = pool
 	m.prepared = usesPrepared(pool.Config().ConnConfig.DefaultQueryExecMode)
 	m.acquire = func(ctx context.Context) (lease, error) {
 		pc, err := pool.Acquire(ctx)

@@ -110,6 +110,12 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 		case *pgproto3.ErrorResponse:
 			if failed == nil {
 				failed = pgconn.ErrorResponseToPgError(msg)
+				if msg.Code == "26000" {
+					// Our prepared statements are gone from the session
+					// (DEALLOCATE ALL or DISCARD ALL behind pgx's back):
+					// retire the connection so that the pool replaces it.
+					defer closeBroken(raw)
+				}
 			}
 		case *pgproto3.ReadyForQuery:
 			if failed != nil {
