@@ -323,7 +323,11 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 		done <- err
 	}()
 	<-holding
-	_, err := m.Process(context.Background(), "busy", insertEffect(s, "second"))
+	// Bounded, so that a claim that waits for ever fails the test instead
+	// of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := m.Process(ctx, "busy", insertEffect(s, "second"))
 	close(release)
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("err = %v, want ErrClaimBusy", err)
