@@ -322,7 +322,11 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 		})
 		done <- err
 	}()
-	<-holding
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the first delivery ended before its handler ran: %v", err)
+	}
 	// Bounded, so that a claim that waits for ever fails the test instead
 	// of hanging it.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
