@@ -123,6 +123,9 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 		return 0, 0, err
 	}
 	key := msg.Key
+	if m.seenBefore(ctx, key) {
+		return Duplicate, 0, nil
+	}
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		claimed, err := m.claimKey(ctx, tx, st, key, msg.EventTime)
@@ -141,6 +144,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 	if err != nil {
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
+	m.recordSeen(ctx, key)
 	return outcome, attempts, nil
 }
 

@@ -57,6 +57,7 @@ type Middleware struct {
 	observer    Observer
 	run         runner
 	ret         retention
+	seen        Seen
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -100,6 +101,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		lockTimeout: cfg.lockTimeout,
 		maxKey:      d.MaxKeyBytes(),
 		observer:    cfg.observer,
+		seen:        cfg.seen,
 	}
 	if cfg.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {

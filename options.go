@@ -31,6 +31,7 @@ type config struct {
 	observer    Observer
 	strictGuard bool
 	retention   retentionConfig
+	seen        Seen
 }
 
 func defaultConfig() config {

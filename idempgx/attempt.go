@@ -1,0 +1,260 @@
+package idempgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// conn is what an attempt needs of its connection: a *pgx.Conn, or a
+// pgxmock connection in unit tests.
+type conn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error)
+	Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
+}
+
+// lease is one attempt's connection.
+type lease struct {
+	c   conn
+	raw *pgx.Conn     // nil in unit tests
+	pc  *pgxpool.Conn // nil in unit tests
+}
+
+func (l *lease) release() {
+	if l.pc != nil {
+		// The pool closes a connection that is not idle (a rollback that
+		// could not be sent) instead of reusing it.
+		l.pc.Release()
+	}
+}
+
+// claimer is the claim step of an attempt: it queues its statement after
+// BEGIN and reads its result.
+type claimer interface {
+	queue(b *pgx.Batch)
+	// read returns whether anything was claimed, so that the handler runs.
+	read(br pgx.BatchResults) (bool, error)
+}
+
+// claimKey is the context key of the context handed to a handler.
+type claimKey struct{}
+
+// attempt is one transaction's state.
+type attempt struct {
+	m         *Middleware
+	l         lease
+	inner     pgx.Tx // the batch's transaction; nil with a fake connection
+	violation error
+	batch     pgx.Batch
+	tx        claimTx
+}
+
+func (a *attempt) violate(err error) {
+	if a.violation == nil {
+		a.violation = err
+	}
+}
+
+// run runs attempts until one ends, as the core's retry loop does. outcome
+// is set to Applied or Duplicate.
+func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, outcome *idempotent.Outcome) (int, error) {
+	for n := 1; ; n++ {
+		class, err := m.once(ctx, c, body, outcome)
+		if err == nil {
+			return n, nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			if errors.Is(err, ctxErr) {
+				return n, err
+			}
+			return n, errors.Join(ctxErr, err)
+		}
+		if !class.Retryable() || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return n, err
+		}
+		if n >= m.policy.MaxAttempts {
+			return n, &idempotent.RetriesExhaustedError{Attempts: n, Err: err}
+		}
+		wait := backoff(m.policy, n)
+		if m.observer != nil {
+			m.observer.Retry(ctx, idempotent.RetryEvent{
+				Consumer: m.consumer, Key: key, Attempt: n, Reason: class.Kind.String(),
+				Code: class.Code, Err: err, Backoff: wait,
+			})
+		}
+		if serr := sleep(ctx, wait); serr != nil {
+			return n, errors.Join(serr, err)
+		}
+	}
+}
+
+// once runs one attempt: BEGIN and the claim in one round trip, then the
+// handler and COMMIT, or ROLLBACK. The classification returned is of the
+// failure that decided the attempt.
+func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *idempotent.Outcome) (class dialect.Class, err error) {
+	a := &attempt{m: m}
+	a.l, err = m.acquire(ctx)
+	if err != nil {
+		return m.pg.Classify(err), fmt.Errorf("idempgx: acquire: %w", err)
+	}
+	defer a.l.release()
+
+	var claimed bool
+	if wc, ok := c.(wireClaimer); ok && a.l.raw != nil && m.prepared {
+		claimed, err = wc.wire(ctx, a.l.raw)
+	} else {
+		a.batch.BeginTx(m.txOpts)
+		if m.lockSQL != "" {
+			a.batch.Queue(m.lockSQL)
+		}
+		c.queue(&a.batch)
+		br := a.l.c.SendBatch(ctx, &a.batch)
+		a.inner = br.Tx()
+		claimed, err = readBegin(br, m.lockSQL != "", c)
+		if cerr := br.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("idempgx: claim: %w", cerr)
+		}
+	}
+	if err != nil {
+		class = m.pg.Classify(err)
+		a.rollback(ctx)
+		return class, err
+	}
+	if !claimed {
+		*outcome = idempotent.Duplicate
+		if _, err := a.l.c.Exec(ctx, "rollback"); err != nil {
+			return m.pg.Classify(err), fmt.Errorf("idempgx: rollback: %w", err)
+		}
+		return dialect.Class{}, nil
+	}
+	*outcome = idempotent.Applied
+
+	tx := &a.tx
+	tx.a = a
+	done := false
+	defer func() {
+		tx.closed = true
+		if !done {
+			// body panicked: roll back so that the connection goes back to
+			// the pool clean, then let the panic go on.
+			a.rollback(ctx)
+		}
+	}()
+	err = body(context.WithValue(ctx, claimKey{}, a), tx)
+	done = true
+	tx.closed = true
+	if err == nil {
+		err = a.violation
+	}
+	if err == nil {
+		if st, closed := m.status(&a.l); !closed && st == 'I' {
+			err = fmt.Errorf("%w: the handler ended the claim's transaction (a COMMIT or ROLLBACK statement)", idempotent.ErrAutocommit)
+		}
+	}
+	if err != nil {
+		class = m.handlerClass(&a.l, err)
+		if a.violation != nil && !errors.Is(err, a.violation) {
+			// The handler swallowed the refusal and failed otherwise.
+			err = errors.Join(err, a.violation)
+			class = dialect.Class{}
+		}
+		a.rollback(ctx)
+		return class, err
+	}
+	tag, err := a.l.c.Exec(ctx, "commit")
+	if err != nil {
+		return m.pg.Classify(err), fmt.Errorf("idempgx: commit: %w", err)
+	}
+	if tag.String() == "ROLLBACK" {
+		// The transaction had failed: the handler swallowed an error of one
+		// of its statements and returned nil.
+		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back (the handler returned nil after a failed statement): %w", pgx.ErrTxCommitRollback)
+	}
+	return dialect.Class{}, nil
+}
+
+// readBegin reads BEGIN's, the lock timeout's and the claim's results.
+func readBegin(br pgx.BatchResults, lock bool, c claimer) (bool, error) {
+	if _, err := br.Exec(); err != nil {
+		return false, fmt.Errorf("idempgx: begin: %w", err)
+	}
+	if lock {
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("idempgx: set lock timeout: %w", err)
+		}
+	}
+	return c.read(br)
+}
+
+// handlerClass classifies a handler's error: retryable only when it is a
+// serialization failure or deadlock that failed the claim's own transaction,
+// or the loss of the claim's own connection.
+func (m *Middleware) handlerClass(l *lease, err error) dialect.Class {
+	class := m.pg.Classify(err)
+	st, closed := m.status(l)
+	switch {
+	case class.Kind == dialect.KindSerialization && !closed && st == 'E':
+		return class
+	case class.Kind == dialect.KindConnection && closed:
+		return class
+	}
+	return dialect.Class{Kind: dialect.KindOther, Code: class.Code}
+}
+
+// rollback ends the attempt's transaction, if the connection still has one.
+// Even when ctx has ended: the connection goes back to the pool.
+func (a *attempt) rollback(ctx context.Context) {
+	if st, closed := a.m.status(&a.l); closed || st == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = a.l.c.Exec(rctx, "rollback")
+}
+
+// backoff returns the sleep after the given failed attempt (1-based), as the
+// core's RetryPolicy does: doubling from InitialBackoff up to MaxBackoff,
+// drawn from the upper half.
+func backoff(p idempotent.RetryPolicy, attempt int) time.Duration {
+	d := p.InitialBackoff
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		if d > p.MaxBackoff/2 {
+			d = p.MaxBackoff
+			break
+		}
+		d *= 2
+	}
+	d = min(d, p.MaxBackoff)
+	if d <= 1 {
+		return d
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,53 @@
+// Package idempgx is the idempotent middleware for applications built on
+// pgx: handlers take a pgx.Tx (and so sqlc's pgx code, through
+// Queries.WithTx), and claims are taken on a *pgxpool.Pool.
+//
+//	m, err := idempgx.New(pool, "loyalty")
+//	outcome, err := m.Process(ctx, "order-completed:9912", func(ctx context.Context, tx pgx.Tx) error {
+//		return queries.WithTx(tx).AddPoints(ctx, arg)
+//	})
+//
+// The semantics are those of the core package's Middleware (see
+// github.com/txclaim/idempotent): one transaction, a claim row inserted with
+// INSERT … ON CONFLICT DO NOTHING, the handler only if the claim is new, claim
+// and effect committed together; retries of serialization failures,
+// deadlocks and lost connections under an idempotent.RetryPolicy; a lock
+// timeout (idempotent.ErrClaimBusy); batches (ProcessBatch, with the keys as
+// a native []string); event times, the retention fence and daily partitions
+// (ProcessEvent); an idempotent.Observer; and the duplicate pre-check
+// (WithSeen, an idempotent.Seen). Errors are the core's values, so
+// errors.Is(err, idempotent.ErrInvalidKey) and the rest work the same on
+// both paths, and both paths share the claim table.
+//
+// What pgx makes possible:
+//
+//   - BEGIN (with the isolation level, and SET LOCAL lock_timeout when set)
+//     and the claim travel in one round trip: prepared once per connection,
+//     then written as one Bind/Execute/Sync sequence. A new message costs
+//     that round trip, the handler's statements and COMMIT; a duplicate
+//     costs that round trip and ROLLBACK. BEGIN comes first in the same
+//     round trip, so a new message's claim never commits without its effect.
+//     Connections configured not to prepare statements (the simple protocol,
+//     or pgx.QueryExecModeExec behind a transaction-mode pooler) send the
+//     same statements as one pgx.Batch, also one round trip.
+//   - Retries are decided by the claim's own connection: a handler's 40001
+//     or 40P01 is retried only if it failed the claim's own transaction (the
+//     connection reports the transaction failed), and a lost connection only
+//     if it is the claim's own. Any other error of the handler, a 40001 it
+//     got from a statement run elsewhere included, is returned at once, as
+//     are context.Canceled and context.DeadlineExceeded.
+//   - The handler's pgx.Tx refuses Commit and Rollback, and a COMMIT or
+//     ROLLBACK statement run through it is found from the connection's
+//     transaction status before commit; both fail the delivery with an error
+//     matching idempotent.ErrAutocommit. Its Begin opens a savepoint.
+//   - Nested work: Process, ProcessEvent or ProcessBatch called with the
+//     context a handler was given fails with ErrNested (which matches
+//     idempotent.ErrAutocommit) before taking a connection: the inner call
+//     would commit on another connection, outside the outer claim.
+//
+// Schema upkeep is the core's: EnsureSchema delegates to it, and Core
+// returns the database/sql Middleware for the same table on the same pool
+// (through pgx's stdlib adapter) for Cleanup and MaintainPartitions.
+//
+// See docs/pgx.md for the measurements.
+package idempgx

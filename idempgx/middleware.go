@@ -1,0 +1,379 @@
+package idempgx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// Func is a message's effect, run inside the claim's transaction. It must do
+// all its database work through tx (or code built on it, such as sqlc's
+// Queries.WithTx(tx)), with ctx, and must not commit or roll back tx.
+type Func func(ctx context.Context, tx pgx.Tx) error
+
+// Handler applies one decoded message's effect inside the claim's
+// transaction.
+type Handler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
+
+// ErrNested reports Process (or ProcessEvent, ProcessBatch) called with a
+// context that a Middleware of this package handed to a handler: the inner
+// call would take another connection from the pool and commit its claim and
+// effect on its own, outside the outer claim's transaction, which is the
+// mistake the core calls ErrAutocommit. errors.Is(err,
+// idempotent.ErrAutocommit) holds for it. Nothing was sent to the database.
+// To apply several effects exactly once together, do them in one handler.
+var ErrNested = fmt.Errorf("%w: Process called from inside a handler", idempotent.ErrAutocommit)
+
+// Middleware applies message effects exactly once for one consumer, on a
+// pgxpool.Pool. It is safe for concurrent use; create one per consumer and
+// share it.
+type Middleware struct {
+	acquire     func(ctx context.Context) (lease, error)
+	core        *idempotent.Middleware
+	consumer    string
+	claimSQL    string
+	batchSQL    string
+	txOpts      pgx.TxOptions
+	beginStmt   string // BEGIN with the isolation level
+	beginName   string // prepared statement names
+	lockName    string
+	claimName   string
+	lockSQL     string
+	lockTimeout time.Duration
+	table       string
+	policy      idempotent.RetryPolicy
+	observer    idempotent.Observer
+	seen        idempotent.Seen
+	retention   time.Duration
+	clock       func() time.Time
+	partitioned bool
+	prepared    bool // the pool's connections prepare statements
+	leadDays    int
+	pg          *postgres.Dialect
+	// status reads the claim connection's transaction status and whether it
+	// is closed; unit tests replace it.
+	status func(l *lease) (txStatus byte, closed bool)
+}
+
+// New returns a Middleware that records claims for consumer in the claim
+// table, on pool. consumer follows the rules of idempotent.New (1 to 128
+// bytes of ASCII letters, digits and . _ - : /, starting with a letter or
+// digit); bad options and names are errors matching the core's
+// (idempotent.ErrInvalidConsumer, for one).
+//
+// New sends nothing to the database; call EnsureSchema (or run the
+// migration) before the first message.
+func New(pool *pgxpool.Pool, consumer string, opts ...Option) (*Middleware, error) {
+	if pool == nil {
+		return nil, errors.New("idempgx: New: nil *pgxpool.Pool")
+	}
+	m, err := newMiddleware(stdlib.OpenDBFromPool(pool), consumer, opts)
+	if err != nil {
+		return nil, err
+	}
+	m.prepared = usesPrepared(pool.Config().ConnConfig.DefaultQueryExecMode)
+	m.acquire = func(ctx context.Context) (lease, error) {
+		pc, err := pool.Acquire(ctx)
+		if err != nil {
+			return lease{}, err
+		}
+		c := pc.Conn()
+		return lease{c: c, raw: c, pc: pc}, nil
+	}
+	return m, nil
+}
+
+func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("idempgx: New: nil option")
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	pg := postgres.New()
+	// The database/sql Middleware on the same pool validates the consumer,
+	// the table and the retention settings exactly as the core does, and
+	// runs the schema, cleanup and partition upkeep.
+	core, err := idempotent.New(db, pg, consumer, cfg.core()...)
+	if err != nil {
+		return nil, err
+	}
+	table, err := dialect.ParseTable(cfg.table)
+	if err != nil {
+		return nil, fmt.Errorf("idempgx: %w", err)
+	}
+	m := &Middleware{
+		core:        core,
+		consumer:    consumer,
+		claimSQL:    pg.ClaimSQL(table),
+		batchSQL:    pg.BatchClaimSQL(table),
+		lockTimeout: cfg.lockTimeout,
+		table:       core.Table(),
+		policy:      cfg.retry,
+		observer:    cfg.observer,
+		seen:        cfg.seen,
+		retention:   cfg.retention,
+		clock:       cfg.clock,
+		leadDays:    cfg.leadDays,
+		pg:          pg,
+		status:      connStatus,
+	}
+	if cfg.iso != "" {
+		m.txOpts.IsoLevel = cfg.iso
+	}
+	if cfg.lockTimeout > 0 {
+		m.lockSQL = pg.LockTimeoutSQL(cfg.lockTimeout)
+	}
+	if cfg.leadDays > 0 {
+		m.partitioned = true
+		m.claimSQL = pg.ClaimAtSQL(table)
+	}
+	m.beginStmt = "begin"
+	if cfg.iso != "" {
+		m.beginStmt = "begin isolation level " + string(cfg.iso)
+	}
+	m.beginName = statementName("begin", m.beginStmt)
+	m.lockName = statementName("lock", m.lockSQL)
+	m.claimName = statementName("claim", m.claimSQL)
+	return m, nil
+}
+
+// Consumer returns the consumer name given to New.
+func (m *Middleware) Consumer() string { return m.consumer }
+
+// Table returns the claim table's name as configured, unquoted.
+func (m *Middleware) Table() string { return m.table }
+
+// Core returns the database/sql Middleware for the same consumer, claim
+// table and retention settings, running on the same pool through pgx's
+// stdlib adapter. Use it for the upkeep this package does not repeat:
+// Cleanup, MaintainPartitions, Partitions. Its claims and this Middleware's
+// are the same rows, so the two can serve one consumer side by side.
+func (m *Middleware) Core() *idempotent.Middleware { return m.core }
+
+// EnsureSchema creates the claim table and its index if they do not exist,
+// as idempotent.Middleware.EnsureSchema does (in partitioned mode, with its
+// partitions).
+func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.EnsureSchema(ctx) }
+
+// Process applies fn's effect for the message with the given key exactly
+// once for this consumer, with the semantics of idempotent.Middleware.Process.
+//
+// It takes a connection from the pool and sends BEGIN (with the isolation
+// level and lock timeout, if set) and the claim's INSERT … ON CONFLICT DO
+// NOTHING in one round trip. Only if the claim inserted does fn run, in the
+// same transaction, which is then committed: the result is
+// idempotent.Applied. If the claim existed, the transaction is rolled back
+// and the result is idempotent.Duplicate: a duplicate costs two round trips
+// (the pipelined BEGIN and claim, then ROLLBACK). A new message's claim is
+// never committed without its effect: BEGIN travels first in the pipeline.
+//
+// An error from fn rolls back claim and effect together and is returned
+// wrapped, at once, unless it is a serialization failure (40001) or a
+// deadlock (40P01) that failed the claim's own transaction, or the loss of
+// the claim's own connection: those, and the same failures of BEGIN, the
+// claim or COMMIT, are retried from the start under the retry policy, on a
+// fresh connection. A 40001 from a statement the handler ran elsewhere (on
+// the pool) is the handler's own error and is not retried, and neither is
+// context.Canceled or context.DeadlineExceeded. A panic in fn rolls back and
+// re-panics.
+//
+// tx is only valid until fn returns. Its Commit and Rollback refuse (the
+// middleware commits), recording an error matching idempotent.ErrAutocommit
+// that fails the delivery; a COMMIT or ROLLBACK statement run through it is
+// caught the same way, as the connection is then no longer in a transaction.
+// Its Begin opens a savepoint. Process called with fn's ctx fails with
+// ErrNested.
+func (m *Middleware) Process(ctx context.Context, key string, fn Func) (idempotent.Outcome, error) {
+	return m.processAt(ctx, key, time.Time{}, fn)
+}
+
+// ProcessEvent is Process for a message that carries its producer-assigned
+// event time, as idempotent.Middleware.ProcessEvent: a message older than the
+// retention window is refused with an error matching
+// idempotent.ErrBeyondRetention before anything is sent, and in partitioned
+// mode the event time chooses the claim's partition. A zero eventTime is an
+// error matching idempotent.ErrInvalidEventTime.
+func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn Func) (idempotent.Outcome, error) {
+	if eventTime.IsZero() {
+		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", idempotent.ErrInvalidEventTime, m.consumer, key)
+		m.observe(ctx, key, 0, 0, time.Time{}, err)
+		return 0, err
+	}
+	return m.processAt(ctx, key, eventTime, fn)
+}
+
+func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, error) {
+	var start time.Time
+	if m.observer != nil {
+		start = time.Now()
+	}
+	outcome, attempts, err := m.process(ctx, key, at, fn)
+	m.observe(ctx, key, outcome, attempts, start, err)
+	return outcome, err
+}
+
+func (m *Middleware) observe(ctx context.Context, key string, o idempotent.Outcome, attempts int, start time.Time, err error) {
+	if m.observer == nil {
+		return
+	}
+	e := idempotent.Event{Consumer: m.consumer, Key: key, Outcome: o, Attempts: attempts, Err: err}
+	if !start.IsZero() {
+		e.Duration = time.Since(start)
+	}
+	m.observer.Outcome(ctx, e)
+}
+
+func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
+	if fn == nil {
+		return 0, 0, errors.New("idempgx: Process: nil function")
+	}
+	if ctx.Value(claimKey{}) != nil {
+		return 0, 0, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, ErrNested)
+	}
+	if err := validateKey(key); err != nil {
+		return 0, 0, err
+	}
+	if err := m.checkEvent(key, at); err != nil {
+		return 0, 0, err
+	}
+	if m.seen != nil && m.seen.Seen(ctx, m.consumer, key) {
+		return idempotent.Duplicate, 0, nil
+	}
+	var outcome idempotent.Outcome
+	c := &claimOne{m: m, at: at, key: key}
+	if m.partitioned {
+		c.day = at.UTC().Format(time.DateOnly)
+	}
+	attempts, err := m.run(ctx, key, c, fn, &outcome)
+	if err != nil {
+		return 0, attempts, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, err)
+	}
+	if m.seen != nil {
+		m.seen.Record(ctx, m.consumer, key, m.retention)
+	}
+	return outcome, attempts, nil
+}
+
+// checkEvent is the retention fence, as the core's.
+func (m *Middleware) checkEvent(key string, at time.Time) error {
+	if at.IsZero() {
+		if m.partitioned {
+			return fmt.Errorf("idempgx: consumer %q, key %q: the claim table %s is partitioned by event day: use ProcessEvent with the message's event time",
+				m.consumer, key, m.table)
+		}
+		return nil
+	}
+	now := m.clock()
+	if cutoff := now.Add(-m.retention); at.Before(cutoff) {
+		return fmt.Errorf("%w: consumer %q, key %q: event time %s is %v old, older than the retention window of %v, so its claim may be gone",
+			idempotent.ErrBeyondRetention, m.consumer, key, at.UTC().Format(time.RFC3339), now.Sub(at).Round(time.Second), m.retention)
+	}
+	return nil
+}
+
+// validateKey applies the core's key rules for Postgres.
+func validateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", idempotent.ErrInvalidKey)
+	case len(key) > postgres.MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", idempotent.ErrInvalidKey, len(key), postgres.MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: %q is not valid UTF-8", idempotent.ErrInvalidKey, key)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: %q has a NUL byte at %d", idempotent.ErrInvalidKey, key, i)
+		}
+	}
+	return nil
+}
+
+// claimError translates a failed claim statement's error into the core's
+// error values.
+func (m *Middleware) claimError(err error, at time.Time) error {
+	if m.partitioned && m.pg.IsNoPartition(err) {
+		return fmt.Errorf("%w: %s has no partition for event day %s (partitions cover the retention window and %d days ahead; run MaintainPartitions): %w",
+			idempotent.ErrBeyondRetention, m.table, at.UTC().Format(time.DateOnly), m.leadDays, err)
+	}
+	switch m.pg.Classify(err).Kind {
+	case dialect.KindLockTimeout:
+		if m.lockTimeout == 0 {
+			return fmt.Errorf("%w: %w", idempotent.ErrClaimBusy, err)
+		}
+		return fmt.Errorf("%w (lock timeout %v): %w", idempotent.ErrClaimBusy, m.lockTimeout, err)
+	case dialect.KindUndefinedTable:
+		return fmt.Errorf("%w: %s: %w", idempotent.ErrNoClaimTable, m.table, err)
+	}
+	return fmt.Errorf("idempgx: claim: %w", err)
+}
+
+// Wrap turns a handler of decoded messages into a function that processes
+// each message exactly once, as idempotent.Wrap does. If key fails, the
+// returned function returns an error matching idempotent.ErrInvalidKey
+// without taking a connection.
+func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+	return func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+		if key == nil || h == nil {
+			return 0, errors.New("idempgx: Wrap: nil key function or handler")
+		}
+		k, err := key(msg)
+		if err != nil {
+			err = fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)
+			m.observe(ctx, "", 0, 0, time.Time{}, err)
+			return 0, err
+		}
+		return m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, msg) })
+	}
+}
+
+// claimOne is the single-message claim step.
+type claimOne struct {
+	m   *Middleware
+	at  time.Time
+	key string
+	day string // the event day in partitioned mode
+	w   wireMessages
+}
+
+// queue adds the claim to the pipelined batch.
+func (c *claimOne) queue(b *pgx.Batch) {
+	if c.day != "" {
+		b.Queue(c.m.claimSQL, c.m.consumer, c.key, c.day)
+		return
+	}
+	b.Queue(c.m.claimSQL, c.m.consumer, c.key)
+}
+
+// read reads the claim's result: whether it inserted.
+func (c *claimOne) read(br pgx.BatchResults) (bool, error) {
+	tag, err := br.Exec()
+	if err != nil {
+		return false, c.m.claimError(err, c.at)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// connStatus reads a pgx connection's transaction status.
+func connStatus(l *lease) (byte, bool) {
+	if l.raw == nil {
+		return 'T', false
+	}
+	pc := l.raw.PgConn()
+	return pc.TxStatus(), pc.IsClosed()
+}

@@ -1,0 +1,196 @@
+package idempgx
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txclaim/idempotent"
+)
+
+// An Option configures a Middleware. Options are checked by New: a bad value
+// is an error from New, never a surprise at the first message.
+type Option interface {
+	apply(*config) error
+}
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+type config struct {
+	table       string
+	iso         pgx.TxIsoLevel
+	retry       idempotent.RetryPolicy
+	lockTimeout time.Duration
+	observer    idempotent.Observer
+	retention   time.Duration
+	skew        time.Duration
+	clock       func() time.Time
+	leadDays    int
+	seen        idempotent.Seen
+}
+
+func defaultConfig() config {
+	return config{
+		table:     idempotent.DefaultTable,
+		retry:     idempotent.DefaultRetryPolicy(),
+		retention: idempotent.DefaultRetention,
+		skew:      idempotent.DefaultClockSkew,
+		clock:     time.Now,
+	}
+}
+
+// core returns the options of the database/sql Middleware that shares this
+// one's claim table (see Middleware.Core).
+func (c *config) core() []idempotent.Option {
+	opts := []idempotent.Option{
+		idempotent.WithTable(c.table),
+		idempotent.WithRetry(c.retry),
+		idempotent.WithRetention(c.retention),
+		idempotent.WithClockSkew(c.skew),
+		idempotent.WithClock(c.clock),
+	}
+	if c.leadDays > 0 {
+		opts = append(opts, idempotent.WithDailyPartitions(c.leadDays))
+	}
+	return opts
+}
+
+// WithTable sets the claim table, as "table" or "schema.table", with the same
+// rules as idempotent.WithTable. Default is "processed_messages".
+func WithTable(name string) Option {
+	return optionFunc(func(c *config) error {
+		c.table = name
+		return nil
+	})
+}
+
+// WithIsolation sets the isolation level of the transactions Process opens:
+// pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted or
+// pgx.ReadUncommitted. Under pgx.Serializable concurrent duplicates fail with
+// serialization errors instead of waiting; the middleware retries them and
+// they end as Duplicate. Default is the server's default level.
+func WithIsolation(level pgx.TxIsoLevel) Option {
+	return optionFunc(func(c *config) error {
+		switch level {
+		case pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted, pgx.ReadUncommitted:
+		default:
+			return fmt.Errorf("idempgx: WithIsolation: unknown isolation level %q", string(level))
+		}
+		c.iso = level
+		return nil
+	})
+}
+
+// WithRetry sets the retry policy for serialization failures, deadlocks and
+// lost connections of the claim's transaction. Default is
+// idempotent.DefaultRetryPolicy().
+func WithRetry(p idempotent.RetryPolicy) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case p.MaxAttempts < 1:
+			return fmt.Errorf("idempgx: WithRetry: MaxAttempts is %d, want at least 1", p.MaxAttempts)
+		case p.InitialBackoff < 0:
+			return fmt.Errorf("idempgx: WithRetry: InitialBackoff is negative (%v)", p.InitialBackoff)
+		case p.MaxBackoff < p.InitialBackoff:
+			return fmt.Errorf("idempgx: WithRetry: MaxBackoff %v is less than InitialBackoff %v", p.MaxBackoff, p.InitialBackoff)
+		}
+		c.retry = p
+		return nil
+	})
+}
+
+// WithLockTimeout bounds how long a delivery waits behind an in-flight
+// transaction holding the same claim: SET LOCAL lock_timeout travels in the
+// same round trip as BEGIN and the claim, and lasts for the whole
+// transaction. A claim that waits longer fails with an error matching
+// idempotent.ErrClaimBusy. Default is no timeout.
+func WithLockTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("idempgx: WithLockTimeout: %v is not a positive duration", d)
+		}
+		c.lockTimeout = d
+		return nil
+	})
+}
+
+// WithObserver sets the observer told of every outcome and every retry, as
+// idempotent.WithObserver does. Default is none.
+func WithObserver(o idempotent.Observer) Option {
+	return optionFunc(func(c *config) error {
+		if o == nil {
+			return errors.New("idempgx: WithObserver: nil observer")
+		}
+		c.observer = o
+		return nil
+	})
+}
+
+// WithRetention sets the retention window, as idempotent.WithRetention does:
+// ProcessEvent refuses messages older than d with
+// idempotent.ErrBeyondRetention. Default is idempotent.DefaultRetention.
+func WithRetention(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("idempgx: WithRetention: %v is not a positive duration", d)
+		}
+		c.retention = d
+		return nil
+	})
+}
+
+// WithClockSkew sets the clock-skew margin, as idempotent.WithClockSkew
+// does. Default is idempotent.DefaultClockSkew.
+func WithClockSkew(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("idempgx: WithClockSkew: %v is negative", d)
+		}
+		c.skew = d
+		return nil
+	})
+}
+
+// WithClock sets the clock read for the retention fence. Default is
+// time.Now.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) error {
+		if now == nil {
+			return errors.New("idempgx: WithClock: nil clock")
+		}
+		c.clock = now
+		return nil
+	})
+}
+
+// WithDailyPartitions selects partitioned mode, as
+// idempotent.WithDailyPartitions does: every message needs its event time
+// (ProcessEvent), which chooses its claim's partition. Default is a plain
+// table.
+func WithDailyPartitions(leadDays int) Option {
+	return optionFunc(func(c *config) error {
+		if leadDays < 1 {
+			return fmt.Errorf("idempgx: WithDailyPartitions: %d lead days, want at least 1", leadDays)
+		}
+		c.leadDays = leadDays
+		return nil
+	})
+}
+
+// WithSeen sets a duplicate pre-check consulted before any connection is
+// taken from the pool, as idempotent.WithSeen does for the database/sql
+// Middleware: a hit returns Duplicate at once; a key is recorded only after
+// its claim committed (or was found). Default is none.
+func WithSeen(s idempotent.Seen) Option {
+	return optionFunc(func(c *config) error {
+		if s == nil {
+			return errors.New("idempgx: WithSeen: nil Seen")
+		}
+		c.seen = s
+		return nil
+	})
+}

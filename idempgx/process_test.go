@@ -1,0 +1,416 @@
+package idempgx_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/idempgx"
+)
+
+func insertEffect(s, id string) idempgx.Func {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ($1)", id)
+		return err
+	}
+}
+
+func TestProcessAppliesOnceAndDuplicates(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	ctx := context.Background()
+	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
+		got, err := m.Process(ctx, "k1", insertEffect(s, "e1"))
+		if err != nil || got != want {
+			t.Fatalf("delivery %d: %v, %v; want %v", i, got, err, want)
+		}
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".claims WHERE consumer = 'orders' AND message_key = 'k1'"); n != 1 {
+		t.Fatalf("%d claims, want 1", n)
+	}
+}
+
+// TestConcurrentDuplicates: N deliveries of one key at once, 1 applied and
+// N-1 duplicates, one effect.
+func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	p, s, m := setup(t, n)
+	var applied, dups atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			o, err := m.Process(context.Background(), "same", func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id, n) VALUES ('x', 1) ON CONFLICT (id) DO UPDATE SET n = effects.n + 1")
+				return err
+			})
+			switch {
+			case err != nil:
+				t.Error(err)
+			case o == idempotent.Applied:
+				applied.Add(1)
+			case o == idempotent.Duplicate:
+				dups.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if applied.Load() != 1 || dups.Load() != n-1 {
+		t.Fatalf("applied %d, duplicates %d; want 1 and %d", applied.Load(), dups.Load(), n-1)
+	}
+	if got := count(t, p, "SELECT n FROM "+s+".effects WHERE id = 'x'"); got != 1 {
+		t.Fatalf("effect applied %d times", got)
+	}
+}
+
+// TestRollbackTakeOver: a delivery whose handler fails while a duplicate
+// waits on its claim; the waiting one applies.
+func TestRollbackTakeOver(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	holding := make(chan struct{})
+	release := make(chan struct{})
+	errBoom := errors.New("boom")
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := m.Process(context.Background(), "k", func(ctx context.Context, tx pgx.Tx) error {
+			close(holding)
+			<-release
+			return errBoom
+		})
+		firstDone <- err
+	}()
+	<-holding
+	secondDone := make(chan struct {
+		o   idempotent.Outcome
+		err error
+	}, 1)
+	go func() {
+		o, err := m.Process(context.Background(), "k", insertEffect(s, "second"))
+		secondDone <- struct {
+			o   idempotent.Outcome
+			err error
+		}{o, err}
+	}()
+	// The second delivery waits on the first one's claim.
+	waitFor(t, "the duplicate to wait on the claim", func() bool {
+		return count(t, p, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO "+"\""+s+"\""+".%'") >= 1
+	})
+	close(release)
+	if err := <-firstDone; !errors.Is(err, errBoom) {
+		t.Fatalf("first: %v, want boom", err)
+	}
+	r := <-secondDone
+	if r.err != nil || r.o != idempotent.Applied {
+		t.Fatalf("second: %v, %v; want applied", r.o, r.err)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects WHERE id = 'second'"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestHandlerErrorNotRetried: a handler's own error, even a 40001 that came
+// from a statement outside the claim's transaction, is returned at once.
+func TestHandlerErrorNotRetried(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"plain", errors.New("insufficient funds")},
+		{"foreign 40001", &pgconn.PgError{Code: "40001", Message: "from another connection"}},
+		{"foreign conn lost", fmt.Errorf("other service: %w", &pgconn.PgError{Code: "08006"})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			_, err := m.Process(context.Background(), "err-"+tc.name, func(ctx context.Context, tx pgx.Tx) error {
+				calls++
+				return tc.err
+			})
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if calls != 1 {
+				t.Fatalf("handler ran %d times, want 1", calls)
+			}
+		})
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".claims"); n != 0 {
+		t.Fatalf("%d claims left by failed deliveries", n)
+	}
+}
+
+// TestSerializableStorm: many deliveries of few keys under SERIALIZABLE,
+// each handler reading and writing a shared counter: every key applied
+// exactly once, the rest duplicates, with retries.
+func TestSerializableStorm(t *testing.T) {
+	t.Parallel()
+	const workers, keys, rounds = 8, 20, 3
+	var retries idempotent.Counts
+	p, s, m := setup(t, workers, idempgx.WithIsolation(pgx.Serializable), idempgx.WithObserver(&retries),
+		idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 100, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
+	exec(t, p, "INSERT INTO "+s+".effects (id, n) VALUES ('total', 0)")
+	var applied atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	// The first handler of each worker waits, after its read, until every
+	// worker has read: all but one of them must then fail to serialize.
+	var read sync.WaitGroup
+	read.Add(workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			first := true
+			for r := 0; r < rounds; r++ {
+				for i := 0; i < keys; i++ {
+					k := (i + w*keys/workers) % keys
+					o, err := m.Process(context.Background(), fmt.Sprintf("s%d", k), func(ctx context.Context, tx pgx.Tx) error {
+						var n int
+						if err := tx.QueryRow(ctx, "SELECT n FROM "+s+".effects WHERE id = 'total'").Scan(&n); err != nil {
+							return err
+						}
+						if first {
+							first = false
+							read.Done()
+							read.Wait()
+						}
+						_, err := tx.Exec(ctx, "UPDATE "+s+".effects SET n = $1 WHERE id = 'total'", n+1)
+						return err
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if o == idempotent.Applied {
+						applied.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if applied.Load() != keys {
+		t.Fatalf("applied %d, want %d", applied.Load(), keys)
+	}
+	if n := count(t, p, "SELECT n FROM "+s+".effects WHERE id = 'total'"); n != keys {
+		t.Fatalf("counter %d, want %d", n, keys)
+	}
+	if retries.Retries() < workers-1 {
+		t.Fatalf("%d retries, want at least %d", retries.Retries(), workers-1)
+	}
+	if retries.Failed() != 0 {
+		t.Fatalf("%d failed deliveries", retries.Failed())
+	}
+}
+
+// TestBackendKilledMidHandler: the claim's backend is terminated while the
+// handler runs; the delivery is retried once on a new connection and
+// applied once.
+func TestBackendKilledMidHandler(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	var calls atomic.Int32
+	var retryCodes []string
+	var mu sync.Mutex
+	obs := observerFunc(func(e idempotent.RetryEvent) {
+		mu.Lock()
+		retryCodes = append(retryCodes, e.Reason)
+		mu.Unlock()
+	})
+	m2, err := idempgx.New(p, "orders", idempgx.WithTable(s+".claims"), idempgx.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = m
+	o, err := m2.Process(context.Background(), "killed", func(ctx context.Context, tx pgx.Tx) error {
+		if calls.Add(1) == 1 {
+			var pid int
+			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return err
+			}
+			if _, err := p.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ('killed')")
+		return err
+	})
+	if err != nil || o != idempotent.Applied {
+		t.Fatalf("%v, %v; want applied", o, err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("handler ran %d times, want 2", calls.Load())
+	}
+	if len(retryCodes) != 1 || retryCodes[0] != "connection" {
+		t.Fatalf("retries %v, want one connection retry", retryCodes)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+type observerFunc func(idempotent.RetryEvent)
+
+func (observerFunc) Outcome(context.Context, idempotent.Event)          {}
+func (f observerFunc) Retry(_ context.Context, e idempotent.RetryEvent) { f(e) }
+
+func TestProcessBatch(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 4)
+	ctx := context.Background()
+	if _, err := m.Process(ctx, "b", insertEffect(s, "b")); err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	outcomes, err := m.ProcessBatch(ctx, []string{"c", "b", "a", "c"}, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+		got = append([]int(nil), fresh...)
+		for _, i := range fresh {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ($1)", []string{"c", "b", "a", "c"}[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Applied, idempotent.Duplicate}
+	if fmt.Sprint(outcomes) != fmt.Sprint(want) || fmt.Sprint(got) != "[0 2]" {
+		t.Fatalf("outcomes %v fresh %v; want %v [0 2]", outcomes, got, want)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	// All duplicates: the function does not run.
+	outcomes, err = m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return errors.New("ran") })
+	if err != nil || fmt.Sprint(outcomes) != "[duplicate duplicate]" {
+		t.Fatalf("%v, %v", outcomes, err)
+	}
+}
+
+func TestLockTimeoutClaimBusy(t *testing.T) {
+	t.Parallel()
+	_, s, m := setup(t, 4, idempgx.WithLockTimeout(50*time.Millisecond))
+	holding, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Process(context.Background(), "busy", func(ctx context.Context, tx pgx.Tx) error {
+			close(holding)
+			<-release
+			return nil
+		})
+		done <- err
+	}()
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the first delivery ended before its handler ran: %v", err)
+	}
+	// Bounded, so that a claim that waits for ever fails the test instead
+	// of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := m.Process(ctx, "busy", insertEffect(s, "second"))
+	close(release)
+	if !errors.Is(err, idempotent.ErrClaimBusy) {
+		t.Fatalf("err = %v, want ErrClaimBusy", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPartitionedEvent(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	p, s, m := setup(t, 4, idempgx.WithDailyPartitions(2), idempgx.WithRetention(7*24*time.Hour), idempgx.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
+		o, err := m.ProcessEvent(ctx, "e1", now.Add(-time.Hour), insertEffect(s, "e1"))
+		if err != nil || o != want {
+			t.Fatalf("delivery %d: %v, %v", i, o, err)
+		}
+	}
+	if _, err := m.Process(ctx, "e2", insertEffect(s, "e2")); err == nil {
+		t.Fatal("Process without event time succeeded in partitioned mode")
+	}
+	// Inside the window but beyond the partitions created ahead.
+	if _, err := m.ProcessEvent(ctx, "e3", now.Add(10*24*time.Hour), insertEffect(s, "e3")); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("future day: %v, want ErrBeyondRetention", err)
+	}
+	if _, err := m.ProcessEvent(ctx, "e4", now.Add(-8*24*time.Hour), insertEffect(s, "e4")); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("old event: %v, want ErrBeyondRetention", err)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestErrorsMatchAcrossPaths: a claim taken through the database/sql
+// Middleware is a duplicate here, and the other way round.
+func TestErrorsMatchAcrossPaths(t *testing.T) {
+	t.Parallel()
+	_, s, m := setup(t, 4)
+	ctx := context.Background()
+	if o, err := m.Core().Process(ctx, "shared", func(context.Context, *sql.Tx) error { return nil }); err != nil || o != idempotent.Applied {
+		t.Fatalf("core: %v, %v", o, err)
+	}
+	if o, err := m.Process(ctx, "shared", insertEffect(s, "x")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("pgx: %v, %v", o, err)
+	}
+}
+
+// TestSeenPreCheck: with an in-process pre-check, a failed delivery is not
+// recorded (its redelivery applies), a committed one is, and its
+// redelivery is answered without the database.
+func TestSeenPreCheck(t *testing.T) {
+	t.Parallel()
+	lru, err := idempotent.NewSeenLRU(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, s, m := setup(t, 4, idempgx.WithSeen(lru))
+	ctx := context.Background()
+	boom := errors.New("boom")
+	if _, err := m.Process(ctx, "k", func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if lru.Seen(ctx, "orders", "k") {
+		t.Fatal("a rolled-back delivery was recorded")
+	}
+	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Applied {
+		t.Fatalf("%v, %v; want applied", o, err)
+	}
+	if !lru.Seen(ctx, "orders", "k") {
+		t.Fatal("a committed delivery was not recorded")
+	}
+	// Drop the claim table: an answer now can only come from the pre-check.
+	exec(t, p, "DROP TABLE "+s+".claims")
+	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("%v, %v; want duplicate from the pre-check", o, err)
+	}
+	if _, err := m.Process(ctx, "new", insertEffect(s, "new")); !errors.Is(err, idempotent.ErrNoClaimTable) {
+		t.Fatalf("a new key: %v, want it sent to the (missing) claim table", err)
+	}
+}

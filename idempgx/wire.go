@@ -1,0 +1,158 @@
+package idempgx
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"time"
+	"unsafe"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// The claim's round trip on pgconn.
+//
+// On a connection that uses prepared statements (pgx's default exec mode),
+// BEGIN, the lock timeout and the claim are prepared once per connection
+// under fixed names; each delivery then writes Bind and Execute for each and
+// one Sync straight to pgconn's frontend, in one write, and reads their
+// results up to ReadyForQuery: one round trip, with none of pgx.Batch's
+// per-query bookkeeping and no allocation of its own. A connection configured for the simple protocol or for
+// unprepared statements (a transaction-mode pooler) goes through pgx.Batch
+// instead, which honours its exec mode; both cost one round trip.
+
+// wireClaimer is implemented by claim steps that can be sent on pgconn.
+type wireClaimer interface {
+	wire(ctx context.Context, raw *pgx.Conn) (claimed bool, err error)
+}
+
+// statementName returns a prepared statement name unique to sql.
+func statementName(prefix, sql string) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(sql))
+	return fmt.Sprintf("idempgx_%s_%016x", prefix, h.Sum64())
+}
+
+// usesPrepared reports whether an exec mode prepares statements.
+func usesPrepared(mode pgx.QueryExecMode) bool {
+	switch mode {
+	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe:
+		return true
+	}
+	return false
+}
+
+// bytesOf returns s's bytes without copying; pgconn only copies them into
+// its send buffer.
+func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
+	m := c.m
+	begin, err := raw.Prepare(ctx, m.beginName, m.beginStmt)
+	if err != nil {
+		return false, fmt.Errorf("idempgx: prepare begin: %w", err)
+	}
+	var lock *pgconn.StatementDescription
+	if m.lockSQL != "" {
+		if lock, err = raw.Prepare(ctx, m.lockName, m.lockSQL); err != nil {
+			return false, fmt.Errorf("idempgx: prepare lock timeout: %w", err)
+		}
+	}
+	claim, err := raw.Prepare(ctx, m.claimName, m.claimSQL)
+	if err != nil {
+		return false, m.claimError(err, c.at)
+	}
+	w := &c.w
+	vals := w.vals[:0]
+	vals = append(vals, bytesOf(m.consumer), bytesOf(c.key))
+	if c.day != "" {
+		vals = append(vals, bytesOf(c.day))
+	}
+	pc := raw.PgConn()
+	fe := pc.Frontend()
+	w.bind = pgproto3.Bind{PreparedStatement: begin.Name}
+	fe.SendBind(&w.bind)
+	fe.SendExecute(&w.exec)
+	if lock != nil {
+		w.bind = pgproto3.Bind{PreparedStatement: lock.Name}
+		fe.SendBind(&w.bind)
+		fe.SendExecute(&w.exec)
+	}
+	w.bind = pgproto3.Bind{PreparedStatement: claim.Name, Parameters: vals}
+	fe.SendBind(&w.bind)
+	fe.SendExecute(&w.exec)
+	fe.SendSync(&w.sync)
+	if err := fe.Flush(); err != nil {
+		closeBroken(raw)
+		return false, fmt.Errorf("idempgx: send claim: %w", err)
+	}
+	// One CommandComplete per statement, or an ErrorResponse that skips
+	// the rest, then ReadyForQuery.
+	var (
+		n       int
+		claimed bool
+		failed  error
+	)
+	for {
+		msg, err := pc.ReceiveMessage(ctx)
+		if err != nil {
+			closeBroken(raw)
+			return false, fmt.Errorf("idempgx: claim: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CommandComplete:
+			n++
+			if n == w.statements(lock != nil) {
+				claimed = pgconn.NewCommandTag(string(msg.CommandTag)).RowsAffected() == 1
+			}
+		case *pgproto3.ErrorResponse:
+			if failed == nil {
+				failed = pgconn.ErrorResponseToPgError(msg)
+				if msg.Code == "26000" {
+					// Our prepared statements are gone from the session
+					// (DEALLOCATE ALL or DISCARD ALL behind pgx's back):
+					// retire the connection so that the pool replaces it.
+					defer closeBroken(raw)
+				}
+			}
+		case *pgproto3.ReadyForQuery:
+			if failed != nil {
+				if n < w.statements(lock != nil)-1 {
+					return false, fmt.Errorf("idempgx: begin: %w", failed)
+				}
+				return false, m.claimError(failed, c.at)
+			}
+			if n != w.statements(lock != nil) {
+				closeBroken(raw)
+				return false, fmt.Errorf("idempgx: claim: %d results for %d statements", n, w.statements(lock != nil))
+			}
+			return claimed, nil
+		}
+	}
+}
+
+// wireMessages are the messages of one claim round trip, reused for each
+// statement (the frontend encodes them as they are sent).
+type wireMessages struct {
+	bind pgproto3.Bind
+	exec pgproto3.Execute
+	sync pgproto3.Sync
+	vals [3][]byte
+}
+
+func (*wireMessages) statements(lock bool) int {
+	if lock {
+		return 3
+	}
+	return 2
+}
+
+// closeBroken closes a connection whose protocol state is unknown after a
+// failed write or read, so that the pool discards it.
+func closeBroken(raw *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = raw.Close(ctx)
+}

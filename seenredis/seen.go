@@ -1,0 +1,130 @@
+package seenredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/txclaim/idempotent"
+)
+
+// DefaultPrefix starts every key Seen writes when WithPrefix is not given.
+const DefaultPrefix = "idempotent:seen:"
+
+// DefaultTimeout bounds each Redis call when WithTimeout is not given.
+const DefaultTimeout = 50 * time.Millisecond
+
+// Seen is an idempotent.Seen kept in Redis: one key per (consumer, message
+// key), written with SET … PX after the claim committed and read with
+// EXISTS. Any Redis failure — down, slow beyond the timeout, evicted keys —
+// is a miss: the delivery goes to the claim in the database, which stays the
+// authority. It is safe for concurrent use.
+type Seen struct {
+	rdb     redis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	onError func(error)
+}
+
+var _ idempotent.Seen = (*Seen)(nil)
+
+// An Option configures a Seen.
+type Option func(*Seen) error
+
+// WithPrefix sets the prefix of every key, so that several applications
+// can share a Redis. Default is DefaultPrefix.
+func WithPrefix(p string) Option {
+	return func(s *Seen) error {
+		s.prefix = p
+		return nil
+	}
+}
+
+// WithTimeout bounds each Redis call; a slower answer counts as a miss (or
+// a record not made). d must be positive. Default is DefaultTimeout.
+func WithTimeout(d time.Duration) Option {
+	return func(s *Seen) error {
+		if d <= 0 {
+			return fmt.Errorf("seenredis: WithTimeout: %v is not a positive duration", d)
+		}
+		s.timeout = d
+		return nil
+	}
+}
+
+// WithErrorHandler sets a function told of every failed Redis call, for
+// logging or metrics; the call itself still counts as a miss. Default is
+// none.
+func WithErrorHandler(f func(error)) Option {
+	return func(s *Seen) error {
+		if f == nil {
+			return errors.New("seenredis: WithErrorHandler: nil function")
+		}
+		s.onError = f
+		return nil
+	}
+}
+
+// New returns a Seen on rdb (a *redis.Client, *redis.ClusterClient or
+// *redis.Ring). It sends nothing.
+func New(rdb redis.UniversalClient, opts ...Option) (*Seen, error) {
+	if rdb == nil {
+		return nil, errors.New("seenredis: New: nil client")
+	}
+	s := &Seen{rdb: rdb, prefix: DefaultPrefix, timeout: DefaultTimeout}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("seenredis: New: nil option")
+		}
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Key returns the Redis key of (consumer, key): the prefix, the consumer's
+// length, the consumer and the key, so that no two pairs share a Redis key
+// whatever bytes they hold.
+func (s *Seen) Key(consumer, key string) string {
+	return s.prefix + strconv.Itoa(len(consumer)) + ":" + consumer + ":" + key
+}
+
+// Seen reports whether (consumer, key) was recorded and has not expired.
+// Any failure is false.
+func (s *Seen) Seen(ctx context.Context, consumer, key string) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	n, err := s.rdb.Exists(ctx, s.Key(consumer, key)).Result()
+	if err != nil {
+		s.fail(err)
+		return false
+	}
+	return n == 1
+}
+
+// Record remembers (consumer, key) for ttl, rounded down to whole
+// milliseconds so that it never outlives the claim it stands for. A ttl under
+// a millisecond records nothing. Failures are ignored (and reported to the
+// error handler).
+func (s *Seen) Record(ctx context.Context, consumer, key string, ttl time.Duration) {
+	ttl = ttl.Truncate(time.Millisecond)
+	if ttl <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	if err := s.rdb.Set(ctx, s.Key(consumer, key), "1", ttl).Err(); err != nil {
+		s.fail(err)
+	}
+}
+
+func (s *Seen) fail(err error) {
+	if s.onError != nil {
+		s.onError(err)
+	}
+}

@@ -1,0 +1,251 @@
+package seenredis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	_ "github.com/lib/pq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/seenredis"
+)
+
+// redisServer is a redis-server of the test's own, on a free loopback port,
+// never the shared one.
+type redisServer struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server not found")
+		}
+		t.Skip("redis-server not found")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &redisServer{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+	t.Cleanup(s.kill)
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not answer", s.addr)
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("redis-server on %s exited", s.addr)
+		case <-time.After(10 * time.Millisecond): // polling interval
+		}
+	}
+	return s
+}
+
+func (s *redisServer) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+func newSeen(t *testing.T, addr string, opts ...seenredis.Option) (*seenredis.Seen, *redis.Client) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := seenredis.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+func TestSeenRecordScopeAndExpiry(t *testing.T) {
+	r := startRedis(t)
+	s, c := newSeen(t, r.addr)
+	ctx := context.Background()
+	if s.Seen(ctx, "orders", "k") {
+		t.Fatal("an unrecorded key was seen")
+	}
+	s.Record(ctx, "orders", "k", time.Hour)
+	if !s.Seen(ctx, "orders", "k") {
+		t.Fatal("a recorded key was not seen")
+	}
+	// Scoped by consumer, and no two pairs share a Redis key.
+	if s.Seen(ctx, "billing", "k") || s.Seen(ctx, "orders:k", "") || s.Key("a:b", "c") == s.Key("a", "b:c") {
+		t.Fatal("consumer scoping broken")
+	}
+	// The key expires no later than the ttl.
+	pttl, err := c.PTTL(ctx, s.Key("orders", "k")).Result()
+	if err != nil || pttl <= 0 || pttl > time.Hour {
+		t.Fatalf("PTTL %v, %v; want (0, 1h]", pttl, err)
+	}
+	s.Record(ctx, "orders", "sub-ms", 500*time.Microsecond)
+	if s.Seen(ctx, "orders", "sub-ms") {
+		t.Fatal("a ttl under a millisecond was recorded (it would be rounded up)")
+	}
+	if _, err := seenredis.New(nil); err == nil {
+		t.Fatal("New(nil) accepted")
+	}
+	if _, err := seenredis.New(c, seenredis.WithTimeout(0)); err == nil {
+		t.Fatal("WithTimeout(0) accepted")
+	}
+}
+
+func TestRedisDownIsAMiss(t *testing.T) {
+	r := startRedis(t)
+	var failures atomic.Int32
+	s, _ := newSeen(t, r.addr, seenredis.WithErrorHandler(func(error) { failures.Add(1) }))
+	ctx := context.Background()
+	s.Record(ctx, "orders", "k", time.Hour)
+	r.kill()
+	if s.Seen(ctx, "orders", "k") {
+		t.Fatal("Seen answered true with Redis down")
+	}
+	s.Record(ctx, "orders", "k2", time.Hour) // must not panic or block
+	if failures.Load() < 2 {
+		t.Fatalf("%d failures reported, want 2", failures.Load())
+	}
+}
+
+// TestKillRedisMidRun delivers every message three times from several
+// workers through the database/sql Middleware with the Redis pre-check,
+// and kills Redis half way: every effect is applied exactly once.
+func TestKillRedisMidRun(t *testing.T) {
+	r := startRedis(t)
+	db := openDB(t)
+	schema := "t_" + randomHex()
+	mustExec(t, db, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
+	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
+	s, _ := newSeen(t, r.addr)
+	hits := &countingSeen{s: s}
+	m, err := idempotent.New(db, postgres.New(), "orders", idempotent.WithTable(schema+".claims"), idempotent.WithSeen(hits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const messages, copies, workers = 200, 3, 6
+	deliveries := make(chan string)
+	var delivered atomic.Int32
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range deliveries {
+				_, err := m.Process(context.Background(), k, func(ctx context.Context, tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, "INSERT INTO "+schema+".effects (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = effects.n + 1", k)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+				}
+				if delivered.Add(1) == messages*copies/2 {
+					r.kill()
+					close(killed)
+				}
+			}
+		}()
+	}
+	// Copies of each message arrive in separate passes, so that the later
+	// ones find the earlier ones' records.
+	for c := 0; c < copies; c++ {
+		for i := 0; i < messages; i++ {
+			deliveries <- "m" + strconv.Itoa(i)
+		}
+	}
+	close(deliveries)
+	wg.Wait()
+	<-killed
+	var rows, total, doubled int
+	if err := db.QueryRow("SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n <> 1) FROM "+schema+".effects").Scan(&rows, &total, &doubled); err != nil {
+		t.Fatal(err)
+	}
+	if rows != messages || total != messages || doubled != 0 {
+		t.Fatalf("%d messages applied, %d effects, %d doubled; want %d, %d, 0", rows, total, doubled, messages, messages)
+	}
+	if hits.hits.Load() == 0 {
+		t.Fatal("the pre-check answered no duplicate before Redis was killed")
+	}
+	t.Logf("pre-check hits: %d of %d duplicates", hits.hits.Load(), messages*(copies-1))
+}
+
+type countingSeen struct {
+	s    *seenredis.Seen
+	hits atomic.Int32
+}
+
+func (c *countingSeen) Record(ctx context.Context, consumer, key string, ttl time.Duration) {
+	c.s.Record(ctx, consumer, key, ttl)
+}
+
+func (c *countingSeen) Seen(ctx context.Context, consumer, key string) bool {
+	ok := c.s.Seen(ctx, consumer, key)
+	if ok {
+		c.hits.Add(1)
+	}
+	return ok
+}
+
+func openDB(t *testing.T) *sql.DB {
+	t.Helper()
+	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Ping(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skipf("no database: %v", err)
+	}
+	db.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func mustExec(t *testing.T, db *sql.DB, q string) {
+	t.Helper()
+	if _, err := db.Exec(q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func randomHex() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
