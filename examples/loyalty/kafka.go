@@ -291,7 +291,7 @@ func (s *store) naiveKafka(ctx context.Context, customers int) (consumeFunc, cre
 		}
 		defer cl.Close()
 		for {
-			fetches := cl.PollFetches(ctx)
+			fetches := cl.PollRecords(ctx, 100*sc.workers)
 			if ctx.Err() != nil {
 				return nil
 			}

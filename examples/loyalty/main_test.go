@@ -95,6 +95,26 @@ func TestDemoOnServers(t *testing.T) {
 	checkAudit(t, "-orders", demoOrders(), "-db", dsn, "-amqp", url)
 }
 
+// TestDemoKafka runs the scenario with -broker kafka: an in-process kfake
+// cluster and the Postgres named by IDEMPOTENT_POSTGRES_DSN, or the local
+// server (the kafka package stores offsets in Postgres only). It skips when
+// Postgres does not answer, except under CI.
+func TestDemoKafka(t *testing.T) {
+	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := openStore(context.Background(), o.db, 1); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", err)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
+	} else {
+		st.cleanup()
+	}
+	checkAudit(t, "-broker", "kafka", "-orders", "400")
+}
+
 func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -114,6 +134,13 @@ func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 		{"not AMQP", []string{"-amqp", "http://127.0.0.1:5672/"}, 2, "-amqp"},
 		{"no database server", []string{"-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
 		{"no broker", []string{"-amqp", "amqp://guest:secret@127.0.0.1:1/"}, 1, "does not answer"},
+		{"unknown broker", []string{"-broker", "nats"}, 2, `-broker "nats": want rabbitmq or kafka`},
+		{"-kafka without -broker kafka", []string{"-kafka", "127.0.0.1:9092"}, 2, "-kafka needs -broker kafka"},
+		{"-amqp with -broker kafka", []string{"-broker", "kafka", "-amqp", "amqp://127.0.0.1/"}, 2, "-amqp needs -broker rabbitmq"},
+		{"not host:port", []string{"-broker", "kafka", "-kafka", "127.0.0.1"}, 2, `"127.0.0.1" is not host:port`},
+		{"Kafka on SQLite", []string{"-broker", "kafka", "-db", "sqlite:/tmp/x.db"}, 2, "Postgres only"},
+		{"Kafka, no database server", []string{"-broker", "kafka", "-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
+		{"no Kafka cluster", []string{"-broker", "kafka", "-kafka", "127.0.0.1:1"}, 1, "Kafka (127.0.0.1:1) does not answer"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
