@@ -23,6 +23,13 @@ func demoOrders() string {
 // fault was injected.
 func checkAudit(t *testing.T, args ...string) {
 	t.Helper()
+	checkAuditOf(t, true, args...)
+}
+
+// checkAuditOf is checkAudit; naiveExcess says whether the naive run must
+// show an excess, or may by chance not.
+func checkAuditOf(t *testing.T, naiveExcess bool, args ...string) {
+	t.Helper()
 	o, err := parseFlags(args, new(bytes.Buffer))
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +47,7 @@ func checkAudit(t *testing.T, args ...string) {
 	if lib.excess() != 0 || lib.credited != lib.expected || lib.deadLetters != 0 {
 		t.Errorf("library run: credited %d, expected %d (%d dead letters): want exact", lib.credited, lib.expected, lib.deadLetters)
 	}
-	if naive.excess() <= 0 {
+	if naive.excess() < 0 || naiveExcess && naive.excess() == 0 {
 		t.Errorf("naive run: excess %d, want > 0 (the faults did not reach the check-then-act gap)", naive.excess())
 	}
 	for _, r := range results {
@@ -112,7 +119,12 @@ func TestDemoKafka(t *testing.T) {
 	} else {
 		st.cleanup()
 	}
-	checkAudit(t, "-broker", "kafka", "-orders", "400")
+	// The naive consumer's excess needs two deliveries of one order at
+	// the same moment: neighbouring partitions, or a partition's old and
+	// new owners after a rebalance. Kafka's timing decides whether that
+	// happens in a small run, so only the library's audit is asserted
+	// exact (and the naive run's never short).
+	checkAuditOf(t, false, "-broker", "kafka", "-orders", "400")
 }
 
 func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
