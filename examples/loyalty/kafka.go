@@ -277,7 +277,9 @@ func copyOf(r *kgo.Record) int64 {
 // concurrently), then commit the offsets to Kafka after the database has
 // committed. A crash between the two replays the poll's records, and a
 // rebalance can hand a partition to a new owner while the old one is still
-// applying it.
+// applying it: with an eager balancer (round-robin, the classic protocol),
+// every rebalance revokes every partition, and nothing waits for the
+// records in flight.
 func (s *store) naiveKafka(ctx context.Context, customers int) (consumeFunc, creditedT, error) {
 	apply, credited, err := s.naiveCredit(ctx, customers)
 	if err != nil {
@@ -285,7 +287,7 @@ func (s *store) naiveKafka(ctx context.Context, customers int) (consumeFunc, cre
 	}
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
 		conn, t := bc.(*kafkaConn), sc.b.(*kafkaTopic)
-		cl, err := kgo.NewClient(append(t.clientOpts(conn, "loyalty-naive"), kgo.DisableAutoCommit())...)
+		cl, err := kgo.NewClient(append(t.clientOpts(conn, "loyalty-naive"), kgo.DisableAutoCommit(), kgo.Balancers(kgo.RoundRobinBalancer()))...)
 		if err != nil {
 			return err
 		}

@@ -18,8 +18,19 @@
 //	go run ./examples/loyalty -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
 //	    -amqp amqp://guest:guest@127.0.0.1:5672/
 //
-// The demo creates its own tables and queues, with random names, and drops
-// them when it ends.
+// -broker kafka runs it on Kafka: an in-process Kafka-protocol cluster
+// (franz-go's kfake) by default, a real one with -kafka host:port,…. The
+// naive consumer is the usual hand-written franz-go loop that commits offsets
+// to Kafka after the database commit; the library's is kafka.NewConsumer,
+// which stores each partition's offset in the claim's transaction. As the
+// kafka package stores offsets in Postgres only, -broker kafka uses the
+// Postgres of -db, or of IDEMPOTENT_POSTGRES_DSN, or the local server
+// postgres://postgres@127.0.0.1:5432/test:
+//
+//	go run ./examples/loyalty -broker kafka
+//
+// The demo creates its own tables, queues and topics, with random names, and
+// drops them when it ends.
 package main
 
 import (
@@ -80,7 +91,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq or kafka")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp) or kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
