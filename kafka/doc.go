@@ -117,4 +117,11 @@
 // and an error matching [ErrClient] when the client fails for good. Offsets
 // live in the table [EnsureSchema] creates (or the migration files of the
 // migrations package: see [SchemaSQL]); only Postgres is supported.
+//
+// # The demo
+//
+// go run ./examples/loyalty -broker kafka runs a Consumer and the usual
+// hand-written loop (offsets committed to Kafka after the database commit)
+// through crashes, dropped connections, producer duplicates and a replay, on
+// an in-process Kafka-protocol cluster, and audits both: see docs/demo.md.
 package kafka

@@ -18,8 +18,19 @@
 //	go run ./examples/loyalty -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
 //	    -amqp amqp://guest:guest@127.0.0.1:5672/
 //
-// The demo creates its own tables and queues, with random names, and drops
-// them when it ends.
+// -broker kafka runs it on Kafka: an in-process Kafka-protocol cluster
+// (franz-go's kfake) by default, a real one with -kafka host:port,…. The
+// naive consumer is the usual hand-written franz-go loop that commits offsets
+// to Kafka after the database commit; the library's is kafka.NewConsumer,
+// which stores each partition's offset in the claim's transaction. As the
+// kafka package stores offsets in Postgres only, -broker kafka uses the
+// Postgres of -db, or of IDEMPOTENT_POSTGRES_DSN, or the local server
+// postgres://postgres@127.0.0.1:5432/test:
+//
+//	go run ./examples/loyalty -broker kafka
+//
+// The demo creates its own tables, queues and topics, with random names, and
+// drops them when it ends.
 package main
 
 import (
@@ -44,6 +55,8 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
+	broker             string   // "memory", "rabbitmq" or "kafka"
+	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -74,11 +87,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
-	var dsn string
+	var dsn, brokerKind, kafkaAddrs string
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory)")
+	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp) or kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
+	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -105,11 +120,23 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
 	}
 	var err error
+	switch brokerKind {
+	case "rabbitmq":
+		if kafkaAddrs != "" {
+			return o, errors.New("-kafka needs -broker kafka")
+		}
+	case "kafka":
+		return parseKafkaFlags(o, dsn, kafkaAddrs)
+	default:
+		return o, fmt.Errorf("-broker %q: want rabbitmq or kafka", brokerKind)
+	}
+	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
 		return o, err
 	}
 	o.brokerDesc = "in-process broker (at-least-once, RabbitMQ semantics)"
 	if o.amqpURL != "" {
+		o.broker = "rabbitmq"
 		if o.brokerDesc, err = parseAMQP(o.amqpURL); err != nil {
 			return o, err
 		}
@@ -125,7 +152,38 @@ func oneLine(err error) string {
 func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 	newBroker := func() (broker, error) { return newMemBroker(), nil }
 	f := faults{crashEvery: 250, drops: 3, restart: 20 * time.Millisecond}
-	if o.amqpURL != "" {
+	type impl struct {
+		name string
+		make func(context.Context, int) (consumeFunc, creditedT, error)
+	}
+	var st *store
+	rabbitImpls := func() []impl {
+		wrap := func(mk func(context.Context, int) (handlerT, creditedT, error)) func(context.Context, int) (consumeFunc, creditedT, error) {
+			return func(ctx context.Context, customers int) (consumeFunc, creditedT, error) {
+				h, credited, err := mk(ctx, customers)
+				return consumeRabbit(h), credited, err
+			}
+		}
+		return []impl{{"naive check-then-act", wrap(st.naiveHandler)}, {"idempotent", wrap(st.libraryHandler)}}
+	}
+	impls := rabbitImpls
+	var cluster *kafkaCluster
+	switch o.broker {
+	case "kafka":
+		// Check the cluster before anything else runs.
+		var err error
+		if cluster, err = startKafka(ctx, o.kafkaBrokers, o.brokerDesc, o.consumers*o.workers); err != nil {
+			return nil, err
+		}
+		defer cluster.close()
+		newBroker = func() (broker, error) { return cluster.newTopic(ctx) }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naiveKafka}, {"idempotent", st.libraryKafka}}
+		}
+		if o.kafkaBrokers != nil {
+			f.restart = 200 * time.Millisecond
+		}
+	case "rabbitmq":
 		// Check the broker before anything else runs.
 		b, err := dialRabbit(o.amqpURL)
 		if err != nil {
@@ -143,19 +201,17 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 	ld := makeLoad(o.orders, o.seed)
 	fmt.Fprintf(out, "loyalty: %d OrderCompleted events, %d consumer processes x %d workers\n", ld.orders, o.consumers, o.workers)
 	fmt.Fprintf(out, "  database  %s\n  broker    %s\n", st.desc, o.brokerDesc)
-	fmt.Fprintf(out, "  faults    a crash after commit, before the ack, every %d deliveries; %d connections dropped mid-stream;\n", f.crashEvery, f.drops)
+	ack := "the ack"
+	if o.broker == "kafka" {
+		ack = "the offset commit"
+	}
+	fmt.Fprintf(out, "  faults    a crash after commit, before %s, every %d deliveries; %d connections dropped mid-stream;\n", ack, f.crashEvery, f.drops)
 	fmt.Fprintf(out, "            %d events published twice (two workers at once); %d old events replayed \"3 weeks later\"\n\n", ld.twice, len(ld.replay))
 
 	pr := newProgressPrinter(out)
 	var results []result
-	for _, impl := range []struct {
-		name string
-		make func(context.Context, int) (handlerT, creditedT, error)
-	}{
-		{"naive check-then-act", st.naiveHandler},
-		{"idempotent", st.libraryHandler},
-	} {
-		h, credited, err := impl.make(ctx, ld.customers)
+	for _, impl := range impls() {
+		consume, credited, err := impl.make(ctx, ld.customers)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", impl.name, err)
 		}
@@ -163,7 +219,7 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r, err := runScenario(ctx, impl.name, b, h, credited, ld, f, o.consumers, o.workers, pr.report)
+		r, err := runScenario(ctx, impl.name, b, consume, credited, ld, f, o.consumers, o.workers, pr.report)
 		_ = b.close()
 		if err != nil {
 			pr.abort()

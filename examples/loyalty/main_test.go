@@ -23,6 +23,13 @@ func demoOrders() string {
 // fault was injected.
 func checkAudit(t *testing.T, args ...string) {
 	t.Helper()
+	checkAuditOf(t, true, args...)
+}
+
+// checkAuditOf is checkAudit; naiveExcess says whether the naive run must
+// show an excess, or may by chance not.
+func checkAuditOf(t *testing.T, naiveExcess bool, args ...string) {
+	t.Helper()
 	o, err := parseFlags(args, new(bytes.Buffer))
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +47,7 @@ func checkAudit(t *testing.T, args ...string) {
 	if lib.excess() != 0 || lib.credited != lib.expected || lib.deadLetters != 0 {
 		t.Errorf("library run: credited %d, expected %d (%d dead letters): want exact", lib.credited, lib.expected, lib.deadLetters)
 	}
-	if naive.excess() <= 0 {
+	if naive.excess() < 0 || naiveExcess && naive.excess() == 0 {
 		t.Errorf("naive run: excess %d, want > 0 (the faults did not reach the check-then-act gap)", naive.excess())
 	}
 	for _, r := range results {
@@ -95,6 +102,31 @@ func TestDemoOnServers(t *testing.T) {
 	checkAudit(t, "-orders", demoOrders(), "-db", dsn, "-amqp", url)
 }
 
+// TestDemoKafka runs the scenario with -broker kafka: an in-process kfake
+// cluster and the Postgres named by IDEMPOTENT_POSTGRES_DSN, or the local
+// server (the kafka package stores offsets in Postgres only). It skips when
+// Postgres does not answer, except under CI.
+func TestDemoKafka(t *testing.T) {
+	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := openStore(context.Background(), o.db, 1); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", err)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
+	} else {
+		st.cleanup()
+	}
+	// The naive consumer's excess needs two deliveries of one order at
+	// the same moment: neighbouring partitions, or a partition's old and
+	// new owners after a rebalance. Kafka's timing decides whether that
+	// happens in a small run, so only the library's audit is asserted
+	// exact (and the naive run's never short).
+	checkAuditOf(t, false, "-broker", "kafka", "-orders", "400")
+}
+
 func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -114,6 +146,13 @@ func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 		{"not AMQP", []string{"-amqp", "http://127.0.0.1:5672/"}, 2, "-amqp"},
 		{"no database server", []string{"-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
 		{"no broker", []string{"-amqp", "amqp://guest:secret@127.0.0.1:1/"}, 1, "does not answer"},
+		{"unknown broker", []string{"-broker", "nats"}, 2, `-broker "nats": want rabbitmq or kafka`},
+		{"-kafka without -broker kafka", []string{"-kafka", "127.0.0.1:9092"}, 2, "-kafka needs -broker kafka"},
+		{"-amqp with -broker kafka", []string{"-broker", "kafka", "-amqp", "amqp://127.0.0.1/"}, 2, "-amqp needs -broker rabbitmq"},
+		{"not host:port", []string{"-broker", "kafka", "-kafka", "127.0.0.1"}, 2, `"127.0.0.1" is not host:port`},
+		{"Kafka on SQLite", []string{"-broker", "kafka", "-db", "sqlite:/tmp/x.db"}, 2, "Postgres only"},
+		{"Kafka, no database server", []string{"-broker", "kafka", "-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
+		{"no Kafka cluster", []string{"-broker", "kafka", "-kafka", "127.0.0.1:1"}, 1, "Kafka (127.0.0.1:1) does not answer"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -154,10 +154,18 @@ type progress struct {
 	done           bool
 }
 
+// consumeFunc runs one consumer process on its connection until the
+// connection dies (an error) or ctx ends (nil).
+type consumeFunc func(ctx context.Context, s *scenario, conn brokerConn) error
+
+// errCrashed is what a consumeFunc returns when its process crashed; the
+// process comes back after the restart delay.
+var errCrashed = errors.New("consumer process crashed")
+
 // scenario runs one consumer implementation through the load and faults.
 type scenario struct {
 	b         broker
-	h         rabbitmq.Handler
+	consume   consumeFunc
 	ld        load
 	f         faults
 	consumers int
@@ -195,8 +203,14 @@ func (s *scenario) onSettle(_ context.Context, st rabbitmq.Settlement) {
 	if st.SettleErr != nil || (st.Action != rabbitmq.Acked && st.Action != rabbitmq.DeadLettered) {
 		return
 	}
-	id, ok := st.Delivery.Headers[copyHeader].(int64)
-	if !ok || id < 0 || int(id) >= len(s.settledFlags) {
+	if id, ok := st.Delivery.Headers[copyHeader].(int64); ok {
+		s.settle(id)
+	}
+}
+
+// settle counts message copy id as settled, once.
+func (s *scenario) settle(id int64) {
+	if id < 0 || int(id) >= len(s.settledFlags) {
 		return
 	}
 	if !s.settledFlags[id].Swap(true) {
@@ -216,7 +230,7 @@ func (s *scenario) process(ctx context.Context, i int) {
 		s.mu.Lock()
 		s.conns[i] = conn
 		s.mu.Unlock()
-		err = s.consume(ctx, conn)
+		err = s.consume(ctx, s, conn)
 		s.mu.Lock()
 		delete(s.conns, i)
 		s.mu.Unlock()
@@ -224,7 +238,7 @@ func (s *scenario) process(ctx context.Context, i int) {
 		if err == nil {
 			return
 		}
-		if !errors.Is(err, rabbitmq.ErrChannelClosed) && !errors.Is(err, amqp.ErrClosed) {
+		if !errors.Is(err, rabbitmq.ErrChannelClosed) && !errors.Is(err, amqp.ErrClosed) && !errors.Is(err, errCrashed) {
 			s.fail(fmt.Errorf("consumer %d: %w", i, err))
 			return
 		}
@@ -235,14 +249,22 @@ func (s *scenario) process(ctx context.Context, i int) {
 	}
 }
 
-func (s *scenario) consume(ctx context.Context, conn brokerConn) error {
+// consumeRabbit returns the consumeFunc of the AMQP brokers: the rabbitmq
+// adapter's consumer running h.
+func consumeRabbit(h rabbitmq.Handler) consumeFunc {
+	return func(ctx context.Context, s *scenario, conn brokerConn) error {
+		return s.consumeRabbit(ctx, conn, h)
+	}
+}
+
+func (s *scenario) consumeRabbit(ctx context.Context, conn brokerConn, handle rabbitmq.Handler) error {
 	ch, err := conn.channel()
 	if err != nil {
 		return err
 	}
 	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		n := s.deliveries.Add(1)
-		out, err := s.h(ctx, d)
+		out, err := handle(ctx, d)
 		if err == nil && out == idempotent.Duplicate {
 			s.duplicates.Add(1)
 		}
@@ -318,9 +340,9 @@ func (s *scenario) waitSettled(ctx context.Context, target int, dropAt []int, re
 }
 
 // runScenario runs the load once through h and audits the result.
-func runScenario(ctx context.Context, name string, b broker, h rabbitmq.Handler, credited func(context.Context) (int64, error),
+func runScenario(ctx context.Context, name string, b broker, consume consumeFunc, credited func(context.Context) (int64, error),
 	ld load, f faults, consumers, workers int, report func(progress)) (result, error) {
-	s := &scenario{b: b, h: h, ld: ld, f: f, consumers: consumers, workers: workers,
+	s := &scenario{b: b, consume: consume, ld: ld, f: f, consumers: consumers, workers: workers,
 		settledFlags: make([]atomic.Bool, len(ld.main)+len(ld.replay)), conns: map[int]brokerConn{}}
 	start := time.Now()
 	pctx, stop := context.WithCancel(ctx)

@@ -187,7 +187,7 @@ func (s *store) credit(ctx context.Context, tx *sql.Tx, balances, ledger string,
 // credited?", and credit it if not. Two deliveries of one order that both
 // run the check before either commits both credit it.
 func (s *store) naiveHandler(ctx context.Context, customers int) (rabbitmq.Handler, func(context.Context) (int64, error), error) {
-	balances, ledger, err := s.loyaltyTables(ctx, "naive", customers)
+	apply, credited, err := s.naiveCredit(ctx, customers)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -196,6 +196,19 @@ func (s *store) naiveHandler(ctx context.Context, customers int) (rabbitmq.Handl
 		if err != nil {
 			return 0, err
 		}
+		return apply(ctx, o)
+	}
+	return h, credited, nil
+}
+
+// naiveCredit creates the naive run's tables and returns its check-then-act
+// step, whatever the broker.
+func (s *store) naiveCredit(ctx context.Context, customers int) (func(context.Context, orderCompleted) (idempotent.Outcome, error), func(context.Context) (int64, error), error) {
+	balances, ledger, err := s.loyaltyTables(ctx, "naive", customers)
+	if err != nil {
+		return nil, nil, err
+	}
+	apply := func(ctx context.Context, o orderCompleted) (idempotent.Outcome, error) {
 		var n int
 		if err := s.db.QueryRowContext(ctx, s.q("SELECT COUNT(*) FROM "+ledger+" WHERE order_id = ?"), o.OrderID).Scan(&n); err != nil {
 			return 0, err
@@ -217,38 +230,49 @@ func (s *store) naiveHandler(ctx context.Context, customers int) (rabbitmq.Handl
 		}
 		return idempotent.Applied, nil
 	}
-	return h, s.credited(balances), nil
+	return apply, s.credited(balances), nil
 }
 
 // libraryHandler is the same consumer through the middleware: the claim
 // and the credit commit together, keyed by the order id in the body.
 func (s *store) libraryHandler(ctx context.Context, customers int) (rabbitmq.Handler, func(context.Context) (int64, error), error) {
-	balances, ledger, err := s.loyaltyTables(ctx, "idempotent", customers)
+	mw, credit, credited, err := s.libraryCredit(ctx, customers)
 	if err != nil {
-		return nil, nil, err
-	}
-	claims := s.prefix + "processed_messages"
-	s.tables = append(s.tables, claims)
-	mw, err := idempotent.New(s.db, s.d, "loyalty", idempotent.WithTable(claims))
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := mw.EnsureSchema(ctx); err != nil {
 		return nil, nil, err
 	}
 	// The key is the order id from the body: a natural key that survives
 	// a replay tool assigning new message ids.
 	key := rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id"))
-	credit := rabbitmq.Decode(mw, key, rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
-		return s.credit(ctx, tx, balances, ledger, o)
-	})
+	apply := rabbitmq.Decode(mw, key, rabbitmq.JSON[orderCompleted], credit)
 	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		// The same price lookup, before the transaction, as the guide
 		// advises: keep slow calls out of it.
 		priceLookup()
-		return credit(ctx, d)
+		return apply(ctx, d)
 	}
-	return h, s.credited(balances), nil
+	return h, credited, nil
+}
+
+// libraryCredit creates the library run's tables and its middleware, and
+// returns the credit to run in the claim's transaction, whatever the broker.
+func (s *store) libraryCredit(ctx context.Context, customers int) (*idempotent.Middleware, func(context.Context, *sql.Tx, orderCompleted) error, func(context.Context) (int64, error), error) {
+	balances, ledger, err := s.loyaltyTables(ctx, "idempotent", customers)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	claims := s.prefix + "processed_messages"
+	s.tables = append(s.tables, claims)
+	mw, err := idempotent.New(s.db, s.d, "loyalty", idempotent.WithTable(claims))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	credit := func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+		return s.credit(ctx, tx, balances, ledger, o)
+	}
+	return mw, credit, s.credited(balances), nil
 }
 
 func (s *store) credited(balances string) func(context.Context) (int64, error) {

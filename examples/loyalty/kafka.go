@@ -1,0 +1,416 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/kafka"
+	"github.com/txclaim/idempotent/rabbitmq"
+)
+
+// defaultPostgres is -broker kafka's database when neither -db nor
+// IDEMPOTENT_POSTGRES_DSN names one: the kafka package stores partition
+// offsets in Postgres only.
+const defaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// parseKafkaFlags finishes parseFlags for -broker kafka: seed brokers from
+// -kafka, and a Postgres database.
+func parseKafkaFlags(o options, dsn, addrs string) (options, error) {
+	if o.amqpURL != "" {
+		return o, errors.New("-amqp needs -broker rabbitmq")
+	}
+	o.broker = "kafka"
+	if addrs != "" {
+		for _, a := range strings.Split(addrs, ",") {
+			a = strings.TrimSpace(a)
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				return o, fmt.Errorf("-kafka %q: want host:port,... (%q is not host:port)", addrs, a)
+			}
+			o.kafkaBrokers = append(o.kafkaBrokers, a)
+		}
+	}
+	if dsn == "" {
+		if dsn = os.Getenv("IDEMPOTENT_POSTGRES_DSN"); dsn == "" {
+			dsn = defaultPostgres
+		}
+	}
+	var err error
+	if o.db, err = parseDB(dsn); err != nil {
+		return o, err
+	}
+	if o.db.kind != "postgres" {
+		return o, fmt.Errorf("-db: -broker kafka stores partition offsets in Postgres only: give a postgres:// URL")
+	}
+	o.brokerDesc = "in-process Kafka-protocol cluster (franz-go's kfake: 3 brokers, consumer groups)"
+	if o.kafkaBrokers != nil {
+		o.brokerDesc = "Kafka (" + strings.Join(o.kafkaBrokers, ",") + ")"
+	}
+	return o, nil
+}
+
+// kafkaCluster is the run's Kafka: an in-process kfake cluster, or a real
+// one reached through seed brokers.
+type kafkaCluster struct {
+	fake       *kfake.Cluster
+	seeds      []string
+	desc       string
+	partitions int32
+	admin      *kgo.Client
+}
+
+// startKafka starts the in-process cluster (seeds nil) or checks that the
+// real one answers.
+func startKafka(ctx context.Context, seeds []string, desc string, partitions int) (*kafkaCluster, error) {
+	c := &kafkaCluster{seeds: seeds, desc: desc, partitions: int32(partitions)}
+	if seeds == nil {
+		var err error
+		if c.fake, err = kfake.NewCluster(kfake.NumBrokers(3)); err != nil {
+			return nil, fmt.Errorf("in-process Kafka cluster: %w", err)
+		}
+		c.seeds = c.fake.ListenAddrs()
+	}
+	var err error
+	if c.admin, err = kgo.NewClient(kgo.SeedBrokers(c.seeds...)); err != nil {
+		c.close()
+		return nil, fmt.Errorf("broker %s: %w", c.desc, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.admin.Ping(pctx); err != nil {
+		c.close()
+		return nil, fmt.Errorf("broker %s does not answer: %w", c.desc, err)
+	}
+	return c, nil
+}
+
+func (c *kafkaCluster) close() {
+	if c.admin != nil {
+		c.admin.Close()
+	}
+	if c.fake != nil {
+		c.fake.Close()
+	}
+}
+
+// newTopic creates a run's topic, with a random name, deleted by its close.
+func (c *kafkaCluster) newTopic(ctx context.Context) (*kafkaTopic, error) {
+	name := "loyalty-demo-" + randomHex(4)
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = name, c.partitions, -1
+	req.Topics = append(req.Topics, rt)
+	req.TimeoutMillis = 10000
+	resp, err := req.RequestWith(ctx, c.admin)
+	if err == nil && len(resp.Topics) == 1 {
+		if e := resp.Topics[0].ErrorCode; e != 0 {
+			err = fmt.Errorf("error code %d", e)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("broker %s: create topic %s: %w", c.desc, name, err)
+	}
+	t := &kafkaTopic{c: c, name: name}
+	if t.prod, err = kgo.NewClient(kgo.SeedBrokers(c.seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.DefaultProduceTopic(name)); err != nil {
+		_ = t.close()
+		return nil, fmt.Errorf("broker %s: %w", c.desc, err)
+	}
+	return t, nil
+}
+
+// kafkaTopic is one run's topic; it implements broker.
+type kafkaTopic struct {
+	c    *kafkaCluster
+	name string
+	prod *kgo.Client
+
+	mu     sync.Mutex
+	copies map[[2]int64]int64 // (partition, offset) → copy id
+}
+
+func (t *kafkaTopic) describe() string  { return t.c.desc }
+func (t *kafkaTopic) queueName() string { return t.name }
+
+// publish produces msgs as records, the message id in the idempotency-key
+// header. The records are unkeyed, spread over the partitions in turn, so
+// that an order published twice back to back lands on two neighbouring
+// partitions, read by two workers at once.
+func (t *kafkaTopic) publish(ctx context.Context, msgs []amqp.Publishing) error {
+	recs := make([]*kgo.Record, 0, len(msgs))
+	for _, m := range msgs {
+		id, _ := m.Headers[copyHeader].(int64)
+		r := &kgo.Record{Value: m.Body, Timestamp: m.Timestamp, Partition: int32(id % int64(t.c.partitions)),
+			Headers: []kgo.RecordHeader{
+				{Key: kafka.DefaultKeyHeader, Value: []byte(m.MessageId)},
+				{Key: copyHeader, Value: []byte(strconv.FormatInt(id, 10))},
+			}}
+		for k, v := range m.Headers {
+			if s, ok := v.(string); ok {
+				r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(s)})
+			}
+		}
+		recs = append(recs, r)
+	}
+	if err := t.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.copies == nil {
+		t.copies = map[[2]int64]int64{}
+	}
+	for _, r := range recs {
+		t.copies[[2]int64{int64(r.Partition), r.Offset}] = copyOf(r)
+	}
+	return nil
+}
+
+// copyAt returns the copy id of the record at partition and offset.
+func (t *kafkaTopic) copyAt(partition int32, offset int64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if id, ok := t.copies[[2]int64{int64(partition), offset}]; ok {
+		return id
+	}
+	return -1
+}
+
+// pending is 0: the scenario counts a record settled once its offset is
+// committed (to Kafka for the naive consumer, to the database for the
+// library), and waits for every record.
+func (t *kafkaTopic) pending(context.Context) (int, error) { return 0, nil }
+
+// deadLettered is 0: the loyalty events are never poison.
+func (t *kafkaTopic) deadLettered(context.Context) (int, error) { return 0, nil }
+
+func (t *kafkaTopic) connect(context.Context) (brokerConn, error) { return &kafkaConn{}, nil }
+
+func (t *kafkaTopic) close() error {
+	if t.prod != nil {
+		t.prod.Close()
+	}
+	req := kmsg.NewPtrDeleteTopicsRequest()
+	req.TopicNames = []string{t.name}
+	rt := kmsg.NewDeleteTopicsRequestTopic()
+	rt.Topic = kmsg.StringPtr(t.name)
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := req.RequestWith(ctx, t.c.admin)
+	return err
+}
+
+// clientOpts are a consumer process's client options: group members of
+// the run's group, on the process's connections.
+func (t *kafkaTopic) clientOpts(conn *kafkaConn, group string) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(t.c.seeds...), kgo.Dialer(conn.dial),
+		kgo.ConsumerGroup(group + "-" + t.name), kgo.ConsumeTopics(t.name),
+		// Rebalances after each crash take a heartbeat, not the default 3s.
+		kgo.HeartbeatInterval(100 * time.Millisecond), kgo.FetchMaxWait(500 * time.Millisecond),
+	}
+}
+
+// kafkaConn is one consumer process's connections to the brokers.
+type kafkaConn struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (c *kafkaConn) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.conns = append(c.conns, nc)
+	c.mu.Unlock()
+	return nc, nil
+}
+
+// drop closes the process's sockets under its client, as a crash or a
+// network failure does.
+func (c *kafkaConn) drop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, nc := range c.conns {
+		_ = nc.Close()
+	}
+	c.conns = nil
+}
+
+func (c *kafkaConn) channel() (rabbitmq.Channel, error) {
+	return nil, errors.New("a Kafka connection has no AMQP channel")
+}
+
+func (c *kafkaConn) close() {}
+
+// copyOf returns the copy id a record carries.
+func copyOf(r *kgo.Record) int64 {
+	for _, h := range r.Headers {
+		if h.Key == copyHeader {
+			if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				return id
+			}
+		}
+	}
+	return -1
+}
+
+// naiveKafka is the usual hand-written franz-go loop around the naive
+// check-then-act: poll, apply the records (the partitions of a poll
+// concurrently), then commit the offsets to Kafka after the database has
+// committed. A crash between the two replays the poll's records, and a
+// rebalance can hand a partition to a new owner while the old one is still
+// applying it: with an eager balancer (round-robin, the classic protocol),
+// every rebalance revokes every partition, and nothing waits for the
+// records in flight.
+func (s *store) naiveKafka(ctx context.Context, customers int) (consumeFunc, creditedT, error) {
+	apply, credited, err := s.naiveCredit(ctx, customers)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
+		conn, t := bc.(*kafkaConn), sc.b.(*kafkaTopic)
+		cl, err := kgo.NewClient(append(t.clientOpts(conn, "loyalty-naive"), kgo.DisableAutoCommit(), kgo.Balancers(kgo.RoundRobinBalancer()))...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		for {
+			fetches := cl.PollRecords(ctx, 100*sc.workers)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if fetches.IsClientClosed() {
+				return errors.New("client closed")
+			}
+			var crashed atomic.Bool
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, sc.workers)
+			fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					for _, r := range p.Records {
+						if crashed.Load() || ctx.Err() != nil {
+							return
+						}
+						o, err := kafka.JSON[orderCompleted](r.Value)
+						if err != nil {
+							sc.fail(err)
+							return
+						}
+						n := sc.deliveries.Add(1)
+						out, err := apply(ctx, o)
+						if err != nil {
+							if ctx.Err() == nil {
+								sc.fail(err)
+							}
+							return
+						}
+						if out == idempotent.Duplicate {
+							sc.duplicates.Add(1)
+						}
+						if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 {
+							// Committed; the process dies before its
+							// offsets reach Kafka.
+							sc.crashes.Add(1)
+							crashed.Store(true)
+							conn.drop()
+							return
+						}
+					}
+				})
+			})
+			wg.Wait()
+			if crashed.Load() {
+				return errCrashed
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			// After the database commits: the offsets to Kafka. A failed
+			// commit (a dropped connection, a rebalance) is retried with
+			// the next poll's, as such loops do.
+			if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+				continue
+			}
+			fetches.EachRecord(func(r *kgo.Record) { sc.settle(copyOf(r)) })
+		}
+	}, credited, nil
+}
+
+// libraryKafka is the same consumer through kafka.NewConsumer: claim,
+// credit and the partition's offset in one transaction; the Consumer seeks
+// each assigned partition to the offset stored in the database.
+func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, creditedT, error) {
+	mw, credit, credited, err := s.libraryCredit(ctx, customers)
+	if err != nil {
+		return nil, nil, err
+	}
+	offsets := s.prefix + "kafka_offsets"
+	s.tables = append(s.tables, offsets)
+	if err := kafka.EnsureSchema(ctx, s.db, offsets); err != nil {
+		return nil, nil, err
+	}
+	// The key is the order id from the value: a natural key that survives
+	// a replay tool assigning new message ids (the idempotency-key header).
+	key := kafka.Prefixed("order-completed:", kafka.BodyField("order_id"))
+	h := kafka.Decode(kafka.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+		// The Consumer opens the transaction before the handler runs, so
+		// the price lookup waits inside it here.
+		priceLookup()
+		return credit(ctx, tx, o)
+	})
+	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
+		conn, t := bc.(*kafkaConn), sc.b.(*kafkaTopic)
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var crashed atomic.Bool
+		obs := kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
+			if e.Type != kafka.EventApplied && e.Type != kafka.EventDuplicate {
+				return
+			}
+			// The record's transaction committed.
+			n := sc.deliveries.Add(1)
+			if e.Type == kafka.EventDuplicate {
+				sc.duplicates.Add(1)
+			}
+			sc.settle(t.copyAt(e.Partition, e.Offset))
+			if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 && !crashed.Swap(true) {
+				// The process dies: its sockets close, and the
+				// transactions in flight roll back (a shutdown timeout
+				// of a millisecond).
+				sc.crashes.Add(1)
+				conn.drop()
+				cancel()
+			}
+		})
+		c, err := kafka.NewConsumer(s.db, mw, key, h, kafka.WithWorkers(sc.workers), kafka.WithOffsetsTable(offsets),
+			kafka.WithObserver(obs), kafka.WithShutdownTimeout(time.Millisecond), kafka.WithRetryDelay(10*time.Millisecond, time.Second))
+		if err != nil {
+			return err
+		}
+		err = c.Run(pctx, t.clientOpts(conn, "loyalty-idempotent")...)
+		if crashed.Load() {
+			return errCrashed
+		}
+		return err
+	}, credited, nil
+}
