@@ -1,12 +1,11 @@
 package kafka
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txclaim/idempotent/internal/jsonkey"
 )
 
 // DefaultKeyHeader is the record header a Consumer reads the message key
@@ -59,39 +58,8 @@ func BodyField(path ...string) KeyFunc {
 	if len(path) == 0 {
 		panic("kafka: BodyField: empty path")
 	}
-	where := strings.Join(path, ".")
 	return func(r *kgo.Record) (string, error) {
-		dec := json.NewDecoder(bytes.NewReader(r.Value))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return "", fmt.Errorf("%w: reading key field %q: %w", ErrUndecodable, where, err)
-		}
-		if dec.More() {
-			return "", fmt.Errorf("%w: reading key field %q: data after the JSON value", ErrUndecodable, where)
-		}
-		for i, p := range path {
-			obj, ok := v.(map[string]any)
-			if !ok {
-				if i == 0 {
-					return "", fmt.Errorf("%w: reading key field %q: the value is not a JSON object", ErrUndecodable, where)
-				}
-				return "", fmt.Errorf("%w: field %q is not a JSON object", ErrNoKey, strings.Join(path[:i], "."))
-			}
-			if v, ok = obj[p]; !ok {
-				return "", fmt.Errorf("%w: no field %q in the value", ErrNoKey, where)
-			}
-		}
-		switch v := v.(type) {
-		case string:
-			if v == "" {
-				return "", fmt.Errorf("%w: field %q is empty", ErrNoKey, where)
-			}
-			return v, nil
-		case json.Number:
-			return v.String(), nil
-		}
-		return "", fmt.Errorf("%w: field %q is neither a string nor a number", ErrNoKey, where)
+		return jsonkey.Field(r.Value, path, "value", ErrUndecodable, ErrNoKey)
 	}
 }
 

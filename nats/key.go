@@ -1,15 +1,14 @@
 package nats
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+
+	"github.com/txclaim/idempotent/internal/jsonkey"
 )
 
 // A KeyFunc returns a message's key: the stable identity the producer gave
@@ -49,39 +48,8 @@ func BodyField(path ...string) KeyFunc {
 	if len(path) == 0 {
 		panic("nats: BodyField: empty path")
 	}
-	where := strings.Join(path, ".")
 	return func(msg jetstream.Msg) (string, error) {
-		dec := json.NewDecoder(bytes.NewReader(msg.Data()))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return "", fmt.Errorf("%w: reading key field %q: %w", ErrUndecodable, where, err)
-		}
-		if dec.More() {
-			return "", fmt.Errorf("%w: reading key field %q: data after the JSON value", ErrUndecodable, where)
-		}
-		for i, p := range path {
-			obj, ok := v.(map[string]any)
-			if !ok {
-				if i == 0 {
-					return "", fmt.Errorf("%w: reading key field %q: the data is not a JSON object", ErrUndecodable, where)
-				}
-				return "", fmt.Errorf("%w: field %q is not a JSON object", ErrNoKey, strings.Join(path[:i], "."))
-			}
-			if v, ok = obj[p]; !ok {
-				return "", fmt.Errorf("%w: no field %q in the data", ErrNoKey, where)
-			}
-		}
-		switch v := v.(type) {
-		case string:
-			if v == "" {
-				return "", fmt.Errorf("%w: field %q is empty", ErrNoKey, where)
-			}
-			return v, nil
-		case json.Number:
-			return v.String(), nil
-		}
-		return "", fmt.Errorf("%w: field %q is not a string or a number", ErrNoKey, where)
+		return jsonkey.Field(msg.Data(), path, "data", ErrUndecodable, ErrNoKey)
 	}
 }
 

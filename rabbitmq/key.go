@@ -1,12 +1,11 @@
 package rabbitmq
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent/internal/jsonkey"
 )
 
 // A KeyFunc returns a delivery's message key: the stable identity the
@@ -69,58 +68,9 @@ func BodyField(path ...string) KeyFunc {
 	if len(path) == 0 {
 		panic("rabbitmq: BodyField: empty path")
 	}
-	where := strings.Join(path, ".")
 	return func(d *amqp.Delivery) (string, error) {
-		dec := json.NewDecoder(bytes.NewReader(d.Body))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return "", fmt.Errorf("%w: reading key field %q: %w", ErrUndecodable, where, err)
-		}
-		if dec.More() {
-			return "", fmt.Errorf("%w: reading key field %q: data after the JSON value", ErrUndecodable, where)
-		}
-		for i, p := range path {
-			obj, ok := v.(map[string]any)
-			if !ok {
-				if i == 0 {
-					return "", fmt.Errorf("%w: reading key field %q: the body is a JSON %s, not an object", ErrUndecodable, where, jsonKind(v))
-				}
-				return "", fmt.Errorf("%w: field %q is a JSON %s, not an object", ErrNoKey, strings.Join(path[:i], "."), jsonKind(v))
-			}
-			if v, ok = obj[p]; !ok {
-				return "", fmt.Errorf("%w: no field %q in the body", ErrNoKey, where)
-			}
-		}
-		switch v := v.(type) {
-		case string:
-			if v == "" {
-				return "", fmt.Errorf("%w: field %q is empty", ErrNoKey, where)
-			}
-			return v, nil
-		case json.Number:
-			return v.String(), nil
-		}
-		return "", fmt.Errorf("%w: field %q is a JSON %s, want a string or a number", ErrNoKey, where, jsonKind(v))
+		return jsonkey.Field(d.Body, path, "body", ErrUndecodable, ErrNoKey)
 	}
-}
-
-func jsonKind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case json.Number:
-		return "number"
-	case string:
-		return "string"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "object"
-	}
-	return fmt.Sprintf("%T", v)
 }
 
 // Prefixed returns a KeyFunc that puts prefix before the key k returns, as
