@@ -3,9 +3,11 @@ package mocks
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 )
 
@@ -22,7 +24,7 @@ import (
 //
 // fresh must be a non-empty subset of keys (a batch with no new message is
 // ExpectBatchDuplicate). ExpectBatchApplied panics otherwise, and in
-// partitioned mode, where ProcessBatch refuses batches before sending
+// partitioned mode, where ProcessBatch (keys alone) refuses batches before sending
 // anything.
 func (m *Mock) ExpectBatchApplied(keys []string, fresh ...string) {
 	uniq := m.batchKeys("ExpectBatchApplied", keys)
@@ -62,6 +64,92 @@ func (m *Mock) ExpectBatchClaimError(keys []string, err error) {
 	m.Sqlmock.ExpectBegin()
 	m.expectBatchClaim(uniq, nil, err)
 	m.Sqlmock.ExpectRollback()
+}
+
+// ExpectMessagesApplied is ExpectBatchApplied for ProcessMessages (or
+// WrapMessages): a batch of messages with their event times, in plain or
+// partitioned mode. In partitioned mode each distinct key is claimed by its
+// own statement, in ascending key order, in the event day of its first
+// message; otherwise the claim is ExpectBatchApplied's. It panics, as
+// ExpectBatchApplied does, when fresh is not a non-empty subset of the
+// keys, and when the Middleware would refuse the batch before sending
+// anything: a message the retention fence refuses, or, in partitioned mode,
+// one without an event time.
+func (m *Mock) ExpectMessagesApplied(msgs []idempotent.Message, fresh ...string) {
+	uniq, days := m.messageKeys("ExpectMessagesApplied", msgs)
+	if len(fresh) == 0 {
+		panic("mocks: ExpectMessagesApplied: no fresh key: a batch whose claims all exist is ExpectMessagesDuplicate")
+	}
+	isNew := make([]bool, len(uniq))
+	for _, k := range fresh {
+		j, ok := slices.BinarySearch(uniq, k)
+		if !ok {
+			panic(fmt.Sprintf("mocks: ExpectMessagesApplied: fresh key %q is not in the batch", k))
+		}
+		isNew[j] = true
+	}
+	m.Sqlmock.ExpectBegin()
+	m.expectMessagesClaim(uniq, days, isNew)
+	m.expectFirstTxID()
+}
+
+// ExpectMessagesDuplicate is ExpectBatchDuplicate for ProcessMessages: BEGIN,
+// the batch's claims inserting nothing, ROLLBACK.
+func (m *Mock) ExpectMessagesDuplicate(msgs []idempotent.Message) {
+	uniq, days := m.messageKeys("ExpectMessagesDuplicate", msgs)
+	m.Sqlmock.ExpectBegin()
+	m.expectMessagesClaim(uniq, days, make([]bool, len(uniq)))
+	m.Sqlmock.ExpectRollback()
+}
+
+// messageKeys checks a batch of messages as ProcessMessages does and returns
+// its distinct keys in ascending order with, in partitioned mode, the event
+// time of each key's first message (nil otherwise).
+func (m *Mock) messageKeys(helper string, msgs []idempotent.Message) ([]string, []time.Time) {
+	if len(msgs) == 0 {
+		panic(fmt.Sprintf("mocks: %s: an empty batch sends nothing", helper))
+	}
+	first := map[string]time.Time{}
+	uniq := make([]string, 0, len(msgs))
+	for i, msg := range msgs {
+		if !msg.EventTime.IsZero() || m.part != nil {
+			if why := m.fenced(msg.EventTime); why != "" {
+				panic(fmt.Sprintf("mocks: %s: message %d's event time %s %s, so the Middleware refuses the batch and sends nothing",
+					helper, i, msg.EventTime.UTC().Format(time.RFC3339), why))
+			}
+		}
+		if _, seen := first[msg.Key]; !seen {
+			first[msg.Key] = msg.EventTime
+			uniq = append(uniq, msg.Key)
+		}
+	}
+	slices.Sort(uniq)
+	if m.part == nil {
+		return uniq, nil
+	}
+	days := make([]time.Time, len(uniq))
+	for j, k := range uniq {
+		days[j] = first[k]
+	}
+	return uniq, days
+}
+
+// expectMessagesClaim expects the claims of uniq: the batch claim, or in
+// partitioned mode one claim per key in its day.
+func (m *Mock) expectMessagesClaim(uniq []string, days []time.Time, isNew []bool) {
+	if days == nil {
+		m.expectBatchClaim(uniq, isNew, nil)
+		return
+	}
+	m.expectLockTimeout()
+	for j, k := range uniq {
+		n := int64(0)
+		if isNew[j] {
+			n = 1
+		}
+		m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(m.consumer, k, eventDay(days[j])).WillReturnResult(sqlmock.NewResult(0, n))
+	}
+	m.expectLockReset()
 }
 
 // batchKeys checks a batch as ProcessBatch does and returns its distinct

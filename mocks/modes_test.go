@@ -323,3 +323,61 @@ func TestMisuse(t *testing.T) {
 		}
 	})
 }
+
+// TestMessages: ProcessMessages in plain and partitioned mode, scripted by
+// ExpectMessagesApplied and ExpectMessagesDuplicate alone.
+func TestMessages(t *testing.T) {
+	yesterday := now.Add(-20 * time.Hour) // the 29th, UTC
+	msgs := []idempotent.Message{
+		{Key: "order-completed:2", EventTime: now},
+		{Key: "order-completed:1", EventTime: yesterday},
+		{Key: "order-completed:2", EventTime: now}, // a duplicate in the batch
+	}
+	modes := []struct {
+		name string
+		opts []idempotent.Option
+	}{
+		{"plain", []idempotent.Option{idempotent.WithClock(clock)}},
+		{"partitioned", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithDailyPartitions(1)}},
+		{"partitioned-all", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithDailyPartitions(1),
+			idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
+	}
+	for _, mode := range modes {
+		t.Run(mode.name+"/applied", func(t *testing.T) {
+			mw, m := newMiddleware(t, mode.opts...)
+			m.ExpectMessagesApplied(msgs, "order-completed:1")
+			expectEffect(m)
+			m.ExpectCommit()
+			got, err := mw.ProcessMessages(context.Background(), msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+				if !slices.Equal(fresh, []int{1}) {
+					t.Errorf("fresh = %v, want [1]", fresh)
+				}
+				return effect(ctx, tx)
+			})
+			want := []idempotent.Outcome{idempotent.Duplicate, idempotent.Applied, idempotent.Duplicate}
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("got (%v, %v), want %v", got, err, want)
+			}
+		})
+		t.Run(mode.name+"/duplicate", func(t *testing.T) {
+			mw, m := newMiddleware(t, mode.opts...)
+			m.ExpectMessagesDuplicate(msgs)
+			got, err := mw.ProcessMessages(context.Background(), msgs, func(context.Context, *sql.Tx, []int) error {
+				t.Error("the handler ran for a batch of duplicates")
+				return nil
+			})
+			if err != nil || !slices.Equal(got, []idempotent.Outcome{idempotent.Duplicate, idempotent.Duplicate, idempotent.Duplicate}) {
+				t.Fatalf("got (%v, %v), want three duplicates", got, err)
+			}
+		})
+	}
+	t.Run("refused", func(t *testing.T) {
+		_, m := newMiddleware(t, idempotent.WithClock(clock), idempotent.WithDailyPartitions(1))
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(r.(string), "message 0's event time") {
+				t.Errorf("panic = %v, want one naming message 0's event time", r)
+			}
+		}()
+		m.ExpectMessagesApplied([]idempotent.Message{{Key: "k"}}, "k")
+	})
+}
