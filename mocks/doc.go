@@ -48,6 +48,9 @@
 //     [Mock.ExpectBatchClaimError]. The claim is the dialect's: one query
 //     for the whole batch with a dialect.BatchClaimer (Postgres), one
 //     statement per distinct key, in ascending order, otherwise.
+//   - ProcessMessages and WrapMessages: [Mock.ExpectMessagesApplied] and
+//     [Mock.ExpectMessagesDuplicate], in plain and partitioned mode (there,
+//     one claim per distinct key in the event day of its first message).
 //   - ProcessNatural: [Mock.ExpectNatural] (BEGIN), the handler's own
 //     conflict-free insert, then ExpectCommit, sent whether or not the
 //     insert took effect.
