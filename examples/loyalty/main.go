@@ -29,7 +29,17 @@
 //
 //	go run ./examples/loyalty -broker kafka
 //
-// The demo creates its own tables, queues and topics, with random names, and
+// -broker nats runs it on NATS JetStream: the server of -nats, by default the
+// local nats-server at nats://127.0.0.1:4222 (with JetStream enabled; the
+// demo embeds no server, and ends with one line and exit status 1 when none
+// answers). The naive consumer is a hand-written JetStream pull loop that
+// acks after the database commit; the library's is nats.NewConsumer, keyed by
+// the order id in the body. The nats package is dialect-neutral, so -db works
+// as for RabbitMQ (embedded SQLite by default):
+//
+//	go run ./examples/loyalty -broker nats
+//
+// The demo creates its own tables, queues, topics and streams, with random names, and
 // drops them when it ends.
 package main
 
