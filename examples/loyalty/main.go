@@ -39,8 +39,8 @@
 //
 //	go run ./examples/loyalty -broker nats
 //
-// The demo creates its own tables, queues, topics and streams, with random names, and
-// drops them when it ends.
+// The demo creates its own tables, queues, topics and streams, with random
+// names, and drops them when it ends.
 package main
 
 import (

@@ -175,7 +175,9 @@ func (t *natsStream) deadLettered(context.Context) (int, error) { return 0, nil 
 func (t *natsStream) connect(context.Context) (brokerConn, error) {
 	c := &natsConn{}
 	nc, err := natsgo.Connect(t.s.url, natsgo.Name("loyalty-demo-consumer"), natsgo.SetCustomDialer(c),
-		natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond), natsgo.ReconnectJitter(0, 0))
+		natsgo.MaxReconnects(-1), natsgo.ReconnectWait(20*time.Millisecond), natsgo.ReconnectJitter(0, 0),
+		// The dropped sockets are the scenario's faults: nothing to log.
+		natsgo.ErrorHandler(func(*natsgo.Conn, *natsgo.Subscription, error) {}))
 	if err != nil {
 		return nil, err
 	}
@@ -188,13 +190,23 @@ func (t *natsStream) connect(context.Context) (brokerConn, error) {
 }
 
 // consumer creates (or finds) the durable pull consumer name on the
-// process's connection.
+// process's connection. A request whose reply was lost to a dropped
+// connection is sent again once the client has reconnected.
 func (t *natsStream) consumer(ctx context.Context, conn *natsConn, name string) (jetstream.Consumer, error) {
-	c, err := conn.js.CreateOrUpdateConsumer(ctx, t.name, jetstream.ConsumerConfig{
-		Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
-	})
+	var c jetstream.Consumer
+	var err error
+	for range 5 {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err = conn.js.CreateOrUpdateConsumer(actx, t.name, jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: natsAckWait, MaxDeliver: -1,
+		})
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create consumer %s: %w", name, err)
 	}
 	t.mu.Lock()
 	t.consumers[name] = true
@@ -283,7 +295,7 @@ func (s *store) naiveNats(ctx context.Context, customers int) (consumeFunc, cred
 				for ctx.Err() == nil && !crashed.Load() {
 					batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
 					if err != nil {
-						if crashed.Load() || ctx.Err() != nil {
+						if crashed.Load() || ctx.Err() != nil || errors.Is(err, natsgo.ErrConnectionClosed) {
 							return
 						}
 						continue // reconnecting: pull again
