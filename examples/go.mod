@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/lib/pq v1.12.3
+	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -12,6 +13,7 @@ require (
 	github.com/txclaim/idempotent v0.0.0
 	github.com/txclaim/idempotent/kafka v0.0.0
 	github.com/txclaim/idempotent/mysql v0.0.0
+	github.com/txclaim/idempotent/nats v0.0.0
 	github.com/txclaim/idempotent/rabbitmq v0.0.0
 	github.com/txclaim/idempotent/sqlite v0.0.0
 )
@@ -22,9 +24,12 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
@@ -37,6 +42,7 @@ replace github.com/txclaim/idempotent => ../
 replace (
 	github.com/txclaim/idempotent/kafka => ../kafka
 	github.com/txclaim/idempotent/mysql => ../mysql
+	github.com/txclaim/idempotent/nats => ../nats
 	github.com/txclaim/idempotent/rabbitmq => ../rabbitmq
 	github.com/txclaim/idempotent/sqlite => ../sqlite
 )

@@ -29,8 +29,18 @@
 //
 //	go run ./examples/loyalty -broker kafka
 //
-// The demo creates its own tables, queues and topics, with random names, and
-// drops them when it ends.
+// -broker nats runs it on NATS JetStream: the server of -nats, by default the
+// local nats-server at nats://127.0.0.1:4222 (with JetStream enabled; the
+// demo embeds no server, and ends with one line and exit status 1 when none
+// answers). The naive consumer is a hand-written JetStream pull loop that
+// acks after the database commit; the library's is nats.NewConsumer, keyed by
+// the order id in the body. The nats package is dialect-neutral, so -db works
+// as for RabbitMQ (embedded SQLite by default):
+//
+//	go run ./examples/loyalty -broker nats
+//
+// The demo creates its own tables, queues, topics and streams, with random
+// names, and drops them when it ends.
 package main
 
 import (
@@ -55,8 +65,9 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
-	broker             string   // "memory", "rabbitmq" or "kafka"
+	broker             string   // "memory", "rabbitmq", "kafka" or "nats"
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
+	natsURL            string   // -nats, or defaultNATS
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -87,13 +98,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
-	var dsn, brokerKind, kafkaAddrs string
+	var dsn, brokerKind, kafkaAddrs, natsURL string
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp) or kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)\nor nats (the NATS JetStream server of -nats)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
+	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -125,10 +137,21 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		if kafkaAddrs != "" {
 			return o, errors.New("-kafka needs -broker kafka")
 		}
+		if natsURL != "" {
+			return o, errors.New("-nats needs -broker nats")
+		}
 	case "kafka":
+		if natsURL != "" {
+			return o, errors.New("-nats needs -broker nats")
+		}
 		return parseKafkaFlags(o, dsn, kafkaAddrs)
+	case "nats":
+		if kafkaAddrs != "" {
+			return o, errors.New("-kafka needs -broker kafka")
+		}
+		return parseNatsFlags(o, dsn, natsURL)
 	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq or kafka", brokerKind)
+		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka or nats", brokerKind)
 	}
 	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
@@ -183,6 +206,19 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 		if o.kafkaBrokers != nil {
 			f.restart = 200 * time.Millisecond
 		}
+	case "nats":
+		// Check the server before anything else runs.
+		srv, err := startNats(ctx, o.natsURL, o.brokerDesc)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.close()
+		o.brokerDesc = srv.desc
+		newBroker = func() (broker, error) { return srv.newStream(ctx) }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naiveNats}, {"idempotent", st.libraryNats}}
+		}
+		f.restart = 200 * time.Millisecond
 	case "rabbitmq":
 		// Check the broker before anything else runs.
 		b, err := dialRabbit(o.amqpURL)
