@@ -15,6 +15,13 @@
 // message, and each variant's throughput as a ratio to (a) the effect alone
 // and (b) the guide's hand-written claim + effect.
 //
+// With -growth SIZES it measures instead how Process holds up as the claim
+// table grows: Process on a claim table filled to each size against Process
+// on an empty one, per key shape (UUIDv4, UUIDv7, sequential), plain and
+// partitioned, and -growth-svg FILE draws the ratios as a chart:
+//
+//	go run ./tests/bench -growth 1000000,10000000 -workers 8 -rounds 5 -cell 3s -growth-svg docs/growth.svg
+//
 // The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
 // default. The run works in a schema of its own, dropped at the end; it
 // opens at most two pools of the largest worker count at a time.
