@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lib/pq"
+
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -57,7 +59,7 @@ type growthCell struct {
 // to each of sizes against an empty claim table, in interleaved rounds, for
 // every key shape, plain and partitioned. It writes a Markdown table to w
 // and, when svgPath is set, an SVG chart of the ratios.
-func runGrowth(ctx context.Context, dsn string, sizes []int, workers, rounds int, cell time.Duration, svgPath string, args []string, w, log io.Writer) error {
+func runGrowth(ctx context.Context, dsn string, sizes []int, batch, workers, rounds int, cell time.Duration, svgPath string, args []string, w, log io.Writer) error {
 	slices.Sort(sizes)
 	started := time.Now()
 	db, err := sql.Open("postgres", dsn)
@@ -88,7 +90,7 @@ func runGrowth(ctx context.Context, dsn string, sizes []int, workers, rounds int
 	var tables []*growthTable
 	for _, partitioned := range []bool{false, true} {
 		for _, shape := range growthShapes {
-			t, err := newGrowthTable(ctx, db, schema, shape, partitioned)
+			t, err := newGrowthTable(ctx, db, schema, shape, partitioned, batch)
 			if err != nil {
 				return err
 			}
@@ -127,9 +129,13 @@ func runGrowth(ctx context.Context, dsn string, sizes []int, workers, rounds int
 			cells = append(cells, c)
 		}
 	}
-	growthReport(w, server, args, sizes, workers, rounds, cell, time.Since(started), cells)
+	growthReport(w, server, args, sizes, batch, workers, rounds, cell, time.Since(started), cells)
 	if svgPath != "" {
-		if err := os.WriteFile(svgPath, growthSVG(sizes, cells), 0o644); err != nil {
+		svg := growthSVG(sizes, cells)
+		if batch > 1 {
+			svg = growthSVGTitled(sizes, cells, fmt.Sprintf("ProcessMessages (%d per batch) on a full claim table ÷ on an empty one", batch))
+		}
+		if err := os.WriteFile(svgPath, svg, 0o644); err != nil {
 			return err
 		}
 		fmt.Fprintf(log, "wrote %s\n", svgPath)
@@ -146,6 +152,7 @@ type growthTable struct {
 	full, empty   string
 	mFull, mEmpty *idempotent.Middleware
 	seq           atomic.Int64
+	batch         int // messages per call: 1 is Process, more ProcessMessages
 }
 
 func (t *growthTable) kind() string {
@@ -155,8 +162,8 @@ func (t *growthTable) kind() string {
 	return "plain"
 }
 
-func newGrowthTable(ctx context.Context, db *sql.DB, schema string, shape growthShape, partitioned bool) (*growthTable, error) {
-	t := &growthTable{shape: shape, partitioned: partitioned, schema: schema}
+func newGrowthTable(ctx context.Context, db *sql.DB, schema string, shape growthShape, partitioned bool, batch int) (*growthTable, error) {
+	t := &growthTable{shape: shape, partitioned: partitioned, schema: schema, batch: batch}
 	t.full = "full_" + shape.name + "_" + t.kind()[:4]
 	t.empty = "empty_" + shape.name + "_" + t.kind()[:4]
 	t.seq.Store(growthSeqBase)
@@ -182,6 +189,27 @@ func newGrowthTable(ctx context.Context, db *sql.DB, schema string, shape growth
 // op returns one delivery on m: Process (ProcessMessage with the event time
 // now, when partitioned) with one INSERT as the effect.
 func (t *growthTable) op(ctx context.Context, m *idempotent.Middleware) func() error {
+	if t.batch > 1 {
+		return func() error {
+			msgs := make([]idempotent.Message, t.batch)
+			now := time.Now()
+			for i := range msgs {
+				msgs[i] = idempotent.Message{Key: t.shape.key(t.seq.Add(1))}
+				if t.partitioned {
+					msgs[i].EventTime = now
+				}
+			}
+			_, err := m.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+				keys := make([]string, len(fresh))
+				for i, j := range fresh {
+					keys[i] = msgs[j].Key
+				}
+				_, err := tx.ExecContext(ctx, "INSERT INTO "+t.schema+".effects (k) SELECT unnest($1::text[])", pq.Array(keys))
+				return err
+			})
+			return err
+		}
+	}
 	return func() error {
 		k := t.shape.key(t.seq.Add(1))
 		fn := func(ctx context.Context, tx *sql.Tx) error {
@@ -212,6 +240,7 @@ FROM pg_class c WHERE c.oid = $1::regclass`, t.schema+"."+t.full).Scan(&c.size)
 		if err != nil {
 			return c, err
 		}
+		f, e = f*float64(t.batch), e*float64(t.batch) // messages, not calls
 		c.full, c.empty, c.ratios = append(c.full, f), append(c.empty, e), append(c.ratios, f/e)
 		fmt.Fprintf(log, "%-11s %-10s %9d  round %d/%d  full %6.0f  empty %6.0f msgs/s  ratio %.3f\n",
 			t.kind(), t.shape.name, rows, r+1, rounds, f, e, f/e)
@@ -331,10 +360,14 @@ func growthRows(n int) string {
 	return fmt.Sprint(n)
 }
 
-func growthReport(w io.Writer, server string, args []string, sizes []int, workers, rounds int, cell, took time.Duration, cells []*growthCell) {
+func growthReport(w io.Writer, server string, args []string, sizes []int, batch, workers, rounds int, cell, took time.Duration, cells []*growthCell) {
 	fmt.Fprintf(w, "Command: `go run ./tests/bench %s` (Postgres %s, lib/pq, %d workers each alternating between the full and the empty table operation by operation, %d rounds of %v, %v in all)\n\n",
 		strings.Join(args, " "), server, workers, rounds, cell, took.Round(time.Second))
-	fmt.Fprintln(w, "`Process` (claim + one INSERT effect) on a claim table holding N claims, as a ratio to `Process` on an empty table of the same kind at the same time: median of the rounds' ratios [lowest–highest]. The fill drops the table's indexes, inserts with one INSERT … SELECT FROM generate_series and builds the indexes again; claim times spread over the last 29 days (a partitioned table holds claims in every day of its retention window, and a new claim lands in today's partition).")
+	what := "`Process` (claim + one INSERT effect)"
+	if batch > 1 {
+		what = fmt.Sprintf("`ProcessMessages`, %d messages per transaction (claims + one INSERT of the fresh ones; msgs/s counts messages)", batch)
+	}
+	fmt.Fprintln(w, what+" on a claim table holding N claims, as a ratio to `Process` on an empty table of the same kind at the same time: median of the rounds' ratios [lowest–highest]. The fill drops the table's indexes, inserts with one INSERT … SELECT FROM generate_series and builds the indexes again; claim times spread over the last 29 days (a partitioned table holds claims in every day of its retention window, and a new claim lands in today's partition).")
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| Key shape | table |")
 	for _, n := range sizes {
@@ -382,6 +415,10 @@ func findCell(cells []*growthCell, shape string, partitioned bool, rows int) *gr
 // growthSVG draws the ratio against the claim table's size (log scale), a
 // line per key shape and table kind, the rounds' range as a bar.
 func growthSVG(sizes []int, cells []*growthCell) []byte {
+	return growthSVGTitled(sizes, cells, "Process on a full claim table ÷ on an empty one (8 workers)")
+}
+
+func growthSVGTitled(sizes []int, cells []*growthCell, title string) []byte {
 	const W, H, left, right, top, bottom = 720, 420, 70, 230, 40, 60
 	lo, hi := 1.0, 1.0
 	for _, c := range cells {
@@ -398,7 +435,7 @@ func growthSVG(sizes []int, cells []*growthCell) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="14" font-weight="bold">Process on a full claim table ÷ on an empty one (8 workers)</text>`+"\n", left)
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="14" font-weight="bold">%s</text>`+"\n", left, title)
 	for r := lo; r <= hi+1e-9; r += 0.1 {
 		stroke := "#ddd"
 		if math.Abs(r-1) < 1e-9 {

@@ -89,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
 	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
 	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one instead of the variants (see growth.go)")
+	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
 	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -103,12 +104,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			sizes = append(sizes, n)
 		}
 		w, err := strconv.Atoi(strings.Split(*workers, ",")[0])
-		if err != nil || w < 1 || *rounds < 1 || *cell <= 0 {
-			return fmt.Errorf("-growth: -workers, -rounds and -cell must be positive")
+		if err != nil || w < 1 || *rounds < 1 || *cell <= 0 || *growthBatch < 1 {
+			return fmt.Errorf("-growth: -workers, -rounds, -cell and -growth-batch must be positive")
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 		defer stop()
-		return runGrowth(ctx, firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN), sizes, w, *rounds, *cell, *growthSVG, args, stdout, stderr)
+		return runGrowth(ctx, firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN), sizes, *growthBatch, w, *rounds, *cell, *growthSVG, args, stdout, stderr)
 	}
 	o := options{rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
 	o.dsn = firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)
