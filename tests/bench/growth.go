@@ -367,7 +367,7 @@ func growthReport(w io.Writer, server string, args []string, sizes []int, batch,
 	if batch > 1 {
 		what = fmt.Sprintf("`ProcessMessages`, %d messages per transaction (claims + one INSERT of the fresh ones; msgs/s counts messages)", batch)
 	}
-	fmt.Fprintln(w, what+" on a claim table holding N claims, as a ratio to `Process` on an empty table of the same kind at the same time: median of the rounds' ratios [lowest–highest]. The fill drops the table's indexes, inserts with one INSERT … SELECT FROM generate_series and builds the indexes again; claim times spread over the last 29 days (a partitioned table holds claims in every day of its retention window, and a new claim lands in today's partition).")
+	fmt.Fprintln(w, what+" on a claim table holding N claims, as a ratio to the same on an empty table of the same kind at the same time: median of the rounds' ratios [lowest–highest]. The fill drops the table's indexes, inserts with one INSERT … SELECT FROM generate_series and builds the indexes again; claim times spread over the last 29 days (a partitioned table holds claims in every day of its retention window, and a new claim lands in today's partition).")
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| Key shape | table |")
 	for _, n := range sizes {
