@@ -15,6 +15,13 @@
 // message, and each variant's throughput as a ratio to (a) the effect alone
 // and (b) the guide's hand-written claim + effect.
 //
+// With -growth SIZES it measures instead how Process holds up as the claim
+// table grows: Process on a claim table filled to each size against Process
+// on an empty one, per key shape (UUIDv4, UUIDv7, sequential), plain and
+// partitioned, and -growth-svg FILE draws the ratios as a chart:
+//
+//	go run ./tests/bench -growth 1000000,10000000 -workers 8 -rounds 5 -cell 3s -growth-svg docs/growth.svg
+//
 // The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
 // default. The run works in a schema of its own, dropped at the end; it
 // opens at most two pools of the largest worker count at a time.
@@ -81,8 +88,28 @@ func run(args []string, stdout, stderr io.Writer) error {
 	customers := fs.Int("customers", 100000, "number of customer balances")
 	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
 	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
+	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one instead of the variants (see growth.go)")
+	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
+	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *growth != "" {
+		var sizes []int
+		for _, s := range strings.Split(*growth, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 {
+				return fmt.Errorf("-growth: %q is not a positive number", s)
+			}
+			sizes = append(sizes, n)
+		}
+		w, err := strconv.Atoi(strings.Split(*workers, ",")[0])
+		if err != nil || w < 1 || *rounds < 1 || *cell <= 0 || *growthBatch < 1 {
+			return fmt.Errorf("-growth: -workers, -rounds, -cell and -growth-batch must be positive")
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		return runGrowth(ctx, firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN), sizes, *growthBatch, w, *rounds, *cell, *growthSVG, args, stdout, stderr)
 	}
 	o := options{rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
 	o.dsn = firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)
