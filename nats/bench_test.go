@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	idnats "github.com/txclaim/idempotent/nats"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // BenchmarkPerMessageVsBatch measures, side by side in one run, how many
@@ -20,7 +22,7 @@ func BenchmarkPerMessageVsBatch(b *testing.B) {
 	const n = 2000
 	nc := localNATS(b)
 	js := newJS(b, nc)
-	db := openDB(b, 10)
+	db := testenv.OpenPostgres(b, 10)
 	var perMsg, batched time.Duration
 	total := 0
 	for b.Loop() {

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	idnats "github.com/txclaim/idempotent/nats"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // outMsg is one message to publish.
@@ -68,7 +70,7 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 	s, stream := newStream(t, js, 3)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 2*time.Second)
-	l := newLedger(t, openDB(t, 12), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 12), durable)
 
 	orders := makeOrders(5000)
 	var msgs []outMsg
@@ -156,7 +158,7 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 	s, stream := newStream(t, js, 3)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 2*time.Second)
-	l := newLedger(t, openDB(t, 6), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 6), durable)
 
 	orders := makeOrders(3000)
 	var msgs []outMsg

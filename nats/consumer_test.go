@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	idnats "github.com/txclaim/idempotent/nats"
 )
 
@@ -23,7 +24,7 @@ func TestCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	newConsumer(t, s, durable, time.Second)
-	l := newLedger(t, openDB(t, 4), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 9912, CustomerID: 7, Points: 50}
 	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
 
@@ -98,7 +99,7 @@ func TestPoisonIsTerminatedAndReported(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 30*time.Second)
-	l := newLedger(t, openDB(t, 4), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	good := order{OrderID: 1, CustomerID: 3, Points: 12}
 	now := map[string]string{"Event-Time": time.Now().UTC().Format(time.RFC3339)}
 	old := order{OrderID: 4, CustomerID: 3, Points: 7}
@@ -158,7 +159,7 @@ func TestFailedMessageIsNakedWithBoundedDelayThenApplied(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 30*time.Second)
-	l := newLedger(t, openDB(t, 4), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 77, CustomerID: 9, Points: 42}
 	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
 
@@ -213,7 +214,7 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, time.Second)
-	l := newLedger(t, openDB(t, 4), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 5, CustomerID: 5, Points: 5}
 	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
 
@@ -261,7 +262,7 @@ func TestShutdownFinishesInFlightAndLosesNothing(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	newConsumer(t, s, durable, 30*time.Second)
-	l := newLedger(t, openDB(t, 8), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 8), durable)
 	orders := makeOrders(400)
 	for _, o := range orders {
 		publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
@@ -305,7 +306,7 @@ func TestRunReportsConsumerGoneAndRefusesAckNone(t *testing.T) {
 	nc := localNATS(t)
 	js := newJS(t, nc)
 	s, stream := newStream(t, js, 1)
-	l := newLedger(t, openDB(t, 2), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 2), "loyalty")
 	c, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(2), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnFetchError(func(err error) { t.Logf("fetch error: %v", err) }))
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +360,7 @@ func TestBatchConsumerAppliesOnceAndSetsPoisonAside(t *testing.T) {
 	s, stream := newStream(t, js, 1)
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 30*time.Second)
-	l := newLedger(t, openDB(t, 4), durable)
+	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	orders := makeOrders(300)
 	for i, o := range orders {
 		publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)

@@ -2,9 +2,7 @@ package nats_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -24,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -34,47 +33,6 @@ import (
 // IDEMPOTENT_NATS_SERVER (default /usr/sbin/nats-server, or nats-server on
 // PATH) for the clusters the tests start themselves. Without them the tests
 // skip — except when CI is set, where they fail.
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func unavailable(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-func uniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "_" + hex.EncodeToString(b)
-}
-
-// openDB returns a pool on the test database, closed in Cleanup.
-func openDB(t testing.TB, maxConns int) *sql.DB {
-	t.Helper()
-	dsn := env("IDEMPOTENT_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	db, err := sql.Open("postgres", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		unavailable(t, "no Postgres at IDEMPOTENT_POSTGRES_DSN (%s): %v", dsn, err)
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
 
 // ledger is the loyalty service on a schema of the test's own: claims,
 // balances and a point ledger with one row per applied order.
@@ -94,7 +52,7 @@ func (o order) key() string { return fmt.Sprintf("order-completed:%d", o.OrderID
 
 func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
 	t.Helper()
-	schema := uniqueName("nats")
+	schema := testenv.UniqueName("nats")
 	q := pq.QuoteIdentifier(schema)
 	if _, err := db.Exec(fmt.Sprintf(`CREATE SCHEMA %[1]s;
 CREATE TABLE %[1]s.balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0);
@@ -228,7 +186,7 @@ func connect(t testing.TB, urls string, opts ...natsgo.Option) *natsgo.Conn {
 	opts = append([]natsgo.Option{natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50 * time.Millisecond)}, opts...)
 	nc, err := natsgo.Connect(urls, opts...)
 	if err != nil {
-		unavailable(t, "no NATS server at %s: %v", urls, err)
+		testenv.Unavailable(t, "no NATS server at %s: %v", urls, err)
 	}
 	t.Cleanup(nc.Close)
 	return nc
@@ -237,7 +195,7 @@ func connect(t testing.TB, urls string, opts ...natsgo.Option) *natsgo.Conn {
 // localNATS returns a connection to the machine's server.
 func localNATS(t testing.TB) *natsgo.Conn {
 	t.Helper()
-	return connect(t, env("IDEMPOTENT_NATS_URL", "nats://127.0.0.1:4222"), natsgo.MaxReconnects(0))
+	return connect(t, testenv.Getenv("IDEMPOTENT_NATS_URL", "nats://127.0.0.1:4222"), natsgo.MaxReconnects(0))
 }
 
 func newJS(t testing.TB, nc *natsgo.Conn) jetstream.JetStream {
@@ -253,7 +211,7 @@ func newJS(t testing.TB, nc *natsgo.Conn) jetstream.JetStream {
 // in Cleanup.
 func newStream(t testing.TB, js jetstream.JetStream, replicas int) (jetstream.Stream, string) {
 	t.Helper()
-	name := strings.ToUpper(uniqueName("T"))
+	name := strings.ToUpper(testenv.UniqueName("T"))
 	var s jetstream.Stream
 	waitFor(t, 30*time.Second, "stream "+name, func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -455,7 +413,7 @@ func natsServerBinary(t testing.TB) string {
 	}
 	p, err := exec.LookPath("nats-server")
 	if err != nil {
-		unavailable(t, "no nats-server binary (set IDEMPOTENT_NATS_SERVER, or install the nats-server package)")
+		testenv.Unavailable(t, "no nats-server binary (set IDEMPOTENT_NATS_SERVER, or install the nats-server package)")
 	}
 	return p
 }
@@ -473,7 +431,7 @@ func startCluster(t testing.TB, n int) *cluster {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3*i+2]))
 	}
 	c := &cluster{}
-	clusterName := uniqueName("C")
+	clusterName := testenv.UniqueName("C")
 	for i := range n {
 		s := &natsServer{name: fmt.Sprintf("n%d", i+1), clientPort: ports[3*i], httpPort: ports[3*i+1]}
 		store := filepath.Join(dir, s.name)

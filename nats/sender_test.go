@@ -13,6 +13,8 @@ import (
 
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/outbox"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream relays outbox
@@ -25,7 +27,7 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	nc := localNATS(t)
 	js := newJS(t, nc)
 	_, stream := newStream(t, js, 1)
-	db := openDB(t, 6)
+	db := testenv.OpenPostgres(t, 6)
 	l := newLedger(t, db, "loyalty")
 	ob, err := outbox.New(db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
 	if err != nil {

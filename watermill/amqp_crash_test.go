@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // TestAMQPConnectionLostAfterCommitIsDuplicate closes the consumer's AMQP
@@ -24,7 +26,7 @@ func TestAMQPConnectionLostAfterCommitIsDuplicate(t *testing.T) {
 	t.Parallel()
 	url := amqpURL(t)
 	topic := amqpQueue(t, url)
-	l := newLedger(t, openDB(t, 4), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
 	sub, conn := amqpSubscriber(t, url)
 	var crashed atomic.Bool
 	crash := func(h message.HandlerFunc) message.HandlerFunc {

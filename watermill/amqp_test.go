@@ -7,14 +7,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 func amqpURL(t testing.TB) string {
 	t.Helper()
-	url := env("IDEMPOTENT_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	url := testenv.Getenv("IDEMPOTENT_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	conn, err := amqp.Dial(url)
 	if err != nil {
-		unavailable(t, "no RabbitMQ at IDEMPOTENT_AMQP_URL (%s): %v", url, err)
+		testenv.Unavailable(t, "no RabbitMQ at IDEMPOTENT_AMQP_URL (%s): %v", url, err)
 	}
 	_ = conn.Close()
 	return url
@@ -24,7 +26,7 @@ func amqpURL(t testing.TB) string {
 // exchange — deleted in Cleanup.
 func amqpQueue(t testing.TB, url string) string {
 	t.Helper()
-	topic := uniqueName("idempotent_wm")
+	topic := testenv.UniqueName("idempotent_wm")
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(url)
 		if err != nil {
@@ -84,7 +86,7 @@ func TestAMQPAuditWithDuplicatesAndFailures(t *testing.T) {
 	t.Parallel()
 	url := amqpURL(t)
 	topic := amqpQueue(t, url)
-	l := newLedger(t, openDB(t, 6), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 6), "loyalty")
 	var s settled
 	failFirst := l.handler(func(o order) bool { return o.OrderID%13 == 0 })
 	for range 2 {

@@ -17,6 +17,8 @@ import (
 
 	"github.com/txclaim/idempotent/outbox"
 	idwm "github.com/txclaim/idempotent/watermill"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // settled is a router middleware, outermost, that counts how handlers
@@ -61,7 +63,7 @@ func newGoChannel(t testing.TB) *gochannel.GoChannel {
 
 func TestGoChannelAckLostAfterCommitIsDuplicate(t *testing.T) {
 	t.Parallel()
-	l := newLedger(t, openDB(t, 4), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	var s settled
@@ -88,7 +90,7 @@ func TestGoChannelAckLostAfterCommitIsDuplicate(t *testing.T) {
 // redelivery applies it, once.
 func TestFailOnceThenSucceedDeduplicatorLosesItOursAppliesOnce(t *testing.T) {
 	t.Parallel()
-	db := openDB(t, 4)
+	db := testenv.OpenPostgres(t, 4)
 	theirs := newLedger(t, db, "dedup")
 	mine := newLedger(t, db, "loyalty")
 	pubsub := newGoChannel(t)
@@ -148,7 +150,7 @@ func TestFailOnceThenSucceedDeduplicatorLosesItOursAppliesOnce(t *testing.T) {
 
 func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 	t.Parallel()
-	l := newLedger(t, openDB(t, 4), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	var s settled
@@ -173,7 +175,7 @@ func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 
 func TestMessageWithoutKeyIsPoisonAndWritesNothing(t *testing.T) {
 	t.Parallel()
-	l := newLedger(t, openDB(t, 4), "loyalty")
+	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", idwm.IsPoison)
@@ -216,7 +218,7 @@ func TestMessageWithoutKeyIsPoisonAndWritesNothing(t *testing.T) {
 // and writes nothing.
 func TestProducedMessagesGoThroughTheOutbox(t *testing.T) {
 	t.Parallel()
-	db := openDB(t, 8)
+	db := testenv.OpenPostgres(t, 8)
 	l := newLedger(t, db, "loyalty")
 	down := newLedger(t, db, "notifier")
 	ob, err := outbox.New(db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())

@@ -2,12 +2,9 @@ package watermill_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +14,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 	idwm "github.com/txclaim/idempotent/watermill"
 )
@@ -25,46 +23,6 @@ import (
 // the local server) and, for watermill-amqp, the real RabbitMQ
 // (IDEMPOTENT_AMQP_URL, default the local server). Without them the tests
 // skip — except when CI is set, where they fail.
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func unavailable(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-func uniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "_" + hex.EncodeToString(b)
-}
-
-func openDB(t testing.TB, maxConns int) *sql.DB {
-	t.Helper()
-	dsn := env("IDEMPOTENT_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	db, err := sql.Open("postgres", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		unavailable(t, "no Postgres at IDEMPOTENT_POSTGRES_DSN (%s): %v", dsn, err)
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
 
 // ledger is the loyalty service on a schema of the test's own.
 type ledger struct {
@@ -84,7 +42,7 @@ func (o order) key() string { return fmt.Sprintf("order-completed:%d", o.OrderID
 
 func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
 	t.Helper()
-	schema := uniqueName("wm")
+	schema := testenv.UniqueName("wm")
 	q := pq.QuoteIdentifier(schema)
 	if _, err := db.Exec(fmt.Sprintf(`CREATE SCHEMA %[1]s;
 CREATE TABLE %[1]s.balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0);

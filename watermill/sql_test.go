@@ -11,6 +11,8 @@ import (
 	"github.com/lib/pq"
 
 	idwm "github.com/txclaim/idempotent/watermill"
+
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // subscriberTx returns the *sql.Tx the watermill-sql subscriber consumes the
@@ -35,7 +37,7 @@ func subscriberTx(ctx context.Context) (*sql.Tx, bool) {
 // is a duplicate; claims, effects and offsets commit together.
 func TestSQLSubscriberClaimEffectAndOffsetCommitTogether(t *testing.T) {
 	t.Parallel()
-	db := openDB(t, 6)
+	db := testenv.OpenPostgres(t, 6)
 	l := newLedger(t, db, "loyalty")
 	table := func(prefix string) func(string) string {
 		return func(topic string) string {
