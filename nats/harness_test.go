@@ -120,11 +120,7 @@ func (l *ledger) handler() idnats.Handler {
 
 func (l *ledger) count(t testing.TB, query string) int64 {
 	t.Helper()
-	var n int64
-	if err := l.db.QueryRow(strings.ReplaceAll(query, "$S", pq.QuoteIdentifier(l.schema))).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
+	return testenv.Count(t, l.db, l.schema, query)
 }
 
 // audit checks the effects are exactly those of the unique orders: one
@@ -135,39 +131,7 @@ func (l *ledger) audit(t testing.TB, orders []order) {
 	for _, o := range orders {
 		want[o.CustomerID] += o.Points
 	}
-	if n := l.count(t, "SELECT count(*) FROM $S.point_ledger"); n != int64(len(orders)) {
-		t.Errorf("%d ledger rows, want %d", n, len(orders))
-	}
-	if n := l.count(t, "SELECT count(*) FROM (SELECT order_id FROM $S.point_ledger GROUP BY order_id HAVING count(*) > 1) d"); n != 0 {
-		t.Errorf("%d orders applied more than once", n)
-	}
-	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != int64(len(orders)) {
-		t.Errorf("%d claims, want %d", n, len(orders))
-	}
-	rows, err := l.db.Query("SELECT customer_id, points FROM " + pq.QuoteIdentifier(l.schema) + ".balances")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	wrong := 0
-	for rows.Next() {
-		var c, p int64
-		if err := rows.Scan(&c, &p); err != nil {
-			t.Fatal(err)
-		}
-		if p != want[c] {
-			wrong++
-			if wrong <= 5 {
-				t.Errorf("customer %d has %d points, want %d", c, p, want[c])
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if wrong > 0 {
-		t.Errorf("%d balances wrong", wrong)
-	}
+	testenv.AuditLedger(t, l.db, l.schema, len(orders), want)
 }
 
 // makeOrders returns n orders with ids from 1.

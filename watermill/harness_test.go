@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -102,42 +101,18 @@ func (l *ledger) handler(failFirst func(order) bool) message.NoPublishHandlerFun
 
 func (l *ledger) count(t testing.TB, query string) int64 {
 	t.Helper()
-	var n int64
-	if err := l.db.QueryRow(strings.ReplaceAll(query, "$S", pq.QuoteIdentifier(l.schema))).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
+	return testenv.Count(t, l.db, l.schema, query)
 }
 
-// audit checks the effects are exactly those of orders.
+// audit checks the effects are exactly those of the unique orders: one
+// ledger row and one claim each, every balance exact.
 func (l *ledger) audit(t testing.TB, orders []order) {
 	t.Helper()
 	want := map[int64]int64{}
 	for _, o := range orders {
 		want[o.CustomerID] += o.Points
 	}
-	if n := l.count(t, "SELECT count(*) FROM $S.point_ledger"); n != int64(len(orders)) {
-		t.Errorf("%d ledger rows, want %d", n, len(orders))
-	}
-	if n := l.count(t, "SELECT count(*) FROM (SELECT order_id FROM $S.point_ledger GROUP BY order_id HAVING count(*) > 1) d"); n != 0 {
-		t.Errorf("%d orders applied more than once", n)
-	}
-	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != int64(len(orders)) {
-		t.Errorf("%d claims, want %d", n, len(orders))
-	}
-	wrong := 0
-	for c := int64(1); c <= 100; c++ {
-		var p int64
-		if err := l.db.QueryRow("SELECT points FROM "+pq.QuoteIdentifier(l.schema)+".balances WHERE customer_id = $1", c).Scan(&p); err != nil {
-			t.Fatal(err)
-		}
-		if p != want[c] {
-			wrong++
-		}
-	}
-	if wrong > 0 {
-		t.Errorf("%d balances wrong", wrong)
-	}
+	testenv.AuditLedger(t, l.db, l.schema, len(orders), want)
 }
 
 func makeOrders(n int) []order {
