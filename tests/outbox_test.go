@@ -345,19 +345,34 @@ func TestOutboxChaos(t *testing.T) {
 	client := newHTTPClient(t)
 	var aborted atomic.Int64 // calls cut off by a killed relay
 	send := prov.sender(client)
-	countingSender := outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
-		err := send.Send(ctx, m)
-		if err != nil && ctx.Err() != nil {
-			aborted.Add(1)
-		}
-		return err
-	})
 
-	// Relays, killed and replaced at random while messages arrive.
+	// Relays, killed and replaced at random while messages arrive. Each has
+	// its own sender so that the chaos can also kill one at a known moment:
+	// armed, the relay's next call that reaches the provider is held there
+	// until its relay is killed, so at least one call is certainly cut off
+	// after the provider performed it, before the relay recorded it.
+	type relay struct {
+		stop func()
+		hold atomic.Bool   // hold the next performed call until killed
+		held chan struct{} // closed when a call is being held
+	}
 	var relaySeq atomic.Int64
-	startRelay := func(grace bool) (stop func()) {
+	startRelay := func(grace bool) *relay {
+		rl := &relay{held: make(chan struct{})}
+		sender := outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+			err := send.Send(ctx, m)
+			if err == nil && rl.hold.CompareAndSwap(true, false) {
+				close(rl.held)
+				<-ctx.Done()
+				err = ctx.Err()
+			}
+			if err != nil && ctx.Err() != nil {
+				aborted.Add(1)
+			}
+			return err
+		})
 		opts := []outbox.RelayOption{
-			outbox.WithSender(kind, countingSender),
+			outbox.WithSender(kind, sender),
 			outbox.WithRelayID(fmt.Sprintf("relay-%d", relaySeq.Add(1))),
 			outbox.WithListener(pgDSN),
 			outbox.WithPollInterval(100 * time.Millisecond),
@@ -374,17 +389,18 @@ func TestOutboxChaos(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return runRelay(t, r)
+		rl.stop = runRelay(t, r)
+		return rl
 	}
 	var relaysMu sync.Mutex
-	relays := []func(){startRelay(false), startRelay(false), startRelay(true)}
+	relays := []*relay{startRelay(false), startRelay(false), startRelay(true)}
 	chaosDone := make(chan struct{})
 	var chaos sync.WaitGroup
-	var kills atomic.Int64
+	var kills, heldKills atomic.Int64
 	chaos.Add(1)
 	go func() {
 		defer chaos.Done()
-		for {
+		for n := 0; ; n++ {
 			select {
 			case <-chaosDone:
 				return
@@ -392,8 +408,19 @@ func TestOutboxChaos(t *testing.T) {
 			}
 			relaysMu.Lock()
 			i := rand.IntN(len(relays))
-			relays[i]() // killed mid-call (grace 0) or stopped gracefully
-			relays[i] = startRelay(rand.IntN(3) == 0)
+			if n%4 == 0 {
+				// Every fourth kill waits for a call of relay 0 (never
+				// graceful) to be held at the provider, and kills it then.
+				i = 0
+				relays[0].hold.Store(true)
+				select {
+				case <-relays[0].held:
+					heldKills.Add(1)
+				case <-chaosDone:
+				}
+			}
+			relays[i].stop() // killed mid-call (grace 0) or stopped gracefully
+			relays[i] = startRelay(i != 0 && rand.IntN(3) == 0)
 			relaysMu.Unlock()
 			kills.Add(1)
 		}
@@ -480,8 +507,8 @@ func TestOutboxChaos(t *testing.T) {
 	})
 	t.Logf("all rows sent %v after the first delivery", time.Since(start))
 	relaysMu.Lock()
-	for _, stop := range relays {
-		stop()
+	for _, rl := range relays {
+		rl.stop()
 	}
 	relaysMu.Unlock()
 
@@ -529,12 +556,12 @@ func TestOutboxChaos(t *testing.T) {
 	for _, n := range calls {
 		total += n
 	}
-	t.Logf("%d committed messages (%d applied, %d duplicates), %d calls, %d failed attempts, %d calls cut off by %d relay kills, %d leases lost",
-		committed, applied.Load(), duplicates.Load(), total, log.Count(outbox.EventFailed), aborted.Load(), kills.Load(), log.Count(outbox.EventLeaseLost))
+	t.Logf("%d committed messages (%d applied, %d duplicates), %d calls, %d failed attempts, %d calls cut off by %d relay kills (%d of them while a performed call was held), %d leases lost",
+		committed, applied.Load(), duplicates.Load(), total, log.Count(outbox.EventFailed), aborted.Load(), kills.Load(), heldKills.Load(), log.Count(outbox.EventLeaseLost))
 	// The test must have exercised what it claims to.
-	if log.Count(outbox.EventFailed) == 0 || aborted.Load() == 0 || duplicates.Load() == 0 {
-		t.Errorf("no failed attempts (%d), cut-off calls (%d) or duplicates (%d): the chaos did not happen",
-			log.Count(outbox.EventFailed), aborted.Load(), duplicates.Load())
+	if log.Count(outbox.EventFailed) == 0 || aborted.Load() == 0 || heldKills.Load() == 0 || duplicates.Load() == 0 {
+		t.Errorf("no failed attempts (%d), cut-off calls (%d), kills of a held call (%d) or duplicates (%d): the chaos did not happen",
+			log.Count(outbox.EventFailed), aborted.Load(), heldKills.Load(), duplicates.Load())
 	}
 }
 
