@@ -38,7 +38,8 @@ import (
 // Allocs/*: allocations per message, one worker.
 func BenchmarkHeadToHead(b *testing.B) {
 	ctx := context.Background()
-	p := newPool(b, 8, os.Getenv("BENCH_PG_PARAMS"))
+	target := benchDSN(b)
+	p := newPoolAt(b, target, 8, os.Getenv("BENCH_PG_PARAMS"))
 	s := tempSchema(b, p)
 	exec(b, p, "CREATE TABLE "+s+".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0)")
 	exec(b, p, "CREATE TABLE "+s+".ledger (id bigserial PRIMARY KEY, customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)")
@@ -59,7 +60,7 @@ func BenchmarkHeadToHead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	db, err := sql.Open("pgx", withOptions(dsn(b), os.Getenv("BENCH_PG_PARAMS")))
+	db, err := sql.Open("pgx", withOptions(target, os.Getenv("BENCH_PG_PARAMS")))
 	if err != nil {
 		b.Fatal(err)
 	}

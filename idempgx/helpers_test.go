@@ -41,7 +41,13 @@ func dsn(t testing.TB) string {
 // newPool opens a pool of at most maxConns connections, closed in Cleanup.
 func newPool(t testing.TB, maxConns int32, options ...string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(withOptions(dsn(t), options...))
+	return newPoolAt(t, dsn(t), maxConns, options...)
+}
+
+// newPoolAt is newPool on the database at d.
+func newPoolAt(t testing.TB, d string, maxConns int32, options ...string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(withOptions(d, options...))
 	if err != nil {
 		t.Fatal(err)
 	}
