@@ -85,9 +85,10 @@ func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFu
 // The claims are taken in ascending byte order of their keys, so two
 // overlapping batches wait for each other instead of deadlocking on their
 // claims. With a dialect that implements dialect.BatchClaimer (the Postgres
-// one does) a batch on an unpartitioned table is claimed by one statement;
-// otherwise — and in partitioned mode — each key is claimed by its own
-// statement, in the same order and transaction.
+// one does) a batch is claimed by one statement, and in partitioned mode
+// too where it implements dialect.PartitionedBatchClaimer (the Postgres one
+// does: each key goes to its event day's partition); otherwise each key is
+// claimed by its own statement, in the same order and transaction.
 //
 // Event times work as for ProcessMessage, message by message: each message
 // that carries one passes the retention fence, and in partitioned mode each
@@ -216,11 +217,17 @@ func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptStat
 	})
 }
 
-// batchStatements runs the batch's claim statement (or one per key: in
-// partitioned mode, each with its event day).
+// batchStatements runs the batch's claim statement: one for the whole batch
+// where the dialect can (dialect.BatchClaimer, or in partitioned mode
+// dialect.PartitionedBatchClaimer), else one per key — in partitioned mode
+// each with its event day.
 func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []string, days []time.Time, isNew []bool) error {
 	bc, ok := m.d.(dialect.BatchClaimer)
-	if !ok || days != nil {
+	var pbc dialect.PartitionedBatchClaimer
+	if days != nil {
+		pbc, ok = m.d.(dialect.PartitionedBatchClaimer)
+	}
+	if !ok {
 		// One claim statement per key, in ascending order.
 		for j, k := range uniq {
 			var res sql.Result
@@ -246,9 +253,19 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 		}
 		return nil
 	}
-	rows, err := tx.QueryContext(ctx, bc.BatchClaimSQL(m.table), m.consumer, bc.BatchKeysArg(uniq))
+	var rows *sql.Rows
+	var err error
+	if days == nil {
+		rows, err = tx.QueryContext(ctx, bc.BatchClaimSQL(m.table), m.consumer, bc.BatchKeysArg(uniq))
+	} else {
+		ds := make([]string, len(days))
+		for j, d := range days {
+			ds[j] = eventDay(d).Format(time.DateOnly)
+		}
+		rows, err = tx.QueryContext(ctx, pbc.PartitionedBatchClaimSQL(m.table), m.consumer, pbc.BatchKeysArg(uniq), pbc.BatchKeysArg(ds))
+	}
 	if err != nil {
-		return m.claimError(err)
+		return m.batchClaimError(err, days)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -263,9 +280,27 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 		isNew[j] = true
 	}
 	if err := rows.Err(); err != nil {
-		return m.claimError(err)
+		return m.batchClaimError(err, days)
 	}
 	return nil
+}
+
+// batchClaimError wraps a failed batch claim statement's error; in
+// partitioned mode a missing partition becomes ErrNoPartition naming the
+// batch's days (the statement does not say which of them failed).
+func (m *Middleware) batchClaimError(err error, days []time.Time) error {
+	if len(days) > 0 {
+		distinct := make([]time.Time, len(days))
+		for j, d := range days {
+			distinct[j] = eventDay(d)
+		}
+		slices.SortFunc(distinct, time.Time.Compare)
+		distinct = slices.CompactFunc(distinct, time.Time.Equal)
+		if rerr := m.retentionClaimError(err, distinct...); rerr != nil {
+			return rerr
+		}
+	}
+	return m.claimError(err)
 }
 
 // observeBatch tells the observer, if any, one Event per message.

@@ -145,10 +145,13 @@ func ExampleMiddleware_ProcessMessages() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	claimAt := postgres.New().ClaimAtSQL(table) // one claim per message, in key order, with its day
+	// One claim statement for the batch: the keys in ascending order, each
+	// with its event day; it returns the keys whose claims were new.
+	pg := postgres.New()
 	mock.ExpectBegin()
-	mock.ExpectExec(claimAt).WithArgs("loyalty", "evt-1", "2031-03-14").WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(claimAt).WithArgs("loyalty", "evt-2", "2031-03-16").WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectQuery(pg.PartitionedBatchClaimSQL(table)).
+		WithArgs("loyalty", pg.BatchKeysArg([]string{"evt-1", "evt-2"}), pg.BatchKeysArg([]string{"2031-03-14", "2031-03-16"})).
+		WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("evt-1"))
 	mock.ExpectCommit()
 
 	msgs := []idempotent.Message{

@@ -25,6 +25,7 @@ var (
 	msgNow     = time.Date(2031, 3, 18, 12, 0, 0, 0, time.UTC)
 	claimAtSQL = pg.ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
 	batchSQL   = pg.BatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
+	batchAtSQL = pg.PartitionedBatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
 )
 
 // newMessageMiddleware returns a Middleware whose clock reads msgNow.
@@ -38,6 +39,20 @@ func partitioned() idempotent.Option { return idempotent.WithDailyPartitions(2) 
 // expectClaimAt scripts a partitioned claim of k on at's day.
 func expectClaimAt(m sqlmock.Sqlmock, k string, at time.Time, rows int64) {
 	m.ExpectExec(claimAtSQL).WithArgs(consumer, k, at.UTC().Format(time.DateOnly)).WillReturnResult(sqlmock.NewResult(0, rows))
+}
+
+// expectBatchClaimAt scripts the partitioned batch claim of keys, each on
+// the day of the time at the same index, inserting those in fresh.
+func expectBatchClaimAt(m sqlmock.Sqlmock, keys []string, ats []time.Time, fresh ...string) {
+	days := make([]string, len(ats))
+	for i, at := range ats {
+		days[i] = at.UTC().Format(time.DateOnly)
+	}
+	rows := sqlmock.NewRows([]string{"message_key"})
+	for _, k := range fresh {
+		rows.AddRow(k)
+	}
+	m.ExpectQuery(batchAtSQL).WithArgs(consumer, pg.BatchKeysArg(keys), pg.BatchKeysArg(days)).WillReturnRows(rows)
 }
 
 func TestProcessMessage(t *testing.T) {
@@ -100,7 +115,7 @@ func TestProcessMessages(t *testing.T) {
 	ctx := context.Background()
 	day1 := msgNow.Add(-48 * time.Hour)
 	day2 := msgNow.Add(-time.Hour)
-	t.Run("partitioned: each claim in its own day, in key order", func(t *testing.T) {
+	t.Run("partitioned: one claim statement, each key in its own day, in key order", func(t *testing.T) {
 		r := newRecorded(t)
 		ev := &events{}
 		mw := newMessageMiddleware(t, r, partitioned(), idempotent.WithObserver(ev))
@@ -111,9 +126,7 @@ func TestProcessMessages(t *testing.T) {
 			{Key: "a", EventTime: day1.Add(time.Minute)}, // a redelivery in the batch: same day
 		}
 		r.mock.ExpectBegin()
-		expectClaimAt(r.mock, "a", day1, 1)
-		expectClaimAt(r.mock, "b", day2, 0)
-		expectClaimAt(r.mock, "c", day2, 1)
+		expectBatchClaimAt(r.mock, []string{"a", "b", "c"}, []time.Time{day1, day2, day2}, "a", "c")
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
 		var fresh []int
@@ -125,7 +138,7 @@ func TestProcessMessages(t *testing.T) {
 		if err != nil || !slices.Equal(outs, want) || !slices.Equal(fresh, []int{0, 1}) {
 			t.Fatalf("got (%v, %v), fresh %v; want %v, fresh [0 1]", outs, err, fresh, want)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, claimAtSQL, claimAtSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", batchAtSQL, effectSQL, "COMMIT")
 		if len(ev.outcomes) != 4 || ev.outcomes[0].Key != "c" || ev.outcomes[0].Outcome != idempotent.Applied {
 			t.Fatalf("events %+v", ev.outcomes)
 		}
@@ -134,17 +147,17 @@ func TestProcessMessages(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMessageMiddleware(t, r, partitioned())
 		r.mock.ExpectBegin()
-		expectClaimAt(r.mock, "a", day1, 1)
-		r.mock.ExpectExec(claimAtSQL).WithArgs(consumer, "b", day2.Format(time.DateOnly)).WillReturnError(&pq.Error{Code: "23514"})
+		r.mock.ExpectQuery(batchAtSQL).WithArgs(consumer, sqlmock.AnyArg(), sqlmock.AnyArg()).WillReturnError(&pq.Error{Code: "23514"})
 		r.mock.ExpectRollback()
-		_, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b", EventTime: day2}, {Key: "a", EventTime: day1}}, func(context.Context, *sql.Tx, []int) error {
+		_, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b", EventTime: day2}, {Key: "a", EventTime: day1}, {Key: "c", EventTime: day2}}, func(context.Context, *sql.Tx, []int) error {
 			t.Error("the handler ran")
 			return nil
 		})
-		if !errors.Is(err, idempotent.ErrNoPartition) || !strings.Contains(err.Error(), `key "b"`) {
-			t.Fatalf("got %v, want ErrNoPartition naming key b", err)
+		days := day1.Format(time.DateOnly) + ", " + day2.Format(time.DateOnly)
+		if !errors.Is(err, idempotent.ErrNoPartition) || !strings.Contains(err.Error(), "event days "+days+" yet") {
+			t.Fatalf("got %v, want ErrNoPartition naming the days %s once each", err, days)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, claimAtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", batchAtSQL, "ROLLBACK")
 	})
 	t.Run("plain: one statement for the batch, event times fenced", func(t *testing.T) {
 		r := newRecorded(t)
@@ -345,8 +358,7 @@ func TestWrapMessages(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMessageMiddleware(t, r, partitioned())
 		r.mock.ExpectBegin()
-		expectClaimAt(r.mock, "a", day2, 0)
-		expectClaimAt(r.mock, "b", day1, 1)
+		expectBatchClaimAt(r.mock, []string{"a", "b"}, []time.Time{day2, day1}, "b")
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
 		var seen []event
@@ -358,7 +370,7 @@ func TestWrapMessages(t *testing.T) {
 		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) || len(seen) != 1 || seen[0].id != "b" {
 			t.Fatalf("got (%v, %v), handler saw %+v", outs, err, seen)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, claimAtSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", batchAtSQL, effectSQL, "COMMIT")
 	})
 	t.Run("message function fails: nothing sent", func(t *testing.T) {
 		r := newRecorded(t)

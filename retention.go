@@ -3,6 +3,7 @@ package idempotent
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -224,12 +225,20 @@ func eventDay(t time.Time) time.Time {
 
 // retentionClaimError translates a claim failure that only retention settings
 // explain; it returns nil for any other error.
-func (m *Middleware) retentionClaimError(err error, at time.Time) error {
+func (m *Middleware) retentionClaimError(err error, at ...time.Time) error {
 	if m.ret.part != nil && m.ret.part.IsNoPartition(err) {
 		// checkEvent let at through, so its day is inside the window: the
 		// partition is not there yet (or was removed by hand).
-		return fmt.Errorf("%w: %s has no partition for event day %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-			ErrNoPartition, m.table, eventDay(at).Format(time.DateOnly), m.ret.leadDays, err)
+		which := "event day " + eventDay(at[0]).Format(time.DateOnly)
+		if len(at) > 1 {
+			ds := make([]string, len(at))
+			for i, d := range at {
+				ds[i] = eventDay(d).Format(time.DateOnly)
+			}
+			which = "one of the event days " + strings.Join(ds, ", ")
+		}
+		return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+			ErrNoPartition, m.table, which, m.ret.leadDays, err)
 	}
 	return nil
 }

@@ -135,13 +135,31 @@ func (m *Mock) messageKeys(helper string, msgs []idempotent.Message) ([]string, 
 }
 
 // expectMessagesClaim expects the claims of uniq: the batch claim, or in
-// partitioned mode one claim per key in its day.
+// partitioned mode the batch claim with the keys' days where the dialect
+// has one (dialect.PartitionedBatchClaimer), else one claim per key in its
+// day.
 func (m *Mock) expectMessagesClaim(uniq []string, days []time.Time, isNew []bool) {
 	if days == nil {
 		m.expectBatchClaim(uniq, isNew, nil)
 		return
 	}
 	m.expectLockTimeout()
+	if pbc, ok := m.d.(dialect.PartitionedBatchClaimer); ok {
+		ds := make([]string, len(days))
+		for j, d := range days {
+			ds[j] = eventDay(d)
+		}
+		rows := sqlmock.NewRows([]string{"message_key"})
+		for j, k := range uniq {
+			if isNew[j] {
+				rows.AddRow(k)
+			}
+		}
+		m.Sqlmock.ExpectQuery(pbc.PartitionedBatchClaimSQL(m.table)).
+			WithArgs(m.consumer, pbc.BatchKeysArg(uniq), pbc.BatchKeysArg(ds)).WillReturnRows(rows)
+		m.expectLockReset()
+		return
+	}
 	for j, k := range uniq {
 		n := int64(0)
 		if isNew[j] {

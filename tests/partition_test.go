@@ -297,6 +297,16 @@ func TestMissingPartitionIsNotTooOld(t *testing.T) {
 	_, err = l.mw.ClaimEvent(ctx, tx, "gap", time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC))
 	_ = tx.Rollback()
 	check("ClaimEvent on a dropped day", err)
+	// A batch whose claim statement has a row for the dropped day fails
+	// whole: its rows for the days that exist are not written either.
+	_, err = l.mw.ProcessMessages(ctx, []idempotent.Message{
+		{Key: "batch-ok", EventTime: time.Date(2031, 3, 13, 9, 0, 0, 0, time.UTC)},
+		{Key: "batch-gap", EventTime: time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC)},
+	}, func(context.Context, *sql.Tx, []int) error { ran++; return nil })
+	check("a batch with a message on a dropped day", err)
+	if !strings.Contains(err.Error(), "has no partition for one of the event days 2031-03-10, 2031-03-13") {
+		t.Errorf("error does not name the batch's days: %v", err)
+	}
 	if ran != 0 || retCount(t, l.db, l.schema+".processed_messages", "") != 0 {
 		t.Fatalf("handler ran %d times; want nothing written", ran)
 	}
