@@ -80,7 +80,8 @@ func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFu
 // claimed before. A key that occurs more than once in the batch is applied
 // once: its first occurrence may be Applied, the later ones are Duplicate.
 // If every message is a duplicate, fn does not run and nothing is
-// committed.
+// committed; with a pre-check (WithSeen) that knows every key, no
+// transaction is opened at all.
 //
 // The claims are taken in ascending byte order of their keys, so two
 // overlapping batches wait for each other instead of deadlocking on their
@@ -157,6 +158,24 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn Bat
 		uniq = append(uniq, msgs[i].Key)
 		first = append(first, i)
 	}
+	// The pre-check: keys it knows are duplicates, and are not claimed.
+	if hit := m.seenKeys(ctx, uniq); hit != nil {
+		n := 0
+		for j := range uniq {
+			if !hit[j] {
+				uniq[n], first[n] = uniq[j], first[j]
+				n++
+			}
+		}
+		uniq, first = uniq[:n], first[:n]
+		if n == 0 {
+			outcomes := make([]Outcome, len(msgs))
+			for i := range outcomes {
+				outcomes[i] = Duplicate
+			}
+			return outcomes, 0, nil
+		}
+	}
 	var days []time.Time // the event time of uniq[j], in partitioned mode
 	if m.ret.part != nil {
 		days = make([]time.Time, len(uniq))
@@ -198,6 +217,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn Bat
 			outcomes[first[j]] = Applied
 		}
 	}
+	m.recordSeenKeys(ctx, uniq)
 	return outcomes, attempts, nil
 }
 

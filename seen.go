@@ -34,10 +34,26 @@ type Seen interface {
 	Record(ctx context.Context, consumer, key string, ttl time.Duration)
 }
 
+// SeenBatch is implemented by a Seen that can answer and record many keys
+// in one call: one round trip to a shared store for a whole batch instead of
+// one per key. ProcessMessages (and ProcessBatch, WrapMessages, WrapBatch)
+// use it when the Seen has it, and Seen and Record key by key otherwise.
+// Its answers follow the rules of Seen and Record, key by key.
+type SeenBatch interface {
+	Seen
+	// SeenKeys reports, for each of keys, what Seen would: a slice as long
+	// as keys. A failure of the store answers false for every key.
+	SeenKeys(ctx context.Context, consumer string, keys []string) []bool
+	// RecordKeys records every one of keys, as Record would.
+	RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration)
+}
+
 // WithSeen sets a duplicate pre-check (see Seen), consulted by Process,
-// ProcessEvent, ProcessTx and the Wrap functions after the key is validated
-// and before a transaction is opened. ProcessBatch does not consult it.
-// Default is none: every delivery goes to the database.
+// ProcessMessage, ProcessMessages, ProcessTx and the Wrap functions after
+// the messages are validated and before a transaction is opened: a message
+// it knows is a Duplicate without touching the database, and a batch it
+// knows whole opens no transaction. Default is none: every delivery goes to
+// the database.
 func WithSeen(s Seen) Option {
 	return optionFunc(func(c *config) error {
 		if s == nil {
@@ -51,6 +67,40 @@ func WithSeen(s Seen) Option {
 // seenBefore reports whether the pre-check, if any, already knows key.
 func (m *Middleware) seenBefore(ctx context.Context, key string) bool {
 	return m.seen != nil && m.seen.Seen(ctx, m.consumer, key)
+}
+
+// seenKeys reports which of keys the pre-check, if any, already knows: nil
+// when there is no pre-check.
+func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
+	if m.seen == nil {
+		return nil
+	}
+	if sb, ok := m.seen.(SeenBatch); ok {
+		if hit := sb.SeenKeys(ctx, m.consumer, keys); len(hit) == len(keys) {
+			return hit
+		}
+		return make([]bool, len(keys)) // a wrong answer counts as a miss
+	}
+	hit := make([]bool, len(keys))
+	for i, k := range keys {
+		hit[i] = m.seen.Seen(ctx, m.consumer, k)
+	}
+	return hit
+}
+
+// recordSeenKeys tells the pre-check, if any, that keys' claims are
+// committed.
+func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
+	if m.seen == nil || len(keys) == 0 {
+		return
+	}
+	if sb, ok := m.seen.(SeenBatch); ok {
+		sb.RecordKeys(ctx, m.consumer, keys, m.ret.window)
+		return
+	}
+	for _, k := range keys {
+		m.seen.Record(ctx, m.consumer, k, m.ret.window)
+	}
 }
 
 // recordSeen tells the pre-check, if any, that key's claim is committed.
@@ -132,6 +182,23 @@ func (s *SeenLRU) Record(_ context.Context, consumer, key string, ttl time.Durat
 		delete(s.items, old.Value.(*seenEntry).k)
 	}
 	s.items[k] = s.order.PushFront(&seenEntry{k: k, expires: expires})
+}
+
+// SeenKeys reports, for each of keys, whether it was recorded for consumer
+// and has not expired.
+func (s *SeenLRU) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+	hit := make([]bool, len(keys))
+	for i, k := range keys {
+		hit[i] = s.Seen(ctx, consumer, k)
+	}
+	return hit
+}
+
+// RecordKeys records every one of keys for consumer for ttl, as Record does.
+func (s *SeenLRU) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
+	for _, k := range keys {
+		s.Record(ctx, consumer, k, ttl)
+	}
 }
 
 // Len returns how many keys are held, expired ones included until they are
