@@ -15,8 +15,8 @@ import (
 	"github.com/txclaim/idempotent/dialect"
 )
 
-// conn is what an attempt needs of its connection: a *pgx.Conn, or a
-// pgxmock connection in unit tests.
+// conn is what an attempt needs of its connection: a *pgx.Conn, or the
+// scripted fake of sequence_unit_test.go in unit tests.
 type conn interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,14 +14,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txclaim/idempotent"
 )
 
 // The statements each delivery sends, checked against a scripted
-// connection. (pgxmock v4.9.0, the latest, does not compile against pgx
-// v5.13's BatchResults and Rows interfaces, so the script is a small fake
-// of the connection interface the middleware uses.)
+// connection. (pgxmock v4.9.0, the latest release, compiles only against
+// pgx v5.10 and older: pgx v5.11 added Rows.TypeMap and v5.12 added
+// BatchResults.Tx, neither of which pgxmock implements. The claim's round
+// trip needs Batch.BeginTx, new in v5.12, so no pgx version this module can
+// require works with pgxmock, and the script is a small fake of the
+// connection interface the middleware uses.)
 
 // step is one expected call: a batch of statements or one statement, the
 // results it returns and the connection's transaction status after it.
@@ -27,6 +33,8 @@ type step struct {
 	sql    []string // the batch's statements, or the one statement
 	tags   []string // one command tag per statement that succeeded
 	err    error    // the failure of the statement after the tags
+	args   []any    // the last statement's arguments, checked when set
+	rows   []string // the keys the batch claim returns (RETURNING message_key)
 	status byte     // transaction status after the step ('I', 'T' or 'E')
 	closed bool     // the connection is lost after the step
 }
@@ -39,7 +47,7 @@ type script struct {
 	closed bool
 }
 
-func (s *script) next(sqls ...string) step {
+func (s *script) next(args []any, sqls ...string) step {
 	s.t.Helper()
 	if s.i >= len(s.steps) {
 		s.t.Fatalf("unexpected %q after the script's end", sqls)
@@ -49,12 +57,15 @@ func (s *script) next(sqls ...string) step {
 	if strings.Join(st.sql, "; ") != strings.Join(sqls, "; ") {
 		s.t.Fatalf("step %d: got %q, want %q", s.i, sqls, st.sql)
 	}
+	if st.args != nil && !reflect.DeepEqual(args, st.args) {
+		s.t.Fatalf("step %d: arguments %#v, want %#v", s.i, args, st.args)
+	}
 	s.status, s.closed = st.status, st.closed
 	return st
 }
 
-func (s *script) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
-	st := s.next(sql)
+func (s *script) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	st := s.next(args, sql)
 	if st.err != nil {
 		return pgconn.CommandTag{}, st.err
 	}
@@ -63,10 +74,12 @@ func (s *script) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTa
 
 func (s *script) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
 	var sqls []string
+	var args []any
 	for _, q := range b.QueuedQueries {
 		sqls = append(sqls, q.SQL)
+		args = q.Arguments
 	}
-	return &scriptResults{st: s.next(sqls...)}
+	return &scriptResults{st: s.next(args, sqls...)}
 }
 
 func (s *script) Query(context.Context, string, ...any) (pgx.Rows, error) {
@@ -111,10 +124,58 @@ func (r *scriptResults) Exec() (pgconn.CommandTag, error) {
 	}
 	return pgconn.CommandTag{}, errors.New("no result scripted")
 }
-func (r *scriptResults) Query() (pgx.Rows, error) { return nil, errors.New("not scripted") }
-func (r *scriptResults) QueryRow() pgx.Row        { return nil }
-func (r *scriptResults) Close() error             { return nil }
-func (r *scriptResults) Tx() pgx.Tx               { return nil }
+
+// Query returns the batch claim's rows, or the step's failure.
+func (r *scriptResults) Query() (pgx.Rows, error) {
+	defer func() { r.n++ }()
+	if r.n != len(r.st.tags) {
+		return nil, fmt.Errorf("Query for statement %d, want it for statement %d", r.n+1, len(r.st.tags)+1)
+	}
+	if r.st.err != nil {
+		return nil, r.st.err
+	}
+	return &keyRows{keys: r.st.rows, i: -1}, nil
+}
+func (r *scriptResults) QueryRow() pgx.Row { return nil }
+func (r *scriptResults) Close() error      { return nil }
+func (r *scriptResults) Tx() pgx.Tx        { return nil }
+
+// keyRows is a result of one text column, the keys a batch claim returns.
+type keyRows struct {
+	keys   []string
+	i      int
+	closed bool
+}
+
+func (r *keyRows) Close()     { r.closed = true }
+func (r *keyRows) Err() error { return nil }
+func (r *keyRows) CommandTag() pgconn.CommandTag {
+	return pgconn.NewCommandTag(fmt.Sprintf("INSERT 0 %d", len(r.keys)))
+}
+func (r *keyRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r *keyRows) Conn() *pgx.Conn                              { return nil }
+func (r *keyRows) TypeMap() *pgtype.Map                         { return pgtype.NewMap() }
+func (r *keyRows) Next() bool {
+	if r.closed || r.i+1 >= len(r.keys) {
+		r.closed = true
+		return false
+	}
+	r.i++
+	return true
+}
+func (r *keyRows) Scan(dest ...any) error {
+	if len(dest) != 1 {
+		return fmt.Errorf("scan of %d values, the row has 1", len(dest))
+	}
+	p, ok := dest[0].(*string)
+	if !ok {
+		return fmt.Errorf("scan into %T, want *string", dest[0])
+	}
+	*p = r.keys[r.i]
+	return nil
+}
+func (r *keyRows) Values() ([]any, error) { return []any{r.keys[r.i]}, nil }
+func (r *keyRows) RawValues() [][]byte    { return [][]byte{[]byte(r.keys[r.i])} }
 
 // scripted returns a Middleware whose every attempt gets s's connection.
 func scripted(t *testing.T, s *script, opts ...Option) *Middleware {
@@ -136,7 +197,10 @@ func scripted(t *testing.T, s *script, opts ...Option) *Middleware {
 
 const (
 	claimSQL = `INSERT INTO "processed_messages" (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING`
-	effect   = "UPDATE t SET n = n + 1"
+	batchSQL = `INSERT INTO "processed_messages" (consumer, message_key) ` +
+		`SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i ` +
+		`ON CONFLICT DO NOTHING RETURNING message_key`
+	effect = "UPDATE t SET n = n + 1"
 )
 
 var (
@@ -146,8 +210,8 @@ var (
 
 func TestSequence(t *testing.T) {
 	runEffect := func(ctx context.Context, tx pgx.Tx) error { _, err := tx.Exec(ctx, effect); return err }
-	newClaim := step{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN", "INSERT 0 1"}, status: 'T'}
-	dupClaim := step{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN", "INSERT 0 0"}, status: 'T'}
+	newClaim := step{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN", "INSERT 0 1"}, args: []any{"orders", "k"}, status: 'T'}
+	dupClaim := step{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN", "INSERT 0 0"}, args: []any{"orders", "k"}, status: 'T'}
 	failedClaim := func(err error) step {
 		return step{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN"}, err: err, status: 'E'}
 	}
@@ -230,6 +294,86 @@ func TestSequence(t *testing.T) {
 }
 
 var errBoom = errors.New("boom")
+
+// TestBatchSequence: the statements of ProcessBatch. The batch ["c", "b",
+// "a", "c"] is claimed as its distinct keys in ascending order, ["a", "b",
+// "c"], in one statement after BEGIN; the keys it returns are the new ones.
+func TestBatchSequence(t *testing.T) {
+	keys := []string{"c", "b", "a", "c"}
+	claim := func(rows ...string) step {
+		return step{sql: []string{"begin", batchSQL}, tags: []string{"BEGIN"}, args: []any{"orders", []string{"a", "b", "c"}}, rows: rows, status: 'T'}
+	}
+	failedClaim := step{sql: []string{"begin", batchSQL}, tags: []string{"BEGIN"}, err: errSerialization, status: 'E'}
+	runs := step{sql: []string{effect}, tags: []string{"UPDATE 1"}, status: 'T'}
+	commit := step{sql: []string{"commit"}, tags: []string{"COMMIT"}, status: 'I'}
+	rollback := step{sql: []string{"rollback"}, tags: []string{"ROLLBACK"}, status: 'I'}
+	const (
+		a = idempotent.Applied
+		d = idempotent.Duplicate
+	)
+
+	for _, tc := range []struct {
+		name      string
+		opts      []Option
+		steps     []step
+		fnErr     error // the function's error, returned after its statement
+		want      []idempotent.Outcome
+		wantFresh []int // the fresh indexes of the function's last run; nil: it did not run
+		wantErr   error
+		wantText  string // in the error, when wantErr is nil
+	}{
+		{name: "new and duplicate keys: begin and one claim, effect, commit",
+			steps: []step{claim("a", "c"), runs, commit},
+			want:  []idempotent.Outcome{a, d, a, d}, wantFresh: []int{0, 2}},
+		{name: "every key a duplicate: rollback, function not run",
+			steps: []step{claim(), rollback},
+			want:  []idempotent.Outcome{d, d, d, d}},
+		{name: "lock timeout travels with begin", opts: []Option{WithLockTimeout(250 * time.Millisecond)},
+			steps: []step{{sql: []string{"begin", "SET LOCAL lock_timeout = 250", batchSQL}, tags: []string{"BEGIN", "SET"}, rows: []string{"b"}, status: 'T'}, runs, commit},
+			want:  []idempotent.Outcome{d, a, d, d}, wantFresh: []int{1}},
+		{name: "claim's serialization failure: rollback, retried",
+			steps: []step{failedClaim, rollback, claim("a", "b", "c"), runs, commit},
+			want:  []idempotent.Outcome{a, a, a, d}, wantFresh: []int{0, 1, 2}},
+		{name: "serialization failure in the function: the retry's claim alone says which keys are new",
+			steps: []step{claim("a", "c"), {sql: []string{effect}, err: errSerialization, status: 'E'}, rollback, claim("c"), runs, commit},
+			want:  []idempotent.Outcome{a, d, d, d}, wantFresh: []int{0}},
+		{name: "function's error: rollback, returned once",
+			steps: []step{claim("a"), runs, rollback}, fnErr: errBoom,
+			wantFresh: []int{2}, wantErr: errBoom},
+		{name: "the database returns a key not in the batch: rollback, error",
+			steps:    []step{claim("z"), rollback},
+			wantText: `key "z", which is not in the batch`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &script{t: t, steps: tc.steps}
+			m := scripted(t, s, tc.opts...)
+			var fresh []int
+			got, err := m.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx pgx.Tx, f []int) error {
+				fresh = f
+				if _, err := tx.Exec(ctx, effect); err != nil {
+					return err
+				}
+				return tc.fnErr
+			})
+			switch {
+			case tc.wantErr != nil:
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+			case tc.wantText != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantText) {
+					t.Fatalf("err = %v, want one saying %s", err, tc.wantText)
+				}
+			case err != nil || !reflect.DeepEqual(got, tc.want):
+				t.Fatalf("%v, %v; want %v", got, err, tc.want)
+			}
+			if !reflect.DeepEqual(fresh, tc.wantFresh) {
+				t.Fatalf("fresh %v, want %v", fresh, tc.wantFresh)
+			}
+			s.done()
+		})
+	}
+}
 
 // TestRefusedBeforeSending: bad input and nested calls send nothing.
 func TestRefusedBeforeSending(t *testing.T) {

@@ -99,7 +99,8 @@ func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	return t.a.l.c.QueryRow(ctx, sql, args...)
 }
 
-// Conn returns the claim's connection (nil in unit tests with a mock).
+// Conn returns the claim's connection (nil in unit tests, whose
+// connection is a scripted fake).
 func (t *claimTx) Conn() *pgx.Conn { return t.a.l.raw }
 
 // savepointTx is a savepoint inside the claim's transaction.
