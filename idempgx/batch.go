@@ -32,8 +32,11 @@ type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) error
 // is refused before anything is sent: more than idempotent.MaxBatchSize keys
 // fail with idempotent.ErrBatchTooLarge, an invalid key with an
 // *idempotent.BatchKeyError matching idempotent.ErrInvalidKey. Batches are
-// refused in partitioned mode, which needs each message's event time.
-// The duplicate pre-check (WithSeen) is not consulted for batches.
+// refused in partitioned mode, which needs each message's event time. The
+// duplicate pre-check (WithSeen) is consulted as by the core's
+// ProcessMessages: keys it knows are Duplicate and not claimed, a batch it
+// knows whole opens no transaction, and the claimed keys are recorded after
+// the commit (in one call where it is an idempotent.SeenBatch).
 func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]idempotent.Outcome, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -87,6 +90,24 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 		c.uniq = append(c.uniq, keys[i])
 		first = append(first, i)
 	}
+	// The pre-check: keys it knows are duplicates, and are not claimed.
+	if hit := m.seenKeys(ctx, c.uniq); hit != nil {
+		n := 0
+		for j := range c.uniq {
+			if !hit[j] {
+				c.uniq[n], first[n] = c.uniq[j], first[j]
+				n++
+			}
+		}
+		c.uniq, first = c.uniq[:n], first[:n]
+		if n == 0 {
+			outcomes := make([]idempotent.Outcome, len(keys))
+			for i := range outcomes {
+				outcomes[i] = idempotent.Duplicate
+			}
+			return outcomes, 0, nil
+		}
+	}
 	c.isNew = make([]bool, len(c.uniq))
 	var outcome idempotent.Outcome
 	attempts, err := m.run(ctx, "", c, func(ctx context.Context, tx pgx.Tx) error {
@@ -111,7 +132,42 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 			outcomes[first[j]] = idempotent.Applied
 		}
 	}
+	m.recordSeenKeys(ctx, c.uniq)
 	return outcomes, attempts, nil
+}
+
+// seenKeys reports which of keys the pre-check, if any, already knows: nil
+// when there is none. A SeenBatch answers in one call.
+func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
+	if m.seen == nil {
+		return nil
+	}
+	if sb, ok := m.seen.(idempotent.SeenBatch); ok {
+		if hit := sb.SeenKeys(ctx, m.consumer, keys); len(hit) == len(keys) {
+			return hit
+		}
+		return make([]bool, len(keys)) // a wrong answer counts as a miss
+	}
+	hit := make([]bool, len(keys))
+	for i, k := range keys {
+		hit[i] = m.seen.Seen(ctx, m.consumer, k)
+	}
+	return hit
+}
+
+// recordSeenKeys tells the pre-check, if any, that keys' claims are
+// committed.
+func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
+	if m.seen == nil || len(keys) == 0 {
+		return
+	}
+	if sb, ok := m.seen.(idempotent.SeenBatch); ok {
+		sb.RecordKeys(ctx, m.consumer, keys, m.retention)
+		return
+	}
+	for _, k := range keys {
+		m.seen.Record(ctx, m.consumer, k, m.retention)
+	}
 }
 
 // claimBatch is the batch claim step: the distinct keys in ascending order,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -412,5 +413,55 @@ func TestSeenPreCheck(t *testing.T) {
 	}
 	if _, err := m.Process(ctx, "new", insertEffect(s, "new")); !errors.Is(err, idempotent.ErrNoClaimTable) {
 		t.Fatalf("a new key: %v, want it sent to the (missing) claim table", err)
+	}
+}
+
+// TestSeenPreCheckBatch: a batch claims only the keys the pre-check does not
+// know, records the claimed ones after the commit and none of a batch that
+// rolled back, and a batch it knows whole is answered without the database.
+func TestSeenPreCheckBatch(t *testing.T) {
+	t.Parallel()
+	lru, err := idempotent.NewSeenLRU(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, s, m := setup(t, 4, idempgx.WithSeen(lru))
+	ctx := context.Background()
+	insert := func(keys []string) idempgx.BatchFunc {
+		return func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+			for _, i := range fresh {
+				if err := insertEffect(s, keys[i])(ctx, tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	boom := errors.New("boom")
+	if _, err := m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return boom }); !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if lru.Seen(ctx, "orders", "a") || lru.Seen(ctx, "orders", "b") {
+		t.Fatal("a rolled-back batch was recorded")
+	}
+	first := []string{"b", "a"}
+	if outs, err := m.ProcessBatch(ctx, first, insert(first)); err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Applied}) {
+		t.Fatalf("%v, %v; want both applied", outs, err)
+	}
+	// b's claim is gone from the table but the pre-check knows it: only a
+	// and c go to the claim.
+	exec(t, p, "DELETE FROM "+s+".claims WHERE message_key = 'b'")
+	second := []string{"c", "b", "a"}
+	outs, err := m.ProcessBatch(ctx, second, insert(second))
+	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate}) {
+		t.Fatalf("%v, %v; want c applied, b from the pre-check, a from the claim", outs, err)
+	}
+	if !lru.Seen(ctx, "orders", "c") {
+		t.Fatal("a committed batch was not recorded")
+	}
+	// Drop the claim table: a batch it knows whole needs no database.
+	exec(t, p, "DROP TABLE "+s+".claims")
+	if outs, err := m.ProcessBatch(ctx, second, insert(second)); err != nil || slices.Contains(outs, idempotent.Applied) {
+		t.Fatalf("%v, %v; want three duplicates from the pre-check", outs, err)
 	}
 }

@@ -30,7 +30,7 @@ type Seen struct {
 	onError func(error)
 }
 
-var _ idempotent.Seen = (*Seen)(nil)
+var _ idempotent.SeenBatch = (*Seen)(nil)
 
 // An Option configures a Seen.
 type Option func(*Seen) error
@@ -119,6 +119,53 @@ func (s *Seen) Record(ctx context.Context, consumer, key string, ttl time.Durati
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
 	if err := s.rdb.Set(ctx, s.Key(consumer, key), "1", ttl).Err(); err != nil {
+		s.fail(err)
+	}
+}
+
+// SeenKeys reports, for each of keys, whether (consumer, key) was recorded
+// and has not expired: one pipelined round trip of EXISTS commands, which a
+// cluster client splits by node. Any failure answers false for every key.
+func (s *Seen) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+	hit := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return hit
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	cmds := make([]*redis.IntCmd, len(keys))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Exists(ctx, s.Key(consumer, k))
+		}
+		return nil
+	})
+	if err != nil {
+		s.fail(err)
+		return make([]bool, len(keys))
+	}
+	for i, c := range cmds {
+		hit[i] = c.Val() == 1
+	}
+	return hit
+}
+
+// RecordKeys records every one of keys for consumer as Record does, in one
+// pipelined round trip of SET … PX commands.
+func (s *Seen) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
+	ttl = ttl.Truncate(time.Millisecond)
+	if ttl <= 0 || len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.Set(ctx, s.Key(consumer, k), "1", ttl)
+		}
+		return nil
+	})
+	if err != nil {
 		s.fail(err)
 	}
 }

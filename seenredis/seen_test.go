@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -248,4 +249,132 @@ func randomHex() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+func TestSeenKeysAndRecordKeys(t *testing.T) {
+	r := startRedis(t)
+	var failures atomic.Int32
+	s, c := newSeen(t, r.addr, seenredis.WithErrorHandler(func(error) { failures.Add(1) }))
+	ctx := context.Background()
+	s.RecordKeys(ctx, "orders", []string{"a", "c"}, time.Hour)
+	s.Record(ctx, "billing", "b", time.Hour)
+	got := s.SeenKeys(ctx, "orders", []string{"a", "b", "c", "d"})
+	if want := []bool{true, false, true, false}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("SeenKeys = %v, want %v (scoped by consumer)", got, want)
+	}
+	if !s.Seen(ctx, "orders", "c") {
+		t.Fatal("a key recorded by RecordKeys is not seen by Seen")
+	}
+	pttl, err := c.PTTL(ctx, s.Key("orders", "a")).Result()
+	if err != nil || pttl <= 0 || pttl > time.Hour {
+		t.Fatalf("PTTL %v, %v; want (0, 1h]", pttl, err)
+	}
+	s.RecordKeys(ctx, "orders", []string{"sub-ms"}, 500*time.Microsecond)
+	if s.Seen(ctx, "orders", "sub-ms") {
+		t.Fatal("a ttl under a millisecond was recorded")
+	}
+	if len(s.SeenKeys(ctx, "orders", nil)) != 0 {
+		t.Fatal("SeenKeys of no keys answered something")
+	}
+	r.kill()
+	if got := s.SeenKeys(ctx, "orders", []string{"a", "c"}); got[0] || got[1] {
+		t.Fatalf("SeenKeys answered %v with Redis down, want all false", got)
+	}
+	s.RecordKeys(ctx, "orders", []string{"e"}, time.Hour) // must not panic or block
+	if failures.Load() < 2 {
+		t.Fatalf("%d failures reported, want 2", failures.Load())
+	}
+}
+
+// TestKillRedisMidRunBatches is TestKillRedisMidRun for ProcessBatch: every
+// message arrives three times in batches of 10 from several workers, and
+// Redis is killed half way. Every effect is applied exactly once.
+func TestKillRedisMidRunBatches(t *testing.T) {
+	r := startRedis(t)
+	db := openDB(t)
+	schema := "t_" + randomHex()
+	mustExec(t, db, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
+	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
+	s, _ := newSeen(t, r.addr)
+	hits := &countingSeenBatch{countingSeen: countingSeen{s: s}}
+	m, err := idempotent.New(db, postgres.New(), "orders", idempotent.WithTable(schema+".claims"), idempotent.WithSeen(hits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const messages, copies, workers, size = 400, 3, 4, 10
+	batches := make(chan []string)
+	var delivered atomic.Int32
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for keys := range batches {
+				_, err := m.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+					ids := make([]string, len(fresh))
+					for j, i := range fresh {
+						ids[j] = keys[i]
+					}
+					_, err := tx.ExecContext(ctx, "INSERT INTO "+schema+".effects (id, n) SELECT id, 1 FROM unnest($1::text[]) AS u(id) ORDER BY id ON CONFLICT (id) DO UPDATE SET n = effects.n + 1", "{"+strings.Join(ids, ",")+"}")
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+				}
+				if delivered.Add(size) == messages*copies/2 {
+					r.kill()
+					close(killed)
+				}
+			}
+		}()
+	}
+	for c := 0; c < copies; c++ {
+		for i := 0; i < messages; i += size {
+			keys := make([]string, size)
+			for j := range keys {
+				keys[j] = "m" + strconv.Itoa(i+j)
+			}
+			batches <- keys
+		}
+	}
+	close(batches)
+	wg.Wait()
+	<-killed
+	var rows, total, doubled int
+	if err := db.QueryRow("SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n <> 1) FROM "+schema+".effects").Scan(&rows, &total, &doubled); err != nil {
+		t.Fatal(err)
+	}
+	if rows != messages || total != messages || doubled != 0 {
+		t.Fatalf("%d messages applied, %d effects, %d doubled; want %d, %d, 0", rows, total, doubled, messages, messages)
+	}
+	if hits.hits.Load() == 0 || hits.batchCalls.Load() == 0 {
+		t.Fatalf("the pre-check answered %d duplicates in %d batch calls before Redis was killed, want some", hits.hits.Load(), hits.batchCalls.Load())
+	}
+	t.Logf("pre-check hits: %d of %d duplicates", hits.hits.Load(), messages*(copies-1))
+}
+
+// countingSeenBatch counts the keys its SeenKeys answers true.
+type countingSeenBatch struct {
+	countingSeen
+	batchCalls atomic.Int32
+}
+
+func (c *countingSeenBatch) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+	c.batchCalls.Add(1)
+	hit := c.s.SeenKeys(ctx, consumer, keys)
+	for _, h := range hit {
+		if h {
+			c.hits.Add(1)
+		}
+	}
+	return hit
+}
+
+func (c *countingSeenBatch) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
+	c.s.RecordKeys(ctx, consumer, keys, ttl)
 }
