@@ -108,6 +108,49 @@ func GolangMigrateFiles(table string, partitioned bool) (up, down string, err er
 	return SQL(table, partitioned)
 }
 
+// DefaultKafkaOffsetsTable is the offsets table the files in FS create for
+// the github.com/txclaim/idempotent/kafka consumer; it is that package's
+// default.
+const DefaultKafkaOffsetsTable = "kafka_offsets"
+
+// KafkaOffsetsSQL returns the Postgres DDL that creates (up) and drops
+// (down) the offsets table of the github.com/txclaim/idempotent/kafka
+// consumer named table ("table" or "schema.table"): one row per (consumer,
+// topic, partition) holding the offset of the next record to apply. It is
+// the DDL of the files in FS, of kafka.SchemaSQL and kafka.EnsureSchema, and
+// of the CLI's "schema -kafka-offsets" and "migrate -kafka-offsets".
+func KafkaOffsetsSQL(table string) (up, down string, err error) {
+	t, err := dialect.ParseTable(table)
+	if err != nil {
+		return "", "", fmt.Errorf("migrations: kafka offsets table: %w", err)
+	}
+	q := t.Quoted(quoteIdent)
+	up = `-- Offsets table of github.com/txclaim/idempotent/kafka: the next offset to apply
+-- of each (consumer, topic, partition), advanced in the claim's transaction.
+CREATE TABLE IF NOT EXISTS ` + q + ` (
+	consumer    text        NOT NULL,
+	topic       text        NOT NULL,
+	partition   integer     NOT NULL,
+	next_offset bigint      NOT NULL CHECK (next_offset >= 0),
+	updated_at  timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, topic, partition)
+);
+`
+	return up, `DROP TABLE IF EXISTS ` + q + ";\n", nil
+}
+
+// KafkaOffsetsGooseFile is GooseFile for the kafka consumer's offsets table.
+func KafkaOffsetsGooseFile(table string) (string, error) {
+	up, down, err := KafkaOffsetsSQL(table)
+	if err != nil {
+		return "", err
+	}
+	return "-- +goose Up\n" + up + "\n-- +goose Down\n" + down, nil
+}
+
+// quoteIdent quotes a Postgres identifier.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
 // FileBase returns the name, without version or extension, that the files
 // in FS use for a migration of table: "create_" followed by the table name,
 // dots replaced by underscores.

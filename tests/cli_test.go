@@ -80,6 +80,32 @@ func TestCLI(t *testing.T) {
 		if got := ok("schema", "-format", "goose"); !strings.HasPrefix(got, "-- +goose Up\n") || !strings.Contains(got, "-- +goose Down\nDROP TABLE IF EXISTS \"processed_messages\";") {
 			t.Fatalf("goose format:\n%s", got)
 		}
+		kup, kdown, err := migrations.KafkaOffsetsSQL("app.offsets")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ok("schema", "-kafka-offsets", "app.offsets"); got != kup {
+			t.Fatalf("schema -kafka-offsets printed\n%s\nwant\n%s", got, kup)
+		}
+		if got := ok("schema", "-kafka-offsets", "app.offsets", "-format", "golang-migrate-down"); got != kdown {
+			t.Fatalf("schema -kafka-offsets -format golang-migrate-down printed %q, want %q", got, kdown)
+		}
+	})
+
+	t.Run("migrate -kafka-offsets", func(t *testing.T) {
+		claims, offsets := schema+".claims_k", schema+".offsets"
+		out := ok(append([]string{"migrate", "-table", claims, "-kafka-offsets", offsets}, dsn...)...)
+		if out != "offsets table "+offsets+" is ready\nclaim table "+claims+" is ready (plain, with its processed_at index)\n" {
+			t.Fatalf("migrate printed %q", out)
+		}
+		if _, err := db.Exec("INSERT INTO "+offsets+" (consumer, topic, partition, next_offset) VALUES ('c', 't', 0, 5)"); err != nil {
+			t.Fatalf("the offsets table is not there: %v", err)
+		}
+		ok(append([]string{"migrate", "-table", claims, "-kafka-offsets", offsets}, dsn...)...) // again: nothing to do
+		code, _, stderr := cliRun(t, bin, nil, append([]string{"migrate", "-kafka-offsets", "bad name;"}, dsn...)...)
+		if code != 2 || !strings.Contains(stderr, "kafka offsets table") {
+			t.Fatalf("a bad offsets table name: exit %d, %q; want 2 naming the offsets table", code, stderr)
+		}
 	})
 
 	t.Run("migrate, stats, cleanup", func(t *testing.T) {

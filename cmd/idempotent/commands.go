@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/migrations"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -16,11 +17,32 @@ func cmdSchema(_ context.Context, args []string, e env) error {
 	c := newCommand("schema", "Prints the claim table's DDL for Postgres. Needs no database.", e, false)
 	partitioned := c.fs.Bool("partitioned", false, "the table partitioned by event day")
 	format := c.fs.String("format", "sql", "sql, goose, golang-migrate-up or golang-migrate-down")
+	offsets := c.fs.String("kafka-offsets", "", "print instead the DDL of the kafka consumer's offsets table of this name (e.g. "+migrations.DefaultKafkaOffsetsTable+")")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	var out string
 	var err error
+	if *offsets != "" {
+		if *partitioned {
+			return usageError{"-kafka-offsets and -partitioned: the offsets table is not partitioned"}
+		}
+		switch *format {
+		case "sql", "golang-migrate-up":
+			out, _, err = migrations.KafkaOffsetsSQL(*offsets)
+		case "golang-migrate-down":
+			_, out, err = migrations.KafkaOffsetsSQL(*offsets)
+		case "goose":
+			out, err = migrations.KafkaOffsetsGooseFile(*offsets)
+		default:
+			return usageError{fmt.Sprintf("-format %q: want sql, goose, golang-migrate-up or golang-migrate-down", *format)}
+		}
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		fmt.Fprint(e.stdout, out)
+		return nil
+	}
 	switch *format {
 	case "sql", "golang-migrate-up":
 		out, _, err = migrations.SQL(c.table, *partitioned)
@@ -77,11 +99,20 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 	retention := &days{d: idempotent.DefaultRetention}
 	c.fs.Var(retention, "retention", "retention window, for the partitions to create (default 30d)")
 	lead := c.fs.Int("lead-days", 7, "partitioned: days to create ahead of today")
+	offsets := c.fs.String("kafka-offsets", "", "also create the kafka consumer's offsets table of this name (e.g. "+migrations.DefaultKafkaOffsetsTable+")")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if err := firstError(checkDuration("retention", retention.d, false), positive("lead-days", *lead, 1)); err != nil {
 		return err
+	}
+	var offsetsUp string
+	if *offsets != "" {
+		up, _, err := migrations.KafkaOffsetsSQL(*offsets)
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		offsetsUp = up
 	}
 	opts := []idempotent.Option{idempotent.WithRetention(retention.d)}
 	if *partitioned {
@@ -94,6 +125,12 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 	defer d.db.Close()
 	if err := t.EnsureSchema(ctx); err != nil {
 		return d.clean(err)
+	}
+	if offsetsUp != "" {
+		if err := createOffsetsTable(ctx, d, *offsets, offsetsUp); err != nil {
+			return d.clean(err)
+		}
+		fmt.Fprintf(e.stdout, "offsets table %s is ready\n", *offsets)
 	}
 	if !*partitioned {
 		fmt.Fprintf(e.stdout, "claim table %s is ready (plain, with its processed_at index)\n", c.table)
@@ -108,6 +145,31 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 		fmt.Fprintf(e.stdout, " from %s to %s", ps[0].Day.Format(time.DateOnly), ps[len(ps)-1].Day.Format(time.DateOnly))
 	}
 	fmt.Fprintln(e.stdout)
+	return nil
+}
+
+// createOffsetsTable runs the offsets table's DDL in a transaction that
+// first takes the advisory lock kafka.EnsureSchema takes, so that it and
+// consumers starting at the same time do not race on the catalog.
+func createOffsetsTable(ctx context.Context, d *database, name, up string) error {
+	t, err := dialect.ParseTable(name)
+	if err != nil {
+		return err
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create offsets table %s: %w", name, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "idempotent/kafka:"+t.String()); err != nil {
+		return fmt.Errorf("create offsets table %s: %w", name, err)
+	}
+	if _, err := tx.ExecContext(ctx, up); err != nil {
+		return fmt.Errorf("create offsets table %s: %w", name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create offsets table %s: %w", name, err)
+	}
 	return nil
 }
 

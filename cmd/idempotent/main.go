@@ -3,8 +3,8 @@
 //
 // Usage:
 //
-//	idempotent schema     [-table T] [-partitioned] [-format sql|goose|golang-migrate-up|golang-migrate-down]
-//	idempotent migrate    [-dsn DSN] [-table T] [-partitioned] [-retention D] [-lead-days N]
+//	idempotent schema     [-table T] [-partitioned] [-format sql|goose|golang-migrate-up|golang-migrate-down] [-kafka-offsets T]
+//	idempotent migrate    [-dsn DSN] [-table T] [-partitioned] [-retention D] [-lead-days N] [-kafka-offsets T]
 //	idempotent cleanup    [-dsn DSN] [-table T] -retention D [-consumer C] [-dry-run] [-batch N] …
 //	idempotent partitions [-dsn DSN] [-table T] -retention D [-lead-days N] [-list]
 //	idempotent stats      [-dsn DSN] [-table T]
@@ -55,8 +55,8 @@ const usage = `idempotent manages the claim table of github.com/txclaim/idempote
 Usage: idempotent COMMAND [flags]
 
 Commands:
-  schema      print the claim table's DDL (plain SQL, goose or golang-migrate files)
-  migrate     create the claim table (partitioned: and its day partitions) if missing
+  schema      print the claim table's DDL (plain SQL, goose or golang-migrate files), or the kafka offsets table's
+  migrate     create the claim table (partitioned: and its day partitions) and, asked, the kafka offsets table, if missing
   cleanup     delete claims older than the retention window, in batches
   partitions  create the days ahead and drop the days past the retention window
   stats       claims per consumer, oldest and newest claim, sizes, partitions
