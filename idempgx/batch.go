@@ -20,74 +20,95 @@ import (
 // claims were new, in ascending order, and is never empty.
 type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) error
 
-// ProcessBatch applies the effects of a batch of messages exactly once for
-// this consumer, in one transaction, with the semantics of
-// idempotent.Middleware.ProcessBatch: one Outcome per key, in order; a key
-// repeated in the batch is applied at most once; fn runs once for the new
-// messages and not at all when every message is a duplicate.
+// ProcessBatch is ProcessMessages for messages known by their keys alone
+// (no event times): keys[i] is message i's key. In partitioned mode every
+// message needs its event time, so ProcessBatch refuses any batch there
+// (idempotent.ErrInvalidEventTime): use ProcessMessages.
+func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]idempotent.Outcome, error) {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return m.ProcessMessages(ctx, msgs, fn)
+}
+
+// ProcessMessages applies the effects of a batch of messages exactly once
+// for this consumer, in one transaction, with the semantics of
+// idempotent.Middleware.ProcessMessages: one Outcome per message, in order;
+// a key repeated in the batch is applied at most once; fn runs once for the
+// new messages and not at all when every message is a duplicate.
 //
 // BEGIN and the batch's claim — one INSERT … SELECT FROM unnest($2::text[])
 // with the keys as a native []string, in ascending order so that
-// overlapping batches cannot deadlock — travel in one round trip. Bad input
-// is refused before anything is sent: more than idempotent.MaxBatchSize keys
-// fail with idempotent.ErrBatchTooLarge, an invalid key with an
-// *idempotent.BatchKeyError matching idempotent.ErrInvalidKey. Batches are
-// refused in partitioned mode, which needs each message's event time. The
-// duplicate pre-check (WithSeen) is consulted as by the core's
-// ProcessMessages: keys it knows are Duplicate and not claimed, a batch it
-// knows whole opens no transaction, and the claimed keys are recorded after
-// the commit (in one call where it is an idempotent.SeenBatch).
-func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]idempotent.Outcome, error) {
-	if len(keys) == 0 {
+// overlapping batches cannot deadlock, and in partitioned mode with each
+// key's event day as a second array, so that each claim goes to its day's
+// partition — travel in one round trip. Bad input is refused before
+// anything is sent: more than idempotent.MaxBatchSize messages fail with
+// idempotent.ErrBatchTooLarge, and a message whose key is invalid or whose
+// event time the retention fence refuses (as ProcessMessage) fails the whole
+// batch with an *idempotent.BatchKeyError naming its index; so does, in
+// partitioned mode, a key given twice with event times on different days. A
+// day without its partition yet fails the batch with
+// idempotent.ErrNoPartition, which is transient. The duplicate pre-check
+// (WithSeen) is consulted as by the core's ProcessMessages: keys it knows are
+// Duplicate and not claimed, a batch it knows whole opens no transaction,
+// and the claimed keys are recorded after the commit (in one call where it
+// is an idempotent.SeenBatch).
+func (m *Middleware) ProcessMessages(ctx context.Context, msgs []idempotent.Message, fn BatchFunc) ([]idempotent.Outcome, error) {
+	if len(msgs) == 0 {
 		return nil, nil
 	}
 	var start time.Time
 	if m.observer != nil {
 		start = time.Now()
 	}
-	outcomes, attempts, err := m.processBatch(ctx, keys, fn)
+	outcomes, attempts, err := m.processMessages(ctx, msgs, fn)
 	if m.observer != nil {
-		for i, k := range keys {
+		for i, msg := range msgs {
 			var o idempotent.Outcome
 			if err == nil {
 				o = outcomes[i]
 			}
-			m.observe(ctx, k, o, attempts, start, err)
+			m.observe(ctx, msg.Key, o, attempts, start, err)
 		}
 	}
 	return outcomes, err
 }
 
-func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFunc) ([]idempotent.Outcome, int, error) {
+func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Message, fn BatchFunc) ([]idempotent.Outcome, int, error) {
 	if fn == nil {
-		return nil, 0, errors.New("idempgx: ProcessBatch: nil function")
+		return nil, 0, errors.New("idempgx: ProcessMessages: nil function")
 	}
 	if ctx.Value(claimKey{}) != nil {
-		return nil, 0, fmt.Errorf("idempgx: consumer %q, batch of %d: %w", m.consumer, len(keys), ErrNested)
+		return nil, 0, fmt.Errorf("idempgx: consumer %q, batch of %d: %w", m.consumer, len(msgs), ErrNested)
 	}
-	if len(keys) > idempotent.MaxBatchSize {
-		return nil, 0, fmt.Errorf("%w: %d messages, the limit is %d", idempotent.ErrBatchTooLarge, len(keys), idempotent.MaxBatchSize)
+	if len(msgs) > idempotent.MaxBatchSize {
+		return nil, 0, fmt.Errorf("%w: %d messages, the limit is %d", idempotent.ErrBatchTooLarge, len(msgs), idempotent.MaxBatchSize)
 	}
-	if m.partitioned {
-		return nil, 0, fmt.Errorf("idempgx: ProcessBatch: the claim table %s is partitioned by event day, and a batch carries no event times: use ProcessEvent per message", m.table)
-	}
-	for i, k := range keys {
-		if err := validateKey(k); err != nil {
+	for i, msg := range msgs {
+		if err := validateKey(msg.Key); err != nil {
+			return nil, 0, &idempotent.BatchKeyError{Index: i, Err: err}
+		}
+		if err := m.checkEvent(msg.Key, msg.EventTime); err != nil {
 			return nil, 0, &idempotent.BatchKeyError{Index: i, Err: err}
 		}
 	}
-	order := make([]int, len(keys))
+	order := make([]int, len(msgs))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Or(strings.Compare(keys[a], keys[b]), a-b) })
-	c := &claimBatch{m: m, uniq: make([]string, 0, len(keys))}
-	first := make([]int, 0, len(keys))
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(strings.Compare(msgs[a].Key, msgs[b].Key), a-b) })
+	c := &claimBatch{m: m, uniq: make([]string, 0, len(msgs))}
+	first := make([]int, 0, len(msgs))
 	for _, i := range order {
-		if n := len(c.uniq); n > 0 && c.uniq[n-1] == keys[i] {
+		if n := len(c.uniq); n > 0 && c.uniq[n-1] == msgs[i].Key {
+			if f := msgs[first[n-1]]; m.partitioned && utcDay(f.EventTime) != utcDay(msgs[i].EventTime) {
+				return nil, 0, &idempotent.BatchKeyError{Index: i, Err: fmt.Errorf("%w: consumer %q, key %q: event day %s, but message %d with the same key has event day %s",
+					idempotent.ErrInvalidEventTime, m.consumer, msgs[i].Key, utcDay(msgs[i].EventTime), first[n-1], utcDay(f.EventTime))}
+			}
 			continue
 		}
-		c.uniq = append(c.uniq, keys[i])
+		c.uniq = append(c.uniq, msgs[i].Key)
 		first = append(first, i)
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
@@ -101,11 +122,18 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 		}
 		c.uniq, first = c.uniq[:n], first[:n]
 		if n == 0 {
-			outcomes := make([]idempotent.Outcome, len(keys))
+			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
 				outcomes[i] = idempotent.Duplicate
 			}
 			return outcomes, 0, nil
+		}
+	}
+	if m.partitioned {
+		c.days = make([]string, len(c.uniq))
+		c.ats = make([]time.Time, len(c.uniq))
+		for j, i := range first {
+			c.days[j], c.ats[j] = utcDay(msgs[i].EventTime), msgs[i].EventTime
 		}
 	}
 	c.isNew = make([]bool, len(c.uniq))
@@ -121,9 +149,9 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 		return fn(ctx, tx, fresh)
 	}, &outcome)
 	if err != nil {
-		return nil, attempts, fmt.Errorf("idempgx: consumer %q, batch of %d: %w", m.consumer, len(keys), err)
+		return nil, attempts, fmt.Errorf("idempgx: consumer %q, batch of %d: %w", m.consumer, len(msgs), err)
 	}
-	outcomes := make([]idempotent.Outcome, len(keys))
+	outcomes := make([]idempotent.Outcome, len(msgs))
 	for i := range outcomes {
 		outcomes[i] = idempotent.Duplicate
 	}
@@ -135,6 +163,9 @@ func (m *Middleware) processBatch(ctx context.Context, keys []string, fn BatchFu
 	m.recordSeenKeys(ctx, c.uniq)
 	return outcomes, attempts, nil
 }
+
+// utcDay returns t's UTC day as YYYY-MM-DD.
+func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 
 // seenKeys reports which of keys the pre-check, if any, already knows: nil
 // when there is none. A SeenBatch answers in one call.
@@ -175,16 +206,24 @@ func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
 type claimBatch struct {
 	m     *Middleware
 	uniq  []string
+	days  []string    // uniq[j]'s event day, in partitioned mode
+	ats   []time.Time // uniq[j]'s event time, in partitioned mode
 	isNew []bool
 }
 
-func (c *claimBatch) queue(b *pgx.Batch) { b.Queue(c.m.batchSQL, c.m.consumer, c.uniq) }
+func (c *claimBatch) queue(b *pgx.Batch) {
+	if c.days != nil {
+		b.Queue(c.m.batchAtSQL, c.m.consumer, c.uniq, c.days)
+		return
+	}
+	b.Queue(c.m.batchSQL, c.m.consumer, c.uniq)
+}
 
 func (c *claimBatch) read(br pgx.BatchResults) (bool, error) {
 	clear(c.isNew)
 	rows, err := br.Query()
 	if err != nil {
-		return false, c.m.claimError(err, time.Time{})
+		return false, c.m.claimError(err, c.ats...)
 	}
 	defer rows.Close()
 	any := false
@@ -201,7 +240,7 @@ func (c *claimBatch) read(br pgx.BatchResults) (bool, error) {
 		any = true
 	}
 	if err := rows.Err(); err != nil {
-		return false, c.m.claimError(err, time.Time{})
+		return false, c.m.claimError(err, c.ats...)
 	}
 	return any, nil
 }

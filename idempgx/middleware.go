@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -26,7 +28,7 @@ type Func func(ctx context.Context, tx pgx.Tx) error
 // transaction.
 type Handler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
-// ErrNested reports Process (or ProcessEvent, ProcessBatch) called with a
+// ErrNested reports Process (or ProcessMessage, ProcessMessages) called with a
 // context that a Middleware of this package handed to a handler: the inner
 // call would take another connection from the pool and commit its claim and
 // effect on its own, outside the outer claim's transaction, which is the
@@ -44,6 +46,7 @@ type Middleware struct {
 	consumer    string
 	claimSQL    string
 	batchSQL    string
+	batchAtSQL  string // the batch claim with event days, partitioned mode
 	txOpts      pgx.TxOptions
 	beginStmt   string // BEGIN with the isolation level
 	beginName   string // prepared statement names
@@ -56,6 +59,7 @@ type Middleware struct {
 	observer    idempotent.Observer
 	seen        idempotent.Seen
 	retention   time.Duration
+	skew        time.Duration
 	clock       func() time.Time
 	partitioned bool
 	prepared    bool // the pool's connections prepare statements
@@ -121,12 +125,14 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		consumer:    consumer,
 		claimSQL:    pg.ClaimSQL(table),
 		batchSQL:    pg.BatchClaimSQL(table),
+		batchAtSQL:  pg.PartitionedBatchClaimSQL(table),
 		lockTimeout: cfg.lockTimeout,
 		table:       core.Table(),
 		policy:      cfg.retry,
 		observer:    cfg.observer,
 		seen:        cfg.seen,
 		retention:   cfg.retention,
+		skew:        cfg.skew,
 		clock:       cfg.clock,
 		leadDays:    cfg.leadDays,
 		pg:          pg,
@@ -202,12 +208,24 @@ func (m *Middleware) Process(ctx context.Context, key string, fn Func) (idempote
 	return m.processAt(ctx, key, time.Time{}, fn)
 }
 
-// ProcessEvent is Process for a message that carries its producer-assigned
-// event time, as idempotent.Middleware.ProcessEvent: a message older than the
-// retention window is refused with an error matching
-// idempotent.ErrBeyondRetention before anything is sent, and in partitioned
-// mode the event time chooses the claim's partition. A zero eventTime is an
-// error matching idempotent.ErrInvalidEventTime.
+// ProcessMessage is Process for a message given with its event time, as
+// idempotent.Middleware.ProcessMessage: when msg.EventTime is set, a message
+// older than the retention window is refused with an error matching
+// idempotent.ErrBeyondRetention, one later than the clock plus the
+// clock-skew margin with idempotent.ErrInvalidEventTime, before anything is
+// sent; in partitioned mode the event time is required and chooses the
+// claim's partition, and a day without its partition yet fails with
+// idempotent.ErrNoPartition, which is transient.
+func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
+	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
+}
+
+// ProcessEvent is ProcessMessage for a message with an event time: a zero
+// eventTime is an error matching idempotent.ErrInvalidEventTime.
+//
+// Deprecated: use ProcessMessage with idempotent.Message{Key: key,
+// EventTime: eventTime}, as the core's ProcessEvent is replaced by its
+// ProcessMessage.
 func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn Func) (idempotent.Outcome, error) {
 	if eventTime.IsZero() {
 		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", idempotent.ErrInvalidEventTime, m.consumer, key)
@@ -269,12 +287,15 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	return outcome, attempts, nil
 }
 
-// checkEvent is the retention fence, as the core's.
+// checkEvent is the retention fence, as the core's: an event time older
+// than the retention window is ErrBeyondRetention, one later than the clock
+// plus the clock-skew margin ErrInvalidEventTime, and in partitioned mode a
+// zero one ErrInvalidEventTime.
 func (m *Middleware) checkEvent(key string, at time.Time) error {
 	if at.IsZero() {
 		if m.partitioned {
-			return fmt.Errorf("idempgx: consumer %q, key %q: the claim table %s is partitioned by event day: use ProcessEvent with the message's event time",
-				m.consumer, key, m.table)
+			return fmt.Errorf("%w: consumer %q, key %q: the claim table %s is partitioned by event day: give the message its event time (ProcessMessage, ProcessMessages)",
+				idempotent.ErrInvalidEventTime, m.consumer, key, m.table)
 		}
 		return nil
 	}
@@ -282,6 +303,10 @@ func (m *Middleware) checkEvent(key string, at time.Time) error {
 	if cutoff := now.Add(-m.retention); at.Before(cutoff) {
 		return fmt.Errorf("%w: consumer %q, key %q: event time %s is %v old, older than the retention window of %v, so its claim may be gone",
 			idempotent.ErrBeyondRetention, m.consumer, key, at.UTC().Format(time.RFC3339), now.Sub(at).Round(time.Second), m.retention)
+	}
+	if limit := now.Add(m.skew); at.After(limit) {
+		return fmt.Errorf("%w: consumer %q, key %q: event time %s is in the future: the clock says %s, and the clock-skew margin is %v (a producer clock ahead, or seconds read as milliseconds?)",
+			idempotent.ErrInvalidEventTime, m.consumer, key, at.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), m.skew)
 	}
 	return nil
 }
@@ -305,11 +330,22 @@ func validateKey(key string) error {
 }
 
 // claimError translates a failed claim statement's error into the core's
-// error values.
-func (m *Middleware) claimError(err error, at time.Time) error {
-	if m.partitioned && m.pg.IsNoPartition(err) {
-		return fmt.Errorf("%w: %s has no partition for event day %s (partitions cover the retention window and %d days ahead; run MaintainPartitions): %w",
-			idempotent.ErrBeyondRetention, m.table, at.UTC().Format(time.DateOnly), m.leadDays, err)
+// error values; at are the event days of the claim (several for a batch), in
+// partitioned mode.
+func (m *Middleware) claimError(err error, at ...time.Time) error {
+	if m.partitioned && len(at) > 0 && m.pg.IsNoPartition(err) {
+		days := make([]string, 0, len(at))
+		for _, t := range at {
+			days = append(days, t.UTC().Format(time.DateOnly))
+		}
+		slices.Sort(days)
+		days = slices.Compact(days)
+		which := "event day " + days[0]
+		if len(days) > 1 {
+			which = "one of the event days " + strings.Join(days, ", ")
+		}
+		return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+			idempotent.ErrNoPartition, m.table, which, m.leadDays, err)
 	}
 	switch m.pg.Classify(err).Kind {
 	case dialect.KindLockTimeout:

@@ -4,8 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"slices"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -348,23 +349,101 @@ func TestPartitionedEvent(t *testing.T) {
 	p, s, m := setup(t, 4, idempgx.WithDailyPartitions(2), idempgx.WithRetention(7*24*time.Hour), idempgx.WithClock(func() time.Time { return now }))
 	ctx := context.Background()
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-		o, err := m.ProcessEvent(ctx, "e1", now.Add(-time.Hour), insertEffect(s, "e1"))
+		o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e1", EventTime: now.Add(-time.Hour)}, insertEffect(s, "e1"))
 		if err != nil || o != want {
 			t.Fatalf("delivery %d: %v, %v", i, o, err)
 		}
 	}
-	if _, err := m.Process(ctx, "e2", insertEffect(s, "e2")); err == nil {
-		t.Fatal("Process without event time succeeded in partitioned mode")
+	if o, err := m.ProcessEvent(ctx, "e1", now.Add(-time.Hour), insertEffect(s, "e1")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("ProcessEvent of the same message: %v, %v; want duplicate", o, err)
 	}
-	// Inside the window but beyond the partitions created ahead.
-	if _, err := m.ProcessEvent(ctx, "e3", now.Add(10*24*time.Hour), insertEffect(s, "e3")); !errors.Is(err, idempotent.ErrBeyondRetention) {
-		t.Fatalf("future day: %v, want ErrBeyondRetention", err)
+	if _, err := m.Process(ctx, "e2", insertEffect(s, "e2")); !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("Process without event time in partitioned mode: %v, want ErrInvalidEventTime", err)
 	}
-	if _, err := m.ProcessEvent(ctx, "e4", now.Add(-8*24*time.Hour), insertEffect(s, "e4")); !errors.Is(err, idempotent.ErrBeyondRetention) {
+	// Later than the clock plus the skew margin: refused before anything
+	// is sent, as the core does.
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e3", EventTime: now.Add(10 * 24 * time.Hour)}, insertEffect(s, "e3")); !errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("future event: %v, want ErrInvalidEventTime", err)
+	}
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e4", EventTime: now.Add(-8 * 24 * time.Hour)}, insertEffect(s, "e4")); !errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("old event: %v, want ErrBeyondRetention", err)
+	}
+	// Inside the window, but its day's partition is gone: ErrNoPartition,
+	// transient, never ErrBeyondRetention.
+	exec(t, p, "DROP TABLE "+s+".claims_p20260305")
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e5", EventTime: now.Add(-5 * 24 * time.Hour)}, insertEffect(s, "e5")); !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("a day without its partition: %v, want ErrNoPartition", err)
 	}
 	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// TestPartitionedBatch: ProcessMessages in partitioned mode claims a batch
+// spanning days in one statement, each claim in its day's partition; a
+// redelivery is a duplicate; bad event times and a missing partition refuse
+// the whole batch and write nothing.
+func TestPartitionedBatch(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	p, s, m := setup(t, 4, idempgx.WithDailyPartitions(2), idempgx.WithRetention(7*24*time.Hour), idempgx.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	msgs := []idempotent.Message{
+		{Key: "c", EventTime: now},
+		{Key: "a", EventTime: now.Add(-48 * time.Hour)},
+		{Key: "b", EventTime: now.Add(-24 * time.Hour)},
+		{Key: "a", EventTime: now.Add(-47 * time.Hour)}, // the same day
+	}
+	insert := func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+		for _, i := range fresh {
+			if err := insertEffect(s, msgs[i].Key)(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	outs, err := m.ProcessMessages(ctx, msgs, insert)
+	if want := []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Applied, idempotent.Duplicate}; err != nil || !slices.Equal(outs, want) {
+		t.Fatalf("first delivery: %v, %v; want %v", outs, err, want)
+	}
+	for key, part := range map[string]string{"a": "claims_p20260308", "b": "claims_p20260309", "c": "claims_p20260310"} {
+		if n := count(t, p, "SELECT count(*) FROM "+s+"."+part+" WHERE message_key = '"+key+"'"); n != 1 {
+			t.Fatalf("claim of %s: %d rows in %s, want 1", key, n, part)
+		}
+	}
+	outs, err = m.ProcessMessages(ctx, msgs, insert)
+	if err != nil || slices.Contains(outs, idempotent.Applied) {
+		t.Fatalf("redelivery: %v, %v; want all duplicates", outs, err)
+	}
+	var bke *idempotent.BatchKeyError
+	for name, c := range map[string]struct {
+		msgs []idempotent.Message
+		want error
+		idx  int
+	}{
+		"no event time":       {[]idempotent.Message{{Key: "d", EventTime: now}, {Key: "e"}}, idempotent.ErrInvalidEventTime, 1},
+		"in the future":       {[]idempotent.Message{{Key: "d", EventTime: now.Add(time.Hour)}}, idempotent.ErrInvalidEventTime, 0},
+		"beyond retention":    {[]idempotent.Message{{Key: "d", EventTime: now}, {Key: "e", EventTime: now.Add(-8 * 24 * time.Hour)}}, idempotent.ErrBeyondRetention, 1},
+		"one key on two days": {[]idempotent.Message{{Key: "d", EventTime: now}, {Key: "d", EventTime: now.Add(-24 * time.Hour)}}, idempotent.ErrInvalidEventTime, 1},
+	} {
+		_, err := m.ProcessMessages(ctx, c.msgs, func(context.Context, pgx.Tx, []int) error { t.Errorf("%s: the handler ran", name); return nil })
+		if !errors.Is(err, c.want) || !errors.As(err, &bke) || bke.Index != c.idx {
+			t.Fatalf("%s: %v, want %v at index %d", name, err, c.want, c.idx)
+		}
+	}
+	if _, err := m.ProcessBatch(ctx, []string{"d"}, func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("ProcessBatch in partitioned mode: %v, want ErrInvalidEventTime", err)
+	}
+	exec(t, p, "DROP TABLE "+s+".claims_p20260305")
+	_, err = m.ProcessMessages(ctx, []idempotent.Message{{Key: "d", EventTime: now}, {Key: "e", EventTime: now.Add(-5 * 24 * time.Hour)}}, insert)
+	if !errors.Is(err, idempotent.ErrNoPartition) || !strings.Contains(err.Error(), "one of the event days 2026-03-05, 2026-03-10") {
+		t.Fatalf("a batch with a day without its partition: %v, want ErrNoPartition naming the days", err)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".claims"); n != 3 {
+		t.Fatalf("%d claims, want 3", n)
 	}
 }
 

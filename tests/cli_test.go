@@ -98,7 +98,7 @@ func TestCLI(t *testing.T) {
 		if out != "offsets table "+offsets+" is ready\nclaim table "+claims+" is ready (plain, with its processed_at index)\n" {
 			t.Fatalf("migrate printed %q", out)
 		}
-		if _, err := db.Exec("INSERT INTO "+offsets+" (consumer, topic, partition, next_offset) VALUES ('c', 't', 0, 5)"); err != nil {
+		if _, err := db.Exec("INSERT INTO " + offsets + " (consumer, topic, partition, next_offset) VALUES ('c', 't', 0, 5)"); err != nil {
 			t.Fatalf("the offsets table is not there: %v", err)
 		}
 		ok(append([]string{"migrate", "-table", claims, "-kafka-offsets", offsets}, dsn...)...) // again: nothing to do
