@@ -54,8 +54,12 @@ func (p RetryPolicy) validate() error {
 	return nil
 }
 
-// backoff returns the sleep after the given failed attempt (1-based).
-func (p RetryPolicy) backoff(attempt int) time.Duration {
+// Backoff returns the sleep after the given failed attempt (1-based), as
+// every retry loop of this module and its adapters takes it: InitialBackoff
+// doubled for each attempt after the first, capped at MaxBackoff, then drawn
+// at random from the upper half of that, so that consumers that failed
+// together do not retry together. A policy whose backoffs are 0 returns 0.
+func (p RetryPolicy) Backoff(attempt int) time.Duration {
 	d := p.InitialBackoff
 	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
 		if d > p.MaxBackoff/2 {
@@ -164,7 +168,7 @@ func (r *runner) run(ctx context.Context, key string, body func(context.Context,
 		if attempt >= r.policy.MaxAttempts {
 			return attempt, &RetriesExhaustedError{Attempts: attempt, Err: err}
 		}
-		wait := r.policy.backoff(attempt)
+		wait := r.policy.Backoff(attempt)
 		if r.onRetry != nil {
 			r.onRetry(ctx, key, attempt, class, err, wait)
 		}

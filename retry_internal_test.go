@@ -40,7 +40,7 @@ func TestBackoffBounds(t *testing.T) {
 				}
 				seen := map[time.Duration]bool{}
 				for range 50 {
-					d := c.p.backoff(attempt)
+					d := c.p.Backoff(attempt)
 					if d < low || d > nominal {
 						t.Fatalf("attempt %d: backoff %v, want within [%v, %v]", attempt, d, low, nominal)
 					}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,7 +87,7 @@ func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, 
 		if n >= m.policy.MaxAttempts {
 			return n, &idempotent.RetriesExhaustedError{Attempts: n, Err: err}
 		}
-		wait := backoff(m.policy, n)
+		wait := m.policy.Backoff(n)
 		if m.observer != nil {
 			m.observer.Retry(ctx, idempotent.RetryEvent{
 				Consumer: m.consumer, Key: key, Attempt: n, Reason: class.Kind.String(),
@@ -223,26 +222,6 @@ func (a *attempt) rollback(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, _ = a.l.c.Exec(rctx, "rollback")
-}
-
-// backoff returns the sleep after the given failed attempt (1-based), as the
-// core's RetryPolicy does: doubling from InitialBackoff up to MaxBackoff,
-// drawn from the upper half.
-func backoff(p idempotent.RetryPolicy, attempt int) time.Duration {
-	d := p.InitialBackoff
-	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
-		if d > p.MaxBackoff/2 {
-			d = p.MaxBackoff
-			break
-		}
-		d *= 2
-	}
-	d = min(d, p.MaxBackoff)
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
