@@ -57,6 +57,17 @@ func (m *Middleware) checkMessage(msg Message, rule eventRule) error {
 	return m.checkEvent(msg.Key, msg.EventTime)
 }
 
+// CheckMessage reports whether ProcessMessage would refuse msg before
+// sending anything, and why: an invalid key (ErrInvalidKey: empty, not
+// UTF-8, a NUL byte, longer than the dialect allows), an event time older
+// than the retention window (ErrBeyondRetention), later than the clock plus
+// the clock-skew margin or, in partitioned mode, missing
+// (ErrInvalidEventTime). It sends nothing. Adapters use it to set a message
+// aside (to a dead-letter queue) before they open a transaction for it.
+func (m *Middleware) CheckMessage(msg Message) error {
+	return m.checkMessage(msg, eventTimeOptional)
+}
+
 // zeroEventTime is the error for a message that needs an event time and
 // has none.
 func (m *Middleware) zeroEventTime(key string) error {

@@ -86,10 +86,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		return nil, 0, fmt.Errorf("%w: %d messages, the limit is %d", idempotent.ErrBatchTooLarge, len(msgs), idempotent.MaxBatchSize)
 	}
 	for i, msg := range msgs {
-		if err := validateKey(msg.Key); err != nil {
-			return nil, 0, &idempotent.BatchKeyError{Index: i, Err: err}
-		}
-		if err := m.checkEvent(msg.Key, msg.EventTime); err != nil {
+		if err := m.core.CheckMessage(msg); err != nil {
 			return nil, 0, &idempotent.BatchKeyError{Index: i, Err: err}
 		}
 	}

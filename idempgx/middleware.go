@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,8 +58,6 @@ type Middleware struct {
 	observer    idempotent.Observer
 	seen        idempotent.Seen
 	retention   time.Duration
-	skew        time.Duration
-	clock       func() time.Time
 	partitioned bool
 	prepared    bool // the pool's connections prepare statements
 	leadDays    int
@@ -132,8 +129,6 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		observer:    cfg.observer,
 		seen:        cfg.seen,
 		retention:   cfg.retention,
-		skew:        cfg.skew,
-		clock:       cfg.clock,
 		leadDays:    cfg.leadDays,
 		pg:          pg,
 		status:      connStatus,
@@ -263,10 +258,7 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if ctx.Value(claimKey{}) != nil {
 		return 0, 0, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, ErrNested)
 	}
-	if err := validateKey(key); err != nil {
-		return 0, 0, err
-	}
-	if err := m.checkEvent(key, at); err != nil {
+	if err := m.core.CheckMessage(idempotent.Message{Key: key, EventTime: at}); err != nil {
 		return 0, 0, err
 	}
 	if m.seen != nil && m.seen.Seen(ctx, m.consumer, key) {
@@ -285,48 +277,6 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 		m.seen.Record(ctx, m.consumer, key, m.retention)
 	}
 	return outcome, attempts, nil
-}
-
-// checkEvent is the retention fence, as the core's: an event time older
-// than the retention window is ErrBeyondRetention, one later than the clock
-// plus the clock-skew margin ErrInvalidEventTime, and in partitioned mode a
-// zero one ErrInvalidEventTime.
-func (m *Middleware) checkEvent(key string, at time.Time) error {
-	if at.IsZero() {
-		if m.partitioned {
-			return fmt.Errorf("%w: consumer %q, key %q: the claim table %s is partitioned by event day: give the message its event time (ProcessMessage, ProcessMessages)",
-				idempotent.ErrInvalidEventTime, m.consumer, key, m.table)
-		}
-		return nil
-	}
-	now := m.clock()
-	if cutoff := now.Add(-m.retention); at.Before(cutoff) {
-		return fmt.Errorf("%w: consumer %q, key %q: event time %s is %v old, older than the retention window of %v, so its claim may be gone",
-			idempotent.ErrBeyondRetention, m.consumer, key, at.UTC().Format(time.RFC3339), now.Sub(at).Round(time.Second), m.retention)
-	}
-	if limit := now.Add(m.skew); at.After(limit) {
-		return fmt.Errorf("%w: consumer %q, key %q: event time %s is in the future: the clock says %s, and the clock-skew margin is %v (a producer clock ahead, or seconds read as milliseconds?)",
-			idempotent.ErrInvalidEventTime, m.consumer, key, at.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), m.skew)
-	}
-	return nil
-}
-
-// validateKey applies the core's key rules for Postgres.
-func validateKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", idempotent.ErrInvalidKey)
-	case len(key) > postgres.MaxKeyBytes:
-		return fmt.Errorf("%w: %d bytes, the limit is %d", idempotent.ErrInvalidKey, len(key), postgres.MaxKeyBytes)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: %q is not valid UTF-8", idempotent.ErrInvalidKey, key)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] == 0 {
-			return fmt.Errorf("%w: %q has a NUL byte at %d", idempotent.ErrInvalidKey, key, i)
-		}
-	}
-	return nil
 }
 
 // claimError translates a failed claim statement's error into the core's
