@@ -415,3 +415,29 @@ func TestDeprecatedEventFormsNeedTheEventTime(t *testing.T) {
 	}
 	r.wantCalls(t, "BEGIN", "ROLLBACK")
 }
+
+func TestCheckMessage(t *testing.T) {
+	r := newRecorded(t)
+	plain := newMessageMiddleware(t, r)
+	parted := newMessageMiddleware(t, r, partitioned())
+	for _, c := range []struct {
+		name string
+		mw   *idempotent.Middleware
+		msg  idempotent.Message
+		want error
+	}{
+		{"a key alone", plain, idempotent.Message{Key: key}, nil},
+		{"an event time inside the window", parted, idempotent.Message{Key: key, EventTime: msgNow.Add(-time.Hour)}, nil},
+		{"an empty key", plain, idempotent.Message{}, idempotent.ErrInvalidKey},
+		{"a NUL byte", plain, idempotent.Message{Key: "a\x00b"}, idempotent.ErrInvalidKey},
+		{"beyond retention", plain, idempotent.Message{Key: key, EventTime: msgNow.Add(-idempotent.DefaultRetention - time.Second)}, idempotent.ErrBeyondRetention},
+		{"in the future", plain, idempotent.Message{Key: key, EventTime: msgNow.Add(idempotent.DefaultClockSkew + time.Second)}, idempotent.ErrInvalidEventTime},
+		{"partitioned without an event time", parted, idempotent.Message{Key: key}, idempotent.ErrInvalidEventTime},
+	} {
+		err := c.mw.CheckMessage(c.msg)
+		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s: CheckMessage = %v, want %v", c.name, err, c.want)
+		}
+	}
+	r.wantCalls(t) // nothing sent
+}
