@@ -37,7 +37,10 @@
 //     (MySQL's DDL, LOCK TABLES, …), which the guard refuses inside a
 //     handler;
 //   - [TxOptionsChecker]: the isolation levels and options the database
-//     cannot run, which idempotent.New refuses.
+//     cannot run, which idempotent.New refuses;
+//   - [ClaimFolder]: run the claim and another data-modifying statement of
+//     the same transaction as one statement (the Kafka consumer's offset
+//     advance; otherwise two statements).
 //
 // Without one, the middleware refuses the ability with an error that names
 // the dialect ("the sqlite dialect does not support partitions").

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/claimfold"
 )
 
 // Consumer consumes topics as a member of a Kafka consumer group and applies
@@ -34,8 +35,11 @@ type Consumer struct {
 	q        offsetStatements
 	stats    counters
 
+	fold *claimfold.Fold // the claim folded with the offset advance; nil: cannot
+
 	prepMu   sync.Mutex
 	prepared *sql.Stmt // the offset advance, prepared on first use
+	folded   *sql.Stmt // the fold, prepared on first use
 }
 
 type counters struct {
@@ -97,7 +101,7 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{db: db, mw: mw, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, q: q}, nil
+	return &Consumer{db: db, mw: mw, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, q: q, fold: newFold(mw, q)}, nil
 }
 
 // Stats returns the counts so far.
@@ -640,18 +644,17 @@ func (s *session) wait(ctx context.Context, e Event, attempt int, err error, sto
 	return errAbandoned
 }
 
-// recordTx applies r in one transaction: the offset advance from expected,
-// the claim, the handler if the claim is new. A poison record is
-// dead-lettered instead, in a transaction of its own that advances the
-// offset; cause is then why it was poison.
+// recordTx applies r in one transaction: the offset advance from expected
+// and the claim (one statement where the dialect can fold them), the
+// handler if the claim is new. A poison record is dead-lettered instead, in
+// a transaction of its own that advances the offset; cause is then why it
+// was poison.
 func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, h Handler) (typ EventType, key string, cause, err error) {
 	key, cause = c.recordKey(r)
 	if cause == nil {
+		stmt := c.foldStmt(ctx)
 		err = c.runTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			if err := c.advanceOffset(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1); err != nil {
-				return err
-			}
-			claimed, err := c.claim(ctx, tx, key, r)
+			claimed, err := c.advanceAndClaim(ctx, tx, stmt, key, r, expected)
 			if err != nil {
 				return err
 			}
@@ -662,6 +665,9 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 			typ = EventApplied
 			return h(ctx, tx, r)
 		})
+		if err != nil && stmt != nil {
+			err = c.foldError(ctx, err)
+		}
 		if err == nil || !c.isPoison(err) {
 			return typ, key, nil, err
 		}

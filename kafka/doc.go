@@ -38,11 +38,24 @@
 //
 //  1. advances the partition's row of the offsets table
 //     (consumer, topic, partition) → next_offset from the offset it read to
-//     the record's offset + 1 — a compare-and-set, forward only;
-//  2. claims the key (idempotent's Claim, or ClaimMessage with the record's
-//     timestamp, so a record older than the retention window is poison);
-//  3. runs the handler, only if the claim was new;
-//  4. commits.
+//     the record's offset + 1 — a compare-and-set, forward only — and
+//     claims the key, as idempotent's ClaimMessage does (with the record's
+//     timestamp as the event time, so a record older than the retention
+//     window is poison), both in one statement: a prepared statement of two
+//     data-modifying common table expressions, which reports whether the
+//     offset advanced and whether the claim is new;
+//  2. runs the handler, only if the offset advanced and the claim was new;
+//  3. commits.
+//
+// So the stored offset costs no statement of its own: a record's
+// transaction sends BEGIN, that statement, the handler's statements and
+// COMMIT, where a hand-written loop that commits its offsets to Kafka sends
+// BEGIN, the claim, the handler's statements and COMMIT. Should that
+// statement fail to prepare (a table is missing, say), the transaction runs
+// the advance and the claim as two statements, whose errors name the
+// missing table: [ErrNoOffsetsTable] or [idempotent.ErrNoClaimTable]. With
+// idempotent.WithLockTimeout the lock timeout is set before that statement,
+// so it bounds the offset advance's lock wait as well as the claim's.
 //
 // A duplicate (the claim existed) commits the offset advance alone. A poison
 // record — no key ([ErrNoKey]), an invalid key, an undecodable value

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -30,17 +31,25 @@ func newOffsetStatements(name string) (offsetStatements, error) {
 	}
 	q := t.Quoted(pgQuote)
 	return offsetStatements{
-		table: t,
-		// The forward-only, compare-and-set advance: it writes only when
-		// the stored offset is the one this member read ($5, -1 for "no
-		// row"), and only forward. An UPDATE that waited for another
-		// owner's transaction re-checks the row that one committed.
-		advance: `INSERT INTO ` + q + ` AS o (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)
-ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-WHERE o.next_offset = $5 AND EXCLUDED.next_offset > o.next_offset`,
-		read: `SELECT next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
-		load: `SELECT partition, next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2`,
+		table:   t,
+		advance: advanceSQL(q, 1),
+		read:    `SELECT next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		load:    `SELECT partition, next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2`,
 	}, nil
+}
+
+// advanceSQL is the forward-only, compare-and-set advance of the offsets
+// table q, its five parameters numbered from first: consumer, topic,
+// partition, the next offset, and the stored offset expected. It writes only
+// when the stored offset is the one this member read (-1 for "no row"), and
+// only forward: it affects one row when it advanced, none otherwise. An
+// UPDATE that waited for another owner's transaction re-checks the row that
+// one committed.
+func advanceSQL(q string, first int) string {
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	return `INSERT INTO ` + q + ` AS o (consumer, topic, partition, next_offset) VALUES (` + p(0) + `, ` + p(1) + `, ` + p(2) + `, ` + p(3) + `)
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
+WHERE o.next_offset = ` + p(4) + ` AND EXCLUDED.next_offset > o.next_offset`
 }
 
 // SchemaSQL returns the Postgres DDL that creates (up) and drops (down) the
@@ -129,6 +138,13 @@ func (c *Consumer) advanceOffset(ctx context.Context, tx *sql.Tx, topic string, 
 	if n == 1 {
 		return nil
 	}
+	return c.fenced(ctx, tx, topic, partition, expected, next)
+}
+
+// fenced returns the *fenceError of an advance of topic/partition from
+// expected to next that found the stored offset elsewhere, with the stored
+// offset read in tx.
+func (c *Consumer) fenced(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64) error {
 	stored := int64(-1)
 	if err := tx.QueryRowContext(ctx, c.q.read, c.consumer, topic, partition).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("kafka: read offset of %s/%d: %w", topic, partition, err)

@@ -58,6 +58,23 @@ func TestClaimSQLGolden(t *testing.T) {
 	golden.Compare(t, filepath.Join("testdata", "claim_sql.golden"), b.String())
 }
 
+func TestFoldClaimSQLGolden(t *testing.T) {
+	d := postgres.New()
+	const companion = `UPDATE "s"."counters" SET n = n + 1 WHERE id = $3`
+	var b strings.Builder
+	for _, tb := range tables {
+		fmt.Fprintf(&b, "-- table %q.%q\n%s;\n%s;\n\n", tb.Schema, tb.Name,
+			d.FoldClaimSQL(d.ClaimSQL(tb), companion), d.FoldClaimSQL(d.ClaimAtSQL(tb), strings.ReplaceAll(companion, "$3", "$4")))
+	}
+	golden.Compare(t, filepath.Join("testdata", "fold_claim_sql.golden"), b.String())
+	if q := d.FoldClaimSQL("", companion); q != "" {
+		t.Errorf("FoldClaimSQL with no claim = %q, want \"\"", q)
+	}
+	if q := d.FoldClaimSQL(d.ClaimSQL(tables[0]), ""); q != "" {
+		t.Errorf("FoldClaimSQL with no companion = %q, want \"\"", q)
+	}
+}
+
 func TestLockTimeoutSQLGolden(t *testing.T) {
 	d := postgres.New()
 	var b strings.Builder

@@ -45,8 +45,10 @@
 //   - the optional interfaces, where the dialect implements them:
 //     dialect.Cleaner (Cleanup deletes only claims past the window),
 //     dialect.Partitioner (a day's claim applies once; a day without its
-//     partition yet is ErrNoPartition until MaintainPartitions creates it)
-//     and dialect.Upserter (the version-guarded upsert).
+//     partition yet is ErrNoPartition until MaintainPartitions creates it),
+//     dialect.Upserter (the version-guarded upsert) and dialect.ClaimFolder
+//     (the claim folded with a companion statement reports the companion's
+//     rows and whether the claim is new, and both commit).
 //
 // Every check feeds the dialect errors the database really produced; none
 // is built by hand.

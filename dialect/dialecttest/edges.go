@@ -11,6 +11,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/claimfold"
 )
 
 // Checks of the batch claim, of what a handler may not do through the
@@ -381,5 +382,65 @@ func checkUpserter(t *testing.T, e *Env) {
 	}
 	if version != 3 || status != "shipped" {
 		t.Fatalf("row is (%d, %q), want (3, shipped)", version, status)
+	}
+}
+
+// checkClaimFolder: the claim folded with a companion statement reports the
+// companion's rows and whether the claim is new, and both commit together.
+func checkClaimFolder(t *testing.T, e *Env) {
+	if _, ok := e.h.Dialect.(dialect.ClaimFolder); !ok {
+		t.Skipf("the %s dialect does not implement dialect.ClaimFolder", e.h.Dialect.Name())
+	}
+	ctx := testContext(t)
+	db, table, mw := setup(t, e)
+	counter := table + "_fold"
+	dropAtEnd(t, db, counter)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+counter+" (n INTEGER NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO "+counter+" (n) VALUES (0)"); err != nil {
+		t.Fatal(err)
+	}
+	fold := func(companion string) (*claimfold.Fold, *sql.Stmt) {
+		t.Helper()
+		f, ok := claimfold.New(mw, func(int) string { return companion })
+		if !ok {
+			t.Fatalf("the %s dialect is a dialect.ClaimFolder but did not fold %q", e.h.Dialect.Name(), companion)
+		}
+		stmt, err := db.PrepareContext(ctx, f.SQL)
+		if err != nil {
+			t.Fatalf("prepare the folded claim: %v\n%s", err, f.SQL)
+		}
+		t.Cleanup(func() { _ = stmt.Close() })
+		return f, stmt
+	}
+	count, countStmt := fold("UPDATE " + counter + " SET n = n + 1")
+	none, noneStmt := fold("UPDATE " + counter + " SET n = n + 1 WHERE n < 0")
+	for _, step := range []struct {
+		f       *claimfold.Fold
+		stmt    *sql.Stmt
+		key     string
+		rows    int64
+		claimed bool
+	}{{count, countStmt, "fold-a", 1, true}, {count, countStmt, "fold-a", 1, false}, {none, noneStmt, "fold-b", 0, true}} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, claimed, err := step.f.Claim(ctx, tx, step.stmt, step.key, time.Time{})
+		if err != nil || rows != step.rows || claimed != step.claimed {
+			_ = tx.Rollback()
+			t.Fatalf("folded claim of %s = (%d, %v, %v), want (%d, %v, nil)", step.key, rows, claimed, err, step.rows, step.claimed)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT n FROM "+counter).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Claims(t, db, table); n != 2 || !slices.Equal(got, []string{"fold-a", "fold-b"}) {
+		t.Fatalf("after the folds: counter %d, claims %v; want 2 and [fold-a fold-b]", n, got)
 	}
 }

@@ -61,6 +61,7 @@ func checks() []check {
 		{"Optional/Cleaner", checkCleaner},
 		{"Optional/Partitioner", checkPartitioner},
 		{"Optional/Upserter", checkUpserter},
+		{"Optional/ClaimFolder", checkClaimFolder},
 	}
 }
 

@@ -1,0 +1,97 @@
+package kafka
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/claimfold"
+)
+
+// newFold folds the Middleware's claim with the offset advance, when its
+// dialect can (the Postgres dialect does): the record transaction then
+// sends one statement where it would send two. nil means it cannot.
+func newFold(mw *idempotent.Middleware, q offsetStatements) *claimfold.Fold {
+	f, ok := claimfold.New(mw, func(first int) string { return advanceSQL(q.table.Quoted(pgQuote), first) })
+	if !ok {
+		return nil
+	}
+	return f
+}
+
+// advanceAndClaim advances the stored offset of r's partition from expected
+// to r's offset + 1 and claims key, in tx, and reports whether the claim was
+// new. It returns a *fenceError when the stored offset was elsewhere. With
+// stmt, the prepared fold (foldStmt), the advance and the claim are one
+// statement; without, two.
+func (c *Consumer) advanceAndClaim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, key string, r *kgo.Record, expected int64) (bool, error) {
+	next := r.Offset + 1
+	if stmt == nil {
+		if err := c.advanceOffset(ctx, tx, r.Topic, r.Partition, expected, next); err != nil {
+			return false, err
+		}
+		return c.claim(ctx, tx, key, r)
+	}
+	at := r.Timestamp
+	if c.cfg.noEventTime {
+		at = time.Time{}
+	}
+	advanced, claimed, err := c.fold.Claim(ctx, tx, stmt, key, at, c.consumer, r.Topic, r.Partition, next, expected)
+	if err != nil {
+		return false, err
+	}
+	if advanced != 1 {
+		return false, c.fenced(ctx, tx, r.Topic, r.Partition, expected, next)
+	}
+	return claimed, nil
+}
+
+// foldStmt returns the fold prepared on the Consumer's db, or nil when the
+// claim cannot be folded or the fold cannot be prepared (a table is
+// missing, say): the transaction then runs the advance and the claim apart,
+// whose errors say which table. It is called before the transaction begins,
+// so that preparing does not need a second connection while the
+// transaction holds one.
+func (c *Consumer) foldStmt(ctx context.Context) *sql.Stmt {
+	if c.fold == nil {
+		return nil
+	}
+	c.prepMu.Lock()
+	defer c.prepMu.Unlock()
+	if c.folded != nil {
+		return c.folded
+	}
+	stmt, err := c.db.PrepareContext(ctx, c.fold.SQL)
+	if err != nil {
+		return nil
+	}
+	c.folded = stmt
+	return stmt
+}
+
+// foldError names the offsets table in the error of a folded transaction
+// that failed because a table is missing: the fold's error says the claim
+// table, as it cannot tell which of its two tables is missing. It looks
+// after the transaction has ended, on the Consumer's db.
+func (c *Consumer) foldError(ctx context.Context, err error) error {
+	if !errors.Is(err, idempotent.ErrNoClaimTable) {
+		return err
+	}
+	var pe interface {
+		error
+		SQLState() string
+	}
+	if !errors.As(err, &pe) {
+		return err
+	}
+	var oid sql.NullString
+	if qerr := c.db.QueryRowContext(ctx, `SELECT to_regclass($1)::text`, c.q.table.Quoted(pgQuote)).Scan(&oid); qerr != nil || oid.Valid {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %w", ErrNoOffsetsTable, c.q.table, pe)
+}
