@@ -61,16 +61,14 @@ func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, 
 
 // NewBatchConsumer returns a Consumer that applies the records of each poll
 // for each partition together: one transaction claims them all (with
-// Middleware.ProcessBatch), runs h once for the new ones, and advances the
-// partition's offset once, past the last. It is the throughput path. The
-// Middleware must not be partitioned by event day (ProcessBatch refuses
-// that); see NewConsumer for the other arguments.
+// Middleware.ProcessMessages, each record with its timestamp as its event
+// time unless WithoutEventTime, so a partitioned claim table works too),
+// runs h once for the new ones, and advances the partition's offset once,
+// past the last. It is the throughput path; see NewConsumer for the other
+// arguments.
 func NewBatchConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("kafka: NewBatchConsumer: nil handler")
-	}
-	if mw != nil && mw.Partitioned() {
-		return nil, fmt.Errorf("kafka: NewBatchConsumer: the claim table %s is partitioned by event day, which batches cannot claim: use NewConsumer", mw.Table())
 	}
 	return newConsumer("NewBatchConsumer", db, mw, key, nil, h, opts)
 }
@@ -96,6 +94,9 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 		if err := o.apply(&cfg); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.noEventTime && mw.Partitioned() {
+		return nil, fmt.Errorf("kafka: %s: WithoutEventTime, but the claim table %s is partitioned by event day: every record needs its event time there", fn, mw.Table())
 	}
 	q, err := newOffsetStatements(cfg.offsetsTable)
 	if err != nil {
@@ -315,17 +316,13 @@ func (c *Consumer) claim(ctx context.Context, tx *sql.Tx, key string, r *kgo.Rec
 	return c.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key, EventTime: r.Timestamp})
 }
 
-// tooOld reports, for batch mode, a record older than the retention window
-// (ProcessBatch carries no event times, so the Consumer checks them).
-func (c *Consumer) tooOld(r *kgo.Record) error {
-	if c.cfg.noEventTime || r.Timestamp.IsZero() {
-		return nil
+// message returns r's message: its key and, unless WithoutEventTime, its
+// timestamp as its event time.
+func (c *Consumer) message(key string, r *kgo.Record) idempotent.Message {
+	if c.cfg.noEventTime {
+		return idempotent.Message{Key: key}
 	}
-	if age := time.Since(r.Timestamp); age > c.mw.Retention() {
-		return fmt.Errorf("kafka: %s: record of %v is %v old, beyond the retention window of %v: %w",
-			deadLetterKey(r), r.Timestamp.UTC().Format(time.RFC3339), age.Round(time.Second), c.mw.Retention(), idempotent.ErrBeyondRetention)
-	}
-	return nil
+	return idempotent.Message{Key: key, EventTime: r.Timestamp}
 }
 
 // backoff is the wait after the given failed attempt (1-based).
@@ -762,25 +759,32 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 	first, last := chunk[0], chunk[len(chunk)-1]
 	next := last.Offset + 1
 	var good, poison []*kgo.Record
-	var keys []string
+	var msgs []idempotent.Message
 	var causes []error
 	for _, r := range chunk {
 		k, err := c.recordKey(r)
+		var msg idempotent.Message
 		if err == nil {
-			err = c.tooOld(r)
+			// The Middleware's own checks, so that one record it would
+			// refuse (too old, dated in the future) is dead-lettered alone
+			// instead of refusing the batch.
+			msg = c.message(k, r)
+			if cerr := c.mw.CheckMessage(msg); cerr != nil {
+				err = fmt.Errorf("kafka: %s: %w", deadLetterKey(r), cerr)
+			}
 		}
 		if err != nil {
 			poison, causes = append(poison, r), append(causes, err)
 			continue
 		}
-		good, keys = append(good, r), append(keys, k)
+		good, msgs = append(good, r), append(msgs, msg)
 	}
 	for {
 		ran := false
 		var outcomes []idempotent.Outcome
 		var err error
 		if len(good) > 0 {
-			outcomes, err = c.mw.ProcessBatch(ctx, keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+			outcomes, err = c.mw.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 				ran = true
 				if err := c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, poison, causes); err != nil {
 					return err
@@ -795,14 +799,14 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			if errors.As(err, &bke) {
 				// An invalid key (too long, say): that record is poison.
 				poison, causes = append(poison, good[bke.Index]), append(causes, bke.Err)
-				good, keys = slices.Delete(good, bke.Index, bke.Index+1), slices.Delete(keys, bke.Index, bke.Index+1)
+				good, msgs = slices.Delete(good, bke.Index, bke.Index+1), slices.Delete(msgs, bke.Index, bke.Index+1)
 				continue
 			}
 			var re *RecordError
 			if errors.As(err, &re) && c.isPoison(err) {
 				if i := slices.Index(good, re.Record); i >= 0 {
 					poison, causes = append(poison, good[i]), append(causes, err)
-					good, keys = slices.Delete(good, i, i+1), slices.Delete(keys, i, i+1)
+					good, msgs = slices.Delete(good, i, i+1), slices.Delete(msgs, i, i+1)
 					continue
 				}
 			}
@@ -826,7 +830,7 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			if outcomes[i] == idempotent.Applied {
 				typ = EventApplied
 			}
-			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: keys[i]})
+			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: msgs[i].Key})
 		}
 		for i, r := range poison {
 			events = append(events, Event{Type: c.poisonType(), Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Err: causes[i]})

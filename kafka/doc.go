@@ -20,8 +20,12 @@
 //		kgo.ConsumerGroup("payments"), kgo.ConsumeTopics("payments"))
 //
 // [NewBatchConsumer] is the throughput path: the records of one poll for one
-// partition are claimed together ([idempotent.Middleware.ProcessBatch]),
-// applied by one set-wise [BatchHandler], and advance the offset once.
+// partition are claimed together ([idempotent.Middleware.ProcessMessages],
+// with each record's timestamp as its event time, so a claim table
+// partitioned by event day works too), applied by one set-wise
+// [BatchHandler], and advance the offset once. A record the Middleware would
+// refuse (too old for the retention window, dated in the future) is
+// dead-lettered alone, and the rest of the batch applies.
 //
 // # The message key
 //

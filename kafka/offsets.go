@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/migrations"
 )
 
 // DefaultOffsetsTable is the offsets table's name when WithOffsetsTable is
@@ -55,25 +56,14 @@ WHERE o.next_offset = ` + p(4) + ` AND EXCLUDED.next_offset > o.next_offset`
 // SchemaSQL returns the Postgres DDL that creates (up) and drops (down) the
 // offsets table named table ("table" or "schema.table"): one row per
 // (consumer, topic, partition) holding the offset of the next record to
-// apply. It is what EnsureSchema runs and what the migration files hold.
+// apply. It is what EnsureSchema runs, what the migration files of package
+// migrations hold and what the CLI's "schema -kafka-offsets" prints: it is
+// migrations.KafkaOffsetsSQL.
 func SchemaSQL(table string) (up, down string, err error) {
-	t, err := dialect.ParseTable(table)
-	if err != nil {
+	if _, err := dialect.ParseTable(table); err != nil {
 		return "", "", fmt.Errorf("kafka: offsets table: %w", err)
 	}
-	q := t.Quoted(pgQuote)
-	up = `CREATE TABLE IF NOT EXISTS ` + q + ` (
-	consumer    text        NOT NULL,
-	topic       text        NOT NULL,
-	partition   integer     NOT NULL,
-	next_offset bigint      NOT NULL CHECK (next_offset >= 0),
-	updated_at  timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, topic, partition)
-);
-`
-	down = `DROP TABLE IF EXISTS ` + q + `;
-`
-	return up, down, nil
+	return migrations.KafkaOffsetsSQL(table)
 }
 
 // EnsureSchema creates the offsets table named table (DefaultOffsetsTable

@@ -209,7 +209,8 @@ func WithRetry(p idempotent.RetryPolicy) Option {
 // cleaned up — is poison (idempotent.ErrBeyondRetention) instead of being
 // applied a second time. Turn it off only when record timestamps are not the
 // time the message was first produced (a replay tool that rewrites them,
-// say).
+// say). A Middleware whose claim table is partitioned by event day needs the
+// event times: NewConsumer and NewBatchConsumer refuse this option with it.
 func WithoutEventTime() Option {
 	return optionFunc(func(c *config) error {
 		c.noEventTime = true

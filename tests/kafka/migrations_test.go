@@ -2,69 +2,38 @@ package kafkatests
 
 import (
 	"context"
-	"flag"
 	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/migrations"
 )
 
-var update = flag.Bool("update", false, "rewrite the offsets table's migration files from kafka.SchemaSQL")
-
-const offsetsComment = "-- Offsets table of github.com/txclaim/idempotent/kafka: the next offset to apply\n" +
-	"-- of each (consumer, topic, partition), advanced in the claim's transaction.\n"
-
-// offsetsMigrationFiles renders what each migration directory must hold for
-// the offsets table.
-func offsetsMigrationFiles(t *testing.T) map[string]string {
-	t.Helper()
+// TestOffsetsMigrationFiles: kafka.SchemaSQL is the DDL of the migration
+// files (package migrations checks its files against the same function),
+// and the up migration creates the table.
+func TestOffsetsMigrationFiles(t *testing.T) {
 	up, down, err := kafka.SchemaSQL(kafka.DefaultOffsetsTable)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
-	for _, dir := range []string{migrations.GooseDir, migrations.GoosePartitionedDir} {
-		out[path.Join(dir, "00002_create_kafka_offsets.sql")] = "-- +goose Up\n" + offsetsComment + up + "\n-- +goose Down\n" + down
-	}
-	for _, dir := range []string{migrations.GolangMigrateDir, migrations.GolangMigratePartitionedDir} {
-		out[path.Join(dir, "000002_create_kafka_offsets.up.sql")] = offsetsComment + up
-		out[path.Join(dir, "000002_create_kafka_offsets.down.sql")] = down
-	}
-	return out
-}
-
-// TestOffsetsMigrationFiles keeps the migration files of the offsets table
-// equal to the DDL EnsureSchema runs, and applies them.
-func TestOffsetsMigrationFiles(t *testing.T) {
-	want := offsetsMigrationFiles(t)
-	if *update {
-		for name, body := range want {
-			if err := os.WriteFile(filepath.Join("..", "..", "migrations", name), []byte(body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		t.Skip("rewrote the files; run the tests again without -update")
-	}
-	for name, body := range want {
+	for name, want := range map[string]string{
+		path.Join(migrations.GolangMigrateDir, "000002_create_kafka_offsets.up.sql"):   up,
+		path.Join(migrations.GolangMigrateDir, "000002_create_kafka_offsets.down.sql"): down,
+	} {
 		got, err := fs.ReadFile(migrations.FS, name)
-		if err != nil {
-			t.Fatalf("%s: %v (run go test ./tests/kafka -run TestOffsetsMigrationFiles -update)", name, err)
+		if err != nil || string(got) != want {
+			t.Errorf("%s (%v) differs from kafka.SchemaSQL:\n--- got\n%s\n--- want\n%s", name, err, got, want)
 		}
-		if string(got) != body {
-			t.Errorf("%s differs from kafka.SchemaSQL (run with -update):\n--- got\n%s\n--- want\n%s", name, got, body)
-		}
+	}
+	if _, _, err := kafka.SchemaSQL("no such;table"); err == nil || !strings.Contains(err.Error(), "kafka: offsets table") {
+		t.Errorf("a bad name: %v, want an error naming the offsets table", err)
 	}
 
 	db := openDB(t, 2)
 	s := schema(t, db)
-	up, err := fs.ReadFile(migrations.FS, path.Join(migrations.GolangMigrateDir, "000002_create_kafka_offsets.up.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -78,7 +47,7 @@ func TestOffsetsMigrationFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = db.Exec(`DROP SCHEMA ` + s + `_m CASCADE`) })
-	if _, err := conn.ExecContext(ctx, string(up)); err != nil {
+	if _, err := conn.ExecContext(ctx, up); err != nil {
 		t.Fatalf("the up migration: %v", err)
 	}
 	var n int
