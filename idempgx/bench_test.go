@@ -36,9 +36,16 @@ import (
 // Middleware (pgx's stdlib driver). SeenVsDuplicate: a duplicate answered by
 // the in-process pre-check against the database duplicate path.
 // Allocs/*: allocations per message, one worker.
+//
+// On loopback a round trip costs tens of microseconds and the server's work
+// decides the rate; BENCH_PG_LATENCY (a duration, e.g. 1ms) runs the same
+// through a proxy that delays each direction by that much, to measure what
+// the saved round trips are worth across a network. rtt_us is the median
+// SELECT 1 round trip, measured before (timers round the proxy's delays up).
 func BenchmarkHeadToHead(b *testing.B) {
 	ctx := context.Background()
 	target := benchDSN(b)
+	rtt := roundTrip(b, target)
 	p := newPoolAt(b, target, 8, os.Getenv("BENCH_PG_PARAMS"))
 	s := tempSchema(b, p)
 	exec(b, p, "CREATE TABLE "+s+".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0)")
@@ -135,10 +142,10 @@ func BenchmarkHeadToHead(b *testing.B) {
 	}
 	b.Run("Throughput/process", func(b *testing.B) { throughput(b, process) })
 	b.Run("Throughput/handwritten", func(b *testing.B) { throughput(b, handWritten) })
-	b.Run("ProcessVsHandWritten", func(b *testing.B) { headToHead(b, process, handWritten, "process", "handwritten") })
-	b.Run("DuplicateVsSQL", func(b *testing.B) { headToHead(b, dupPgx, dupSQL, "pgx_dup", "sql_dup") })
-	b.Run("SeenVsDuplicate", func(b *testing.B) { headToHead(b, dupSeen, dupPgx, "seen_dup", "pgx_dup") })
-	b.Run("SeenVsSQLDuplicate", func(b *testing.B) { headToHead(b, dupSeen, dupSQL, "seen_dup", "sql_dup") })
+	b.Run("ProcessVsHandWritten", func(b *testing.B) { headToHead(b, rtt, process, handWritten, "process", "handwritten") })
+	b.Run("DuplicateVsSQL", func(b *testing.B) { headToHead(b, rtt, dupPgx, dupSQL, "pgx_dup", "sql_dup") })
+	b.Run("SeenVsDuplicate", func(b *testing.B) { headToHead(b, rtt, dupSeen, dupPgx, "seen_dup", "pgx_dup") })
+	b.Run("SeenVsSQLDuplicate", func(b *testing.B) { headToHead(b, rtt, dupSeen, dupSQL, "seen_dup", "sql_dup") })
 	b.Run("Allocs/process", func(b *testing.B) { serial(b, process) })
 	b.Run("Allocs/handwritten", func(b *testing.B) { serial(b, handWritten) })
 	b.Run("Allocs/pgx_dup", func(b *testing.B) { serial(b, dupPgx) })
@@ -152,8 +159,9 @@ func expect(o idempotent.Outcome, err error) error {
 }
 
 // headToHead runs a and bb alternately on 8 workers and reports the ratio
-// of bb's mean latency to a's: how many times faster a is.
-func headToHead(b *testing.B, a, bb func() error, an, bn string) {
+// of bb's mean latency to a's: how many times faster a is, with rtt, the
+// round trip to the server measured before (rtt_us).
+func headToHead(b *testing.B, rtt time.Duration, a, bb func() error, an, bn string) {
 	var ta, tb, na, nb atomic.Int64
 	b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
@@ -182,6 +190,9 @@ func headToHead(b *testing.B, a, bb func() error, an, bn string) {
 	b.ReportMetric(ma/1e3, an+"_us/op")
 	b.ReportMetric(mb/1e3, bn+"_us/op")
 	b.ReportMetric(mb/ma, "x_faster")
+	if rtt > 0 {
+		b.ReportMetric(float64(rtt)/1e3, "rtt_us")
+	}
 }
 
 func serial(b *testing.B, f func() error) {

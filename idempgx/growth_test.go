@@ -77,7 +77,7 @@ func BenchmarkGrowth(b *testing.B) {
 					return err
 				}
 			}
-			b.Run(shape.name, func(b *testing.B) { headToHead(b, run(mFull), run(mEmpty), "full", "empty") })
+			b.Run(shape.name, func(b *testing.B) { headToHead(b, 0, run(mFull), run(mEmpty), "full", "empty") })
 		}()
 	}
 }

@@ -1,12 +1,16 @@
 package idempgx_test
 
 import (
+	"context"
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // benchDSN returns the benchmarks' database: the test database, or, when
@@ -31,8 +35,29 @@ func benchDSN(b testing.TB) string {
 		b.Fatalf("BENCH_PG_LATENCY needs a URL DSN: %v", err)
 	}
 	u.Host = latencyProxy(b, u.Host, lat)
-	b.Logf("through a proxy adding %v each way", lat)
 	return u.String()
+}
+
+// roundTrip returns the median time of a SELECT 1 on one connection to d:
+// what the proxy's delays come to, timers' granularity included.
+func roundTrip(b testing.TB, d string) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(ctx)
+	ts := make([]time.Duration, 21)
+	for i := range ts {
+		start := time.Now()
+		if _, err := c.Exec(ctx, "select 1"); err != nil {
+			b.Fatal(err)
+		}
+		ts[i] = time.Since(start)
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2]
 }
 
 // latencyProxy forwards the connections it accepts on a loopback port to
