@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // demoOrders is the test's load: the real command's in full mode, fewer
@@ -125,6 +127,33 @@ func TestDemoKafka(t *testing.T) {
 	// happens in a small run, so only the library's audit is asserted
 	// exact (and the naive run's never short).
 	checkAuditOf(t, false, "-broker", "kafka", "-orders", "400")
+}
+
+// TestDemoKafkaSeedBrokers runs the scenario with -kafka: the demo's path
+// for a cluster it did not start, reached over TCP through seed brokers,
+// with the topic created and deleted by Kafka protocol requests. No Kafka
+// server runs here, so the cluster is a kfake started by the test, outside
+// the demo, and named only by its addresses.
+func TestDemoKafkaSeedBrokers(t *testing.T) {
+	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := openStore(context.Background(), o.db, 1); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", err)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
+	} else {
+		st.cleanup()
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seeds := strings.Join(c.ListenAddrs(), ",")
+	checkAuditOf(t, false, "-broker", "kafka", "-kafka", seeds, "-orders", "300")
 }
 
 // TestDemoNats runs the scenario with -broker nats on the NATS server named
