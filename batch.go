@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // MaxBatchSize is the most messages ProcessMessages (and ProcessBatch,
@@ -160,15 +161,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn Bat
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
 	if hit := m.seenKeys(ctx, uniq); hit != nil {
-		n := 0
-		for j := range uniq {
-			if !hit[j] {
-				uniq[n], first[n] = uniq[j], first[j]
-				n++
-			}
-		}
-		uniq, first = uniq[:n], first[:n]
-		if n == 0 {
+		if uniq, first = seencheck.Unknown(hit, uniq, first); len(uniq) == 0 {
 			outcomes := make([]Outcome, len(msgs))
 			for i := range outcomes {
 				outcomes[i] = Duplicate

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // Seen is a duplicate pre-check: a fast record of message keys whose claims
@@ -75,31 +77,14 @@ func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
 	if m.seen == nil {
 		return nil
 	}
-	if sb, ok := m.seen.(SeenBatch); ok {
-		if hit := sb.SeenKeys(ctx, m.consumer, keys); len(hit) == len(keys) {
-			return hit
-		}
-		return make([]bool, len(keys)) // a wrong answer counts as a miss
-	}
-	hit := make([]bool, len(keys))
-	for i, k := range keys {
-		hit[i] = m.seen.Seen(ctx, m.consumer, k)
-	}
-	return hit
+	return seencheck.Keys(ctx, m.seen, m.consumer, keys)
 }
 
 // recordSeenKeys tells the pre-check, if any, that keys' claims are
 // committed.
 func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
-	if m.seen == nil || len(keys) == 0 {
-		return
-	}
-	if sb, ok := m.seen.(SeenBatch); ok {
-		sb.RecordKeys(ctx, m.consumer, keys, m.ret.window)
-		return
-	}
-	for _, k := range keys {
-		m.seen.Record(ctx, m.consumer, k, m.ret.window)
+	if m.seen != nil {
+		seencheck.Record(ctx, m.seen, m.consumer, keys, m.ret.window)
 	}
 }
 

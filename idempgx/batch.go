@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // BatchFunc applies the effects of a batch's new messages inside the
@@ -109,16 +110,9 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		first = append(first, i)
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
-	if hit := m.seenKeys(ctx, c.uniq); hit != nil {
-		n := 0
-		for j := range c.uniq {
-			if !hit[j] {
-				c.uniq[n], first[n] = c.uniq[j], first[j]
-				n++
-			}
-		}
-		c.uniq, first = c.uniq[:n], first[:n]
-		if n == 0 {
+	if m.seen != nil {
+		hit := seencheck.Keys(ctx, m.seen, m.consumer, c.uniq)
+		if c.uniq, first = seencheck.Unknown(hit, c.uniq, first); len(c.uniq) == 0 {
 			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
 				outcomes[i] = idempotent.Duplicate
@@ -157,46 +151,14 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 			outcomes[first[j]] = idempotent.Applied
 		}
 	}
-	m.recordSeenKeys(ctx, c.uniq)
+	if m.seen != nil {
+		seencheck.Record(ctx, m.seen, m.consumer, c.uniq, m.retention)
+	}
 	return outcomes, attempts, nil
 }
 
 // utcDay returns t's UTC day as YYYY-MM-DD.
 func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
-
-// seenKeys reports which of keys the pre-check, if any, already knows: nil
-// when there is none. A SeenBatch answers in one call.
-func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
-	if m.seen == nil {
-		return nil
-	}
-	if sb, ok := m.seen.(idempotent.SeenBatch); ok {
-		if hit := sb.SeenKeys(ctx, m.consumer, keys); len(hit) == len(keys) {
-			return hit
-		}
-		return make([]bool, len(keys)) // a wrong answer counts as a miss
-	}
-	hit := make([]bool, len(keys))
-	for i, k := range keys {
-		hit[i] = m.seen.Seen(ctx, m.consumer, k)
-	}
-	return hit
-}
-
-// recordSeenKeys tells the pre-check, if any, that keys' claims are
-// committed.
-func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
-	if m.seen == nil || len(keys) == 0 {
-		return
-	}
-	if sb, ok := m.seen.(idempotent.SeenBatch); ok {
-		sb.RecordKeys(ctx, m.consumer, keys, m.retention)
-		return
-	}
-	for _, k := range keys {
-		m.seen.Record(ctx, m.consumer, k, m.retention)
-	}
-}
 
 // claimBatch is the batch claim step: the distinct keys in ascending order,
 // and which of them were new in the current attempt.

@@ -139,20 +139,9 @@ func TestRedisDownIsAMiss(t *testing.T) {
 // and kills Redis half way: every effect is applied exactly once.
 func TestKillRedisMidRun(t *testing.T) {
 	r := startRedis(t)
-	db := openDB(t)
-	schema := "t_" + randomHex()
-	mustExec(t, db, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
-	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
 	s, _ := newSeen(t, r.addr)
 	hits := &countingSeen{s: s}
-	m, err := idempotent.New(db, postgres.New(), "orders", idempotent.WithTable(schema+".claims"), idempotent.WithSeen(hits))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	db, schema, m := effectsSetup(t, hits)
 	const messages, copies, workers = 200, 3, 6
 	deliveries := make(chan string)
 	var delivered atomic.Int32
@@ -187,6 +176,37 @@ func TestKillRedisMidRun(t *testing.T) {
 	close(deliveries)
 	wg.Wait()
 	<-killed
+	auditEffects(t, db, schema, messages)
+	if hits.hits.Load() == 0 {
+		t.Fatal("the pre-check answered no duplicate before Redis was killed")
+	}
+	t.Logf("pre-check hits: %d of %d duplicates", hits.hits.Load(), messages*(copies-1))
+}
+
+// effectsSetup makes a schema of the test's own with an effects table
+// (id, n: how many times the effect of id was applied) and a Middleware
+// for consumer "orders" with the pre-check seen.
+func effectsSetup(t *testing.T, seen idempotent.Seen) (*sql.DB, string, *idempotent.Middleware) {
+	t.Helper()
+	db := openDB(t)
+	schema := "t_" + randomHex()
+	mustExec(t, db, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
+	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
+	m, err := idempotent.New(db, postgres.New(), "orders", idempotent.WithTable(schema+".claims"), idempotent.WithSeen(seen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, schema, m
+}
+
+// auditEffects checks that each of messages effects was applied exactly
+// once.
+func auditEffects(t *testing.T, db *sql.DB, schema string, messages int) {
+	t.Helper()
 	var rows, total, doubled int
 	if err := db.QueryRow("SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n <> 1) FROM "+schema+".effects").Scan(&rows, &total, &doubled); err != nil {
 		t.Fatal(err)
@@ -194,10 +214,6 @@ func TestKillRedisMidRun(t *testing.T) {
 	if rows != messages || total != messages || doubled != 0 {
 		t.Fatalf("%d messages applied, %d effects, %d doubled; want %d, %d, 0", rows, total, doubled, messages, messages)
 	}
-	if hits.hits.Load() == 0 {
-		t.Fatal("the pre-check answered no duplicate before Redis was killed")
-	}
-	t.Logf("pre-check hits: %d of %d duplicates", hits.hits.Load(), messages*(copies-1))
 }
 
 type countingSeen struct {
@@ -291,20 +307,9 @@ func TestSeenKeysAndRecordKeys(t *testing.T) {
 // Redis is killed half way. Every effect is applied exactly once.
 func TestKillRedisMidRunBatches(t *testing.T) {
 	r := startRedis(t)
-	db := openDB(t)
-	schema := "t_" + randomHex()
-	mustExec(t, db, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
-	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
 	s, _ := newSeen(t, r.addr)
 	hits := &countingSeenBatch{countingSeen: countingSeen{s: s}}
-	m, err := idempotent.New(db, postgres.New(), "orders", idempotent.WithTable(schema+".claims"), idempotent.WithSeen(hits))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	db, schema, m := effectsSetup(t, hits)
 	const messages, copies, workers, size = 400, 3, 4, 10
 	batches := make(chan []string)
 	var delivered atomic.Int32
@@ -345,13 +350,7 @@ func TestKillRedisMidRunBatches(t *testing.T) {
 	close(batches)
 	wg.Wait()
 	<-killed
-	var rows, total, doubled int
-	if err := db.QueryRow("SELECT count(*), coalesce(sum(n), 0), count(*) FILTER (WHERE n <> 1) FROM "+schema+".effects").Scan(&rows, &total, &doubled); err != nil {
-		t.Fatal(err)
-	}
-	if rows != messages || total != messages || doubled != 0 {
-		t.Fatalf("%d messages applied, %d effects, %d doubled; want %d, %d, 0", rows, total, doubled, messages, messages)
-	}
+	auditEffects(t, db, schema, messages)
 	if hits.hits.Load() == 0 || hits.batchCalls.Load() == 0 {
 		t.Fatalf("the pre-check answered %d duplicates in %d batch calls before Redis was killed, want some", hits.hits.Load(), hits.batchCalls.Load())
 	}

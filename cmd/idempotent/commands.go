@@ -21,35 +21,25 @@ func cmdSchema(_ context.Context, args []string, e env) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
-	var out string
-	var err error
+	// up and goose render the chosen table's DDL.
+	up := func() (string, string, error) { return migrations.SQL(c.table, *partitioned) }
+	goose := func() (string, error) { return migrations.GooseFile(c.table, *partitioned) }
 	if *offsets != "" {
 		if *partitioned {
 			return usageError{"-kafka-offsets and -partitioned: the offsets table is not partitioned"}
 		}
-		switch *format {
-		case "sql", "golang-migrate-up":
-			out, _, err = migrations.KafkaOffsetsSQL(*offsets)
-		case "golang-migrate-down":
-			_, out, err = migrations.KafkaOffsetsSQL(*offsets)
-		case "goose":
-			out, err = migrations.KafkaOffsetsGooseFile(*offsets)
-		default:
-			return usageError{fmt.Sprintf("-format %q: want sql, goose, golang-migrate-up or golang-migrate-down", *format)}
-		}
-		if err != nil {
-			return usageError{err.Error()}
-		}
-		fmt.Fprint(e.stdout, out)
-		return nil
+		up = func() (string, string, error) { return migrations.KafkaOffsetsSQL(*offsets) }
+		goose = func() (string, error) { return migrations.KafkaOffsetsGooseFile(*offsets) }
 	}
+	var out string
+	var err error
 	switch *format {
 	case "sql", "golang-migrate-up":
-		out, _, err = migrations.SQL(c.table, *partitioned)
+		out, _, err = up()
 	case "golang-migrate-down":
-		_, out, err = migrations.GolangMigrateFiles(c.table, *partitioned)
+		_, out, err = up()
 	case "goose":
-		out, err = migrations.GooseFile(c.table, *partitioned)
+		out, err = goose()
 	default:
 		return usageError{fmt.Sprintf("-format %q: want sql, goose, golang-migrate-up or golang-migrate-down", *format)}
 	}

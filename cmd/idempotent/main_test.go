@@ -89,6 +89,10 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 	}{
 		{nil, "Usage: idempotent COMMAND"},
 		{[]string{"vacuum"}, `idempotent: unknown command "vacuum"`},
+		{[]string{"schema", "-kafka-offsets", "kafka_offsets", "-partitioned"}, "-kafka-offsets and -partitioned: the offsets table is not partitioned"},
+		{[]string{"schema", "-kafka-offsets", "a;b"}, "kafka offsets table"},
+		{[]string{"schema", "-kafka-offsets", "kafka_offsets", "-format", "xml"}, `-format "xml"`},
+		{[]string{"migrate", "-kafka-offsets", "a;b", "-dsn", dsn}, "kafka offsets table"},
 		{[]string{"cleanup", "-bogus"}, "idempotent cleanup: flag provided but not defined: -bogus"},
 		{[]string{"cleanup", "-dsn", dsn}, "-retention is required"},
 		{[]string{"cleanup", "-retention", "0d", "-dsn", dsn}, "-retention is 0s, want a positive duration"},

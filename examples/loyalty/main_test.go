@@ -104,23 +104,30 @@ func TestDemoOnServers(t *testing.T) {
 	checkAudit(t, "-orders", demoOrders(), "-db", dsn, "-amqp", url)
 }
 
+// needKafkaDemoDB skips t when the Postgres that -broker kafka uses does not
+// answer, except under CI, where it fails.
+func needKafkaDemoDB(t *testing.T) {
+	t.Helper()
+	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := openStore(context.Background(), o.db, 1)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set: %v", err)
+		}
+		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
+	}
+	st.cleanup()
+}
+
 // TestDemoKafka runs the scenario with -broker kafka: an in-process kfake
 // cluster and the Postgres named by IDEMPOTENT_POSTGRES_DSN, or the local
 // server (the kafka package stores offsets in Postgres only). It skips when
 // Postgres does not answer, except under CI.
 func TestDemoKafka(t *testing.T) {
-	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := openStore(context.Background(), o.db, 1); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set: %v", err)
-		}
-		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
-	} else {
-		st.cleanup()
-	}
+	needKafkaDemoDB(t)
 	// The naive consumer's excess needs two deliveries of one order at
 	// the same moment: neighbouring partitions, or a partition's old and
 	// new owners after a rebalance. Kafka's timing decides whether that
@@ -135,18 +142,7 @@ func TestDemoKafka(t *testing.T) {
 // server runs here, so the cluster is a kfake started by the test, outside
 // the demo, and named only by its addresses.
 func TestDemoKafkaSeedBrokers(t *testing.T) {
-	o, err := parseFlags([]string{"-broker", "kafka"}, new(bytes.Buffer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := openStore(context.Background(), o.db, 1); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set: %v", err)
-		}
-		t.Skipf("%v; set IDEMPOTENT_POSTGRES_DSN to run the Kafka demo", err)
-	} else {
-		st.cleanup()
-	}
+	needKafkaDemoDB(t)
 	c, err := kfake.NewCluster(kfake.NumBrokers(3))
 	if err != nil {
 		t.Fatal(err)
