@@ -181,22 +181,19 @@ func TestFoldKeepsClaimSemantics(t *testing.T) {
 	})
 }
 
-// errorsSeen is a kafka.Observer that keeps the errors of retry events.
+// errorsSeen is a counter that also keeps the errors of retry events.
 type errorsSeen struct {
+	counter
 	mu   sync.Mutex
 	errs []error
-	n    map[kafka.EventType]int
 }
 
-func (o *errorsSeen) Observe(_ context.Context, e kafka.Event) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.n == nil {
-		o.n = map[kafka.EventType]int{}
-	}
-	o.n[e.Type]++
+func (o *errorsSeen) Observe(ctx context.Context, e kafka.Event) {
+	o.counter.Observe(ctx, e)
 	if e.Type == kafka.EventRetry {
+		o.mu.Lock()
 		o.errs = append(o.errs, e.Err)
+		o.mu.Unlock()
 	}
 }
 
@@ -215,11 +212,7 @@ func (o *errorsSeen) matching(target error) []error {
 }
 
 // applied returns how many records were applied.
-func (o *errorsSeen) applied() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.n[kafka.EventApplied]
-}
+func (o *errorsSeen) applied() int { return o.get(kafka.EventApplied) }
 
 // TestConsumerNamesTheMissingTable drops the offsets table, then the claim
 // table, under a running Consumer whose claim and offset advance are one
