@@ -120,14 +120,15 @@ func (m *Middleware) ProcessMessages(ctx context.Context, msgs []Message, fn Bat
 		return nil, nil
 	}
 	start := time.Now()
-	outcomes, attempts, err := m.processMessages(ctx, msgs, fn)
+	outcomes, attempts, err := m.processMessages(ctx, &m.run, msgs, fn)
 	m.observeBatch(ctx, msgs, outcomes, attempts, time.Since(start), err)
 	return outcomes, err
 }
 
-// processMessages is the one batch path: ProcessBatch, ProcessMessages,
-// WrapBatch and WrapMessages all end here.
-func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn BatchFunc) ([]Outcome, int, error) {
+// processMessages is the one batch path, under r's retries: ProcessBatch,
+// ProcessMessages, ProcessMessagesTx, WrapBatch and WrapMessages all end
+// here.
+func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Message, fn BatchFunc) ([]Outcome, int, error) {
 	if fn == nil {
 		return nil, 0, errors.New("idempotent: ProcessMessages: nil function")
 	}
@@ -179,7 +180,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []Message, fn Bat
 
 	outcomes := make([]Outcome, len(msgs))
 	isNew := make([]bool, len(uniq))
-	attempts, err := m.run.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+	attempts, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		clear(isNew)
 		claimed, err := m.claimBatch(ctx, tx, st, uniq, days, isNew)
 		if err != nil {

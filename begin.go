@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"time"
 )
 
 // BeginFunc begins one attempt's transaction for ProcessMessageTx and
@@ -43,7 +44,36 @@ func processMessageTx[T any](ctx context.Context, m *Middleware, msg Message, ru
 	}
 	var cur T
 	r := m.run
-	r.begin = func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error) {
+	r.begin = beginAs(begin, &cur)
+	return m.processMessage(ctx, &r, msg, rule, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
+}
+
+// ProcessMessagesTx is [Middleware.ProcessMessages] for a function that
+// works on T, a transaction type of a library built on database/sql: each
+// attempt's transaction is begun by begin instead of db.BeginTx, and fn gets
+// it as T with the indexes of the new messages. Everything else — one claim
+// statement, retention fence, partitioned mode, pre-check, retries, guard,
+// observer — is ProcessMessages'.
+func ProcessMessagesTx[T any](ctx context.Context, m *Middleware, msgs []Message, begin BeginFunc[T], fn func(ctx context.Context, tx T, fresh []int) error) ([]Outcome, error) {
+	if begin == nil || fn == nil {
+		return nil, errors.New("idempotent: ProcessMessagesTx: nil begin or function")
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	var cur T
+	r := m.run
+	r.begin = beginAs(begin, &cur)
+	start := time.Now()
+	outcomes, attempts, err := m.processMessages(ctx, &r, msgs, func(ctx context.Context, _ *sql.Tx, fresh []int) error { return fn(ctx, cur, fresh) })
+	m.observeBatch(ctx, msgs, outcomes, attempts, time.Since(start), err)
+	return outcomes, err
+}
+
+// beginAs adapts begin to the runner's begin, keeping each attempt's T in
+// cur.
+func beginAs[T any](begin BeginFunc[T], cur *T) func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error) {
+	return func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error) {
 		t, tx, err := begin(ctx, db, opts)
 		if err != nil {
 			return nil, err
@@ -51,10 +81,9 @@ func processMessageTx[T any](ctx context.Context, m *Middleware, msg Message, ru
 		if tx == nil {
 			return nil, errors.New("idempotent: the begin function returned no *sql.Tx")
 		}
-		cur = t
+		*cur = t
 		return tx, nil
 	}
-	return m.processMessage(ctx, &r, msg, rule, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
 }
 
 // WrapMessageTx is [WrapMessage] for handlers that work on T, a transaction

@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
@@ -155,6 +157,70 @@ func TestWrapTx(t *testing.T) {
 		}
 		if _, err := idempotent.WrapTx[int, *myTx](mw, begin, keyOf, nil)(context.Background(), 1); err == nil {
 			t.Fatal("nil handler accepted")
+		}
+		r.wantCalls(t)
+	})
+}
+
+func TestProcessMessagesTx(t *testing.T) {
+	ctx := context.Background()
+	begin := func(r *recorded, begun *int) idempotent.BeginFunc[*myTx] {
+		return func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*myTx, *sql.Tx, error) {
+			if db != r.db {
+				t.Error("begin got another database than the Middleware's")
+			}
+			tx, err := db.BeginTx(ctx, opts)
+			if err != nil {
+				return nil, nil, err
+			}
+			*begun++
+			return &myTx{Tx: tx, attempt: *begun}, tx, nil
+		}
+	}
+	t.Run("each attempt gets its own transaction and the fresh indexes", func(t *testing.T) {
+		r := newRecorded(t)
+		ev := &events{}
+		mw := newMiddleware(t, r, idempotent.WithObserver(ev))
+		for _, commitErr := range []error{&pq.Error{Code: "40001"}, nil} {
+			r.mock.ExpectBegin()
+			r.mock.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b"})).
+				WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("b"))
+			expectEffect(r.mock)
+			r.mock.ExpectCommit().WillReturnError(commitErr)
+		}
+		begun := 0
+		type seen struct{ attempt, fresh []int }
+		var got seen
+		outs, err := idempotent.ProcessMessagesTx(ctx, mw, []idempotent.Message{{Key: "b"}, {Key: "a"}}, begin(r, &begun), func(ctx context.Context, tx *myTx, fresh []int) error {
+			got.attempt = append(got.attempt, tx.attempt)
+			got.fresh = append(got.fresh, fresh...)
+			_, err := tx.ExecContext(ctx, effectSQL)
+			return err
+		})
+		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) {
+			t.Fatalf("got (%v, %v), want [applied duplicate]", outs, err)
+		}
+		if !slices.Equal(got.attempt, []int{1, 2}) || !slices.Equal(got.fresh, []int{0, 0}) {
+			t.Fatalf("the handler saw attempts %v with fresh %v, want [1 2] and [0] each time", got.attempt, got.fresh)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT", "BEGIN", batchSQL, effectSQL, "COMMIT")
+		if len(ev.outcomes) != 2 || ev.outcomes[0].Outcome != idempotent.Applied || ev.outcomes[0].Attempts != 2 {
+			t.Fatalf("events %+v, want one per message, the first applied in 2 attempts", ev.outcomes)
+		}
+	})
+	t.Run("refused before anything is sent", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r)
+		begun := 0
+		fn := func(context.Context, *myTx, []int) error { t.Error("the handler ran"); return nil }
+		if _, err := idempotent.ProcessMessagesTx(ctx, mw, []idempotent.Message{{Key: ""}}, begin(r, &begun), fn); !errors.Is(err, idempotent.ErrInvalidKey) {
+			t.Fatalf("an empty key: %v, want ErrInvalidKey", err)
+		}
+		if _, err := idempotent.ProcessMessagesTx[*myTx](ctx, mw, []idempotent.Message{{Key: "k"}}, nil, fn); err == nil {
+			t.Fatal("a nil begin function accepted")
+		}
+		if outs, err := idempotent.ProcessMessagesTx(ctx, mw, nil, begin(r, &begun), fn); outs != nil || err != nil {
+			t.Fatalf("an empty batch: (%v, %v), want (nil, nil)", outs, err)
 		}
 		r.wantCalls(t)
 	})

@@ -14,7 +14,8 @@
 // Each attempt's transaction is begun with db.BeginTxx, so the *sqlx.Tx
 // binds parameters for db's driver name and maps fields with db's Mapper.
 // Claim, retries, guard and observer are the Middleware's
-// (idempotent.ProcessMessageTx).
+// (idempotent.ProcessMessageTx); ProcessMessages claims a batch in one
+// transaction (idempotent.ProcessMessagesTx).
 package idemsqlx
 
 import (
@@ -39,6 +40,11 @@ type TxFunc func(ctx context.Context, tx *sqlx.Tx) error
 
 // Handler applies one message's effect inside the claim's transaction.
 type Handler[M any] func(ctx context.Context, tx *sqlx.Tx, msg M) error
+
+// BatchFunc applies the effects of a batch's new messages inside the
+// transaction that claimed them; fresh holds their indexes in the batch, in
+// ascending order, and is never empty (see idempotent.BatchFunc).
+type BatchFunc func(ctx context.Context, tx *sqlx.Tx, fresh []int) error
 
 // Begin returns the idempotent.BeginFunc that begins each attempt's
 // transaction with db.BeginTxx. db must wrap the Middleware's *sql.DB;
@@ -69,6 +75,17 @@ func ProcessMessage(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB,
 		return 0, errors.New("idemsqlx: Process: nil function")
 	}
 	return idempotent.ProcessMessageTx(ctx, mw, msg, Begin(db), fn)
+}
+
+// ProcessMessages is Middleware.ProcessMessages for fn on a *sqlx.Tx of db,
+// which must wrap the Middleware's *sql.DB: the messages are claimed
+// together in one transaction and fn runs once for the new ones
+// (idempotent.ProcessMessagesTx).
+func ProcessMessages(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, msgs []idempotent.Message, fn BatchFunc) ([]idempotent.Outcome, error) {
+	if fn == nil {
+		return nil, errors.New("idemsqlx: ProcessMessages: nil function")
+	}
+	return idempotent.ProcessMessagesTx(ctx, mw, msgs, Begin(db), fn)
 }
 
 // Wrap is idempotent.Wrap for a handler on a *sqlx.Tx of db, which must

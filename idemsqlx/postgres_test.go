@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -166,5 +168,57 @@ func TestPostgresTxOptions(t *testing.T) {
 	}
 	if level != "serializable" {
 		t.Fatalf("isolation %q, want serializable", level)
+	}
+}
+
+// TestPostgresProcessMessages claims a batch in one transaction through
+// sqlx: the new messages' effects are applied with a named batch insert,
+// and a redelivery of the batch applies nothing.
+func TestPostgresProcessMessages(t *testing.T) {
+	t.Parallel()
+	db, schema := openPostgres(t)
+	ctx := context.Background()
+	mw, err := idempotent.New(db.DB, postgres.New(), "loyalty", idempotent.WithTable(schema+".processed_messages"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := pq.QuoteIdentifier(schema)
+	orders := []orderCompleted{{OrderID: 1, CustomerID: 1, TotalCents: 1000}, {OrderID: 2, CustomerID: 2, TotalCents: 2000}, {OrderID: 1, CustomerID: 1, TotalCents: 1000}}
+	msgs := make([]idempotent.Message, len(orders))
+	for i, o := range orders {
+		k, err := orderKey(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs[i] = idempotent.Message{Key: k, EventTime: time.Now()}
+	}
+	apply := func(ctx context.Context, tx *sqlx.Tx, fresh []int) error {
+		credits := make([]credit, len(fresh))
+		for j, i := range fresh {
+			o := orders[i]
+			credits[j] = credit{CustomerID: o.CustomerID, OrderID: o.OrderID, Points: o.TotalCents / 100}
+		}
+		_, err := tx.NamedExecContext(ctx, "INSERT INTO "+q+".point_ledger (customer_id, order_id, points) VALUES (:customer_id, :order_id, :points)", credits)
+		return err
+	}
+	want := []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Duplicate}
+	if outs, err := idemsqlx.ProcessMessages(ctx, mw, db, msgs, apply); err != nil || fmt.Sprint(outs) != fmt.Sprint(want) {
+		t.Fatalf("first delivery: (%v, %v), want %v", outs, err, want)
+	}
+	if outs, err := idemsqlx.ProcessMessages(ctx, mw, db, msgs, apply); err != nil || slices.Contains(outs, idempotent.Applied) {
+		t.Fatalf("redelivery: (%v, %v), want all duplicates", outs, err)
+	}
+	var ledger int
+	if err := db.GetContext(ctx, &ledger, "SELECT count(*) FROM "+q+".point_ledger"); err != nil || ledger != 2 {
+		t.Fatalf("%d ledger rows (%v), want 2", ledger, err)
+	}
+	// A *sqlx.DB over another *sql.DB would claim and apply in two
+	// transactions: refused before anything is sent.
+	other := sqlx.NewDb(&sql.DB{}, "postgres")
+	if _, err := idemsqlx.ProcessMessages(ctx, mw, other, msgs[:1], apply); !errors.Is(err, idemsqlx.ErrOtherDB) {
+		t.Fatalf("another database: %v, want ErrOtherDB", err)
 	}
 }
