@@ -77,7 +77,7 @@
 //	transaction             one message                 a batch
 //	middleware's *sql.Tx    Middleware.ProcessMessage   Middleware.ProcessMessages
 //	                        WrapMessage                 WrapMessages
-//	a BeginFunc's T         ProcessMessageTx            -
+//	a BeginFunc's T         ProcessMessageTx            ProcessMessagesTx
 //	                        WrapMessageTx
 //	the caller's *sql.Tx    Middleware.ClaimMessage     -
 //
@@ -92,9 +92,9 @@
 //   - [Middleware.ProcessMessages] and [WrapMessages] process a batch in one
 //     transaction (see Batches below); [Middleware.ProcessBatch] and
 //     [WrapBatch] are their key-only forms.
-//   - [ProcessMessageTx] and [WrapMessageTx] begin each attempt's
-//     transaction through a [BeginFunc], for libraries that wrap *sql.Tx in
-//     their own type (package idemsqlx is sqlx's).
+//   - [ProcessMessageTx], [WrapMessageTx] and [ProcessMessagesTx] begin
+//     each attempt's transaction through a [BeginFunc], for libraries that
+//     wrap *sql.Tx in their own type (package idemsqlx is sqlx's).
 //   - [Middleware.ClaimMessage] inserts the claim in a transaction the
 //     caller owns and reports whether it was new; the caller applies the
 //     effect only if so, and commits. [Middleware.Claim] is its key-only
