@@ -361,8 +361,9 @@ func growthRows(n int) string {
 }
 
 func growthReport(w io.Writer, server string, args []string, sizes []int, batch, workers, rounds int, cell, took time.Duration, cells []*growthCell) {
-	fmt.Fprintf(w, "Command: `go run ./tests/bench %s` (Postgres %s, lib/pq, %d workers each alternating between the full and the empty table operation by operation, %d rounds of %v, %v in all)\n\n",
-		strings.Join(args, " "), server, workers, rounds, cell, took.Round(time.Second))
+	fmt.Fprintf(w, "## Claim table growth per key shape, plain and partitioned\n\n")
+	fmt.Fprintf(w, "Command: `go run ./tests/bench %s` (Postgres %s, lib/pq, %d workers each alternating between the full and the empty table operation by operation, %d round%s of %v, %v in all)\n\n",
+		strings.Join(args, " "), server, workers, rounds, plural(rounds), cell, took.Round(time.Second))
 	what := "`Process` (claim + one INSERT effect)"
 	if batch > 1 {
 		what = fmt.Sprintf("`ProcessMessages`, %d messages per transaction (claims + one INSERT of the fresh ones; msgs/s counts messages)", batch)

@@ -22,6 +22,26 @@
 //
 //	go run ./tests/bench -growth 1000000,10000000 -workers 8 -rounds 5 -cell 3s -growth-svg docs/growth.svg
 //
+// With -kafka it measures the kafka package's consumers (per record and
+// batch) against a hand-written franz-go consumer on an in-process kfake
+// cluster, in turn and head to head (package kafkabench):
+//
+//	go run ./tests/bench -kafka -rounds 3
+//
+// With -pgx it measures the pgx path (idempgx) against hand-written pgx
+// code, its duplicate path against the database/sql one and against the
+// in-process pre-check, head to head, and counts allocations; -latency
+// adds settings through a proxy that delays each direction (see pgx.go):
+//
+//	go run ./tests/bench -pgx -latency 0,1ms -rounds 3
+//
+// Modes combine: -kafka, -pgx and -growth run each in turn, in that order,
+// after the loyalty variants when -loyalty is given too, and print a
+// section each, so that one command makes all the sections of
+// BENCHMARKS.md that come from this command:
+//
+//	go run ./tests/bench -loyalty -workers 1,8 -kafka -pgx -latency 0,1ms -growth 1000000 -growth-workers 8 -rounds 3
+//
 // The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
 // default. The run works in a schema of its own, dropped at the end; it
 // opens at most two pools of the largest worker count at a time.
@@ -32,6 +52,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -65,72 +86,222 @@ type options struct {
 }
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	} else if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
+// plan is what one invocation runs: each mode that is set, in the order
+// of the fields.
+type plan struct {
+	dsn     string
+	loyalty *options
+	kafka   *kafkaOptions
+	pgx     *pgxOptions
+	growth  *growthOptions
+}
+
+// growthOptions is what -growth measures.
+type growthOptions struct {
+	sizes                  []int
+	batch, workers, rounds int
+	cell                   time.Duration
+	svg                    string
+}
+
 func run(args []string, stdout, stderr io.Writer) error {
+	p, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	// Sections are separated by one blank line, whatever the blank lines
+	// each report ends with.
+	out := &tailWriter{w: stdout}
+	stdout = out
+	section := func() {
+		switch {
+		case out.n == 0 || out.tail == [2]byte{'\n', '\n'}:
+		case out.tail[1] == '\n':
+			fmt.Fprintln(stdout)
+		default:
+			fmt.Fprint(stdout, "\n\n")
+		}
+	}
+	if o := p.loyalty; o != nil {
+		section()
+		res, env, err := measure(ctx, *o, stderr)
+		if err != nil {
+			return err
+		}
+		report(stdout, *o, args, env, res)
+		if o.sqlLimit != "" {
+			fmt.Fprintf(stderr, "running %s\n", o.sqlLimit)
+			fmt.Fprintf(stdout, "\n## The SQL ceiling: pgbench, no Go\n\nCommand: `%s` (8 clients, 8 s per script, prepared statements)\n\n```\n", o.sqlLimit)
+			cmd := exec.CommandContext(ctx, "bash", o.sqlLimit)
+			cmd.Stdout, cmd.Stderr = stdout, stderr
+			err := cmd.Run()
+			fmt.Fprintln(stdout, "```")
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.sqlLimit, err)
+			}
+		}
+	}
+	if p.kafka != nil {
+		section()
+		if err := runKafka(ctx, p.dsn, *p.kafka, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	if p.pgx != nil {
+		section()
+		if err := runPgx(ctx, p.dsn, *p.pgx, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	if g := p.growth; g != nil {
+		section()
+		if err := runGrowth(ctx, p.dsn, g.sizes, g.batch, g.workers, g.rounds, g.cell, g.svg, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parse reads the command line into a plan. The loyalty variants run when
+// -loyalty is set or no other mode is; a flag that only a mode not run
+// would read is an error.
+func parse(args []string, stderr io.Writer) (*plan, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dsn := fs.String("dsn", "", "Postgres DSN (default $IDEMPOTENT_POSTGRES_DSN, else "+localDSN+")")
 	drivers := fs.String("drivers", "pq,pgx", "comma-separated drivers: pq or pgx, each optionally +param=value[&param=value] (e.g. pq+binary_parameters=yes)")
-	workers := fs.String("workers", "1,8", "comma-separated numbers of concurrent workers")
+	workers := fs.String("workers", "1,8", "comma-separated numbers of concurrent workers (-growth: the first, unless -growth-workers)")
 	var names []string
 	for _, v := range loyaltyload.Variants() {
 		names = append(names, v.Name)
 	}
 	variants := fs.String("variants", strings.Join(names, ","), "comma-separated variants")
-	rounds := fs.Int("rounds", 3, "rounds; every round runs every variant once per driver and worker count")
-	cell := fs.Duration("cell", 2*time.Second, "how long each variant runs per round")
+	rounds := fs.Int("rounds", 3, "rounds, in every mode; every round runs every variant once per driver and worker count")
+	cell := fs.Duration("cell", 2*time.Second, "how long each variant (-growth: each table; -pgx: each comparison) runs per round")
 	warmup := fs.Duration("warmup", 100*time.Millisecond, "unrecorded run of each variant when a pool is opened")
 	customers := fs.Int("customers", 100000, "number of customer balances")
 	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
 	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
-	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one instead of the variants (see growth.go)")
+	loyalty := fs.Bool("loyalty", false, "measure the loyalty variants (the default when neither -kafka, -pgx nor -growth is given)")
+	kafkaMode := fs.Bool("kafka", false, "measure the kafka package's consumers against a hand-written franz-go consumer on an in-process kfake cluster (see kafka.go)")
+	kafkaRecords := fs.Int("kafka-records", 1000, "with -kafka: records each consumer consumes per cell")
+	pgxMode := fs.Bool("pgx", false, "measure the pgx path (idempgx) against hand-written pgx code and the database/sql path (see pgx.go)")
+	pgxWorkers := fs.Int("pgx-workers", 8, "with -pgx: concurrent workers")
+	pgxAllocs := fs.Int("pgx-allocs", 1000, "with -pgx: calls in a row over which allocations are counted")
+	latency := fs.String("latency", "0", "with -pgx: comma-separated one-way delays of a proxy put in front of the server (e.g. 0,1ms; 0 is a direct connection), each measured in turn")
+	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one (see growth.go)")
 	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
 	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
+	growthWorkers := fs.Int("growth-workers", 0, "with -growth: concurrent workers (default: the first of -workers)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx", "latency": "pgx",
+		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth"} {
+		if set[flagName] && !set[mode] {
+			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
+		}
+	}
+	if *rounds < 1 {
+		return nil, fmt.Errorf("-rounds: %d is not a positive number", *rounds)
+	}
+	if *cell <= 0 {
+		return nil, fmt.Errorf("-cell: %v is not a positive duration", *cell)
+	}
+	if *warmup < 0 {
+		return nil, fmt.Errorf("-warmup: %v is negative", *warmup)
+	}
+	p := &plan{dsn: firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)}
+	if *kafkaMode {
+		if *kafkaRecords < 10 {
+			return nil, fmt.Errorf("-kafka-records: %d is fewer than 10", *kafkaRecords)
+		}
+		p.kafka = &kafkaOptions{rounds: *rounds, records: *kafkaRecords}
+	}
+	if *pgxMode {
+		if *pgxWorkers < 2 || *pgxWorkers > 32 {
+			return nil, fmt.Errorf("-pgx-workers: %d is not a number from 2 to 32", *pgxWorkers)
+		}
+		if *pgxAllocs < 1 {
+			return nil, fmt.Errorf("-pgx-allocs: %d is not a positive number", *pgxAllocs)
+		}
+		lats, err := parseLatencies(*latency)
+		if err != nil {
+			return nil, err
+		}
+		p.pgx = &pgxOptions{workers: *pgxWorkers, rounds: *rounds, cell: *cell, warmup: *warmup, latencies: lats, allocOps: *pgxAllocs}
 	}
 	if *growth != "" {
-		var sizes []int
+		g := &growthOptions{batch: *growthBatch, rounds: *rounds, cell: *cell, svg: *growthSVG}
 		for _, s := range strings.Split(*growth, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil || n < 1 {
-				return fmt.Errorf("-growth: %q is not a positive number", s)
+				return nil, fmt.Errorf("-growth: %q is not a positive number", s)
 			}
-			sizes = append(sizes, n)
+			g.sizes = append(g.sizes, n)
 		}
-		w, err := strconv.Atoi(strings.Split(*workers, ",")[0])
-		if err != nil || w < 1 || *rounds < 1 || *cell <= 0 || *growthBatch < 1 {
-			return fmt.Errorf("-growth: -workers, -rounds, -cell and -growth-batch must be positive")
+		if set["growth-workers"] {
+			if *growthWorkers < 1 {
+				return nil, fmt.Errorf("-growth-workers: %d is not a positive number", *growthWorkers)
+			}
+			g.workers = *growthWorkers
+		} else {
+			w, err := strconv.Atoi(strings.TrimSpace(strings.Split(*workers, ",")[0]))
+			if err != nil || w < 1 {
+				return nil, fmt.Errorf("-workers: %q does not start with a positive number (-growth uses the first)", *workers)
+			}
+			g.workers = w
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-		defer stop()
-		return runGrowth(ctx, firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN), sizes, *growthBatch, w, *rounds, *cell, *growthSVG, args, stdout, stderr)
+		if g.batch < 1 {
+			return nil, fmt.Errorf("-growth-batch: %d is not a positive number", g.batch)
+		}
+		p.growth = g
 	}
-	o := options{rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
-	o.dsn = firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil) {
+		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
+			if set[f] {
+				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
+			}
+		}
+		if set["workers"] && (p.growth == nil || set["growth-workers"]) {
+			return nil, fmt.Errorf("-workers applies to the loyalty variants and -growth, which do not run (-pgx has -pgx-workers)")
+		}
+		return p, nil
+	}
+	o := &options{dsn: p.dsn, rounds: *rounds, cell: *cell, warmup: *warmup, customers: *customers, sqlLimit: *sqlLimit}
 	for _, s := range strings.Split(*drivers, ",") {
 		c, err := parseDriver(strings.TrimSpace(s))
 		if err != nil {
-			return err
+			return nil, fmt.Errorf("-drivers: %w", err)
 		}
 		o.drivers = append(o.drivers, c)
 	}
 	for _, s := range strings.Split(*workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 32 {
-			return fmt.Errorf("-workers: %q is not a number from 1 to 32", s)
+			return nil, fmt.Errorf("-workers: %q is not a number from 1 to 32", s)
 		}
 		o.workers = append(o.workers, n)
 	}
 	for _, s := range strings.Split(*variants, ",") {
 		v, ok := lookupVariant(strings.TrimSpace(s))
 		if !ok {
-			return fmt.Errorf("-variants: unknown variant %q (known: %s)", s, strings.Join(names, ", "))
+			return nil, fmt.Errorf("-variants: unknown variant %q (known: %s)", s, strings.Join(names, ", "))
 		}
 		o.variants = append(o.variants, v)
 	}
@@ -139,32 +310,31 @@ func run(args []string, stdout, stderr io.Writer) error {
 		va, oka := lookupVariant(a)
 		vb, okb := lookupVariant(b)
 		if !ok || !oka || !okb || a == b {
-			return fmt.Errorf("-h2h: %q is not two different variants A:B (known: %s)", *h2h, strings.Join(names, ", "))
+			return nil, fmt.Errorf("-h2h: %q is not two different variants A:B (known: %s)", *h2h, strings.Join(names, ", "))
 		}
 		o.h2h = []loyaltyload.Variant{va, vb}
 	}
-	if o.rounds < 1 || o.cell <= 0 || o.customers < 1 {
-		return fmt.Errorf("-rounds, -cell and -customers must be positive")
+	if o.customers < 1 {
+		return nil, fmt.Errorf("-customers: %d is not a positive number", o.customers)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	res, env, err := measure(ctx, o, stderr)
-	if err != nil {
-		return err
+	p.loyalty = o
+	return p, nil
+}
+
+// tailWriter passes writes on and remembers the last two bytes written.
+type tailWriter struct {
+	w    io.Writer
+	n    int64
+	tail [2]byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	n, err := t.w.Write(p)
+	t.n += int64(n)
+	for _, c := range p[:n] {
+		t.tail = [2]byte{t.tail[1], c}
 	}
-	report(stdout, o, args, env, res)
-	if o.sqlLimit != "" {
-		fmt.Fprintf(stderr, "running %s\n", o.sqlLimit)
-		fmt.Fprintf(stdout, "\n## The SQL ceiling: pgbench, no Go\n\nCommand: `%s` (8 clients, 8 s per script, prepared statements)\n\n```\n", o.sqlLimit)
-		cmd := exec.CommandContext(ctx, "bash", o.sqlLimit)
-		cmd.Stdout, cmd.Stderr = stdout, stderr
-		err := cmd.Run()
-		fmt.Fprintln(stdout, "```")
-		if err != nil {
-			return fmt.Errorf("%s: %w", o.sqlLimit, err)
-		}
-	}
-	return nil
+	return n, err
 }
 
 // lookupVariant returns the named variant.
@@ -175,6 +345,37 @@ func lookupVariant(name string) (loyaltyload.Variant, bool) {
 		}
 	}
 	return loyaltyload.Variant{}, false
+}
+
+// commandLine returns the command that ran, as the reports print it.
+func commandLine(args []string) string {
+	cmd := "go run ./tests/bench"
+	if len(args) > 0 {
+		cmd += " " + strings.Join(args, " ")
+	}
+	return cmd
+}
+
+// runLine describes a run for the reports: when, how long, Go and
+// PostgreSQL versions.
+func runLine(started time.Time, took time.Duration, server string) string {
+	return fmt.Sprintf("Run %s, %s; %s %s/%s, GOMAXPROCS %d; PostgreSQL %s on the same machine",
+		started.UTC().Format("2006-01-02 15:04 MST"), took.Round(time.Second), runtime.Version(), runtime.GOOS, runtime.GOARCH,
+		runtime.GOMAXPROCS(0), server)
+}
+
+// serverVersion returns the server_version of the database at dsn.
+func serverVersion(ctx context.Context, dsn string) (string, error) {
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var v string
+	if err := db.QueryRowContext(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return "", fmt.Errorf("connect to %s: %w", dsn, err)
+	}
+	return v, nil
 }
 
 func firstNonEmpty(s ...string) string {

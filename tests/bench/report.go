@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -14,14 +13,8 @@ import (
 // report prints the Markdown report of a run.
 func report(w io.Writer, o options, args []string, env runEnv, res results) {
 	fmt.Fprintf(w, "# Benchmarks\n\n")
-	cmd := "go run ./tests/bench"
-	if len(args) > 0 {
-		cmd += " " + strings.Join(args, " ")
-	}
-	fmt.Fprintf(w, "Command: `%s`\n\n", cmd)
-	fmt.Fprintf(w, "Run %s, %s; %s %s/%s, GOMAXPROCS %d; PostgreSQL %s on the same machine; %d rounds of %v per variant, %d customers.\n\n",
-		env.started.UTC().Format("2006-01-02 15:04 MST"), env.took.Round(time.Second), runtime.Version(), runtime.GOOS, runtime.GOARCH,
-		runtime.GOMAXPROCS(0), env.server, o.rounds, o.cell, o.customers)
+	fmt.Fprintf(w, "Command: `%s`\n\n", commandLine(args))
+	fmt.Fprintf(w, "%s; %d round%s of %v per variant, %d customers.\n\n", runLine(env.started, env.took, env.server), o.rounds, plural(o.rounds), o.cell, o.customers)
 	fmt.Fprintf(w, "Each message: `UPDATE balances SET points = points + $1 WHERE customer_id = $2` and "+
 		"`INSERT INTO point_ledger …`, one transaction per message except (e), which applies a batch's effects with one "+
 		"`UPDATE … FROM unnest(…)` and one `INSERT … SELECT * FROM unnest(…)`. "+
