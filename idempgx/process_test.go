@@ -311,6 +311,56 @@ func TestProcessBatch(t *testing.T) {
 	}
 }
 
+// TestContextEndsWhileClaimWaits: a duplicate waiting at its claim for the
+// holder's transaction returns when its context ends — the claim's round
+// trip is watched for the context — with an error matching
+// context.DeadlineExceeded; its connection is discarded, and the holder and
+// the pool carry on.
+func TestContextEndsWhileClaimWaits(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 2)
+	holding, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Process(context.Background(), "held", func(ctx context.Context, tx pgx.Tx) error {
+			close(holding)
+			<-release
+			return insertEffect(s, "held")(ctx, tx)
+		})
+		done <- err
+	}()
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the first delivery ended before its handler ran: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := m.Process(ctx, "held", insertEffect(s, "second"))
+		waited <- err
+	}()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want context.DeadlineExceeded", err)
+		}
+	case <-time.After(20 * time.Second): // a bound on a hang, not synchronisation
+		t.Error("the waiting claim did not return when its context ended")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if o, err := m.Process(context.Background(), "after", insertEffect(s, "after")); err != nil || o != idempotent.Applied {
+		t.Fatalf("the pool after the cut connection: %v, %v", o, err)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 2 {
+		t.Fatalf("%d effects, want the holder's and the one after", n)
+	}
+}
+
 func TestLockTimeoutClaimBusy(t *testing.T) {
 	t.Parallel()
 	_, s, m := setup(t, 4, idempgx.WithLockTimeout(50*time.Millisecond))

@@ -2,6 +2,7 @@ package idempgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -84,9 +85,28 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 	fe.SendBind(&w.bind)
 	fe.SendExecute(&w.exec)
 	fe.SendSync(&w.sync)
+	// ctx is watched once for the whole round trip, not by each
+	// ReceiveMessage (which would watch and unwatch it once per message,
+	// allocating each time): if it ends, the connection's deadline cuts the
+	// read short, and the connection, whose protocol state is then unknown,
+	// is closed.
+	rctx := ctx
+	if ctx.Done() != nil {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		rctx = context.Background()
+		netConn := pc.Conn()
+		stop := context.AfterFunc(ctx, func() { _ = netConn.SetDeadline(time.Now()) })
+		defer func() {
+			if !stop() {
+				closeBroken(raw)
+			}
+		}()
+	}
 	if err := fe.Flush(); err != nil {
 		closeBroken(raw)
-		return false, fmt.Errorf("idempgx: send claim: %w", err)
+		return false, fmt.Errorf("idempgx: send claim: %w", ctxOr(ctx, err))
 	}
 	// One CommandComplete per statement, or an ErrorResponse that skips
 	// the rest, then ReadyForQuery.
@@ -96,10 +116,10 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 		failed  error
 	)
 	for {
-		msg, err := pc.ReceiveMessage(ctx)
+		msg, err := pc.ReceiveMessage(rctx)
 		if err != nil {
 			closeBroken(raw)
-			return false, fmt.Errorf("idempgx: claim: %w", err)
+			return false, fmt.Errorf("idempgx: claim: %w", ctxOr(ctx, err))
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CommandComplete:
@@ -147,6 +167,16 @@ func (*wireMessages) statements(lock bool) int {
 		return 3
 	}
 	return 2
+}
+
+// ctxOr returns err joined with ctx's error when ctx has ended: a read cut
+// short by the context's deadline then matches context.Canceled or
+// context.DeadlineExceeded, as pgconn's own reads do.
+func ctxOr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return errors.Join(cerr, err)
+	}
+	return err
 }
 
 // closeBroken closes a connection whose protocol state is unknown after a
