@@ -37,14 +37,13 @@ import (
 // the in-process pre-check against the database duplicate path.
 // Allocs/*: allocations per message, one worker.
 //
-// On loopback a round trip costs tens of microseconds and the server's work
-// decides the rate; BENCH_PG_LATENCY (a duration, e.g. 1ms) runs the same
-// through a proxy that delays each direction by that much, to measure what
-// the saved round trips are worth across a network. rtt_us is the median
-// SELECT 1 round trip, measured before (timers round the proxy's delays up).
+// rtt_us is the median SELECT 1 round trip, measured before. Across a
+// network, where each round trip costs far more than on loopback, the round
+// trips the pgx path saves are worth more: the bench command measures that
+// through a delaying proxy (go run ./tests/bench -pgx -latency 0,1ms).
 func BenchmarkHeadToHead(b *testing.B) {
 	ctx := context.Background()
-	target := benchDSN(b)
+	target := dsn(b)
 	rtt := roundTrip(b, target)
 	p := newPoolAt(b, target, 8, os.Getenv("BENCH_PG_PARAMS"))
 	s := tempSchema(b, p)

@@ -5,8 +5,7 @@
 // the proxy every round trip a code path saves is worth a whole round-trip
 // time, which is what it is worth across a real network.
 //
-// It is the proxy of the idempgx benchmarks (BENCH_PG_LATENCY), for the
-// bench command.
+// The bench command's -pgx -latency mode runs through it.
 package latencyproxy
 
 import (
