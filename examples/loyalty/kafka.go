@@ -14,6 +14,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -141,6 +142,7 @@ type kafkaTopic struct {
 
 	mu     sync.Mutex
 	copies map[[2]int64]int64 // (partition, offset) → copy id
+	group  string             // the consumer group of the run's consumers
 }
 
 func (t *kafkaTopic) describe() string  { return t.c.desc }
@@ -190,10 +192,67 @@ func (t *kafkaTopic) copyAt(partition int32, offset int64) int64 {
 	return -1
 }
 
-// pending is 0: the scenario counts a record settled once its offset is
-// committed (to Kafka for the naive consumer, to the database for the
-// library), and waits for every record.
-func (t *kafkaTopic) pending(context.Context) (int, error) { return 0, nil }
+// pending is the run's consumer group's lag as Kafka knows it: the
+// partitions' end offsets less the offsets the group committed to Kafka
+// (the naive consumer after each poll; the library after each database
+// commit, for lag tools). The scenario counts a record settled when its
+// consumer reports it committed; pending is what it asks when that count
+// stalls, as it does when a commit landed but the process crashed before
+// it could say so.
+func (t *kafkaTopic) pending(ctx context.Context) (int, error) {
+	t.mu.Lock()
+	group := t.group
+	t.mu.Unlock()
+	lreq := kmsg.NewPtrListOffsetsRequest()
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = t.name
+	freq := kmsg.NewPtrOffsetFetchRequest()
+	freq.Group = group
+	ft := kmsg.NewOffsetFetchRequestTopic()
+	ft.Topic = t.name
+	for p := range t.c.partitions {
+		lp := kmsg.NewListOffsetsRequestTopicPartition()
+		lp.Partition, lp.Timestamp = p, -1 // the end
+		lt.Partitions = append(lt.Partitions, lp)
+		ft.Partitions = append(ft.Partitions, p)
+	}
+	lreq.Topics = append(lreq.Topics, lt)
+	freq.Topics = append(freq.Topics, ft)
+	lresp, err := lreq.RequestWith(ctx, t.c.admin)
+	if err != nil {
+		return 0, fmt.Errorf("end offsets of %s: %w", t.name, err)
+	}
+	n := int64(0)
+	for _, rt := range lresp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return 0, fmt.Errorf("end offset of %s/%d: %w", t.name, rp.Partition, err)
+			}
+			n += rp.Offset
+		}
+	}
+	if group == "" {
+		return int(n), nil
+	}
+	fresp, err := freq.RequestWith(ctx, t.c.admin)
+	if err != nil {
+		return 0, fmt.Errorf("committed offsets of %s: %w", group, err)
+	}
+	if err := kerr.ErrorForCode(fresp.ErrorCode); err != nil {
+		return 0, fmt.Errorf("committed offsets of %s: %w", group, err)
+	}
+	for _, rt := range fresp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return 0, fmt.Errorf("committed offset of %s/%d: %w", t.name, rp.Partition, err)
+			}
+			if rp.Offset > 0 {
+				n -= rp.Offset
+			}
+		}
+	}
+	return int(n), nil
+}
 
 // deadLettered is 0: the loyalty events are never poison.
 func (t *kafkaTopic) deadLettered(context.Context) (int, error) { return 0, nil }
@@ -218,6 +277,9 @@ func (t *kafkaTopic) close() error {
 // clientOpts are a consumer process's client options: group members of
 // the run's group, on the process's connections.
 func (t *kafkaTopic) clientOpts(conn *kafkaConn, group string) []kgo.Opt {
+	t.mu.Lock()
+	t.group = group + "-" + t.name
+	t.mu.Unlock()
 	return []kgo.Opt{
 		kgo.SeedBrokers(t.c.seeds...), kgo.Dialer(conn.dial),
 		kgo.ConsumerGroup(group + "-" + t.name), kgo.ConsumeTopics(t.name),
