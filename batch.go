@@ -116,11 +116,17 @@ func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFu
 // each carrying the batch's attempts and duration; retries are reported
 // with an empty Key.
 func (m *Middleware) ProcessMessages(ctx context.Context, msgs []Message, fn BatchFunc) ([]Outcome, error) {
+	return m.processObserved(ctx, &m.run, msgs, fn)
+}
+
+// processObserved is processMessages for the exported batch entry points:
+// an empty batch returns at once, and the observer is told every message.
+func (m *Middleware) processObserved(ctx context.Context, r *runner, msgs []Message, fn BatchFunc) ([]Outcome, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
 	start := time.Now()
-	outcomes, attempts, err := m.processMessages(ctx, &m.run, msgs, fn)
+	outcomes, attempts, err := m.processMessages(ctx, r, msgs, fn)
 	m.observeBatch(ctx, msgs, outcomes, attempts, time.Since(start), err)
 	return outcomes, err
 }

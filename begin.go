@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 )
 
 // BeginFunc begins one attempt's transaction for ProcessMessageTx and
@@ -58,16 +57,10 @@ func ProcessMessagesTx[T any](ctx context.Context, m *Middleware, msgs []Message
 	if begin == nil || fn == nil {
 		return nil, errors.New("idempotent: ProcessMessagesTx: nil begin or function")
 	}
-	if len(msgs) == 0 {
-		return nil, nil
-	}
 	var cur T
 	r := m.run
 	r.begin = beginAs(begin, &cur)
-	start := time.Now()
-	outcomes, attempts, err := m.processMessages(ctx, &r, msgs, func(ctx context.Context, _ *sql.Tx, fresh []int) error { return fn(ctx, cur, fresh) })
-	m.observeBatch(ctx, msgs, outcomes, attempts, time.Since(start), err)
-	return outcomes, err
+	return m.processObserved(ctx, &r, msgs, func(ctx context.Context, _ *sql.Tx, fresh []int) error { return fn(ctx, cur, fresh) })
 }
 
 // beginAs adapts begin to the runner's begin, keeping each attempt's T in

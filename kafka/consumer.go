@@ -310,10 +310,7 @@ func (c *Consumer) recordKey(r *kgo.Record) (string, error) {
 // claim claims key in tx, with r's timestamp as the event time unless
 // WithoutEventTime.
 func (c *Consumer) claim(ctx context.Context, tx *sql.Tx, key string, r *kgo.Record) (bool, error) {
-	if c.cfg.noEventTime || r.Timestamp.IsZero() {
-		return c.mw.Claim(ctx, tx, key)
-	}
-	return c.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key, EventTime: r.Timestamp})
+	return c.mw.ClaimMessage(ctx, tx, c.message(key, r))
 }
 
 // message returns r's message: its key and, unless WithoutEventTime, its

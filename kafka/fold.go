@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -37,11 +36,7 @@ func (c *Consumer) advanceAndClaim(ctx context.Context, tx *sql.Tx, stmt *sql.St
 		}
 		return c.claim(ctx, tx, key, r)
 	}
-	at := r.Timestamp
-	if c.cfg.noEventTime {
-		at = time.Time{}
-	}
-	advanced, claimed, err := c.fold.Claim(ctx, tx, stmt, key, at, c.consumer, r.Topic, r.Partition, next, expected)
+	advanced, claimed, err := c.fold.Claim(ctx, tx, stmt, key, c.message(key, r).EventTime, c.consumer, r.Topic, r.Partition, next, expected)
 	if err != nil {
 		return false, err
 	}
