@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
@@ -370,31 +369,9 @@ func (s *store) naiveKafka(ctx context.Context, customers int) (consumeFunc, cre
 					sem <- struct{}{}
 					defer func() { <-sem }()
 					for _, r := range p.Records {
-						if crashed.Load() || ctx.Err() != nil {
-							return
-						}
-						o, err := kafka.JSON[orderCompleted](r.Value)
-						if err != nil {
-							sc.fail(err)
-							return
-						}
-						n := sc.deliveries.Add(1)
-						out, err := apply(ctx, o)
-						if err != nil {
-							if ctx.Err() == nil {
-								sc.fail(err)
-							}
-							return
-						}
-						if out == idempotent.Duplicate {
-							sc.duplicates.Add(1)
-						}
-						if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 {
-							// Committed; the process dies before its
-							// offsets reach Kafka.
-							sc.crashes.Add(1)
-							crashed.Store(true)
-							conn.drop()
+						// A crash: committed, and the process dies
+						// before its offsets reach Kafka.
+						if !sc.naiveDeliver(ctx, apply, r.Value, &crashed, conn.drop) {
 							return
 						}
 					}

@@ -301,30 +301,9 @@ func (s *store) naiveNats(ctx context.Context, customers int) (consumeFunc, cred
 						continue // reconnecting: pull again
 					}
 					for m := range batch.Messages() {
-						if crashed.Load() || ctx.Err() != nil {
-							return
-						}
-						o, err := idnats.JSON[orderCompleted](m.Data())
-						if err != nil {
-							sc.fail(err)
-							return
-						}
-						n := sc.deliveries.Add(1)
-						out, err := apply(ctx, o)
-						if err != nil {
-							if ctx.Err() == nil {
-								sc.fail(err)
-							}
-							return
-						}
-						if out == idempotent.Duplicate {
-							sc.duplicates.Add(1)
-						}
-						if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 && !crashed.Swap(true) {
-							// Committed; the process dies before its ack
-							// leaves.
-							sc.crashes.Add(1)
-							conn.crash()
+						// A crash: committed, and the process dies
+						// before its ack leaves.
+						if !sc.naiveDeliver(ctx, apply, m.Data(), &crashed, conn.crash) {
 							return
 						}
 						if m.Ack() == nil {

@@ -285,6 +285,39 @@ func (s *scenario) consumeRabbit(ctx context.Context, conn brokerConn, handle ra
 	return c.Run(ctx, ch)
 }
 
+// naiveDeliver is one delivery of a naive consumer loop (Kafka's, NATS's):
+// it decodes the order in body, applies it with apply and counts it, and
+// every crashEvery-th delivery crashes the process once, after the commit
+// and before the loop can ack or commit its offset. It reports whether the
+// loop goes on: false after a crash, a failure, or the run's end.
+func (s *scenario) naiveDeliver(ctx context.Context, apply func(context.Context, orderCompleted) (idempotent.Outcome, error), body []byte, crashed *atomic.Bool, crash func()) bool {
+	if crashed.Load() || ctx.Err() != nil {
+		return false
+	}
+	var o orderCompleted
+	if err := json.Unmarshal(body, &o); err != nil {
+		s.fail(fmt.Errorf("decode order: %w", err))
+		return false
+	}
+	n := s.deliveries.Add(1)
+	out, err := apply(ctx, o)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.fail(err)
+		}
+		return false
+	}
+	if out == idempotent.Duplicate {
+		s.duplicates.Add(1)
+	}
+	if s.f.crashEvery > 0 && n%int64(s.f.crashEvery) == 0 && !crashed.Swap(true) {
+		s.crashes.Add(1)
+		crash()
+		return false
+	}
+	return true
+}
+
 // dropOne drops the connection of the k-th live process.
 func (s *scenario) dropOne(k int) {
 	s.mu.Lock()
