@@ -27,10 +27,10 @@ func BenchmarkPerMessageVsBatch(b *testing.B) {
 	total := 0
 	for b.Loop() {
 		s, stream := newStream(b, js, 1)
-		orders := makeOrders(n)
+		orders := testenv.MakeOrders(n)
 		var msgs []outMsg
 		for _, o := range orders {
-			msgs = append(msgs, outMsg{msgID: o.key(), data: mustJSON(b, o)})
+			msgs = append(msgs, outMsg{msgID: o.Key(), data: mustJSON(b, o)})
 		}
 		if _, err := publishAll(context.Background(), js, stream+".orders", msgs, nil); err != nil {
 			b.Fatal(err)

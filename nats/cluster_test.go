@@ -72,17 +72,17 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 	cons := newConsumer(t, s, durable, 2*time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 12), durable)
 
-	orders := makeOrders(5000)
+	orders := testenv.MakeOrders(5000)
 	var msgs []outMsg
 	for i, o := range orders {
-		msgs = append(msgs, outMsg{msgID: fmt.Sprintf("pub-%d", i), hdr: map[string]string{"Order-Key": o.key()}, data: mustJSON(t, o)})
+		msgs = append(msgs, outMsg{msgID: fmt.Sprintf("pub-%d", i), hdr: map[string]string{"Order-Key": o.Key()}, data: mustJSON(t, o)})
 		if i%5 == 0 && i >= 500 { // the republish of an order 500 back
 			r := orders[i-500]
-			msgs = append(msgs, outMsg{msgID: fmt.Sprintf("repub-%d", i), hdr: map[string]string{"Order-Key": r.key()}, data: mustJSON(t, r)})
+			msgs = append(msgs, outMsg{msgID: fmt.Sprintf("repub-%d", i), hdr: map[string]string{"Order-Key": r.Key()}, data: mustJSON(t, r)})
 		}
 	}
 	for i := 0; i < 500; i += 5 {
-		msgs = append(msgs, outMsg{msgID: fmt.Sprintf("repub-tail-%d", i), hdr: map[string]string{"Order-Key": orders[i].key()}, data: mustJSON(t, orders[i])})
+		msgs = append(msgs, outMsg{msgID: fmt.Sprintf("repub-tail-%d", i), hdr: map[string]string{"Order-Key": orders[i].Key()}, data: mustJSON(t, orders[i])})
 	}
 	if len(msgs) != 6000 {
 		t.Fatalf("%d messages, want 6000", len(msgs))
@@ -160,10 +160,10 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 	cons := newConsumer(t, s, durable, 2*time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 6), durable)
 
-	orders := makeOrders(3000)
+	orders := testenv.MakeOrders(3000)
 	var msgs []outMsg
 	for _, o := range orders {
-		msgs = append(msgs, outMsg{msgID: o.key(), data: mustJSON(t, o)})
+		msgs = append(msgs, outMsg{msgID: o.Key(), data: mustJSON(t, o)})
 	}
 	pubDone := make(chan error, 1)
 	var published atomic.Int64

@@ -26,7 +26,7 @@ func TestCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
 	newConsumer(t, s, durable, time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 9912, CustomerID: 7, Points: 50}
-	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+	publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 
 	type seen struct {
 		outcome   idempotent.Outcome
@@ -105,8 +105,8 @@ func TestPoisonIsTerminatedAndReported(t *testing.T) {
 	old := order{OrderID: 4, CustomerID: 3, Points: 7}
 	publish(t, js, stream+".orders", "", mustJSON(t, order{OrderID: 2, CustomerID: 3, Points: 9}), now) // no Nats-Msg-Id
 	publish(t, js, stream+".orders", "order-completed:3", []byte("order 3, customer 3, 9 points"), now)
-	publish(t, js, stream+".orders", good.key(), mustJSON(t, good), now)
-	publish(t, js, stream+".orders", old.key(), mustJSON(t, old), map[string]string{"Event-Time": time.Now().Add(-40 * 24 * time.Hour).UTC().Format(time.RFC3339)})
+	publish(t, js, stream+".orders", good.Key(), mustJSON(t, good), now)
+	publish(t, js, stream+".orders", old.Key(), mustJSON(t, old), map[string]string{"Event-Time": time.Now().Add(-40 * 24 * time.Hour).UTC().Format(time.RFC3339)})
 	publish(t, js, stream+".orders", "order-completed:5", mustJSON(t, order{OrderID: 5, CustomerID: 3, Points: 1}), nil) // no event time
 
 	var mu sync.Mutex
@@ -161,7 +161,7 @@ func TestFailedMessageIsNakedWithBoundedDelayThenApplied(t *testing.T) {
 	cons := newConsumer(t, s, durable, 30*time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 77, CustomerID: 9, Points: 42}
-	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+	publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 
 	// The first three attempts fail inside the transaction: the claim rolls
 	// back with the effect.
@@ -216,7 +216,7 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 	cons := newConsumer(t, s, durable, time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	o := order{OrderID: 5, CustomerID: 5, Points: 5}
-	publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+	publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 
 	// The handler holds the message for three half-AckWaits: without the
 	// heartbeats the server would redeliver it to the second worker.
@@ -263,9 +263,9 @@ func TestShutdownFinishesInFlightAndLosesNothing(t *testing.T) {
 	durable := "loyalty"
 	newConsumer(t, s, durable, 30*time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 8), durable)
-	orders := makeOrders(400)
+	orders := testenv.MakeOrders(400)
 	for _, o := range orders {
-		publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+		publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 	}
 	first, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
 	if err != nil {
@@ -361,15 +361,15 @@ func TestBatchConsumerAppliesOnceAndSetsPoisonAside(t *testing.T) {
 	durable := "loyalty"
 	cons := newConsumer(t, s, durable, 30*time.Second)
 	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
-	orders := makeOrders(300)
+	orders := testenv.MakeOrders(300)
 	for i, o := range orders {
-		publish(t, js, stream+".orders", o.key(), mustJSON(t, o), nil)
+		publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 		if i == 150 {
 			// Amid the batch: a message whose order names no customer, which
 			// the handler marks poison, failing its batch, which is then
 			// tried message by message; and one without a key.
 			bad := order{OrderID: 1000, CustomerID: 0, Points: 1}
-			publish(t, js, stream+".orders", bad.key(), mustJSON(t, bad), nil)
+			publish(t, js, stream+".orders", bad.Key(), mustJSON(t, bad), nil)
 			publish(t, js, stream+".orders", "", []byte(`{}`), nil)
 		}
 	}

@@ -40,14 +40,14 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 
 	// The handler credits the order and enqueues a points-awarded event in
 	// the claim's transaction.
-	orders := makeOrders(40)
+	orders := testenv.MakeOrders(40)
 	keys := map[string]bool{}
 	for _, o := range orders {
-		_, err := l.mw.Process(ctx, o.key(), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := l.mw.Process(ctx, o.Key(), func(ctx context.Context, tx *sql.Tx) error {
 			if err := l.credit(ctx, tx, o); err != nil {
 				return err
 			}
-			k, err := ob.Enqueue(ctx, tx, o.key(), "points_awarded", mustJSON(t, o))
+			k, err := ob.Enqueue(ctx, tx, o.Key(), "points_awarded", mustJSON(t, o))
 			keys[k] = true
 			return err
 		})

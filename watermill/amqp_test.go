@@ -96,7 +96,7 @@ func TestAMQPAuditWithDuplicatesAndFailures(t *testing.T) {
 		r.AddNoPublisherHandler("loyalty", topic, sub, failFirst)
 		runRouter(t, r)
 	}
-	orders := makeOrders(2000)
+	orders := testenv.MakeOrders(2000)
 	msgs := withDuplicates(t, orders)
 	if err := amqpPublisher(t, url).Publish(topic, msgs...); err != nil {
 		t.Fatal(err)

@@ -158,7 +158,7 @@ func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 	// Every 13th order fails on its first attempt.
 	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
 	runRouter(t, r)
-	orders := makeOrders(2000)
+	orders := testenv.MakeOrders(2000)
 	msgs := withDuplicates(t, orders)
 	if err := pubsub.Publish("orders", msgs...); err != nil {
 		t.Fatal(err)
@@ -287,7 +287,7 @@ func TestProducedMessagesGoThroughTheOutbox(t *testing.T) {
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(rctx) }()
 
-	orders := makeOrders(50)
+	orders := testenv.MakeOrders(50)
 	var msgs []*message.Message
 	for _, o := range orders {
 		msgs = append(msgs, orderMessage(t, o))

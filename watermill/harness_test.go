@@ -31,29 +31,12 @@ type ledger struct {
 	counts *idempotent.Counts
 }
 
-type order struct {
-	OrderID    int64 `json:"order_id"`
-	CustomerID int64 `json:"customer_id"`
-	Points     int64 `json:"points"`
-}
-
-func (o order) key() string { return fmt.Sprintf("order-completed:%d", o.OrderID) }
+// order is the loyalty service's message.
+type order = testenv.Order
 
 func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
 	t.Helper()
-	schema := testenv.UniqueName("wm")
-	q := pq.QuoteIdentifier(schema)
-	if _, err := db.Exec(fmt.Sprintf(`CREATE SCHEMA %[1]s;
-CREATE TABLE %[1]s.balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0);
-CREATE TABLE %[1]s.point_ledger (order_id bigint NOT NULL, customer_id bigint NOT NULL, points bigint NOT NULL);
-INSERT INTO %[1]s.balances SELECT g, 0 FROM generate_series(1, 100) g;`, q)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := db.Exec("DROP SCHEMA " + q + " CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
+	schema := testenv.LoyaltySchema(t, db, "wm")
 	counts := &idempotent.Counts{}
 	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(schema+".processed_messages"), idempotent.WithObserver(counts))
 	if err != nil {
@@ -67,12 +50,7 @@ INSERT INTO %[1]s.balances SELECT g, 0 FROM generate_series(1, 100) g;`, q)); er
 
 // credit applies o through tx.
 func (l *ledger) credit(ctx context.Context, tx *sql.Tx, o order) error {
-	q := pq.QuoteIdentifier(l.schema)
-	if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances SET points = points + $1 WHERE customer_id = $2", o.Points, o.CustomerID); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) VALUES ($1, $2, $3)", o.OrderID, o.CustomerID, o.Points)
-	return err
+	return testenv.Credit(ctx, tx, l.schema, o)
 }
 
 // handler is the Watermill handler users write under the middleware: the
@@ -108,20 +86,7 @@ func (l *ledger) count(t testing.TB, query string) int64 {
 // ledger row and one claim each, every balance exact.
 func (l *ledger) audit(t testing.TB, orders []order) {
 	t.Helper()
-	want := map[int64]int64{}
-	for _, o := range orders {
-		want[o.CustomerID] += o.Points
-	}
-	testenv.AuditLedger(t, l.db, l.schema, len(orders), want)
-}
-
-func makeOrders(n int) []order {
-	orders := make([]order, n)
-	for i := range orders {
-		id := int64(i + 1)
-		orders[i] = order{OrderID: id, CustomerID: 1 + id%97, Points: 1 + id%37}
-	}
-	return orders
+	testenv.AuditOrders(t, l.db, l.schema, orders)
 }
 
 // orderMessage is o as a producer publishes it: a fresh UUID per publish,
@@ -133,7 +98,7 @@ func orderMessage(t testing.TB, o order) *message.Message {
 		t.Fatal(err)
 	}
 	m := message.NewMessage(watermill.NewUUID(), b)
-	m.Metadata.Set(idwm.KeyMetadata, o.key())
+	m.Metadata.Set(idwm.KeyMetadata, o.Key())
 	return m
 }
 

@@ -65,7 +65,7 @@ func TestSQLSubscriberClaimEffectAndOffsetCommitTogether(t *testing.T) {
 	r.AddNoPublisherHandler("loyalty", "orders", sub, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
 	runRouter(t, r)
 
-	orders := makeOrders(300)
+	orders := testenv.MakeOrders(300)
 	msgs := withDuplicates(t, orders)
 	if err := pub.Publish("orders", msgs...); err != nil {
 		t.Fatal(err)
