@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,10 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/postgres"
 )
+
+// preparedSeq numbers the statements the guard tests prepare outside a
+// handler.
+var preparedSeq atomic.Int64
 
 // guardFixture is a loyalty service plus an "escaped" table that handlers
 // write to outside the transaction, and a sequence whose nextval proves
@@ -94,7 +99,11 @@ func TestGuardCatchesStatementsOutsideTheTransaction(t *testing.T) {
 			return err
 		},
 		"statement prepared outside": func(ctx context.Context, db *sql.DB, q string) error {
-			s, err := db.Prepare("SELECT nextval('" + q + ".reached')")
+			// A text of its own each time: pgx names a prepared statement
+			// after its text, and behind a transaction-mode pooler the
+			// previous run's statement may still exist on the server
+			// connection this Prepare lands on (its Close went to another).
+			s, err := db.Prepare(fmt.Sprintf("SELECT nextval('%s.reached') /* %d */", q, preparedSeq.Add(1)))
 			if err != nil {
 				return fmt.Errorf("prepare outside the handler: %v", err) // not the guard's error
 			}
