@@ -41,9 +41,9 @@ func newClaimTable(t *testing.T, r *recorded, opts ...idempotent.Option) *idempo
 // expectCleanupBatch scripts one batch of a cleanup that deletes n claims,
 // of consumer c ("" for every consumer), and returns the statements.
 func expectCleanupBatch(m sqlmock.Sqlmock, c string, size int, n int64) []string {
-	lock := pg.CleanupLockSQL(shopClaims)
+	lock, _ := pg.CleanupLockSQL(shopClaims)
 	timeout := pg.StatementTimeoutSQL(5 * time.Second)
-	del := pg.CleanupBatchSQL(shopClaims, c == "")
+	del, _ := pg.CleanupBatchSQL(shopClaims, c, tableCutoff, size)
 	m.ExpectBegin()
 	m.ExpectQuery(lock).WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
 	m.ExpectExec(timeout).WillReturnResult(sqlmock.NewResult(0, 0))
@@ -133,7 +133,7 @@ func TestClaimTableCleanup(t *testing.T) {
 		r := newRecorded(t)
 		tab := newClaimTable(t, r)
 		kind := expectTableKind(r.mock, shopClaims, true, false)
-		count := pg.CountExpiredSQL(shopClaims, false)
+		count, _ := pg.CountExpiredSQL(shopClaims, "analytics", tableCutoff)
 		r.mock.ExpectQuery(count).WithArgs(tableCutoff, "analytics").WillReturnRows(sqlmock.NewRows([]string{"n"}).AddRow(42))
 		dry := opts
 		dry.DryRun = true

@@ -229,7 +229,8 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 // consumer's claims (every consumer's when consumer is "").
 func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, consumer string, opts CleanupOptions) (int64, error) {
 	var got bool
-	if err := tx.QueryRowContext(ctx, c.CleanupLockSQL(t.table)).Scan(&got); err != nil {
+	lock, largs := c.CleanupLockSQL(t.table)
+	if err := tx.QueryRowContext(ctx, lock, largs...).Scan(&got); err != nil {
 		return 0, err
 	}
 	if !got {
@@ -238,11 +239,8 @@ func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cle
 	if _, err := tx.ExecContext(ctx, c.StatementTimeoutSQL(opts.StatementTimeout)); err != nil {
 		return 0, err
 	}
-	args := []any{cutoff, size}
-	if consumer != "" {
-		args = append(args, consumer)
-	}
-	res, err := tx.ExecContext(ctx, c.CleanupBatchSQL(t.table, consumer == ""), args...)
+	del, args := c.CleanupBatchSQL(t.table, consumer, cutoff, size)
+	res, err := tx.ExecContext(ctx, del, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -252,12 +250,9 @@ func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cle
 // countExpired counts what a cleanup would delete: consumer's claims, or
 // every consumer's when consumer is "".
 func (t *ClaimTable) countExpired(ctx context.Context, c dialect.Cleaner, cutoff time.Time, consumer string) (int64, error) {
-	args := []any{cutoff}
-	if consumer != "" {
-		args = append(args, consumer)
-	}
+	q, args := c.CountExpiredSQL(t.table, consumer, cutoff)
 	var n int64
-	if err := t.db.QueryRowContext(ctx, c.CountExpiredSQL(t.table, consumer == ""), args...).Scan(&n); err != nil {
+	if err := t.db.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("idempotent: cleanup of %s (dry run): %w", t.table, t.tableError(err))
 	}
 	return n, nil

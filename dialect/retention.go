@@ -9,33 +9,134 @@ import "time"
 
 // Cleaner is implemented by dialects that can delete expired claims in
 // small batches, each in its own short transaction, with only one cleaner
-// at a time per claim table.
+// at a time per claim table. Every statement comes with its arguments, so
+// the dialect chooses its own placeholders ($1, ?).
+//
+// A Cleaner is a [HorizonKeeper]: a cleanup first records in the database
+// how far back the table has forgotten, then deletes.
 type Cleaner interface {
+	HorizonKeeper
+
 	// CleanupLockSQL returns a query yielding one boolean row: true when the
 	// current transaction took the claim table's cleanup lock, false at once
-	// when another transaction holds it. The lock must be released when the
-	// transaction ends (never held by the session), so that it is safe behind
-	// a transaction-mode connection pooler.
-	CleanupLockSQL(t Table) string
+	// when another holds it. A lock that ends with the transaction is
+	// preferred (it is safe behind a transaction-mode pooler); a dialect
+	// whose lock is held by the session implements [LockReleaser], and the
+	// middleware releases it before the transaction ends, on every path.
+	CleanupLockSQL(t Table) (query string, args []any)
 
 	// StatementTimeoutSQL returns a statement that bounds each later
-	// statement of the current transaction, and only of it, to d.
+	// statement of the current transaction to d. A dialect with a
+	// session-scoped setting resets it through [LockReleaser].
 	StatementTimeoutSQL(d time.Duration) string
 
-	// CleanupBatchSQL returns a statement deleting at most $2 claims whose
-	// processed_at is before $1 (a time.Time). Unless allConsumers is set it
-	// deletes only claims of consumer $3. It reports the rows it deleted as
-	// rows affected.
-	CleanupBatchSQL(t Table, allConsumers bool) string
+	// CleanupBatchSQL returns a statement deleting at most limit claims
+	// whose processed_at is before cutoff: claims of consumer, or of every
+	// consumer when consumer is "". It reports the rows it deleted as rows
+	// affected.
+	CleanupBatchSQL(t Table, consumer string, cutoff time.Time, limit int) (stmt string, args []any)
 
 	// CountExpiredSQL returns a query yielding the number of claims
-	// CleanupBatchSQL would delete if run until nothing is left: parameters
-	// $1 (cutoff) and, unless allConsumers, $2 (consumer).
-	CountExpiredSQL(t Table, allConsumers bool) string
+	// CleanupBatchSQL would delete if run until nothing is left.
+	CountExpiredSQL(t Table, consumer string, cutoff time.Time) (query string, args []any)
 
 	// IsStatementTimeout reports whether err says a statement ran out of the
 	// time set by StatementTimeoutSQL.
 	IsStatementTimeout(err error) bool
+}
+
+// LockReleaser is implemented by dialects whose cleanup or maintenance lock
+// (or statement timeout) outlives the transaction that took it, such as
+// MySQL's GET_LOCK. The middleware runs the statement it returns as the last
+// statement of every transaction that took the lock — after its work, before
+// COMMIT or ROLLBACK — so that a pooled connection never keeps it. "" means
+// nothing to release.
+type LockReleaser interface {
+	// ReleaseCleanupSQL releases what CleanupLockSQL and StatementTimeoutSQL
+	// set.
+	ReleaseCleanupSQL(t Table) (stmt string, args []any)
+	// ReleaseMaintenanceSQL releases what MaintenanceLockSQL took.
+	ReleaseMaintenanceSQL(t Table) (stmt string, args []any)
+}
+
+// The retention horizon.
+//
+// A claim table records how far back it has forgotten: its horizon. Every
+// cleanup and every partition drop raises it, in the database, before it
+// deletes; every claim that carries an event time is refused when the event
+// is older than the horizon. So a retention window lengthened after a
+// cleanup takes effect forward only, and two processes configured with
+// different windows cannot re-apply what the shorter one forgot.
+//
+// The horizon lives in a table of its own beside the claim table (see
+// HorizonTable), one row per consumer, and a row with consumer "" for a
+// cleanup or partition drop of every consumer. A claim of consumer c is
+// fenced by the later of c's row and the "" row. The value means, for a plain
+// table, "claims processed before this time may be gone" and, for a table
+// partitioned by day, "the claims of every event day before this (UTC
+// midnight) are gone".
+
+// HorizonKeeper is implemented by dialects that record a claim table's
+// retention horizon. Times are passed as time.Time and read back as
+// microseconds since the Unix epoch, so the middleware scans them the same
+// way from every driver.
+type HorizonKeeper interface {
+	// HorizonTable returns the table holding t's horizon: t's name with the
+	// suffix "_horizon", in t's schema.
+	HorizonTable(t Table) Table
+
+	// HorizonSchemaSQL returns the statements that create t's horizon table
+	// if it does not exist, to be run in order in one transaction with the
+	// claim table's schema.
+	HorizonSchemaSQL(t Table) []string
+
+	// AdvanceHorizonSQL returns a statement that raises consumer's horizon
+	// ("" for every consumer) to before, inserting its row if missing and
+	// never lowering it.
+	AdvanceHorizonSQL(t Table, consumer string, before time.Time) (stmt string, args []any)
+
+	// HorizonSQL returns a query yielding one row with one nullable integer,
+	// microseconds since the Unix epoch: the later of consumer's horizon and
+	// the "" row's, NULL when neither exists.
+	HorizonSQL(t Table, consumer string) (query string, args []any)
+
+	// HorizonsSQL returns a query, with no parameters, yielding every row
+	// of t's horizon table — consumer (text), horizon (an integer of
+	// microseconds since the Unix epoch) — ordered by consumer.
+	HorizonsSQL(t Table) string
+}
+
+// HorizonClaimer is implemented by dialects that read the horizon in the
+// claim statement itself, so the fence costs no round trip: the statement
+// inserts the claim only when the horizon allows it, and returns the horizon
+// it read. A statement reads the horizon from its snapshot, taken before
+// the insert; the dialect must therefore also implement [SnapshotDrainer],
+// and the middleware waits, after raising a horizon and before deleting
+// anything below it, until no statement that may have read the old value is
+// still running.
+//
+// Without a HorizonClaimer, the middleware reads the horizon (HorizonSQL)
+// after a claim inserted, in the claim's transaction: a statement after the
+// insert sees any cleanup that committed before the insert could succeed.
+type HorizonClaimer interface {
+	// HorizonClaimSQL returns the claim statement with the horizon folded
+	// in: parameters consumer $1, key $2, the event day $3 (a "2006-01-02"
+	// string) when partitioned, and last the fence value (a time.Time, or
+	// nil for a message without an event time, which no horizon refuses).
+	// It inserts the claim only when the horizon is not after the fence
+	// value and yields one row: the number of claims inserted (0 or 1) and
+	// the horizon it read (nullable microseconds since the Unix epoch).
+	HorizonClaimSQL(t Table, partitioned bool) string
+}
+
+// SnapshotDrainer is implemented by dialects that can tell whether any
+// other session of the database may still run a statement whose snapshot
+// predates the latest change of a horizon row.
+type SnapshotDrainer interface {
+	// OlderSnapshotsSQL returns a query yielding one integer: how many
+	// other sessions hold a snapshot taken before consumer's horizon row
+	// ("" for the every-consumer row) last changed.
+	OlderSnapshotsSQL(t Table, consumer string) (query string, args []any)
 }
 
 // StatsReader is implemented by dialects that can summarise the claim table
@@ -61,7 +162,12 @@ type StatsReader interface {
 // Partition names are the table's name followed by "_pYYYYMMDD", in the
 // table's schema. Dates are the only values written into DDL text; they are
 // formatted from a time.Time, never taken from input.
+//
+// A Partitioner is a [HorizonKeeper]: a partition drop first records in the
+// database that the day is gone, then drops it.
 type Partitioner interface {
+	HorizonKeeper
+
 	// PartitionedSchemaSQL returns the statements that create the
 	// partitioned claim table (with no partition) and its processed_at
 	// index if they do not exist, to be run in order in one transaction.

@@ -40,8 +40,8 @@ func regclass(t dialect.Table) string {
 // CleanupLockSQL returns pg_try_advisory_xact_lock on the table's OID: the
 // lock lasts until the transaction ends, so a transaction-mode pooler that
 // hands the session to someone else afterwards does not carry it along.
-func (*Dialect) CleanupLockSQL(t dialect.Table) string {
-	return fmt.Sprintf("SELECT pg_try_advisory_xact_lock(%d, (%s)::oid::int4)", cleanupLockClass, regclass(t))
+func (*Dialect) CleanupLockSQL(t dialect.Table) (string, []any) {
+	return fmt.Sprintf("SELECT pg_try_advisory_xact_lock(%d, (%s)::oid::int4)", cleanupLockClass, regclass(t)), nil
 }
 
 // StatementTimeoutSQL returns SET LOCAL statement_timeout, rounded up to
@@ -58,21 +58,23 @@ func (*Dialect) StatementTimeoutSQL(d time.Duration) string {
 // Postgres visit the batch with one sorted TID scan instead of a hash and a
 // nested loop of single-row TID scans: measured two to three times faster
 // per batch.
-func (*Dialect) CleanupBatchSQL(t dialect.Table, allConsumers bool) string {
+func (*Dialect) CleanupBatchSQL(t dialect.Table, consumer string, cutoff time.Time, limit int) (string, []any) {
 	q := quote(t)
-	if allConsumers {
-		return fmt.Sprintf("DELETE FROM %[1]s WHERE processed_at < $1 AND ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))", q)
+	if consumer == "" {
+		return fmt.Sprintf("DELETE FROM %[1]s WHERE processed_at < $1 AND ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))", q),
+			[]any{cutoff, limit}
 	}
-	return fmt.Sprintf("DELETE FROM %[1]s WHERE processed_at < $1 AND consumer = $3 AND ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 AND consumer = $3 LIMIT $2))", q)
+	return fmt.Sprintf("DELETE FROM %[1]s WHERE processed_at < $1 AND consumer = $3 AND ctid = ANY (ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 AND consumer = $3 LIMIT $2))", q),
+		[]any{cutoff, limit, consumer}
 }
 
-// CountExpiredSQL returns the count of claims processed before $1 (of
-// consumer $2 unless allConsumers).
-func (*Dialect) CountExpiredSQL(t dialect.Table, allConsumers bool) string {
-	if allConsumers {
-		return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1", quote(t))
+// CountExpiredSQL returns the count of claims processed before cutoff (of
+// consumer unless it is "").
+func (*Dialect) CountExpiredSQL(t dialect.Table, consumer string, cutoff time.Time) (string, []any) {
+	if consumer == "" {
+		return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1", quote(t)), []any{cutoff}
 	}
-	return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1 AND consumer = $2", quote(t))
+	return fmt.Sprintf("SELECT count(*) FROM %s WHERE processed_at < $1 AND consumer = $2", quote(t)), []any{cutoff, consumer}
 }
 
 // StatsSQL returns the claims per consumer with the oldest and newest

@@ -154,7 +154,7 @@ func TestCLI(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got bool
-		if err := tx.QueryRow(postgres.New().CleanupLockSQL(tab)).Scan(&got); err != nil || !got {
+		if err := tx.QueryRow(cleanupLock(tab)).Scan(&got); err != nil || !got {
 			t.Fatal(got, err)
 		}
 		out = ok(append([]string{"cleanup", "-table", table, "-retention", "30d"}, dsn...)...)

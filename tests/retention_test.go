@@ -299,7 +299,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = tx.Rollback() })
 	var got bool
-	if err := tx.QueryRowContext(ctx, postgres.New().CleanupLockSQL(tab)).Scan(&got); err != nil || !got {
+	if err := tx.QueryRowContext(ctx, cleanupLock(tab)).Scan(&got); err != nil || !got {
 		t.Fatalf("take the cleanup lock: %v, %v", got, err)
 	}
 	opts := idempotent.DefaultCleanupOptions()
@@ -574,4 +574,11 @@ func TestFenceObserverSeesRefusals(t *testing.T) {
 	if counts.Failed() != 2 || counts.Applied() != 1 {
 		t.Fatalf("observer counted %d failed, %d applied; want 2 and 1", counts.Failed(), counts.Applied())
 	}
+}
+
+// cleanupLock is the Postgres dialect's cleanup lock query, which takes no
+// arguments.
+func cleanupLock(t dialect.Table) string {
+	q, _ := postgres.New().CleanupLockSQL(t)
+	return q
 }

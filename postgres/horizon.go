@@ -1,0 +1,104 @@
+package postgres
+
+import (
+	"fmt"
+	"hash/fnv"
+	"io"
+	"time"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+var (
+	_ dialect.HorizonKeeper   = (*Dialect)(nil)
+	_ dialect.HorizonClaimer  = (*Dialect)(nil)
+	_ dialect.SnapshotDrainer = (*Dialect)(nil)
+)
+
+// HorizonName returns the name of the horizon table of the claim table name
+// (unqualified, unquoted): name + "_horizon" when that fits in Postgres's
+// 63-byte identifiers, else a prefix of name, a hash of the whole name and
+// the suffix, so two long names sharing a prefix never share a horizon.
+func HorizonName(name string) string {
+	const suffix = "_horizon"
+	if len(name)+len(suffix) <= dialect.MaxIdentifierBytes {
+		return name + suffix
+	}
+	h := fnv.New32a()
+	_, _ = io.WriteString(h, name)
+	tag := fmt.Sprintf("_%08x", h.Sum32())
+	return name[:dialect.MaxIdentifierBytes-len(suffix)-len(tag)] + tag + suffix
+}
+
+// HorizonTable returns t's horizon table, HorizonName(t.Name) in t's schema.
+func (*Dialect) HorizonTable(t dialect.Table) dialect.Table {
+	return dialect.Table{Schema: t.Schema, Name: HorizonName(t.Name)}
+}
+
+func (d *Dialect) horizon(t dialect.Table) string { return quote(d.HorizonTable(t)) }
+
+// micros is a timestamptz expression as microseconds since the Unix epoch.
+func micros(expr string) string {
+	return "(extract(epoch FROM " + expr + ") * 1000000)::bigint"
+}
+
+// HorizonSchemaSQL returns the horizon table: one row per consumer ("" for
+// every consumer) with the time before which claims may be gone.
+func (d *Dialect) HorizonSchemaSQL(t dialect.Table) []string {
+	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer         text        PRIMARY KEY,
+	forgotten_before timestamptz NOT NULL
+)`, d.horizon(t))}
+}
+
+// AdvanceHorizonSQL returns an upsert that only ever raises the row: a row
+// already at or past before is left untouched, so its xmin (which
+// OlderSnapshotsSQL compares snapshots with) still names the transaction
+// that last raised it.
+func (d *Dialect) AdvanceHorizonSQL(t dialect.Table, consumer string, before time.Time) (string, []any) {
+	h := d.horizon(t)
+	return fmt.Sprintf(`INSERT INTO %[1]s AS h (consumer, forgotten_before) VALUES ($1, $2)
+ON CONFLICT (consumer) DO UPDATE SET forgotten_before = excluded.forgotten_before
+WHERE h.forgotten_before < excluded.forgotten_before`, h), []any{consumer, before.UTC()}
+}
+
+// HorizonSQL returns the later of consumer's row and the "" row.
+func (d *Dialect) HorizonSQL(t dialect.Table, consumer string) (string, []any) {
+	return fmt.Sprintf("SELECT %s FROM %s WHERE consumer IN ('', $1)", micros("max(forgotten_before)"), d.horizon(t)), []any{consumer}
+}
+
+// HorizonsSQL returns every row of the horizon table.
+func (d *Dialect) HorizonsSQL(t dialect.Table) string {
+	return fmt.Sprintf("SELECT consumer, %s FROM %s ORDER BY consumer", micros("forgotten_before"), d.horizon(t))
+}
+
+// HorizonClaimSQL returns the claim as one statement that also reads the
+// horizon: a common table expression h reads the later of the consumer's
+// and the "" row, the insert takes its row from h only when the horizon is
+// not after the fence value, and the statement returns the insert's count
+// and the horizon. A message with no event time (fence NULL) is never
+// refused. The insert still meets a concurrent duplicate on the primary key
+// and waits for it, as ClaimSQL does.
+func (d *Dialect) HorizonClaimSQL(t dialect.Table, partitioned bool) string {
+	cols, vals, fence := "consumer, message_key", "$1::text, $2::text", "$3"
+	if partitioned {
+		cols, vals, fence = "consumer, message_key, event_day", "$1::text, $2::text, $3::date", "$4"
+	}
+	return fmt.Sprintf(`WITH h AS (SELECT max(forgotten_before) AS fb FROM %[1]s WHERE consumer IN ('', $1::text)),
+c AS (INSERT INTO %[2]s (%[3]s) SELECT %[4]s FROM h WHERE h.fb IS NULL OR %[5]s::timestamptz IS NULL OR h.fb <= %[5]s::timestamptz ON CONFLICT DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM c), %[6]s FROM h`, d.horizon(t), quote(t), cols, vals, fence, micros("h.fb"))
+}
+
+// OlderSnapshotsSQL counts the other client sessions of the current
+// database whose snapshot (backend_xmin) is not newer than the transaction
+// that last changed consumer's horizon row: a statement running on such a
+// snapshot may have read the row's previous value. age() compares the two
+// transaction ids across wraparound; a frozen row (age at its maximum) has
+// no older snapshot. A session whose horizon row does not exist yet counts
+// nothing: no claim ever read a value for it.
+func (d *Dialect) OlderSnapshotsSQL(t dialect.Table, consumer string) (string, []any) {
+	return fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity a, %s h
+WHERE h.consumer = $1 AND a.datname = current_database() AND a.pid <> pg_backend_pid()
+  AND a.backend_type = 'client backend' AND a.backend_xmin IS NOT NULL
+  AND age(a.backend_xmin) >= age(h.xmin)`, d.horizon(t)), []any{consumer}
+}
