@@ -176,19 +176,20 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 			return outcomes, 0, nil
 		}
 	}
-	var days []time.Time // the event time of uniq[j], in partitioned mode
+	ats := make([]time.Time, len(uniq)) // the event time of uniq[j]
+	for j, i := range first {
+		ats[j] = msgs[i].EventTime
+	}
+	var days []time.Time // ats, in partitioned mode
 	if m.ret.part != nil {
-		days = make([]time.Time, len(uniq))
-		for j, i := range first {
-			days[j] = msgs[i].EventTime
-		}
+		days = ats
 	}
 
 	outcomes := make([]Outcome, len(msgs))
 	isNew := make([]bool, len(uniq))
 	attempts, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		clear(isNew)
-		claimed, err := m.claimBatch(ctx, tx, st, uniq, days, isNew)
+		claimed, err := m.claimBatch(ctx, tx, st, batchClaim{uniq: uniq, first: first, ats: ats, days: days}, isNew)
 		if err != nil {
 			return err
 		}
@@ -225,15 +226,47 @@ func batchTooLarge(n int) error {
 	return fmt.Errorf("%w: %d messages, the limit is %d", ErrBatchTooLarge, n, MaxBatchSize)
 }
 
-// claimBatch claims the distinct, ascending keys uniq (with event times
-// days, in partitioned mode) on tx through claimWith, sets isNew[j] when
-// uniq[j]'s claim was new, and reports whether any was.
-func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, uniq []string, days []time.Time, isNew []bool) (bool, error) {
+// batchClaim is what a batch claims: the distinct, ascending keys uniq,
+// first[j] the index in the batch of uniq[j]'s first message, ats[j] its
+// event time (zero for none) and, in partitioned mode, days = ats.
+type batchClaim struct {
+	uniq  []string
+	first []int
+	ats   []time.Time
+	days  []time.Time
+}
+
+// claimBatch claims b on tx through claimWith, sets isNew[j] when
+// uniq[j]'s claim was new, and reports whether any was. Where the dialect
+// keeps a horizon, it is read after the claims, in tx, and a new claim older
+// than it fails the batch with a BatchKeyError naming its message.
+func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, b batchClaim, isNew []bool) (bool, error) {
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
-		if err := m.batchStatements(ctx, tx, uniq, days, isNew); err != nil {
+		if err := m.batchStatements(ctx, tx, b, isNew); err != nil {
 			return false, err
 		}
-		return slices.Contains(isNew, true), nil
+		if !slices.Contains(isNew, true) {
+			return false, nil
+		}
+		if m.hk != nil {
+			var keys []string
+			var ats []time.Time
+			var idx []int
+			for j, ok := range isNew {
+				if ok && !b.ats[j].IsZero() {
+					keys, ats, idx = append(keys, b.uniq[j]), append(ats, b.ats[j]), append(idx, b.first[j])
+				}
+			}
+			if len(ats) > 0 {
+				if i, err := m.checkHorizonAfterClaim(ctx, tx, keys, ats); err != nil {
+					if i >= 0 {
+						return false, &BatchKeyError{Index: idx[i], Err: err}
+					}
+					return false, err
+				}
+			}
+		}
+		return true, nil
 	})
 }
 
@@ -241,7 +274,8 @@ func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptStat
 // where the dialect can (dialect.BatchClaimer, or in partitioned mode
 // dialect.PartitionedBatchClaimer), else one per key — in partitioned mode
 // each with its event day.
-func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []string, days []time.Time, isNew []bool) error {
+func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, b batchClaim, isNew []bool) error {
+	uniq, days := b.uniq, b.days
 	bc, ok := m.d.(dialect.BatchClaimer)
 	var pbc dialect.PartitionedBatchClaimer
 	if days != nil {
@@ -259,7 +293,10 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 			}
 			if err != nil {
 				if days != nil {
-					if rerr := m.retentionClaimError(err, days[j]); rerr != nil {
+					if rerr := m.retentionClaimError(ctx, err, days[j]); rerr != nil {
+						if errors.Is(rerr, ErrBeyondRetention) {
+							return &BatchKeyError{Index: b.first[j], Err: rerr}
+						}
 						return fmt.Errorf("key %q: %w", k, rerr)
 					}
 				}
@@ -285,7 +322,7 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 		rows, err = tx.QueryContext(ctx, pbc.PartitionedBatchClaimSQL(m.table), m.consumer, pbc.BatchKeysArg(uniq), pbc.BatchKeysArg(ds))
 	}
 	if err != nil {
-		return m.batchClaimError(err, days)
+		return m.batchClaimError(ctx, err, b)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -300,7 +337,7 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 		isNew[j] = true
 	}
 	if err := rows.Err(); err != nil {
-		return m.batchClaimError(err, days)
+		return m.batchClaimError(ctx, err, b)
 	}
 	return nil
 }
@@ -308,7 +345,18 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, uniq []str
 // batchClaimError wraps a failed batch claim statement's error; in
 // partitioned mode a missing partition becomes ErrNoPartition naming the
 // batch's days (the statement does not say which of them failed).
-func (m *Middleware) batchClaimError(err error, days []time.Time) error {
+func (m *Middleware) batchClaimError(ctx context.Context, err error, b batchClaim) error {
+	days := b.days
+	if len(days) > 0 && m.hk != nil && m.ret.part.IsNoPartition(err) {
+		// A dropped day: name the first message of it.
+		if h, ok, herr := horizonOf(ctx, m.db, m.hk, m.table, m.consumer); herr == nil && ok {
+			for j, d := range days {
+				if m.ret.beyond(d, h) {
+					return &BatchKeyError{Index: b.first[j], Err: fmt.Errorf("%w: %w", m.beyondHorizon(b.uniq[j], d, h), err)}
+				}
+			}
+		}
+	}
 	if len(days) > 0 {
 		distinct := make([]time.Time, len(days))
 		for j, d := range days {
@@ -316,7 +364,7 @@ func (m *Middleware) batchClaimError(err error, days []time.Time) error {
 		}
 		slices.SortFunc(distinct, time.Time.Compare)
 		distinct = slices.CompactFunc(distinct, time.Time.Equal)
-		if rerr := m.retentionClaimError(err, distinct...); rerr != nil {
+		if rerr := m.retentionClaimError(ctx, err, distinct...); rerr != nil {
 			return rerr
 		}
 	}

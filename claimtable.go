@@ -20,6 +20,7 @@ type ClaimTable struct {
 	d      dialect.Dialect
 	table  dialect.Table
 	ret    retention
+	hk     dialect.HorizonKeeper // nil when the dialect keeps no horizon
 	policy RetryPolicy
 	// owner names, in error messages, what was configured: "ClaimTable",
 	// or "Middleware" for a Middleware's table.
@@ -58,7 +59,11 @@ func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...Option) (*ClaimTable, 
 	if err != nil {
 		return nil, fmt.Errorf("idempotent: %w", err)
 	}
+	if err := checkHorizonName(d, table); err != nil {
+		return nil, err
+	}
 	t := &ClaimTable{db: db, d: d, table: table, ret: retention{retentionConfig: cfg.retention}, policy: cfg.retry, owner: "ClaimTable"}
+	t.hk, _ = d.(dialect.HorizonKeeper)
 	if cfg.retention.leadDays > 0 {
 		p, ok := d.(dialect.Partitioner)
 		if !ok {
@@ -93,7 +98,7 @@ func consumerOption(cfg config) string {
 // name, retention window, clock-skew margin, clock, partitioned mode and
 // retry policy.
 func (m *Middleware) ClaimTable() *ClaimTable {
-	return &ClaimTable{db: m.db, d: m.d, table: m.table, ret: m.ret, policy: m.run.policy, owner: "Middleware"}
+	return &ClaimTable{db: m.db, d: m.d, table: m.table, ret: m.ret, hk: m.hk, policy: m.run.policy, owner: "Middleware"}
 }
 
 // Name returns the table's name as configured, unquoted.
@@ -194,10 +199,16 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 
 // schemaSQL returns the statements EnsureSchema runs for the mode.
 func (t *ClaimTable) schemaSQL() []string {
+	var stmts []string
 	if t.ret.part != nil {
-		return t.ret.part.PartitionedSchemaSQL(t.table)
+		stmts = t.ret.part.PartitionedSchemaSQL(t.table)
+	} else {
+		stmts = t.d.SchemaSQL(t.table)
 	}
-	return t.d.SchemaSQL(t.table)
+	if t.hk != nil {
+		stmts = append(stmts[:len(stmts):len(stmts)], t.hk.HorizonSchemaSQL(t.table)...)
+	}
+	return stmts
 }
 
 // afterSchema checks that the claim table has the mode's layout and, in

@@ -36,6 +36,11 @@ type CleanupOptions struct {
 	// Pause is slept between batches, with no transaction open, to leave
 	// the database room (replication, vacuum). Default 0.
 	Pause time.Duration
+	// DrainTimeout bounds how long a cleanup waits, after raising the
+	// table's retention horizon and before deleting, for sessions still
+	// running on snapshots older than the change (Postgres; see
+	// ErrOldSnapshots). Default 1 minute.
+	DrainTimeout time.Duration
 	// AllConsumers makes Middleware.Cleanup delete expired claims of every
 	// consumer sharing the table, not only the Middleware's. ClaimTable's
 	// methods ignore it. Default false.
@@ -53,7 +58,7 @@ type CleanupOptions struct {
 // DefaultCleanupOptions returns batches of 10,000, halving down to 100 when a
 // batch runs longer than 5 seconds, with no pause.
 func DefaultCleanupOptions() CleanupOptions {
-	return CleanupOptions{BatchSize: 10_000, MinBatchSize: 100, StatementTimeout: 5 * time.Second}
+	return CleanupOptions{BatchSize: 10_000, MinBatchSize: 100, StatementTimeout: 5 * time.Second, DrainTimeout: time.Minute}
 }
 
 // Validate reports the first field of o that Cleanup would reject.
@@ -69,6 +74,8 @@ func (o CleanupOptions) Validate() error {
 		return fmt.Errorf("StatementTimeout is %v, want a positive duration", o.StatementTimeout)
 	case o.Pause < 0:
 		return fmt.Errorf("Pause is negative (%v)", o.Pause)
+	case o.DrainTimeout <= 0:
+		return fmt.Errorf("DrainTimeout is %v, want a positive duration", o.DrainTimeout)
 	}
 	return nil
 }
@@ -183,6 +190,11 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 	if opts.DryRun {
 		return t.countExpired(ctx, c, cutoff, consumer)
 	}
+	// The horizon first: from here on no claim older than the cutoff is
+	// accepted, and once the old snapshots are gone none can be running.
+	if err := t.raiseHorizon(ctx, consumer, cutoff, opts.DrainTimeout); err != nil {
+		return 0, err
+	}
 	size := opts.BatchSize
 	r := runner{db: t.db, d: t.d, policy: t.policy}
 	for batch := 1; ; batch++ {
@@ -225,9 +237,11 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 	}
 }
 
-// cleanupBatch runs one batch in tx: the lock, the timeout, the delete of
-// consumer's claims (every consumer's when consumer is "").
-func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, consumer string, opts CleanupOptions) (int64, error) {
+// cleanupBatch runs one batch in tx: the lock, the timeout, the horizon
+// (already raised: this only records it again in the transaction that
+// deletes), the delete of consumer's claims (every consumer's when consumer
+// is "") and, where the dialect's lock outlives transactions, its release.
+func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cleaner, cutoff time.Time, size int, consumer string, opts CleanupOptions) (n int64, err error) {
 	var got bool
 	lock, largs := c.CleanupLockSQL(t.table)
 	if err := tx.QueryRowContext(ctx, lock, largs...).Scan(&got); err != nil {
@@ -236,7 +250,22 @@ func (t *ClaimTable) cleanupBatch(ctx context.Context, tx *sql.Tx, c dialect.Cle
 	if !got {
 		return 0, ErrCleanupBusy
 	}
-	if _, err := tx.ExecContext(ctx, c.StatementTimeoutSQL(opts.StatementTimeout)); err != nil {
+	if lr, ok := t.d.(dialect.LockReleaser); ok {
+		defer func() {
+			if stmt, args := lr.ReleaseCleanupSQL(t.table); stmt != "" {
+				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), stmt, args...); rerr != nil && err == nil {
+					n, err = 0, fmt.Errorf("release the cleanup lock: %w", rerr)
+				}
+			}
+		}()
+	}
+	if s := c.StatementTimeoutSQL(opts.StatementTimeout); s != "" {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return 0, err
+		}
+	}
+	adv, aargs := c.AdvanceHorizonSQL(t.table, consumer, cutoff)
+	if _, err := tx.ExecContext(ctx, adv, aargs...); err != nil {
 		return 0, err
 	}
 	del, args := c.CleanupBatchSQL(t.table, consumer, cutoff, size)

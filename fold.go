@@ -56,10 +56,17 @@ func (m *Middleware) foldedClaim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt
 		a = append(a, args...)
 		var n int64
 		if err := tx.StmtContext(ctx, stmt).QueryRowContext(ctx, a...).Scan(&companion, &n); err != nil {
-			if rerr := m.retentionClaimError(err, at); rerr != nil {
+			if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
 				return false, rerr
 			}
 			return false, m.claimError(err)
+		}
+		if n == 1 && m.hk != nil && !at.IsZero() {
+			// The folded statement does not read the horizon: read it
+			// after the insert, as a dialect without HorizonClaimer does.
+			if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
+				return false, err
+			}
 		}
 		return n == 1, nil
 	})

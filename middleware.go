@@ -49,6 +49,11 @@ type Middleware struct {
 	consumerArg any // consumer as a statement argument, boxed once
 	table       dialect.Table
 	claimSQL    string
+	// hclaimSQL is the claim statement with the horizon folded in
+	// (dialect.HorizonClaimer), "" when the dialect reads it after the
+	// claim or keeps none.
+	hclaimSQL   string
+	hk          dialect.HorizonKeeper // nil when the dialect keeps no horizon
 	lockSQL     string
 	lockReset   string
 	txidSQL     string
@@ -187,6 +192,9 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 // claimKey claims one key on tx through claimWith.
 func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time) (bool, error) {
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
+		if m.hclaimSQL != "" {
+			return m.horizonClaim(ctx, tx, key, at)
+		}
 		var res sql.Result
 		var err error
 		if m.ret.part == nil {
@@ -195,7 +203,7 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
 		}
 		if err != nil {
-			if rerr := m.retentionClaimError(err, at); rerr != nil {
+			if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
 				return false, rerr
 			}
 			return false, m.claimError(err)
@@ -204,8 +212,40 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 		if err != nil {
 			return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
 		}
+		if n == 1 && m.hk != nil && !at.IsZero() {
+			if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
+				return false, err
+			}
+		}
 		return n == 1, nil
 	})
+}
+
+// horizonClaim runs the claim statement with the horizon folded in
+// (dialect.HorizonClaimer): it inserts only when the message is not older
+// than the horizon, and returns the horizon it read.
+func (m *Middleware) horizonClaim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
+	args := make([]any, 0, 4)
+	args = append(args, m.consumerArg, key)
+	if m.ret.part != nil {
+		args = append(args, eventDay(at).Format(time.DateOnly))
+	}
+	args = append(args, m.ret.fence(at))
+	var n int64
+	var hv sql.NullInt64
+	if err := tx.QueryRowContext(ctx, m.hclaimSQL, args...).Scan(&n, &hv); err != nil {
+		if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
+			return false, rerr
+		}
+		return false, m.claimError(err)
+	}
+	if n == 1 {
+		return true, nil
+	}
+	if h, ok := horizonMicros(hv); ok && m.ret.beyond(at, h) {
+		return false, m.beyondHorizon(key, at, h)
+	}
+	return false, nil
 }
 
 // claimWith is the one claim path: every entry point that claims (the

@@ -16,6 +16,12 @@ import (
 // MaintainPartitions, which can simply run again later.
 const PartitionLockTimeout = 5 * time.Second
 
+// PartitionDrainTimeout bounds how long MaintainPartitions waits, after
+// raising the table's retention horizon past the days it drops and before
+// dropping them, for sessions still running on older snapshots (see
+// ErrOldSnapshots).
+const PartitionDrainTimeout = time.Minute
+
 // Partition is one day's partition of a partitioned claim table.
 type Partition struct {
 	// Name is the partition's table name, unquoted, in the claim table's
@@ -90,7 +96,18 @@ func (t *ClaimTable) maintain(ctx context.Context, drop bool) (PartitionReport, 
 	now := t.now()
 	first := eventDay(t.keepAfter(now))
 	last := eventDay(now).AddDate(0, 0, t.ret.leadDays)
-	for d := first; !d.After(last); d = d.AddDate(0, 0, 1) {
+	// The window's first day, or the horizon if later: a day the table has
+	// already dropped is never created again, whatever this process's
+	// window says, or a replay into it would find no claim.
+	create := first
+	h, ok, err := horizonOf(ctx, t.db, t.hk, t.table, "")
+	if err != nil {
+		return rep, fmt.Errorf("idempotent: horizon of %s: %w", t.table, t.horizonTableError(err))
+	}
+	if ok && h.After(create) {
+		create = eventDay(h.Add(24*time.Hour - time.Nanosecond)) // the first whole day at or after h
+	}
+	for d := create; !d.After(last); d = d.AddDate(0, 0, 1) {
 		if have[d] {
 			continue
 		}
@@ -111,12 +128,25 @@ func (t *ClaimTable) maintain(ctx context.Context, drop bool) (PartitionReport, 
 	if !drop {
 		return rep, nil
 	}
+	var old []Partition
 	for _, e := range existing {
-		if !e.Day.Before(first) {
-			continue
+		if e.Day.Before(first) {
+			old = append(old, e)
 		}
+	}
+	if len(old) == 0 {
+		return rep, nil
+	}
+	// The horizon first, past the last day dropped: from here on no claim
+	// of those days is accepted, and once the old snapshots are gone none
+	// can be running.
+	if err := t.raiseHorizon(ctx, "", old[len(old)-1].Day.AddDate(0, 0, 1), PartitionDrainTimeout); err != nil {
+		return rep, err
+	}
+	for _, e := range old {
 		// Detach (if still attached), then drop, each in its own
 		// transaction, so the claim table is locked only for the detach.
+		// A dialect with no detach (DetachPartitionSQL "") drops at once.
 		if _, err := t.maintenanceTx(ctx, func(cur map[string]Partition) string {
 			if c, ok := cur[e.Name]; ok && c.Attached {
 				return p.DetachPartitionSQL(t.table, e.Name)
@@ -149,10 +179,19 @@ func (t *ClaimTable) maintenanceTx(ctx context.Context, decide func(map[string]P
 	p := t.ret.part
 	r := runner{db: t.db, d: t.d, policy: t.policy}
 	var ran bool
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) (err error) {
 		ran = false
 		if _, err := tx.ExecContext(ctx, p.MaintenanceLockSQL(t.table)); err != nil {
 			return err
+		}
+		if lr, ok := t.d.(dialect.LockReleaser); ok {
+			defer func() {
+				if stmt, args := lr.ReleaseMaintenanceSQL(t.table); stmt != "" {
+					if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), stmt, args...); rerr != nil && err == nil {
+						err = fmt.Errorf("release the maintenance lock: %w", rerr)
+					}
+				}
+			}()
 		}
 		list, err := t.listPartitions(ctx, tx)
 		if err != nil {

@@ -1,6 +1,7 @@
 package idempotent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -170,6 +171,15 @@ func WithDailyPartitions(leadDays int) Option {
 // partitioned mode, switches the claim statement to the event-day one.
 func (m *Middleware) initRetention(c retentionConfig) error {
 	m.ret = retention{retentionConfig: c}
+	defer func() {
+		m.hk, _ = m.d.(dialect.HorizonKeeper)
+		if hc, ok := m.d.(dialect.HorizonClaimer); ok && m.hk != nil {
+			m.hclaimSQL = hc.HorizonClaimSQL(m.table, m.ret.part != nil)
+		}
+	}()
+	if err := checkHorizonName(m.d, m.table); err != nil {
+		return err
+	}
 	if c.leadDays == 0 {
 		return nil
 	}
@@ -183,6 +193,19 @@ func (m *Middleware) initRetention(c retentionConfig) error {
 	}
 	m.ret.part = p
 	m.claimSQL = p.ClaimAtSQL(m.table)
+	return nil
+}
+
+// checkHorizonName refuses a table whose horizon table's name would be
+// longer than an identifier may be.
+func checkHorizonName(d dialect.Dialect, t dialect.Table) error {
+	hk, ok := d.(dialect.HorizonKeeper)
+	if !ok {
+		return nil
+	}
+	if n := len(hk.HorizonTable(t).Name); n > dialect.MaxIdentifierBytes {
+		return fmt.Errorf("idempotent: table name %q is too long: its horizon table's name would be %d bytes, the limit is %d", t.Name, n, dialect.MaxIdentifierBytes)
+	}
 	return nil
 }
 
@@ -224,21 +247,32 @@ func eventDay(t time.Time) time.Time {
 }
 
 // retentionClaimError translates a claim failure that only retention settings
-// explain; it returns nil for any other error.
-func (m *Middleware) retentionClaimError(err error, at ...time.Time) error {
-	if m.ret.part != nil && m.ret.part.IsNoPartition(err) {
-		// checkEvent let at through, so its day is inside the window: the
-		// partition is not there yet (or was removed by hand).
-		which := "event day " + eventDay(at[0]).Format(time.DateOnly)
-		if len(at) > 1 {
-			ds := make([]string, len(at))
-			for i, d := range at {
-				ds[i] = eventDay(d).Format(time.DateOnly)
-			}
-			which = "one of the event days " + strings.Join(ds, ", ")
-		}
-		return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-			ErrNoPartition, m.table, which, m.ret.leadDays, err)
+// explain; it returns nil for any other error. A day with no partition is
+// ErrBeyondRetention when the horizon says it was dropped (read from the
+// pool: the claim's transaction may be aborted), else ErrNoPartition.
+func (m *Middleware) retentionClaimError(ctx context.Context, err error, at ...time.Time) error {
+	if m.ret.part == nil || !m.ret.part.IsNoPartition(err) {
+		return nil
 	}
-	return nil
+	if m.hk != nil {
+		if h, ok, herr := horizonOf(ctx, m.db, m.hk, m.table, m.consumer); herr == nil && ok {
+			for _, d := range at {
+				if m.ret.beyond(d, h) {
+					return fmt.Errorf("%w: %w", m.beyondHorizon("", d, h), err)
+				}
+			}
+		}
+	}
+	// checkEvent let at through, so its day is inside the window and after
+	// the horizon: the partition is not there yet (or was removed by hand).
+	which := "event day " + eventDay(at[0]).Format(time.DateOnly)
+	if len(at) > 1 {
+		ds := make([]string, len(at))
+		for i, d := range at {
+			ds[i] = eventDay(d).Format(time.DateOnly)
+		}
+		which = "one of the event days " + strings.Join(ds, ", ")
+	}
+	return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+		ErrNoPartition, m.table, which, m.ret.leadDays, err)
 }

@@ -64,6 +64,25 @@ FROM pg_partition_tree($1::regclass)`
 	for _, c := range consumers {
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", c.Consumer, c.Claims, c.Oldest.UTC().Format(time.RFC3339), c.Newest.UTC().Format(time.RFC3339))
 	}
+	horizons, err := tab.Horizons(ctx)
+	if err != nil {
+		return d.clean(err)
+	}
+	fmt.Fprintln(w)
+	if len(horizons) == 0 {
+		fmt.Fprintln(w, "horizon	none (nothing cleaned up or dropped yet)")
+	}
+	for _, h := range horizons {
+		who := "every consumer"
+		if h.Consumer != "" {
+			who = "consumer " + h.Consumer
+		}
+		what := "claims processed before it may be gone"
+		if partitioned {
+			what = "the days before it were dropped"
+		}
+		fmt.Fprintf(w, "horizon	%s: %s (%s)\n", who, h.ForgottenBefore.UTC().Format(time.RFC3339), what)
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}

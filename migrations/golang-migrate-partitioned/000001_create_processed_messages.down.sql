@@ -1,1 +1,1 @@
-DROP TABLE IF EXISTS "processed_messages";
+DROP TABLE IF EXISTS "processed_messages", "processed_messages_horizon";

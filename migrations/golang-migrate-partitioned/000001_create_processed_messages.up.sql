@@ -8,3 +8,7 @@ CREATE TABLE IF NOT EXISTS "processed_messages" (
 	processed_at timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, message_key, event_day)
 ) PARTITION BY RANGE (event_day);
+CREATE TABLE IF NOT EXISTS "processed_messages_horizon" (
+	consumer         text        PRIMARY KEY,
+	forgotten_before timestamptz NOT NULL
+);

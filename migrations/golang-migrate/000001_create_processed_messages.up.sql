@@ -7,3 +7,7 @@ CREATE TABLE IF NOT EXISTS "processed_messages" (
 	PRIMARY KEY (consumer, message_key)
 );
 CREATE INDEX IF NOT EXISTS "processed_messages_processed_at" ON "processed_messages" (processed_at);
+CREATE TABLE IF NOT EXISTS "processed_messages_horizon" (
+	consumer         text        PRIMARY KEY,
+	forgotten_before timestamptz NOT NULL
+);

@@ -8,6 +8,10 @@ CREATE TABLE IF NOT EXISTS "processed_messages" (
 	PRIMARY KEY (consumer, message_key)
 );
 CREATE INDEX IF NOT EXISTS "processed_messages_processed_at" ON "processed_messages" (processed_at);
+CREATE TABLE IF NOT EXISTS "processed_messages_horizon" (
+	consumer         text        PRIMARY KEY,
+	forgotten_before timestamptz NOT NULL
+);
 
 -- +goose Down
-DROP TABLE IF EXISTS "processed_messages";
+DROP TABLE IF EXISTS "processed_messages", "processed_messages_horizon";
