@@ -89,16 +89,18 @@ c AS (INSERT INTO %[2]s (%[3]s) SELECT %[4]s FROM h WHERE h.fb IS NULL OR %[5]s:
 SELECT (SELECT count(*) FROM c), %[6]s FROM h`, d.horizon(t), quote(t), cols, vals, fence, micros("h.fb"))
 }
 
-// OlderSnapshotsSQL counts the other client sessions of the current
-// database whose snapshot (backend_xmin) is not newer than the transaction
-// that last changed consumer's horizon row: a statement running on such a
-// snapshot may have read the row's previous value. age() compares the two
-// transaction ids across wraparound; a frozen row (age at its maximum) has
-// no older snapshot. A session whose horizon row does not exist yet counts
-// nothing: no claim ever read a value for it.
+// OlderSnapshotsSQL counts the other sessions that may run a claim
+// statement of t on a snapshot older than the transaction that last changed
+// consumer's horizon row: sessions holding a lock on t or on its horizon
+// table (a claim statement takes them before its snapshot, and keeps them
+// until its transaction ends) whose backend_xmin is not newer than the
+// row's xmin. age() compares the two transaction ids across wraparound; a
+// frozen row (age at its maximum) has no older snapshot. Sessions that
+// touch neither table — a long report elsewhere in the database — never
+// hold a cleanup up.
 func (d *Dialect) OlderSnapshotsSQL(t dialect.Table, consumer string) (string, []any) {
-	return fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity a, %s h
-WHERE h.consumer = $1 AND a.datname = current_database() AND a.pid <> pg_backend_pid()
-  AND a.backend_type = 'client backend' AND a.backend_xmin IS NOT NULL
-  AND age(a.backend_xmin) >= age(h.xmin)`, d.horizon(t)), []any{consumer}
+	return fmt.Sprintf(`SELECT count(DISTINCT a.pid) FROM %s h, pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+WHERE h.consumer = $1 AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL
+  AND age(a.backend_xmin) >= age(h.xmin)
+  AND l.locktype = 'relation' AND l.relation IN (to_regclass($2), to_regclass($3))`, d.horizon(t)), []any{consumer, quote(t), d.horizon(t)}
 }

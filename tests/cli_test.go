@@ -17,7 +17,6 @@ import (
 
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/migrations"
-	"github.com/txclaim/idempotent/postgres"
 )
 
 // cliBinary builds cmd/idempotent into a directory of the test's own.
@@ -77,7 +76,7 @@ func TestCLI(t *testing.T) {
 		if got := ok("schema", "-table", "app.claims", "-partitioned"); got != want {
 			t.Fatalf("schema printed\n%s\nwant\n%s", got, want)
 		}
-		if got := ok("schema", "-format", "goose"); !strings.HasPrefix(got, "-- +goose Up\n") || !strings.Contains(got, "-- +goose Down\nDROP TABLE IF EXISTS \"processed_messages\";") {
+		if got := ok("schema", "-format", "goose"); !strings.HasPrefix(got, "-- +goose Up\n") || !strings.Contains(got, "-- +goose Down\nDROP TABLE IF EXISTS \"processed_messages\", \"processed_messages_horizon\";") {
 			t.Fatalf("goose format:\n%s", got)
 		}
 		kup, kdown, err := migrations.KafkaOffsetsSQL("app.offsets")

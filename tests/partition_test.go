@@ -128,7 +128,8 @@ CREATE TABLE %[1]s.naive (
 	processed_at timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, message_key, processed_at)
 ) PARTITION BY RANGE (processed_at);
-CREATE TABLE %[1]s.naive_day1 PARTITION OF %[1]s.naive FOR VALUES FROM (MINVALUE) TO (MAXVALUE);`, s)); err != nil {
+CREATE TABLE %[1]s.naive_day1 PARTITION OF %[1]s.naive FOR VALUES FROM (MINVALUE) TO (MAXVALUE);
+CREATE TABLE %[1]s.naive_horizon (consumer text PRIMARY KEY, forgotten_before timestamptz NOT NULL);`, s)); err != nil {
 			t.Fatal(err)
 		}
 		naive, err := idempotent.New(l.db, postgres.New(), "loyalty", idempotent.WithTable(l.schema+".naive"))

@@ -117,10 +117,12 @@ INSERT INTO %[1]s.balances VALUES (7, 0);`, s))
 	}
 	mustExec(t, ownerDB, fmt.Sprintf(`
 GRANT INSERT ON %[1]s TO %[3]s;
+GRANT SELECT ON %[1]s_horizon TO %[3]s;
 GRANT SELECT, UPDATE ON %[2]s.balances TO %[3]s;
 GRANT INSERT ON %[2]s.point_ledger TO %[3]s;
 GRANT USAGE ON SEQUENCE %[2]s.point_ledger_id_seq TO %[3]s;
-GRANT SELECT, DELETE ON %[1]s TO %[4]s;`, claims, s, qc, qd))
+GRANT SELECT, DELETE ON %[1]s TO %[4]s;
+GRANT SELECT, INSERT, UPDATE ON %[1]s_horizon TO %[4]s;`, claims, s, qc, qd))
 
 	// The consumer applies, then sees duplicates, under both isolation
 	// levels and with the lock timeout and strict guard, which need no
