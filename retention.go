@@ -46,8 +46,10 @@ const DefaultClockSkew = 5 * time.Minute
 
 var (
 	// ErrBeyondRetention reports a message that is too old: its event time
-	// is older than the retention window, so its claim may already have been
-	// deleted and applying it could double its effect. Nothing was written
+	// is older than the retention window, or than the retention horizon the
+	// claim table records (what a cleanup or partition drop has forgotten,
+	// whatever the window of the process that ran it), so its claim may
+	// already have been deleted and applying it could double its effect. Nothing was written
 	// and the handler did not run. The message is poison: it should go to a
 	// dead-letter queue for a person to decide.
 	ErrBeyondRetention = errors.New("idempotent: message outside the retention window")
@@ -63,8 +65,8 @@ var (
 	ErrInvalidEventTime = errors.New("idempotent: invalid event time")
 
 	// ErrNoPartition reports, in partitioned mode, a message whose event
-	// day — inside the retention window, so neither too old nor in the
-	// future — has no partition yet: MaintainPartitions has not run since
+	// day — inside the retention window and after the table's retention
+	// horizon, so neither too old nor in the future — has no partition yet: MaintainPartitions has not run since
 	// the day came within reach. Nothing was written and the handler did
 	// not run. It is transient: deliver the message again later (broker
 	// adapters requeue it), and it applies once MaintainPartitions has
