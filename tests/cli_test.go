@@ -124,6 +124,7 @@ func TestCLI(t *testing.T) {
 			`(?m)^claims\s+3010$`,
 			`(?m)^analytics\s+500\s+\S+Z\s+\S+Z$`,
 			`(?m)^loyalty\s+2510\s+\S+Z\s+\S+Z$`,
+			`(?m)^horizon\s+none \(nothing cleaned up or dropped yet\)$`,
 		} {
 			if !regexp.MustCompile(re).MatchString(out) {
 				t.Errorf("stats output does not match %s:\n%s", re, out)
@@ -169,6 +170,15 @@ func TestCLI(t *testing.T) {
 		}
 		if n := retCount(t, db, table, ""); n != 10 {
 			t.Fatalf("%d claims left, want the 10 new ones", n)
+		}
+		out = ok(append([]string{"stats", "-table", table}, dsn...)...)
+		for _, re := range []string{
+			`(?m)^horizon\s+every consumer: \S+Z \(claims processed before it may be gone\)$`,
+			`(?m)^horizon\s+consumer loyalty: \S+Z \(claims processed before it may be gone\)$`,
+		} {
+			if !regexp.MustCompile(re).MatchString(out) {
+				t.Errorf("stats after the cleanups does not match %s:\n%s", re, out)
+			}
 		}
 
 		// A missing table is named.
@@ -229,7 +239,8 @@ func TestCLI(t *testing.T) {
 		}
 		out = ok(append([]string{"stats", "-table", parted}, dsn...)...)
 		if !strings.Contains(out, "("+"partitioned by event day)") || !strings.Contains(out, fmt.Sprintf("\n%d partitions\n", total-dropped)) ||
-			!regexp.MustCompile(`(?m)^parted_p\d{8}\s+\d{4}-\d\d-\d\d\s+0\s+\d+\.\d kB$`).MatchString(out) {
+			!regexp.MustCompile(`(?m)^parted_p\d{8}\s+\d{4}-\d\d-\d\d\s+0\s+\d+\.\d kB$`).MatchString(out) ||
+			!strings.Contains(out, "every consumer: "+keepFrom.Format(time.RFC3339)+" (the days before it were dropped)") {
 			t.Fatalf("stats of the partitioned table:\n%s", out)
 		}
 		// Maintaining a plain table is an error naming it.
