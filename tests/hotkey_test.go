@@ -63,7 +63,7 @@ func stalledHolder(t *testing.T, mw *idempotent.Middleware, l *loyalty, msg orde
 // into the schema's claim table.
 func waitForLockWaiters(t *testing.T, db *sql.DB, schema string, n int) {
 	t.Helper()
-	pattern := "INSERT INTO " + pq.QuoteIdentifier(schema) + "%"
+	pattern := "%INSERT INTO " + pq.QuoteIdentifier(schema) + ".%" // the claim, whatever precedes it
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		var got int
 		if err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`, pattern).Scan(&got); err != nil {
