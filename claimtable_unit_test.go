@@ -39,21 +39,54 @@ func newClaimTable(t *testing.T, r *recorded, opts ...idempotent.Option) *idempo
 }
 
 // expectCleanupBatch scripts one batch of a cleanup that deletes n claims,
-// of consumer c ("" for every consumer), and returns the statements.
+// of consumer c ("" for every consumer), and returns the statements: the
+// lock, the timeout, the horizon raised again in the deleting transaction,
+// the delete.
 func expectCleanupBatch(m sqlmock.Sqlmock, c string, size int, n int64) []string {
 	lock, _ := pg.CleanupLockSQL(shopClaims)
 	timeout := pg.StatementTimeoutSQL(5 * time.Second)
-	del, _ := pg.CleanupBatchSQL(shopClaims, c, tableCutoff, size)
-	m.ExpectBegin()
-	m.ExpectQuery(lock).WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
-	m.ExpectExec(timeout).WillReturnResult(sqlmock.NewResult(0, 0))
-	if c == "" {
-		m.ExpectExec(del).WithArgs(tableCutoff, size).WillReturnResult(sqlmock.NewResult(0, n))
-	} else {
-		m.ExpectExec(del).WithArgs(tableCutoff, size, c).WillReturnResult(sqlmock.NewResult(0, n))
-	}
+	adv := expectAdvanceHorizon(m, shopClaims, c, tableCutoff, func() {
+		m.ExpectBegin()
+		m.ExpectQuery(lock).WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+		m.ExpectExec(timeout).WillReturnResult(sqlmock.NewResult(0, 0))
+	})
+	del, args := pg.CleanupBatchSQL(shopClaims, c, tableCutoff, size)
+	m.ExpectExec(del).WithArgs(driverValues(args)...).WillReturnResult(sqlmock.NewResult(0, n))
 	m.ExpectCommit()
-	return []string{"BEGIN", lock, timeout, del, "COMMIT"}
+	return []string{"BEGIN", lock, timeout, adv, del, "COMMIT"}
+}
+
+// expectAdvanceHorizon scripts, after what before scripts, the raise of
+// consumer c's horizon ("" for the table's row) of t to h, and returns the
+// statement.
+func expectAdvanceHorizon(m sqlmock.Sqlmock, t dialect.Table, c string, h time.Time, before func()) string {
+	before()
+	adv, args := pg.AdvanceHorizonSQL(t, c, h)
+	m.ExpectExec(adv).WithArgs(driverValues(args)...).WillReturnResult(sqlmock.NewResult(0, 1))
+	return adv
+}
+
+// expectRaiseHorizon scripts what a cleanup or partition drop does before
+// it deletes anything: the horizon of consumer c ("" for the table's row) of
+// t raised to h in a transaction of its own, then the count of sessions on
+// older snapshots polled, answering each of snapshots in turn (the last
+// must be 0 for the drain to end). It returns the statements.
+func expectRaiseHorizon(m sqlmock.Sqlmock, t dialect.Table, c string, h time.Time, snapshots ...int64) []string {
+	adv := expectAdvanceHorizon(m, t, c, h, func() { m.ExpectBegin() })
+	m.ExpectCommit()
+	calls := []string{"BEGIN", adv, "COMMIT"}
+	older, args := pg.OlderSnapshotsSQL(t, c)
+	for _, n := range snapshots {
+		m.ExpectQuery(older).WithArgs(driverValues(args)...).WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(n))
+		calls = append(calls, older)
+	}
+	return calls
+}
+
+// schemaSQL is what EnsureSchema runs for a plain claim table t: its
+// schema, then its horizon table's.
+func schemaSQL(t dialect.Table) []string {
+	return append(pg.SchemaSQL(t), pg.HorizonSchemaSQL(t)...)
 }
 
 func TestNewClaimTableRefusesBadInput(t *testing.T) {
@@ -111,7 +144,10 @@ func TestClaimTableCleanup(t *testing.T) {
 		r := newRecorded(t)
 		tab := newClaimTable(t, r)
 		kind := expectTableKind(r.mock, shopClaims, true, false)
-		calls := append([]string{kind}, expectCleanupBatch(r.mock, "", 1000, 1000)...)
+		// The horizon first, then the drain: two sessions on older
+		// snapshots, then none. Only then a delete.
+		calls := append([]string{kind}, expectRaiseHorizon(r.mock, shopClaims, "", tableCutoff, 2, 0)...)
+		calls = append(calls, expectCleanupBatch(r.mock, "", 1000, 1000)...)
 		calls = append(calls, expectCleanupBatch(r.mock, "", 1000, 0)...)
 		if n, err := tab.Cleanup(ctx, opts); n != 1000 || err != nil {
 			t.Fatalf("Cleanup = (%d, %v), want 1000", n, err)
@@ -122,7 +158,8 @@ func TestClaimTableCleanup(t *testing.T) {
 		r := newRecorded(t)
 		tab := newClaimTable(t, r)
 		kind := expectTableKind(r.mock, shopClaims, true, false)
-		calls := append([]string{kind}, expectCleanupBatch(r.mock, "analytics", 1000, 7)...)
+		calls := append([]string{kind}, expectRaiseHorizon(r.mock, shopClaims, "analytics", tableCutoff, 0)...)
+		calls = append(calls, expectCleanupBatch(r.mock, "analytics", 1000, 7)...)
 		calls = append(calls, expectCleanupBatch(r.mock, "analytics", 1000, 0)...)
 		if n, err := tab.CleanupConsumer(ctx, "analytics", opts); n != 7 || err != nil {
 			t.Fatalf("CleanupConsumer = (%d, %v), want 7", n, err)
@@ -146,13 +183,15 @@ func TestClaimTableCleanup(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"), idempotent.WithClock(func() time.Time { return tableNow }))
 		kind := expectTableKind(r.mock, shopClaims, true, false)
-		calls := append([]string{kind}, expectCleanupBatch(r.mock, consumer, 1000, 0)...)
+		calls := append([]string{kind}, expectRaiseHorizon(r.mock, shopClaims, consumer, tableCutoff, 0)...)
+		calls = append(calls, expectCleanupBatch(r.mock, consumer, 1000, 0)...)
 		if n, err := mw.Cleanup(ctx, opts); n != 0 || err != nil {
 			t.Fatalf("Middleware.Cleanup = (%d, %v)", n, err)
 		}
 		all := opts
 		all.AllConsumers = true
 		calls = append(calls, expectTableKind(r.mock, shopClaims, true, false))
+		calls = append(calls, expectRaiseHorizon(r.mock, shopClaims, "", tableCutoff, 0)...)
 		calls = append(calls, expectCleanupBatch(r.mock, "", 1000, 0)...)
 		if n, err := mw.Cleanup(ctx, all); n != 0 || err != nil {
 			t.Fatalf("Middleware.Cleanup with AllConsumers = (%d, %v)", n, err)
@@ -249,7 +288,7 @@ func TestClaimTableEnsureSchema(t *testing.T) {
 	t.Run("plain", func(t *testing.T) {
 		r := newRecorded(t)
 		tab := newClaimTable(t, r)
-		stmts := pg.SchemaSQL(shopClaims)
+		stmts := schemaSQL(shopClaims)
 		r.mock.ExpectBegin()
 		expectVersion(r.mock, "PostgreSQL 16.4")
 		for _, s := range stmts {
@@ -267,7 +306,7 @@ func TestClaimTableEnsureSchema(t *testing.T) {
 		tab := newClaimTable(t, r)
 		r.mock.ExpectBegin()
 		expectVersion(r.mock, "PostgreSQL 16.4")
-		for _, s := range pg.SchemaSQL(shopClaims) {
+		for _, s := range schemaSQL(shopClaims) {
 			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
 		}
 		r.mock.ExpectCommit()
@@ -279,7 +318,7 @@ func TestClaimTableEnsureSchema(t *testing.T) {
 	t.Run("the Middleware's probes the strict guard's query", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"), idempotent.WithStrictGuard())
-		stmts := pg.SchemaSQL(shopClaims)
+		stmts := schemaSQL(shopClaims)
 		r.mock.ExpectBegin()
 		expectVersion(r.mock, "PostgreSQL 16.4")
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow("77"))

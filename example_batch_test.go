@@ -146,12 +146,16 @@ func ExampleMiddleware_ProcessMessages() {
 		log.Fatal(err)
 	}
 	// One claim statement for the batch: the keys in ascending order, each
-	// with its event day; it returns the keys whose claims were new.
+	// with its event day; it returns the keys whose claims were new. Then
+	// the table's retention horizon, read in the same transaction: none
+	// recorded (no day dropped yet), so no new claim is refused.
 	pg := postgres.New()
 	mock.ExpectBegin()
 	mock.ExpectQuery(pg.PartitionedBatchClaimSQL(table)).
 		WithArgs("loyalty", pg.BatchKeysArg([]string{"evt-1", "evt-2"}), pg.BatchKeysArg([]string{"2031-03-14", "2031-03-16"})).
 		WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("evt-1"))
+	horizon, _ := pg.HorizonSQL(table, "loyalty")
+	mock.ExpectQuery(horizon).WithArgs("loyalty").WillReturnRows(sqlmock.NewRows([]string{"horizon"}).AddRow(nil))
 	mock.ExpectCommit()
 
 	msgs := []idempotent.Message{

@@ -44,13 +44,13 @@ func ExampleProcessMessageTx() {
 	if err != nil {
 		panic(err)
 	}
+	msg := idempotent.Message{Key: "order-completed:9912", EventTime: time.Now().Add(-time.Minute)}
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectApplied("order-completed:9912")
+	m.ExpectAppliedAt(msg.Key, msg.EventTime)
 	m.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
 		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
 
-	msg := idempotent.Message{Key: "order-completed:9912", EventTime: time.Now().Add(-time.Minute)}
 	outcome, err := idempotent.ProcessMessageTx(context.Background(), mw, msg, beginLedger,
 		func(ctx context.Context, l Ledger) error { return l.Credit(ctx, 7, 50) })
 	fmt.Println(outcome, err)
@@ -84,10 +84,11 @@ func ExampleWrapMessageTx() {
 			return l.Credit(ctx, o.CustomerID, o.Points)
 		})
 
+	occurred := time.Now().Add(-time.Hour)
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectDuplicate("order-completed:9912")
+	m.ExpectDuplicateAt("order-completed:9912", occurred)
 
-	fmt.Println(handle(context.Background(), orderCompleted{OrderID: 9912, CustomerID: 7, Points: 50, OccurredAt: time.Now().Add(-time.Hour)}))
+	fmt.Println(handle(context.Background(), orderCompleted{OrderID: 9912, CustomerID: 7, Points: 50, OccurredAt: occurred}))
 	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// duplicate <nil>

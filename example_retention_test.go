@@ -34,17 +34,17 @@ func ExampleMiddleware_ProcessMessage() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	msg := idempotent.Message{
+		Key:       "order-completed:9912",
+		EventTime: time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC), // set by the producer, carried in the message
+	}
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectApplied("order-completed:9912")
+	m.ExpectAppliedAt(msg.Key, msg.EventTime) // the claim is fenced by the table's retention horizon too
 	m.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
 		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
 	// The replay 40 days later sends nothing: no expectation for it.
 
-	msg := idempotent.Message{
-		Key:       "order-completed:9912",
-		EventTime: time.Date(2031, 3, 14, 9, 30, 0, 0, time.UTC), // set by the producer, carried in the message
-	}
 	deliver := func() {
 		outcome, err := mw.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
@@ -94,9 +94,10 @@ func ExampleWrapMessage() {
 			_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", m.Points, m.CustomerID)
 			return err
 		})
-	mocks.ForMiddleware(mock, mw).ExpectDuplicate("order-completed:9912")
+	occurred := time.Now().Add(-time.Hour)
+	mocks.ForMiddleware(mock, mw).ExpectDuplicateAt("order-completed:9912", occurred)
 
-	outcome, err := handle(context.Background(), orderCompleted{EventID: "9912", OccurredAt: time.Now().Add(-time.Hour), CustomerID: 7, Points: 50})
+	outcome, err := handle(context.Background(), orderCompleted{EventID: "9912", OccurredAt: occurred, CustomerID: 7, Points: 50})
 	fmt.Println(outcome, err)
 	// Output:
 	// duplicate <nil>

@@ -3,9 +3,11 @@ package idempotent_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/lib/pq"
@@ -24,8 +26,11 @@ const (
 )
 
 var (
-	pg       = postgres.New()
-	claimSQL = pg.ClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
+	pg = postgres.New()
+	// claimSQL is the Postgres dialect's claim: one query that inserts the
+	// claim unless the table's retention horizon refuses it, and returns
+	// how many it inserted and the horizon it read.
+	claimSQL = pg.HorizonClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, false)
 	txidSQL  = pg.TxIDSQL()
 	// noWait retries at once, so that tests do not sleep.
 	noWait = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 5})
@@ -51,8 +56,30 @@ func effect(ctx context.Context, tx *sql.Tx) error {
 // Script helpers, spelled out here rather than taken from package mocks so
 // that the middleware's tests do not depend on the helpers they back.
 
+// expectClaim scripts the claim of k, a message without an event time (its
+// fence is NULL), inserting rows (1 or 0) with no horizon recorded.
 func expectClaim(m sqlmock.Sqlmock, k string, rows int64) {
-	m.ExpectExec(claimSQL).WithArgs(consumer, k).WillReturnResult(sqlmock.NewResult(0, rows))
+	expectClaimQuery(m, k).WillReturnRows(claimRows(rows, nil))
+}
+
+// expectClaimError scripts the claim of k, a message without an event
+// time, failing with err.
+func expectClaimError(m sqlmock.Sqlmock, k string, err error) {
+	expectClaimQuery(m, k).WillReturnError(err)
+}
+
+func expectClaimQuery(m sqlmock.Sqlmock, k string) *sqlmock.ExpectedQuery {
+	return m.ExpectQuery(claimSQL).WithArgs(consumer, k, nil)
+}
+
+// claimRows is the claim statement's answer: the claims it inserted and the
+// horizon it read (nil: none recorded).
+func claimRows(inserted int64, horizon *time.Time) *sqlmock.Rows {
+	var h driver.Value
+	if horizon != nil {
+		h = horizon.UnixMicro()
+	}
+	return sqlmock.NewRows([]string{"inserted", "horizon"}).AddRow(inserted, h)
 }
 
 func expectEffect(m sqlmock.Sqlmock) {

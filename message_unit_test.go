@@ -3,6 +3,7 @@ package idempotent_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"slices"
 	"strings"
@@ -23,9 +24,12 @@ import (
 var (
 	// msgNow is the clock of these tests.
 	msgNow     = time.Date(2031, 3, 18, 12, 0, 0, 0, time.UTC)
-	claimAtSQL = pg.ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
+	claimAtSQL = pg.HorizonClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, true)
 	batchSQL   = pg.BatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
 	batchAtSQL = pg.PartitionedBatchClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
+	// horizonSQL is the read of the consumer's retention horizon that
+	// follows a batch's new claims with event times.
+	horizonSQL, _ = pg.HorizonSQL(dialect.Table{Name: idempotent.DefaultTable}, consumer)
 )
 
 // newMessageMiddleware returns a Middleware whose clock reads msgNow.
@@ -36,9 +40,27 @@ func newMessageMiddleware(t *testing.T, r *recorded, opts ...idempotent.Option) 
 
 func partitioned() idempotent.Option { return idempotent.WithDailyPartitions(2) }
 
-// expectClaimAt scripts a partitioned claim of k on at's day.
+// expectClaimAt scripts a partitioned claim of k on at's day, inserting
+// rows (1 or 0) with no horizon recorded.
 func expectClaimAt(m sqlmock.Sqlmock, k string, at time.Time, rows int64) {
-	m.ExpectExec(claimAtSQL).WithArgs(consumer, k, at.UTC().Format(time.DateOnly)).WillReturnResult(sqlmock.NewResult(0, rows))
+	expectClaimAtQuery(m, k, at).WillReturnRows(claimRows(rows, nil))
+}
+
+// expectClaimAtQuery expects the partitioned claim of k on at's day: its
+// fence is the day's UTC midnight.
+func expectClaimAtQuery(m sqlmock.Sqlmock, k string, at time.Time) *sqlmock.ExpectedQuery {
+	day := at.UTC().Truncate(24 * time.Hour)
+	return m.ExpectQuery(claimAtSQL).WithArgs(consumer, k, day.Format(time.DateOnly), day)
+}
+
+// expectHorizon scripts the read of the consumer's retention horizon: h, or
+// none recorded when h is nil.
+func expectHorizon(m sqlmock.Sqlmock, h *time.Time) {
+	var v driver.Value
+	if h != nil {
+		v = h.UnixMicro()
+	}
+	m.ExpectQuery(horizonSQL).WithArgs(consumer).WillReturnRows(sqlmock.NewRows([]string{"horizon"}).AddRow(v))
 }
 
 // expectBatchClaimAt scripts the partitioned batch claim of keys, each on
@@ -127,6 +149,7 @@ func TestProcessMessages(t *testing.T) {
 		}
 		r.mock.ExpectBegin()
 		expectBatchClaimAt(r.mock, []string{"a", "b", "c"}, []time.Time{day1, day2, day2}, "a", "c")
+		expectHorizon(r.mock, nil)
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
 		var fresh []int
@@ -138,7 +161,7 @@ func TestProcessMessages(t *testing.T) {
 		if err != nil || !slices.Equal(outs, want) || !slices.Equal(fresh, []int{0, 1}) {
 			t.Fatalf("got (%v, %v), fresh %v; want %v, fresh [0 1]", outs, err, fresh, want)
 		}
-		r.wantCalls(t, "BEGIN", batchAtSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", batchAtSQL, horizonSQL, effectSQL, "COMMIT")
 		if len(ev.outcomes) != 4 || ev.outcomes[0].Key != "c" || ev.outcomes[0].Outcome != idempotent.Applied {
 			t.Fatalf("events %+v", ev.outcomes)
 		}
@@ -148,6 +171,10 @@ func TestProcessMessages(t *testing.T) {
 		mw := newMessageMiddleware(t, r, partitioned())
 		r.mock.ExpectBegin()
 		r.mock.ExpectQuery(batchAtSQL).WithArgs(consumer, sqlmock.AnyArg(), sqlmock.AnyArg()).WillReturnError(&pq.Error{Code: "23514"})
+		// None recorded, so no day was dropped: read once to name a dropped
+		// day's message, once to tell a dropped day from a missing one.
+		expectHorizon(r.mock, nil)
+		expectHorizon(r.mock, nil)
 		r.mock.ExpectRollback()
 		_, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b", EventTime: day2}, {Key: "a", EventTime: day1}, {Key: "c", EventTime: day2}}, func(context.Context, *sql.Tx, []int) error {
 			t.Error("the handler ran")
@@ -157,7 +184,7 @@ func TestProcessMessages(t *testing.T) {
 		if !errors.Is(err, idempotent.ErrNoPartition) || !strings.Contains(err.Error(), "event days "+days+" yet") {
 			t.Fatalf("got %v, want ErrNoPartition naming the days %s once each", err, days)
 		}
-		r.wantCalls(t, "BEGIN", batchAtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", batchAtSQL, horizonSQL, horizonSQL, "ROLLBACK")
 	})
 	t.Run("plain: one statement for the batch, event times fenced", func(t *testing.T) {
 		r := newRecorded(t)
@@ -359,6 +386,7 @@ func TestWrapMessages(t *testing.T) {
 		mw := newMessageMiddleware(t, r, partitioned())
 		r.mock.ExpectBegin()
 		expectBatchClaimAt(r.mock, []string{"a", "b"}, []time.Time{day2, day1}, "b")
+		expectHorizon(r.mock, nil)
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
 		var seen []event
@@ -370,7 +398,7 @@ func TestWrapMessages(t *testing.T) {
 		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) || len(seen) != 1 || seen[0].id != "b" {
 			t.Fatalf("got (%v, %v), handler saw %+v", outs, err, seen)
 		}
-		r.wantCalls(t, "BEGIN", batchAtSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", batchAtSQL, horizonSQL, effectSQL, "COMMIT")
 	})
 	t.Run("message function fails: nothing sent", func(t *testing.T) {
 		r := newRecorded(t)

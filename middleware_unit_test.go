@@ -114,7 +114,7 @@ func TestClaimFails(t *testing.T) {
 				r.mock.ExpectExec(c.lock).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 				want = append(want, c.lock)
 			}
-			r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(c.err)
+			expectClaimError(r.mock, key, c.err)
 			r.mock.ExpectRollback()
 
 			got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
@@ -148,7 +148,7 @@ func TestClaimFailsRetryable(t *testing.T) {
 			ev := &events{}
 			mw := newMiddleware(t, r, idempotent.WithObserver(ev))
 			r.mock.ExpectBegin()
-			r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(c.err)
+			expectClaimError(r.mock, key, c.err)
 			r.mock.ExpectRollback()
 			expectApplied(r.mock, key)
 
@@ -185,17 +185,22 @@ func TestLockTimeoutStatementFails(t *testing.T) {
 	r.wantCalls(t, "BEGIN", "SET LOCAL lock_timeout = 1000", "ROLLBACK")
 }
 
-func TestClaimRowsAffectedFails(t *testing.T) {
+// TestClaimRowFails: the claim's answer (its count and horizon) cannot be
+// read, so the delivery fails with the error and rolls back.
+func TestClaimRowFails(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r)
-	unknown := errors.New("rows affected not supported")
+	unknown := errors.New("row lost in transit")
 	r.mock.ExpectBegin()
-	r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnResult(sqlmock.NewErrorResult(unknown))
+	expectClaimQuery(r.mock, key).WillReturnRows(claimRows(1, nil).RowError(0, unknown))
 	r.mock.ExpectRollback()
 
-	_, err := mw.Process(context.Background(), key, effect)
-	if !errors.Is(err, unknown) || !strings.Contains(err.Error(), "rows affected") {
-		t.Fatalf("got %v, want the RowsAffected error", err)
+	_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+		t.Error("the handler ran after an unread claim")
+		return nil
+	})
+	if !errors.Is(err, unknown) || !strings.Contains(err.Error(), "idempotent: claim: ") {
+		t.Fatalf("got %v, want the row's error", err)
 	}
 	r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
 }
@@ -300,7 +305,7 @@ func TestHandlerError(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		r.mock.ExpectBegin()
-		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
+		expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
 		r.mock.ExpectRollback()
 		expectApplied(r.mock, key)
 		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
@@ -473,7 +478,7 @@ func TestRollbackFails(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		r.mock.ExpectBegin()
-		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "57P01"})
+		expectClaimError(r.mock, key, &pq.Error{Code: "57P01"})
 		r.mock.ExpectRollback().WillReturnError(driver.ErrBadConn)
 		expectApplied(r.mock, key)
 
@@ -732,7 +737,7 @@ func TestContextEnds(t *testing.T) {
 		mw := newMiddleware(t, r, idempotent.WithObserver(&events{onRetry: func(idempotent.RetryEvent) { cancel() }}))
 		serial := &pq.Error{Code: "40P01"}
 		r.mock.ExpectBegin()
-		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(serial)
+		expectClaimError(r.mock, key, serial)
 		r.mock.ExpectRollback()
 
 		if _, err := mw.Process(ctx, key, effect); !errors.Is(err, context.Canceled) || !errors.Is(err, serial) {
@@ -751,7 +756,7 @@ func TestContextEnds(t *testing.T) {
 			idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, MaxBackoff: time.Hour}))
 		serial := &pq.Error{Code: "40001"}
 		r.mock.ExpectBegin()
-		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(serial)
+		expectClaimError(r.mock, key, serial)
 		r.mock.ExpectRollback()
 
 		got, err := mw.Process(ctx, key, effect)
@@ -875,7 +880,7 @@ func TestClaim(t *testing.T) {
 	r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
 	expectClaim(r.mock, "old", 0)
 	r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
-	r.mock.ExpectExec(claimSQL).WithArgs(consumer, "bad").WillReturnError(failed)
+	expectClaimError(r.mock, "bad", failed)
 	r.mock.ExpectCommit()
 
 	tx, err := r.db.BeginTx(ctx, nil)
@@ -897,6 +902,15 @@ func TestClaim(t *testing.T) {
 	r.wantCalls(t, "BEGIN", lock, claimSQL, lock, claimSQL, lock, claimSQL, "COMMIT")
 }
 
+// driverValues converts a dialect's statement arguments for WithArgs.
+func driverValues(args []any) []driver.Value {
+	vals := make([]driver.Value, len(args))
+	for i, a := range args {
+		vals[i] = a
+	}
+	return vals
+}
+
 // versionSQL is the Postgres dialect's server check.
 const versionSQL = "SELECT version()"
 
@@ -908,16 +922,12 @@ func expectVersion(m sqlmock.Sqlmock, v string) {
 // transaction, of whether the claim table exists and is partitioned.
 func expectTableKind(m sqlmock.Sqlmock, t dialect.Table, exists, partitioned bool) string {
 	q, args := pg.TableKindSQL(t)
-	vals := make([]driver.Value, len(args))
-	for i, a := range args {
-		vals[i] = a
-	}
-	m.ExpectQuery(q).WithArgs(vals...).WillReturnRows(sqlmock.NewRows([]string{"exists", "partitioned"}).AddRow(exists, partitioned))
+	m.ExpectQuery(q).WithArgs(driverValues(args)...).WillReturnRows(sqlmock.NewRows([]string{"exists", "partitioned"}).AddRow(exists, partitioned))
 	return q
 }
 
 func TestEnsureSchema(t *testing.T) {
-	stmts := pg.SchemaSQL(dialect.Table{Schema: "shop", Name: "claims"})
+	stmts := schemaSQL(dialect.Table{Schema: "shop", Name: "claims"})
 	t.Run("creates", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
@@ -1011,7 +1021,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		mw := newReset(t, r)
 		r.mock.ExpectBegin()
 		r.mock.ExpectExec(lock).WillReturnResult(sqlmock.NewResult(0, 0))
-		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "55P03"})
+		expectClaimError(r.mock, key, &pq.Error{Code: "55P03"})
 		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 		r.mock.ExpectRollback()
 		if _, err := mw.Process(context.Background(), key, effect); !errors.Is(err, idempotent.ErrClaimBusy) {
@@ -1111,14 +1121,14 @@ func TestRetentionBranches(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithDailyPartitions(2))
 		at := time.Now().UTC()
-		claimAt := pg.ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
 		r.mock.ExpectBegin()
-		r.mock.ExpectExec(claimAt).WithArgs(consumer, key, at.Format(time.DateOnly)).WillReturnError(&pq.Error{Code: "23514"})
+		expectClaimAtQuery(r.mock, key, at).WillReturnError(&pq.Error{Code: "23514"})
+		expectHorizon(r.mock, nil) // none recorded: the day was never dropped
 		r.mock.ExpectRollback()
 		if _, err := mw.ProcessEvent(ctx, key, at, effect); !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
 			t.Fatalf("got %v, want ErrNoPartition (not ErrBeyondRetention) for the missing partition", err)
 		}
-		r.wantCalls(t, "BEGIN", claimAt, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
 	})
 }
 

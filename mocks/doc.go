@@ -48,19 +48,23 @@
 //     [Mock.ExpectBatchClaimError]. The claim is the dialect's: one query
 //     for the whole batch with a dialect.BatchClaimer (Postgres), one
 //     statement per distinct key, in ascending order, otherwise.
-//   - ProcessMessages and WrapMessages: [Mock.ExpectMessagesApplied] and
-//     [Mock.ExpectMessagesDuplicate], in plain and partitioned mode (there,
-//     one claim per distinct key in the event day of its first message).
+//   - ProcessMessages and WrapMessages: [Mock.ExpectMessagesApplied],
+//     [Mock.ExpectMessagesDuplicate] and [Mock.ExpectMessagesBeyondHorizon],
+//     in plain and partitioned mode (there, each distinct key claimed in the
+//     event day of its first message).
 //   - ProcessNatural: [Mock.ExpectNatural] (BEGIN), the handler's own
 //     conflict-free insert, then ExpectCommit, sent whether or not the
 //     insert took effect.
-//   - ProcessEvent, WrapEvent and ClaimEvent, messages with their event
-//     time: [Mock.ExpectAppliedAt], [Mock.ExpectDuplicateAt],
-//     [Mock.ExpectClaimErrorAt] and [Mock.ExpectClaimAt]. In partitioned
-//     mode ([WithDailyPartitions]) the claim carries the event's UTC day; a
-//     day without a partition is ExpectClaimErrorAt with the dialect's
-//     error (with Postgres, &pq.Error{Code: "23514"}), which the
-//     Middleware returns as idempotent.ErrNoPartition. A message the
+//   - ProcessMessage, ProcessEvent, WrapMessage, ClaimMessage and the
+//     other entry points given a message with its event time, in either
+//     mode: [Mock.ExpectAppliedAt], [Mock.ExpectDuplicateAt],
+//     [Mock.ExpectClaimErrorAt], [Mock.ExpectBeyondHorizonAt] and
+//     [Mock.ExpectClaimAt]. The helpers without an event time script a
+//     message without one. In partitioned mode ([WithDailyPartitions]) the
+//     claim carries the event's UTC day; a day without a partition is
+//     ExpectClaimErrorAt with the dialect's error (with Postgres,
+//     &pq.Error{Code: "23514"}), which the Middleware returns as
+//     idempotent.ErrNoPartition. A message the
 //     retention fence refuses — older than the window, zero, or later than
 //     the clock plus the clock-skew margin — sends nothing:
 //     [Mock.ExpectFenced] says so, and checks it. The event-time helpers
@@ -68,6 +72,32 @@
 //     message; the helpers without an event time panic in partitioned
 //     mode, as the Middleware refuses such messages before sending
 //     anything.
+//
+// The claims are fenced by the claim table's retention horizon (see
+// dialect.HorizonKeeper): how far back a cleanup or partition drop has
+// forgotten, recorded in the database. The helpers script the statements
+// that carry it, answering that no horizon is recorded, so a claim is
+// refused only where a test says so:
+//
+//   - With a dialect.HorizonClaimer (Postgres), a message's claim is one
+//     query that also reads the horizon: its arguments end with the fence
+//     value — NULL for a message without an event time, the event's UTC
+//     midnight in partitioned mode, the event time less the clock-skew
+//     margin otherwise — and it answers how many claims it inserted and
+//     the horizon it read. A dialect that keeps a horizon but does not read
+//     it in the claim has its horizon read after a new claim with an event
+//     time.
+//   - A batch's new claims with event times are followed by the read of
+//     the horizon, in the batch's transaction.
+//   - In partitioned mode a claim that meets no partition is followed by
+//     the read of the horizon, which tells a dropped day
+//     (idempotent.ErrBeyondRetention) from one not created yet.
+//   - [Mock.ExpectEnsureSchema] includes the horizon table's schema.
+//
+// [Mock.ExpectBeyondHorizonAt], [Claim.WillRefuse] and
+// [Mock.ExpectMessagesBeyondHorizon] script a horizon that refuses the
+// message: one within the Middleware's own retention window that a cleanup
+// with a shorter window may already have forgotten.
 //
 // The helpers follow the options the Middleware was built with. Use
 // [ForMiddleware], which reads them from the Middleware: dialect, consumer,

@@ -3,21 +3,23 @@ package mocks
 import (
 	"fmt"
 	"time"
-
-	"github.com/DATA-DOG/go-sqlmock"
 )
 
-// The event-time helpers script ProcessEvent, WrapEvent and ClaimEvent:
-// messages that carry their producer-assigned event time. They check the
+// The event-time helpers script messages that carry their
+// producer-assigned event time (ProcessMessage, ProcessEvent, WrapMessage,
+// ClaimMessage and the others), in plain and partitioned mode: the claim
+// carries the event's fence value (see ExpectClaim). They check the
 // event time against the retention fence the Mock was told of
 // (WithRetention, WithClockSkew, WithClock, or the Middleware's own with
 // ForMiddleware) and panic if the Middleware would refuse it before sending
 // anything: script such a message with ExpectFenced instead. In partitioned
 // mode (WithDailyPartitions) the claim carries the event's UTC day.
 
-// ExpectClaimAt is ExpectClaim for ClaimEvent: the claim of key with event
-// time at, whose expectation the test completes.
-func (m *Mock) ExpectClaimAt(key string, at time.Time) *sqlmock.ExpectedExec {
+// ExpectClaimAt is ExpectClaim for ClaimEvent and ClaimMessage: the claim
+// of key with event time at, which the test completes with one of the
+// Claim's Will methods — Claim.WillRefuse for a claim the table's retention
+// horizon refuses.
+func (m *Mock) ExpectClaimAt(key string, at time.Time) *Claim {
 	m.mustPass("ExpectClaimAt", at)
 	return m.expectClaim(key, at)
 }
@@ -46,6 +48,21 @@ func (m *Mock) ExpectDuplicateAt(key string, at time.Time) {
 func (m *Mock) ExpectClaimErrorAt(key string, at time.Time, err error) {
 	m.mustPass("ExpectClaimErrorAt", at)
 	m.expectClaimError(key, at, err)
+}
+
+// ExpectBeyondHorizonAt expects a delivery of a message with event time at
+// that the table's retention horizon refuses: BEGIN, the claim refused by
+// horizon (see Claim.WillRefuse), ROLLBACK. The handler does not run, and
+// ProcessEvent returns an error matching idempotent.ErrBeyondRetention. Use
+// it for a message inside this Middleware's retention window whose claim a
+// cleanup or partition drop, run with a shorter window, may have forgotten.
+// It panics where Claim.WillRefuse does.
+func (m *Mock) ExpectBeyondHorizonAt(key string, at, horizon time.Time) {
+	m.mustPass("ExpectBeyondHorizonAt", at)
+	m.mustRefuse("ExpectBeyondHorizonAt", at, horizon)
+	m.Sqlmock.ExpectBegin()
+	m.expectClaim(key, at).WillRefuse(horizon)
+	m.Sqlmock.ExpectRollback()
 }
 
 // ExpectFenced scripts a message the retention fence refuses: nothing, as
@@ -87,3 +104,9 @@ func (m *Mock) fenced(at time.Time) string {
 // eventDay returns the claim's event day argument in partitioned mode: at's
 // UTC date.
 func eventDay(at time.Time) string { return at.UTC().Format(time.DateOnly) }
+
+// dayOf returns the UTC midnight starting at's UTC day.
+func dayOf(at time.Time) time.Time {
+	y, mo, d := at.UTC().Date()
+	return time.Date(y, mo, d, 0, 0, 0, 0, time.UTC)
+}

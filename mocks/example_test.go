@@ -297,3 +297,33 @@ func ExampleMock_ExpectAppliedAt() {
 	// true
 	// <nil>
 }
+
+// A replay inside this Middleware's retention window whose claim a cleanup
+// with a shorter window already deleted: the table's retention horizon
+// refuses it, and the handler does not run.
+func ExampleMock_ExpectBeyondHorizonAt() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour),
+		idempotent.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	m := mocks.ForMiddleware(mock, mw)
+	at := now.AddDate(0, 0, -10)     // inside the 30-day window
+	cleaned := now.AddDate(0, 0, -7) // a 7-day cleanup forgot claims processed before this
+	m.ExpectBeyondHorizonAt("order-completed:9912", at, cleaned)
+
+	_, err = mw.ProcessEvent(context.Background(), "order-completed:9912", at, func(ctx context.Context, tx *sql.Tx) error {
+		return creditPoints(ctx, tx, order)
+	})
+	fmt.Println(errors.Is(err, idempotent.ErrBeyondRetention))
+	fmt.Println(mock.ExpectationsWereMet())
+	// Output:
+	// true
+	// <nil>
+}

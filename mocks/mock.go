@@ -29,10 +29,18 @@ import (
 type Mock struct {
 	sqlmock.Sqlmock
 
-	d         dialect.Dialect
-	table     dialect.Table
-	consumer  string
+	d        dialect.Dialect
+	table    dialect.Table
+	consumer string
+	// claimSQL is the dialect's claim statement (an Exec); hclaimSQL, when
+	// not "", the claim with the retention horizon folded in (a query,
+	// dialect.HorizonClaimer), which the Middleware sends instead for one
+	// message.
 	claimSQL  string
+	hclaimSQL string
+	// hk is the dialect's dialect.HorizonKeeper, nil when it keeps no
+	// retention horizon.
+	hk        dialect.HorizonKeeper
 	lockSQL   string
 	lockReset string
 	txidSQL   string
@@ -246,6 +254,13 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 		m.part = p
 		m.claimSQL = p.ClaimAtSQL(table)
 	}
+	if hk, ok := d.(dialect.HorizonKeeper); ok {
+		m.hk = hk
+		m.schema = append(m.schema[:len(m.schema):len(m.schema)], hk.HorizonSchemaSQL(table)...)
+		if hc, ok := d.(dialect.HorizonClaimer); ok {
+			m.hclaimSQL = hc.HorizonClaimSQL(table, m.part != nil)
+		}
+	}
 	if s.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(s.lockTimeout); m.lockSQL == "" {
 			return nil, fmt.Errorf("WithLockTimeout: the %s dialect cannot bound lock waits", d.Name())
@@ -265,30 +280,196 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 // ExpectClaim expects the claim statement for key — preceded by the lock
 // timeout statement when WithLockTimeout was given, and followed by the
 // dialect's lock timeout reset if it has one (dialect.LockTimeoutResetter,
-// as MySQL's) — and returns the claim's expectation for the test to
-// complete: WillReturnResult with
-// sqlmock.NewResult(0, 1) when the claim inserts, (0, 0) when it exists, or
-// WillReturnError. Use it for Middleware.Claim in a transaction of the
-// caller's; for Process, ExpectApplied, ExpectDuplicate and ExpectClaimError
-// script the whole transaction. In partitioned mode these four panic: a
-// message there needs its event time (ExpectClaimAt, ExpectAppliedAt,
-// ExpectDuplicateAt, ExpectClaimErrorAt).
-func (m *Mock) ExpectClaim(key string) *sqlmock.ExpectedExec {
+// as MySQL's) — and returns the claim for the test to complete with one of
+// its Will methods: WillReturnResult with sqlmock.NewResult(0, 1) when the
+// claim inserts, (0, 0) when it exists, or WillReturnError. Use it for
+// Middleware.Claim in a transaction of the caller's; for Process,
+// ExpectApplied, ExpectDuplicate and ExpectClaimError script the whole
+// transaction. In partitioned mode these four panic: a message there needs
+// its event time (ExpectClaimAt, ExpectAppliedAt, ExpectDuplicateAt,
+// ExpectClaimErrorAt).
+//
+// The claim is the dialect's: with a dialect.HorizonClaimer (Postgres) the
+// query that also reads the table's retention horizon, with the fence
+// value last — NULL for a message without an event time, the event's UTC
+// midnight in partitioned mode, the event time less the clock-skew margin
+// otherwise — answering how many claims it inserted and no horizon;
+// otherwise the dialect's claim statement.
+func (m *Mock) ExpectClaim(key string) *Claim {
 	m.notPartitioned("ExpectClaim", "ExpectClaimAt")
 	return m.expectClaim(key, time.Time{})
 }
 
-// expectClaim expects the claim of key with event time at (zero: none).
-func (m *Mock) expectClaim(key string, at time.Time) *sqlmock.ExpectedExec {
-	m.expectLockTimeout()
-	claim := m.Sqlmock.ExpectExec(m.claimSQL)
-	if m.part != nil {
-		claim.WithArgs(m.consumer, key, eventDay(at))
+// Claim is one claim statement of a message, which the test completes with
+// exactly one of its Will methods. The statements the Middleware sends
+// after the claim — the read of the retention horizon some answers call
+// for, the lock timeout reset — are scripted by that call, so complete the
+// claim before scripting what follows it.
+type Claim struct {
+	m   *Mock
+	key string
+	at  time.Time // zero: no event time
+	// exec is the claim with the dialect's claim statement, query the
+	// claim with the horizon folded in (dialect.HorizonClaimer); one of
+	// them is set.
+	exec  *sqlmock.ExpectedExec
+	query *sqlmock.ExpectedQuery
+	done  bool
+}
+
+// WillReturnResult completes the claim with what it did, as an Exec's
+// result: RowsAffected 1 when the claim inserted, 0 when it existed
+// (Middleware.Claim reports false), or RowsAffected's error
+// (sqlmock.NewErrorResult), which fails the claim. A new claim of a message
+// with an event time is followed, where the dialect keeps a horizon but
+// does not read it in the claim (dialect.HorizonKeeper without
+// dialect.HorizonClaimer), by the horizon's read, answering none recorded.
+func (c *Claim) WillReturnResult(res driver.Result) {
+	c.begin("WillReturnResult")
+	n, err := res.RowsAffected()
+	if c.exec != nil {
+		c.exec.WillReturnResult(res)
 	} else {
-		claim.WithArgs(m.consumer, key)
+		rows := claimRows(n, nil)
+		if err != nil {
+			rows.RowError(0, err)
+		}
+		c.query.WillReturnRows(rows)
 	}
-	m.expectLockReset()
-	return claim
+	if err == nil && n == 1 {
+		c.m.expectHorizonAfterClaim(c.at, nil)
+	}
+	c.m.expectLockReset()
+}
+
+// WillReturnError completes the claim with its statement failing with err.
+// In partitioned mode, where the dialect keeps a horizon and err is its
+// error for a day without a partition (with Postgres, &pq.Error{Code:
+// "23514"}), the Middleware then reads the horizon to tell a dropped day
+// (ErrBeyondRetention) from one not created yet (ErrNoPartition): the read
+// is scripted answering none recorded, so the error matches
+// idempotent.ErrNoPartition.
+func (c *Claim) WillReturnError(err error) {
+	c.begin("WillReturnError")
+	if c.exec != nil {
+		c.exec.WillReturnError(err)
+	} else {
+		c.query.WillReturnError(err)
+	}
+	if c.m.part != nil && c.m.hk != nil && c.m.part.IsNoPartition(err) {
+		c.m.expectHorizon(nil)
+	}
+	c.m.expectLockReset()
+}
+
+// WillRefuse completes the claim of a message with an event time (made by
+// ExpectClaimAt) as refused by the table's retention horizon, horizon: a
+// cleanup or partition drop has forgotten claims as old as the message's,
+// and the Middleware returns an error matching idempotent.ErrBeyondRetention.
+// With a dialect.HorizonClaimer (Postgres) the claim inserts nothing and
+// answers horizon; otherwise it inserts, and the read of the horizon that
+// follows answers horizon. It panics if horizon would not refuse the
+// message — a claim without an event time, or one whose fence value (see
+// ExpectClaim) is not before horizon — or the dialect keeps no horizon.
+func (c *Claim) WillRefuse(horizon time.Time) {
+	c.begin("WillRefuse")
+	c.m.mustRefuse("WillRefuse", c.at, horizon)
+	if c.exec != nil {
+		c.exec.WillReturnResult(sqlmock.NewResult(0, 1))
+	} else {
+		c.query.WillReturnRows(claimRows(0, &horizon))
+	}
+	c.m.expectHorizonAfterClaim(c.at, &horizon)
+	c.m.expectLockReset()
+}
+
+func (c *Claim) begin(method string) {
+	if c.done {
+		panic(fmt.Sprintf("mocks: Claim.%s: the claim of %q is already complete", method, c.key))
+	}
+	c.done = true
+}
+
+// claimRows is the answer of a claim with the horizon folded in: the claims
+// it inserted and the horizon it read (nil: none recorded).
+func claimRows(inserted int64, horizon *time.Time) *sqlmock.Rows {
+	return sqlmock.NewRows([]string{"inserted", "horizon"}).AddRow(inserted, micros(horizon))
+}
+
+// micros is a horizon as the dialect returns it: microseconds since the
+// Unix epoch, or NULL for none.
+func micros(h *time.Time) driver.Value {
+	if h == nil {
+		return nil
+	}
+	return h.UnixMicro()
+}
+
+// expectClaim expects the claim of key with event time at (zero: none),
+// for the returned Claim to complete.
+func (m *Mock) expectClaim(key string, at time.Time) *Claim {
+	m.expectLockTimeout()
+	c := &Claim{m: m, key: key, at: at}
+	args := []driver.Value{m.consumer, key}
+	if m.part != nil {
+		args = append(args, eventDay(at))
+	}
+	if m.hclaimSQL != "" {
+		c.query = m.Sqlmock.ExpectQuery(m.hclaimSQL).WithArgs(append(args, m.fenceValue(at))...)
+	} else {
+		c.exec = m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(args...)
+	}
+	return c
+}
+
+// fenceValue is the value the Middleware compares the horizon with for a
+// message with event time at: NULL for none, the event's UTC day in
+// partitioned mode, the event time less the clock-skew margin otherwise.
+func (m *Mock) fenceValue(at time.Time) driver.Value {
+	if at.IsZero() {
+		return nil
+	}
+	if m.part != nil {
+		return dayOf(at)
+	}
+	return at.Add(-m.fence.skew).UTC()
+}
+
+// refuses reports whether horizon refuses a message with event time at, as
+// the Middleware decides.
+func (m *Mock) refuses(at, horizon time.Time) bool {
+	f, ok := m.fenceValue(at).(time.Time)
+	return ok && horizon.After(f)
+}
+
+// mustRefuse panics unless the dialect keeps a horizon and horizon refuses
+// a message with event time at.
+func (m *Mock) mustRefuse(helper string, at, horizon time.Time) {
+	switch {
+	case m.hk == nil:
+		panic(fmt.Sprintf("mocks: %s: the %s dialect keeps no retention horizon", helper, m.d.Name()))
+	case at.IsZero():
+		panic(fmt.Sprintf("mocks: %s: a message without an event time is never refused by the horizon", helper))
+	case !m.refuses(at, horizon):
+		panic(fmt.Sprintf("mocks: %s: event time %s is not older than the horizon %s: the Middleware would claim it",
+			helper, at.UTC().Format(time.RFC3339), horizon.UTC().Format(time.RFC3339)))
+	}
+}
+
+// expectHorizonAfterClaim expects, where the dialect keeps a horizon but
+// does not read it in the claim, the read of the horizon that follows a new
+// claim of a message with event time at (none without one), answering h.
+func (m *Mock) expectHorizonAfterClaim(at time.Time, h *time.Time) {
+	if m.hk != nil && m.hclaimSQL == "" && !at.IsZero() {
+		m.expectHorizon(h)
+	}
+}
+
+// expectHorizon expects the read of the consumer's retention horizon,
+// answering h (nil: none recorded).
+func (m *Mock) expectHorizon(h *time.Time) {
+	q, args := m.hk.HorizonSQL(m.table, m.consumer)
+	m.Sqlmock.ExpectQuery(q).WithArgs(driverValues(args)...).WillReturnRows(sqlmock.NewRows([]string{"horizon"}).AddRow(micros(h)))
 }
 
 func (m *Mock) expectLockTimeout() {
@@ -312,10 +493,12 @@ func (m *Mock) notPartitioned(helper, instead string) {
 	}
 }
 
-// ExpectApplied expects the start of a delivery whose claim is new: BEGIN,
-// the claim inserting one row and, with WithStrictGuard, the transaction id
-// query. The handler runs next: script its statements, then ExpectCommit (or
-// ExpectCommitError), or ExpectRollback if the handler fails.
+// ExpectApplied expects the start of a delivery, of a message without an
+// event time, whose claim is new: BEGIN, the claim inserting one row and,
+// with WithStrictGuard, the transaction id query. The handler runs next:
+// script its statements, then ExpectCommit (or ExpectCommitError), or
+// ExpectRollback if the handler fails. A message with an event time is
+// ExpectAppliedAt, in either mode: its claim carries the event's fence.
 func (m *Mock) ExpectApplied(key string) {
 	m.notPartitioned("ExpectApplied", "ExpectAppliedAt")
 	m.expectApplied(key, time.Time{})
@@ -336,8 +519,9 @@ func (m *Mock) expectFirstTxID() {
 	}
 }
 
-// ExpectDuplicate expects a whole delivery whose claim already exists:
-// BEGIN, the claim inserting nothing, ROLLBACK. The handler does not run.
+// ExpectDuplicate expects a whole delivery, of a message without an event
+// time, whose claim already exists: BEGIN, the claim inserting nothing,
+// ROLLBACK. The handler does not run.
 func (m *Mock) ExpectDuplicate(key string) {
 	m.notPartitioned("ExpectDuplicate", "ExpectDuplicateAt")
 	m.expectDuplicate(key, time.Time{})
@@ -409,9 +593,11 @@ func (m *Mock) ExpectTxCheck(err error) {
 
 // ExpectEnsureSchema expects Middleware.EnsureSchema of a claim table that
 // is not partitioned: BEGIN, the dialect's server check if it has one
-// (dialect.ServerChecker), its schema statements, COMMIT, and, if the
-// dialect can partition (dialect.Partitioner), its query of the table's
-// kind, answering that the table exists and is not partitioned.
+// (dialect.ServerChecker), its schema statements and, if it keeps a
+// retention horizon (dialect.HorizonKeeper), its horizon table's, COMMIT,
+// and, if the dialect can partition (dialect.Partitioner), its query of
+// the table's kind, answering that the table exists and is not
+// partitioned.
 //
 // answers are what the server check's queries return, in order: for the
 // Postgres dialect the version, such as "PostgreSQL 16.4"; for SQLite the

@@ -381,3 +381,114 @@ func TestMessages(t *testing.T) {
 		m.ExpectMessagesApplied([]idempotent.Message{{Key: "k"}}, "k")
 	})
 }
+
+// TestHorizon: the claims the table's retention horizon refuses, scripted
+// by ExpectBeyondHorizonAt, Claim.WillRefuse and
+// ExpectMessagesBeyondHorizon, fail with ErrBeyondRetention; the horizon's
+// table is part of EnsureSchema.
+func TestHorizon(t *testing.T) {
+	const key = "order-completed:9912"
+	ctx := context.Background()
+	at := now.Add(-30 * time.Hour) // the 29th, UTC
+	today := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	modes := []struct {
+		name    string
+		opts    []idempotent.Option
+		horizon time.Time // refuses at
+	}{
+		{"plain", []idempotent.Option{idempotent.WithClock(clock)}, at},
+		{"partitioned", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithDailyPartitions(1)}, today},
+		{"partitioned-all", []idempotent.Option{idempotent.WithClock(clock), idempotent.WithDailyPartitions(1),
+			idempotent.WithTable("shop.claims"), idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}, today},
+	}
+	for _, mode := range modes {
+		t.Run(mode.name+"/process", func(t *testing.T) {
+			mw, m := newMiddleware(t, mode.opts...)
+			m.ExpectBeyondHorizonAt(key, at, mode.horizon)
+			_, err := mw.ProcessEvent(ctx, key, at, func(context.Context, *sql.Tx) error {
+				t.Error("the handler ran")
+				return nil
+			})
+			if !errors.Is(err, idempotent.ErrBeyondRetention) {
+				t.Fatalf("got %v, want ErrBeyondRetention", err)
+			}
+		})
+		t.Run(mode.name+"/claim", func(t *testing.T) {
+			db, mock := mocks.New(t)
+			mw, err := idempotent.New(db, postgres.New(), "loyalty", mode.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := mocks.ForMiddleware(mock, mw)
+			m.ExpectBegin()
+			m.ExpectClaimAt(key, at).WillRefuse(mode.horizon)
+			m.ExpectClaimAt("other", at).WillReturnResult(sqlmock.NewResult(0, 1))
+			m.ExpectRollback()
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key, EventTime: at}); ok || !errors.Is(err, idempotent.ErrBeyondRetention) {
+				t.Fatalf("refused: got (%v, %v), want ErrBeyondRetention", ok, err)
+			}
+			if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "other", EventTime: at}); !ok || err != nil {
+				t.Fatalf("other: got (%v, %v), want (true, nil)", ok, err)
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Run(mode.name+"/batch", func(t *testing.T) {
+			mw, m := newMiddleware(t, mode.opts...)
+			msgs := []idempotent.Message{{Key: "b", EventTime: now}, {Key: "a", EventTime: at}}
+			m.ExpectMessagesBeyondHorizon(msgs, mode.horizon, "a", "b")
+			_, err := mw.ProcessMessages(ctx, msgs, func(context.Context, *sql.Tx, []int) error {
+				t.Error("the handler ran")
+				return nil
+			})
+			var be *idempotent.BatchKeyError
+			if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, idempotent.ErrBeyondRetention) {
+				t.Fatalf("got %v, want a *BatchKeyError at 1 matching ErrBeyondRetention", err)
+			}
+		})
+	}
+	t.Run("schema", func(t *testing.T) {
+		mw, m := newMiddleware(t, idempotent.WithTable("shop.claims"))
+		m.ExpectEnsureSchema("PostgreSQL 16.4")
+		if err := mw.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("misuse", func(t *testing.T) {
+		_, mock, err := mocks.Open() // left with what the helpers scripted before they panicked
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := mocks.For(mock, postgres.New(), "loyalty", mocks.WithClock(clock))
+		for _, c := range []struct {
+			name string
+			f    func()
+			want string
+		}{
+			{"horizon at the fence", func() { m.ExpectBeyondHorizonAt(key, at, at.Add(-idempotent.DefaultClockSkew)) }, "would claim it"},
+			{"no event time", func() { m.ExpectClaim(key).WillRefuse(now) }, "without an event time"},
+			{"claim completed twice", func() {
+				c := m.ExpectClaim(key)
+				c.WillReturnError(errors.New("x"))
+				c.WillReturnResult(sqlmock.NewResult(0, 1))
+			}, "already complete"},
+			{"batch the horizon lets through", func() {
+				m.ExpectMessagesBeyondHorizon([]idempotent.Message{{Key: "a", EventTime: at}, {Key: "b"}}, at.Add(-time.Hour), "a", "b")
+			}, "would apply the batch"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				defer func() {
+					if p, ok := recover().(string); !ok || !strings.Contains(p, c.want) {
+						t.Fatalf("panic %v, want one containing %q", p, c.want)
+					}
+				}()
+				c.f()
+			})
+		}
+	})
+}
