@@ -208,6 +208,7 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 		return fn(ctx, tx, fresh)
 	})
 	if err != nil {
+		err = m.reclassify(ctx, err)
 		return nil, attempts, fmt.Errorf("idempotent: consumer %q, batch of %d: %w", m.consumer, len(msgs), err)
 	}
 	for i := range outcomes {
@@ -293,9 +294,10 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, b batchCla
 			}
 			if err != nil {
 				if days != nil {
-					if rerr := m.retentionClaimError(ctx, err, days[j]); rerr != nil {
-						if errors.Is(rerr, ErrBeyondRetention) {
-							return &BatchKeyError{Index: b.first[j], Err: rerr}
+					if rerr := m.retentionClaimError(ctx, tx, err, b.first[j:j+1], days[j]); rerr != nil {
+						var bke *BatchKeyError
+						if errors.As(rerr, &bke) {
+							return rerr
 						}
 						return fmt.Errorf("key %q: %w", k, rerr)
 					}
@@ -322,7 +324,7 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, b batchCla
 		rows, err = tx.QueryContext(ctx, pbc.PartitionedBatchClaimSQL(m.table), m.consumer, pbc.BatchKeysArg(uniq), pbc.BatchKeysArg(ds))
 	}
 	if err != nil {
-		return m.batchClaimError(ctx, err, b)
+		return m.batchClaimError(ctx, tx, err, b)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -337,34 +339,19 @@ func (m *Middleware) batchStatements(ctx context.Context, tx *sql.Tx, b batchCla
 		isNew[j] = true
 	}
 	if err := rows.Err(); err != nil {
-		return m.batchClaimError(ctx, err, b)
+		return m.batchClaimError(ctx, tx, err, b)
 	}
 	return nil
 }
 
 // batchClaimError wraps a failed batch claim statement's error; in
 // partitioned mode a missing partition becomes ErrNoPartition naming the
-// batch's days (the statement does not say which of them failed).
-func (m *Middleware) batchClaimError(ctx context.Context, err error, b batchClaim) error {
-	days := b.days
-	if len(days) > 0 && m.hk != nil && m.ret.part.IsNoPartition(err) {
-		// A dropped day: name the first message of it.
-		if h, ok, herr := horizonOf(ctx, m.db, m.hk, m.table, m.consumer); herr == nil && ok {
-			for j, d := range days {
-				if m.ret.beyond(d, h) {
-					return &BatchKeyError{Index: b.first[j], Err: fmt.Errorf("%w: %w", m.beyondHorizon(b.uniq[j], d, h), err)}
-				}
-			}
-		}
-	}
-	if len(days) > 0 {
-		distinct := make([]time.Time, len(days))
-		for j, d := range days {
-			distinct[j] = eventDay(d)
-		}
-		slices.SortFunc(distinct, time.Time.Compare)
-		distinct = slices.CompactFunc(distinct, time.Time.Equal)
-		if rerr := m.retentionClaimError(ctx, err, distinct...); rerr != nil {
+// batch's days (the statement does not say which of them failed), or
+// ErrBeyondRetention for the first message of a day the horizon says was
+// dropped.
+func (m *Middleware) batchClaimError(ctx context.Context, tx *sql.Tx, err error, b batchClaim) error {
+	if len(b.days) > 0 {
+		if rerr := m.retentionClaimError(ctx, tx, err, b.first, b.days...); rerr != nil {
 			return rerr
 		}
 	}

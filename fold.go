@@ -56,7 +56,7 @@ func (m *Middleware) foldedClaim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt
 		a = append(a, args...)
 		var n int64
 		if err := tx.StmtContext(ctx, stmt).QueryRowContext(ctx, a...).Scan(&companion, &n); err != nil {
-			if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
+			if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 				return false, rerr
 			}
 			return false, m.claimError(err)

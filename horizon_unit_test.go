@@ -283,10 +283,6 @@ func TestHorizonTellsAMissingPartition(t *testing.T) {
 			r.mock.ExpectQuery(batchAtSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b"}), days).WillReturnError(noPartition)
 			expectHorizon(r.mock, c.horizon)
 			calls := []string{"BEGIN", batchAtSQL, horizonSQL}
-			if c.want == idempotent.ErrNoPartition {
-				expectHorizon(r.mock, c.horizon) // read again to tell the days apart
-				calls = append(calls, horizonSQL)
-			}
 			r.mock.ExpectRollback()
 			_, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b", EventTime: at}, {Key: "a", EventTime: later}}, func(context.Context, *sql.Tx, []int) error {
 				t.Error("the handler ran")
@@ -297,6 +293,43 @@ func TestHorizonTellsAMissingPartition(t *testing.T) {
 				t.Fatalf("got %v, want %v (not %v; beyond retention: a *BatchKeyError at 0)", err, c.want, c.notWant)
 			}
 			r.wantCalls(t, append(calls, "ROLLBACK")...)
+		})
+		// On Postgres the failed claim aborts the transaction, so the
+		// horizon cannot be read in it: it is read from the pool once the
+		// transaction is rolled back, never while it holds a connection.
+		t.Run("claim, aborted transaction, "+c.name, func(t *testing.T) {
+			r := newRecorded(t)
+			mw := newMessageMiddleware(t, r, partitioned())
+			r.mock.ExpectBegin()
+			expectClaimAtQuery(r.mock, key, at).WillReturnError(noPartition)
+			r.mock.ExpectQuery(horizonSQL).WithArgs(consumer).WillReturnError(aborted)
+			r.mock.ExpectRollback()
+			expectHorizon(r.mock, c.horizon)
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t))
+			if !errors.Is(err, c.want) || errors.Is(err, c.notWant) || !errors.Is(err, noPartition) {
+				t.Fatalf("got %v, want %v (not %v) wrapping the database's error", err, c.want, c.notWant)
+			}
+			r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK", horizonSQL)
+		})
+		t.Run("batch, aborted transaction, "+c.name, func(t *testing.T) {
+			r := newRecorded(t)
+			mw := newMessageMiddleware(t, r, partitioned())
+			later := msgNow.Add(-time.Hour)
+			r.mock.ExpectBegin()
+			days := pg.BatchKeysArg([]string{later.Format(time.DateOnly), at.Format(time.DateOnly)})
+			r.mock.ExpectQuery(batchAtSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b"}), days).WillReturnError(noPartition)
+			r.mock.ExpectQuery(horizonSQL).WithArgs(consumer).WillReturnError(aborted)
+			r.mock.ExpectRollback()
+			expectHorizon(r.mock, c.horizon)
+			_, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b", EventTime: at}, {Key: "a", EventTime: later}}, func(context.Context, *sql.Tx, []int) error {
+				t.Error("the handler ran")
+				return nil
+			})
+			var be *idempotent.BatchKeyError
+			if !errors.Is(err, c.want) || errors.Is(err, c.notWant) || !errors.Is(err, noPartition) || (c.want == idempotent.ErrBeyondRetention) != (errors.As(err, &be) && be.Index == 0) {
+				t.Fatalf("got %v, want %v (not %v; beyond retention: a *BatchKeyError at 0)", err, c.want, c.notWant)
+			}
+			r.wantCalls(t, "BEGIN", batchAtSQL, horizonSQL, "ROLLBACK", horizonSQL)
 		})
 	}
 }

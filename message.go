@@ -153,6 +153,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 		return fn(ctx, tx)
 	})
 	if err != nil {
+		err = m.reclassify(ctx, err)
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
 	m.recordSeen(ctx, key)

@@ -203,7 +203,7 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
 		}
 		if err != nil {
-			if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
+			if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 				return false, rerr
 			}
 			return false, m.claimError(err)
@@ -234,7 +234,7 @@ func (m *Middleware) horizonClaim(ctx context.Context, tx *sql.Tx, key string, a
 	var n int64
 	var hv sql.NullInt64
 	if err := tx.QueryRowContext(ctx, m.hclaimSQL, args...).Scan(&n, &hv); err != nil {
-		if rerr := m.retentionClaimError(ctx, err, at); rerr != nil {
+		if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 			return false, rerr
 		}
 		return false, m.claimError(err)

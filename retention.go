@@ -2,8 +2,10 @@ package idempotent
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -248,33 +250,108 @@ func eventDay(t time.Time) time.Time {
 	return time.Date(y, mo, d, 0, 0, 0, 0, time.UTC)
 }
 
-// retentionClaimError translates a claim failure that only retention settings
-// explain; it returns nil for any other error. A day with no partition is
-// ErrBeyondRetention when the horizon says it was dropped (read from the
-// pool: the claim's transaction may be aborted), else ErrNoPartition.
-func (m *Middleware) retentionClaimError(ctx context.Context, err error, at ...time.Time) error {
+// retentionClaimError translates a claim failure on tx that only retention
+// settings explain; it returns nil for any other error. A day with no
+// partition is ErrBeyondRetention when the horizon says it was dropped, else
+// ErrNoPartition. The horizon is read in tx where a failed statement leaves
+// the transaction usable (MySQL); where it aborts it (Postgres) the error is
+// a *noPartitionError, which the entry points that own the transaction
+// classify again once it is rolled back (reclassify) — never from the pool
+// while tx holds a connection, which a pool of one would wait for forever.
+func (m *Middleware) retentionClaimError(ctx context.Context, tx *sql.Tx, err error, idx []int, at ...time.Time) error {
 	if m.ret.part == nil || !m.ret.part.IsNoPartition(err) {
 		return nil
 	}
-	if m.hk != nil {
-		if h, ok, herr := horizonOf(ctx, m.db, m.hk, m.table, m.consumer); herr == nil && ok {
-			for _, d := range at {
-				if m.ret.beyond(d, h) {
-					return fmt.Errorf("%w: %w", m.beyondHorizon("", d, h), err)
+	if m.hk != nil && tx != nil {
+		if h, ok, herr := horizonOf(ctx, tx, m.hk, m.table, m.consumer); herr == nil {
+			if i := m.firstBeyond(h, ok, at); i >= 0 {
+				berr := fmt.Errorf("%w: %w", m.beyondHorizon("", at[i], h), err)
+				if idx != nil {
+					return &BatchKeyError{Index: idx[i], Err: berr}
 				}
+				return berr
 			}
+			return m.noPartition(err, false, nil, at)
 		}
 	}
-	// checkEvent let at through, so its day is inside the window and after
-	// the horizon: the partition is not there yet (or was removed by hand).
-	which := "event day " + eventDay(at[0]).Format(time.DateOnly)
-	if len(at) > 1 {
-		ds := make([]string, len(at))
-		for i, d := range at {
-			ds[i] = eventDay(d).Format(time.DateOnly)
+	return m.noPartition(err, m.hk != nil, idx, at)
+}
+
+// firstBeyond returns the index of the first of ats older than the horizon
+// h (ok false: none recorded), or -1.
+func (m *Middleware) firstBeyond(h time.Time, ok bool, ats []time.Time) int {
+	if !ok {
+		return -1
+	}
+	for i, at := range ats {
+		if m.ret.beyond(at, h) {
+			return i
+		}
+	}
+	return -1
+}
+
+// noPartitionError is ErrNoPartition not yet checked against the horizon:
+// days are the event times the statement claimed, idx their messages'
+// indexes in a batch (nil for one message).
+type noPartitionError struct {
+	err   error // ErrNoPartition, wrapping cause
+	cause error // the database's error
+	idx   []int
+	days []time.Time
+}
+
+func (e *noPartitionError) Error() string { return e.err.Error() }
+func (e *noPartitionError) Unwrap() error { return e.err }
+
+// noPartition is the ErrNoPartition of a claim of days; unchecked marks it
+// for reclassify.
+func (m *Middleware) noPartition(err error, unchecked bool, idx []int, at []time.Time) error {
+	// checkEvent let at through, so its day is inside the window: the
+	// partition is not there yet (or was removed by hand).
+	distinct := make([]time.Time, len(at))
+	for i, d := range at {
+		distinct[i] = eventDay(d)
+	}
+	slices.SortFunc(distinct, time.Time.Compare)
+	distinct = slices.CompactFunc(distinct, time.Time.Equal)
+	which := "event day " + distinct[0].Format(time.DateOnly)
+	if len(distinct) > 1 {
+		ds := make([]string, len(distinct))
+		for i, d := range distinct {
+			ds[i] = d.Format(time.DateOnly)
 		}
 		which = "one of the event days " + strings.Join(ds, ", ")
 	}
-	return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+	nerr := fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
 		ErrNoPartition, m.table, which, m.ret.leadDays, err)
+	if !unchecked {
+		return nerr
+	}
+	return &noPartitionError{err: nerr, cause: err, idx: idx, days: at}
+}
+
+// reclassify is run by the entry points that own the claim's transaction,
+// after it ended: an ErrNoPartition not yet checked against the horizon
+// (its transaction was aborted) is checked now, from the pool, and becomes
+// ErrBeyondRetention when its day was dropped. Other errors are returned as
+// they are.
+func (m *Middleware) reclassify(ctx context.Context, err error) error {
+	var np *noPartitionError
+	if err == nil || !errors.As(err, &np) {
+		return err
+	}
+	h, ok, herr := horizonOf(ctx, m.db, m.hk, m.table, m.consumer)
+	if herr != nil {
+		return err
+	}
+	i := m.firstBeyond(h, ok, np.days)
+	if i < 0 {
+		return err
+	}
+	berr := fmt.Errorf("%w: %w", m.beyondHorizon("", np.days[i], h), np.cause)
+	if np.idx != nil {
+		return &BatchKeyError{Index: np.idx[i], Err: berr}
+	}
+	return berr
 }

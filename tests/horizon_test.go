@@ -156,6 +156,20 @@ func TestLongerWindowDoesNotRecreateDroppedDays(t *testing.T) {
 	if !errors.Is(err, idempotent.ErrBeyondRetention) || !errors.As(err, &bke) || bke.Index != 1 || out != nil {
 		t.Fatalf("batch with a message of a dropped day = (%v, %v), want a BatchKeyError at 1 matching ErrBeyondRetention", out, err)
 	}
+	// On a pool of one connection the aborted batch's horizon is read once
+	// the transaction has given its connection back.
+	one := openDB(t)
+	one.SetMaxOpenConns(1)
+	mw1, err := idempotent.New(one, postgres.New(), "loyalty", idempotent.WithTable(l.schema+".processed_messages"),
+		idempotent.WithClock(clock.Now), idempotent.WithDailyPartitions(2), idempotent.WithRetention(30*day))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := mw1.ProcessMessages(tctx, []idempotent.Message{{Key: msg.key(), EventTime: at}}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) || tctx.Err() != nil {
+		t.Fatalf("batch on a pool of one: %v (context: %v), want ErrBeyondRetention at once", err, tctx.Err())
+	}
 	if b, rows := l.balance(t, 3), l.ledgerRows(t, msg.OrderID); b != 50 || rows != 1 {
 		t.Fatalf("balance %d and %d ledger rows, want 50 and 1", b, rows)
 	}
