@@ -298,7 +298,7 @@ type noPartitionError struct {
 	err   error // ErrNoPartition, wrapping cause
 	cause error // the database's error
 	idx   []int
-	days []time.Time
+	days  []time.Time
 }
 
 func (e *noPartitionError) Error() string { return e.err.Error() }
