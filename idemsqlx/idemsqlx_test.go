@@ -72,7 +72,7 @@ func setup(t *testing.T, opts ...idempotent.Option) (*sqlx.DB, *idempotent.Middl
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sqlx.NewDb(db, "postgres"), mw, mocks.For(mock, postgres.New(), "loyalty")
+	return sqlx.NewDb(db, "postgres"), mw, mocks.ForMiddleware(mock, mw)
 }
 
 func TestWrapNamedQueries(t *testing.T) {
@@ -240,9 +240,8 @@ func TestMessageEventTime(t *testing.T) {
 	now := time.Date(2031, 3, 16, 12, 0, 0, 0, time.UTC)
 	sdb, mw, m := setup(t, idempotent.WithDailyPartitions(2), idempotent.WithClock(func() time.Time { return now }))
 	at := time.Date(2031, 3, 14, 9, 0, 0, 0, time.UTC)
-	claimAt := postgres.New().ClaimAtSQL(dialect.Table{Name: idempotent.DefaultTable})
 	m.ExpectBegin()
-	m.ExpectExec(claimAt).WithArgs("loyalty", "order-completed:9912", "2031-03-14").WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectClaimAt("order-completed:9912", at).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectCredit(m)
 	m.ExpectCommit()
 	handle := idemsqlx.WrapMessage(mw, sdb, func(o orderCompleted) (idempotent.Message, error) {

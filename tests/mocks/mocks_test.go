@@ -529,11 +529,12 @@ func TestProcessEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectApplied(key)
+	at := time.Now().Add(-time.Hour)
+	m.ExpectAppliedAt(key, at)
 	expectEffect(m)
 	m.ExpectCommit()
 	ctx := context.Background()
-	if got, err := mw.ProcessEvent(ctx, key, time.Now().Add(-time.Hour), effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessEvent(ctx, key, at, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	// Older than the window: refused with nothing sent.
