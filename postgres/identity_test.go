@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/internal/golden"
 	"github.com/txclaim/idempotent/internal/testenv"
@@ -165,4 +166,51 @@ func currentDatabase(t *testing.T, db *sql.DB) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestSeenTenantsBySearchPath is issue 20's case 3 for tenants: two
+// Middlewares of one consumer, both on the table "claims" of one database,
+// each found in the tenant's schema by its pool's search_path, sharing one
+// SeenLRU. Each tenant's message applies in its own table; the pre-check
+// never answers for the other tenant.
+func TestSeenTenantsBySearchPath(t *testing.T) {
+	db := testenv.OpenPostgres(t, 4)
+	lru, err := idempotent.NewSeenLRU(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var tenants []string
+	var mws []*idempotent.Middleware
+	for i := 0; i < 2; i++ {
+		s := schema(t, db)
+		mustExec(t, db, "CREATE TABLE "+s+".effects (k text PRIMARY KEY)")
+		tdb := openDSN(t, "", url.Values{"search_path": {s}})
+		m, err := idempotent.New(tdb, postgres.New(), "orders", idempotent.WithTable("claims"), idempotent.WithSeen(lru))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tenants, mws = append(tenants, s), append(mws, m)
+	}
+	for i, m := range mws {
+		out, err := m.Process(ctx, "order-1", func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO effects (k) VALUES ('order-1')")
+			return err
+		})
+		if err != nil || out != idempotent.Applied {
+			t.Errorf("tenant %d (%s): %v, %v; want applied", i, tenants[i], out, err)
+		}
+	}
+	for _, s := range tenants {
+		var claims, effects int
+		if err := db.QueryRow("SELECT (SELECT count(*) FROM "+s+".claims), (SELECT count(*) FROM "+s+".effects)").Scan(&claims, &effects); err != nil {
+			t.Fatal(err)
+		}
+		if claims != 1 || effects != 1 {
+			t.Errorf("tenant %s: %d claims, %d effects; want 1 and 1", s, claims, effects)
+		}
+	}
 }
