@@ -183,43 +183,29 @@ func (m *Middleware) readSeenScope(ctx context.Context) (SeenScope, error) {
 	return SeenScope{Database: name, Table: m.table.String(), Consumer: m.consumer}, nil
 }
 
-// preCheck returns the pre-check's scope, and false when there is no
-// pre-check or its scope cannot be read (the pre-check is then left out).
-func (m *Middleware) preCheck(ctx context.Context) (SeenScope, bool) {
-	if m.seen == nil {
-		return SeenScope{}, false
-	}
-	scope, err := m.SeenScope(ctx)
-	return scope, err == nil
-}
-
 // seenBefore reports whether the pre-check, if any, already knows key.
 func (m *Middleware) seenBefore(ctx context.Context, key string) bool {
-	scope, ok := m.preCheck(ctx)
-	return ok && m.seen.Seen(ctx, scope, key)
+	return seencheck.Before[SeenScope](ctx, m.seen, m, key)
 }
 
 // seenKeys reports which of keys the pre-check, if any, already knows: nil
 // when there is no pre-check or it is left out.
 func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
-	scope, ok := m.preCheck(ctx)
-	if !ok {
-		return nil
-	}
-	return seencheck.Keys[SeenScope](ctx, m.seen, scope, keys)
+	return seencheck.Known[SeenScope](ctx, m.seen, m, keys)
 }
 
 // recordSeenKeys tells the pre-check, if any, that keys' claims are
 // committed.
 func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
-	if scope, ok := m.preCheck(ctx); ok {
-		seencheck.Record[SeenScope](ctx, m.seen, scope, keys, m.ret.window)
-	}
+	seencheck.After[SeenScope](ctx, m.seen, m, keys, m.ret.window)
 }
 
 // recordSeen tells the pre-check, if any, that key's claim is committed.
 func (m *Middleware) recordSeen(ctx context.Context, key string) {
-	if scope, ok := m.preCheck(ctx); ok {
+	if m.seen == nil {
+		return
+	}
+	if scope, err := m.SeenScope(ctx); err == nil {
 		m.seen.Record(ctx, scope, key, m.ret.window)
 	}
 }

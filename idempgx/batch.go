@@ -150,7 +150,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 			outcomes[first[j]] = idempotent.Applied
 		}
 	}
-	m.recordSeen(ctx, c.uniq...)
+	m.recordSeenKeys(ctx, c.uniq)
 	return outcomes, attempts, nil
 }
 

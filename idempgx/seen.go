@@ -12,35 +12,29 @@ import (
 // SeenScope), so that a pgx Middleware and a database/sql one of the same
 // consumer and table share their entries, and no other does.
 
-// preCheck returns the pre-check's scope, and false when there is no
-// pre-check or its scope cannot be read (the pre-check is then left out).
-func (m *Middleware) preCheck(ctx context.Context) (idempotent.SeenScope, bool) {
-	if m.seen == nil {
-		return idempotent.SeenScope{}, false
-	}
-	scope, err := m.core.SeenScope(ctx)
-	return scope, err == nil
-}
-
 // seenBefore reports whether the pre-check, if any, already knows key.
 func (m *Middleware) seenBefore(ctx context.Context, key string) bool {
-	scope, ok := m.preCheck(ctx)
-	return ok && m.seen.Seen(ctx, scope, key)
+	return seencheck.Before[idempotent.SeenScope](ctx, m.seen, m.core, key)
 }
 
 // seenKeys reports which of keys the pre-check, if any, already knows: nil
 // when there is no pre-check or it is left out.
 func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
-	scope, ok := m.preCheck(ctx)
-	if !ok {
-		return nil
-	}
-	return seencheck.Keys[idempotent.SeenScope](ctx, m.seen, scope, keys)
+	return seencheck.Known[idempotent.SeenScope](ctx, m.seen, m.core, keys)
 }
 
-// recordSeen tells the pre-check, if any, that keys' claims are committed.
-func (m *Middleware) recordSeen(ctx context.Context, keys ...string) {
-	if scope, ok := m.preCheck(ctx); ok {
-		seencheck.Record[idempotent.SeenScope](ctx, m.seen, scope, keys, m.retention)
+// recordSeenKeys tells the pre-check, if any, that keys' claims are
+// committed.
+func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
+	seencheck.After[idempotent.SeenScope](ctx, m.seen, m.core, keys, m.retention)
+}
+
+// recordSeen tells the pre-check, if any, that key's claim is committed.
+func (m *Middleware) recordSeen(ctx context.Context, key string) {
+	if m.seen == nil {
+		return
+	}
+	if scope, err := m.core.SeenScope(ctx); err == nil {
+		m.seen.Record(ctx, scope, key, m.retention)
 	}
 }

@@ -25,6 +25,47 @@ type batch[S any] interface {
 	RecordKeys(ctx context.Context, scope S, keys []string, ttl time.Duration)
 }
 
+// Scoper gives a pre-check's scope: idempotent.Middleware, whose SeenScope
+// reads it once.
+type Scoper[S any] interface {
+	SeenScope(ctx context.Context) (S, error)
+}
+
+// Before reports whether s, if any, knows key in sc's scope. Without a
+// pre-check, or while the scope cannot be read, it is false: the pre-check
+// is left out.
+func Before[S any](ctx context.Context, s Seen[S], sc Scoper[S], key string) bool {
+	if s == nil {
+		return false
+	}
+	scope, err := sc.SeenScope(ctx)
+	return err == nil && s.Seen(ctx, scope, key)
+}
+
+// Known reports which of keys s, if any, knows in sc's scope: nil without
+// a pre-check or while the scope cannot be read.
+func Known[S any](ctx context.Context, s Seen[S], sc Scoper[S], keys []string) []bool {
+	if s == nil {
+		return nil
+	}
+	scope, err := sc.SeenScope(ctx)
+	if err != nil {
+		return nil
+	}
+	return Keys(ctx, s, scope, keys)
+}
+
+// After tells s, if any, that the claims of keys in sc's scope are
+// committed, to be remembered for ttl.
+func After[S any](ctx context.Context, s Seen[S], sc Scoper[S], keys []string, ttl time.Duration) {
+	if s == nil || len(keys) == 0 {
+		return
+	}
+	if scope, err := sc.SeenScope(ctx); err == nil {
+		Record(ctx, s, scope, keys, ttl)
+	}
+}
+
 // Keys reports which of keys s knows in scope. An answer of the wrong
 // length from a batch pre-check counts as a miss for every key.
 func Keys[S any](ctx context.Context, s Seen[S], scope S, keys []string) []bool {

@@ -151,3 +151,34 @@ func TestScope(t *testing.T) {
 		t.Fatalf("%d reads, answers %q; want one read and four answers", n, got)
 	}
 }
+
+// scoper gives scope, or err.
+type scoper struct {
+	scope string
+	err   error
+}
+
+func (s scoper) SeenScope(context.Context) (string, error) { return s.scope, s.err }
+
+// TestBeforeKnownAfter: without a pre-check, or while its scope cannot be
+// read, nothing is known and nothing recorded.
+func TestBeforeKnownAfter(t *testing.T) {
+	ctx := context.Background()
+	o := &one{known: map[string]bool{"a": true}}
+	ok, broken := scoper{scope: "s"}, scoper{err: errors.New("no scope")}
+	if !Before[string](ctx, o, ok, "a") || Before[string](ctx, o, broken, "a") || Before[string](ctx, nil, ok, "a") {
+		t.Fatal("Before: want true only with a pre-check and a scope")
+	}
+	if got := Known[string](ctx, o, ok, []string{"a", "b"}); !slices.Equal(got, []bool{true, false}) {
+		t.Fatalf("Known = %v", got)
+	}
+	if Known[string](ctx, o, broken, []string{"a"}) != nil || Known[string](ctx, nil, ok, []string{"a"}) != nil {
+		t.Fatal("Known: want nil without a pre-check or a scope")
+	}
+	After[string](ctx, o, broken, []string{"x"}, time.Hour)
+	After[string](ctx, nil, ok, []string{"x"}, time.Hour)
+	After[string](ctx, o, ok, []string{"y"}, time.Hour)
+	if !slices.Equal(o.recorded, []string{"y"}) {
+		t.Fatalf("recorded %v, want [y]", o.recorded)
+	}
+}
