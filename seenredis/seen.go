@@ -26,8 +26,9 @@ const DefaultTimeout = 50 * time.Millisecond
 // EXISTS. The scope (idempotent.SeenScope: the claim table's database, the
 // table and the consumer) is always part of the key, so that Middlewares
 // of one consumer name on different databases or tables — staging and
-// production sharing one Redis, tenants — never answer for each other. Any Redis failure — down, slow beyond the timeout, evicted keys —
-// is a miss: the delivery goes to the claim in the database, which stays the
+// production sharing one Redis, tenants — never answer for each other.
+// Any Redis failure — down, slow beyond the timeout, evicted keys — is a
+// miss: the delivery goes to the claim in the database, which stays the
 // authority. It is safe for concurrent use.
 type Seen struct {
 	rdb     redis.UniversalClient
