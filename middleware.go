@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // Outcome is how a delivery ended when it did not fail.
@@ -63,6 +64,7 @@ type Middleware struct {
 	run         runner
 	ret         retention
 	seen        Seen
+	seenScope   seencheck.Scope[SeenScope] // read once, see SeenScope
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -138,6 +140,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
 		m.run.afterFailure = m.checkTxIDAfterFailure
+	}
+	if err := checkSeen(cfg.seen, d); err != nil {
+		return nil, err
 	}
 	if err := m.initRetention(cfg.retention); err != nil {
 		return nil, err

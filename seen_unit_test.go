@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,35 +14,95 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
 )
+
+// namedPG is the Postgres dialect with Identity answering name (or err)
+// without a query, so that a test's script needs no identity query.
+type namedPG struct {
+	*postgres.Dialect
+	name  string
+	err   error
+	mu    sync.Mutex
+	reads int
+}
+
+func (d *namedPG) Identity(context.Context, dialect.Table, dialect.QueryFunc) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reads++
+	return d.name, d.err
+}
+
+// database is the name namedPG gives by default.
+const database = "postgres system 1 timeline 1 table 2 database 3 test"
+
+// scope is the scope of newSeenMiddleware's Middleware.
+var scope = idempotent.SeenScope{Database: database, Table: idempotent.DefaultTable, Consumer: consumer}
+
+// newSeenMiddleware is newMiddleware with the dialect d (namedPG answering
+// database when nil).
+func newSeenMiddleware(t *testing.T, r *recorded, d dialect.Dialect, opts ...idempotent.Option) *idempotent.Middleware {
+	t.Helper()
+	if d == nil {
+		d = &namedPG{Dialect: pg, name: database}
+	}
+	mw, err := idempotent.New(r.db, d, consumer, append([]idempotent.Option{noWait}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
 
 // recordingSeen is a Seen that answers from a map and records every call.
 type recordingSeen struct {
 	mu       sync.Mutex
-	known    map[[2]string]bool
-	recorded []string
+	known    map[string]bool // scope.String() + "/" + key
+	recorded []string        // consumer/key
+	scopes   []idempotent.SeenScope
 	ttls     []time.Duration
 	asked    int
 }
 
-func (s *recordingSeen) Seen(_ context.Context, consumer, key string) bool {
+func entry(s idempotent.SeenScope, key string) string { return s.String() + "/" + key }
+
+func (s *recordingSeen) Seen(_ context.Context, scope idempotent.SeenScope, key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.asked++
-	return s.known[[2]string{consumer, key}]
+	return s.known[entry(scope, key)]
 }
 
-func (s *recordingSeen) Record(_ context.Context, consumer, key string, ttl time.Duration) {
+func (s *recordingSeen) Record(_ context.Context, scope idempotent.SeenScope, key string, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.recorded = append(s.recorded, consumer+"/"+key)
+	s.recorded = append(s.recorded, scope.Consumer+"/"+key)
+	s.scopes = append(s.scopes, scope)
 	s.ttls = append(s.ttls, ttl)
 }
 
+// allSeen is a Seen that has seen everything, everywhere: any answer it
+// gives is a Duplicate, so a delivery that reaches the claim shows that
+// the pre-check was left out.
+type allSeen struct {
+	mu    sync.Mutex
+	asked int
+}
+
+func (s *allSeen) Seen(context.Context, idempotent.SeenScope, string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked++
+	return true
+}
+
+func (s *allSeen) Record(context.Context, idempotent.SeenScope, string, time.Duration) {}
+
 func TestSeenHitSendsNothing(t *testing.T) {
 	r := newRecorded(t)
-	s := &recordingSeen{known: map[[2]string]bool{{consumer, key}: true}}
-	mw := newMiddleware(t, r, idempotent.WithSeen(s))
+	s := &recordingSeen{known: map[string]bool{entry(scope, key): true}}
+	mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
 	got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
 		t.Error("the handler ran for a known duplicate")
 		return nil
@@ -53,24 +115,33 @@ func TestSeenHitSendsNothing(t *testing.T) {
 
 func TestSeenMissGoesToClaimAndRecordsAfterCommit(t *testing.T) {
 	r := newRecorded(t)
-	// Known for another consumer only: entries are consumer-scoped.
-	s := &recordingSeen{known: map[[2]string]bool{{"other", key}: true}}
-	mw := newMiddleware(t, r, idempotent.WithSeen(s), idempotent.WithRetention(48*time.Hour))
+	// Known in other scopes only: another consumer, table, database.
+	other := func(f func(*idempotent.SeenScope)) string {
+		s := scope
+		f(&s)
+		return entry(s, key)
+	}
+	s := &recordingSeen{known: map[string]bool{
+		other(func(s *idempotent.SeenScope) { s.Consumer = "other" }):               true,
+		other(func(s *idempotent.SeenScope) { s.Table = "app.processed_messages" }): true,
+		other(func(s *idempotent.SeenScope) { s.Database += "2" }):                  true,
+	}}
+	mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s), idempotent.WithRetention(48*time.Hour))
 	expectApplied(r.mock, key)
 	got, err := mw.Process(context.Background(), key, effect)
 	if err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT")
-	if len(s.recorded) != 1 || s.recorded[0] != consumer+"/"+key || s.ttls[0] != 48*time.Hour {
-		t.Fatalf("recorded %v with %v, want %s/%s for the retention window", s.recorded, s.ttls, consumer, key)
+	if len(s.recorded) != 1 || s.scopes[0] != scope || s.recorded[0] != consumer+"/"+key || s.ttls[0] != 48*time.Hour {
+		t.Fatalf("recorded %v in %v with %v, want %s/%s in %v for the retention window", s.recorded, s.scopes, s.ttls, consumer, key, scope)
 	}
 }
 
 func TestSeenNotRecordedWhenTheClaimRolledBack(t *testing.T) {
 	r := newRecorded(t)
 	s := &recordingSeen{}
-	mw := newMiddleware(t, r, idempotent.WithSeen(s))
+	mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
 	r.mock.ExpectBegin()
 	expectClaim(r.mock, key, 1)
 	r.mock.ExpectRollback()
@@ -99,30 +170,184 @@ func TestSeenLRU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Seen(ctx, "c", "a") {
+	c := idempotent.SeenScope{Database: "db", Table: "t", Consumer: "c"}
+	if s.Seen(ctx, c, "a") {
 		t.Fatal("empty LRU saw a key")
 	}
-	s.Record(ctx, "c", "a", time.Hour)
-	s.Record(ctx, "c", "b", time.Hour)
-	if !s.Seen(ctx, "c", "a") || s.Seen(ctx, "d", "a") {
-		t.Fatal("consumer scoping broken")
+	s.Record(ctx, c, "a", time.Hour)
+	s.Record(ctx, c, "b", time.Hour)
+	if !s.Seen(ctx, c, "a") {
+		t.Fatal("a recorded key was not seen")
+	}
+	// Scoped by consumer, table and database alike.
+	for _, other := range []idempotent.SeenScope{
+		{Database: "db", Table: "t", Consumer: "d"},
+		{Database: "db", Table: "u", Consumer: "c"},
+		{Database: "db2", Table: "t", Consumer: "c"},
+	} {
+		if s.Seen(ctx, other, "a") {
+			t.Fatalf("a key recorded in %v was seen in %v", c, other)
+		}
 	}
 	// "a" was used last: recording "c" evicts "b".
-	s.Record(ctx, "c", "c", time.Hour)
-	if s.Len() != 2 || s.Seen(ctx, "c", "b") || !s.Seen(ctx, "c", "a") || !s.Seen(ctx, "c", "c") {
+	s.Record(ctx, c, "c", time.Hour)
+	if s.Len() != 2 || s.Seen(ctx, c, "b") || !s.Seen(ctx, c, "a") || !s.Seen(ctx, c, "c") {
 		t.Fatalf("eviction: len %d", s.Len())
 	}
-	s.Record(ctx, "c", "z", 0)
-	if s.Seen(ctx, "c", "z") {
+	s.Record(ctx, c, "z", 0)
+	if s.Seen(ctx, c, "z") {
 		t.Fatal("a zero ttl recorded the key")
 	}
 	// Expiry, with a tiny ttl: expired entries are misses.
-	s.Record(ctx, "c", "short", time.Nanosecond)
+	s.Record(ctx, c, "short", time.Nanosecond)
 	deadline := time.Now().Add(time.Second)
-	for s.Seen(ctx, "c", "short") {
+	for s.Seen(ctx, c, "short") {
 		if time.Now().After(deadline) {
 			t.Fatal("entry did not expire")
 		}
+	}
+}
+
+// TestSeenScopeString: distinct scopes have distinct texts, whatever bytes
+// their fields hold.
+func TestSeenScopeString(t *testing.T) {
+	scopes := []idempotent.SeenScope{
+		{},
+		{Database: "a", Table: "b", Consumer: "c"},
+		{Database: "a:b", Table: "", Consumer: "c"},
+		{Database: "a", Table: "b:c", Consumer: ""},
+		{Database: "1:a", Table: "b", Consumer: "c"},
+		{Database: "", Table: "1:a1:b", Consumer: "c"},
+	}
+	seen := map[string]idempotent.SeenScope{}
+	for _, s := range scopes {
+		if o, ok := seen[s.String()]; ok {
+			t.Fatalf("%#v and %#v share the text %q", o, s, s.String())
+		}
+		seen[s.String()] = s
+	}
+	if got := (idempotent.SeenScope{Database: "pg", Table: "t", Consumer: "c"}).String(); got != "2:pg1:t1:c" {
+		t.Fatalf("String() = %q", got)
+	}
+}
+
+// TestSeenScopeReadOnceFromTheDatabase: the first delivery reads the
+// database's name with the dialect's identity query, before the pre-check
+// is consulted; later deliveries do not read it again.
+func TestSeenScopeReadOnceFromTheDatabase(t *testing.T) {
+	r := newRecorded(t)
+	ctx := context.Background()
+	// The query the Postgres dialect sends, as it sends it.
+	var identitySQL string
+	var identityArgs []any
+	if _, err := pg.Identity(ctx, dialect.Table{Name: idempotent.DefaultTable}, func(_ context.Context, q string, args ...any) (string, error) {
+		identitySQL, identityArgs = q, args
+		return database, nil
+	}); err != nil || len(identityArgs) != 1 {
+		t.Fatalf("Identity: %v, args %v", err, identityArgs)
+	}
+	s := &recordingSeen{known: map[string]bool{entry(scope, key): true}}
+	mw := newSeenMiddleware(t, r, pg, idempotent.WithSeen(s))
+	r.mock.ExpectQuery(identitySQL).WithArgs(identityArgs[0]).WillReturnRows(sqlmock.NewRows([]string{"identity"}).AddRow(database))
+	for i := 0; i < 3; i++ {
+		if got, err := mw.Process(ctx, key, effect); err != nil || got != idempotent.Duplicate {
+			t.Fatalf("delivery %d: got (%v, %v), want duplicate", i, got, err)
+		}
+	}
+	r.wantCalls(t, identitySQL)
+	if got, err := mw.SeenScope(ctx); err != nil || got != scope {
+		t.Fatalf("SeenScope = %v, %v; want %v", got, err, scope)
+	}
+}
+
+// TestWithSeenRefusedWithoutIdentifier: a dialect that cannot name its
+// database gets no pre-check: New refuses WithSeen, naming the dialect, and
+// SeenScope says why.
+func TestWithSeenRefusedWithoutIdentifier(t *testing.T) {
+	r := newRecorded(t)
+	lru, err := idempotent.NewSeenLRU(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := struct{ dialect.Dialect }{pg}
+	if _, err := idempotent.New(r.db, d, consumer, idempotent.WithSeen(lru)); err == nil || !strings.Contains(err.Error(), "postgres dialect cannot name its database") {
+		t.Fatalf("New with WithSeen on a dialect without Identifier: %v, want an error naming the dialect", err)
+	}
+	mw, err := idempotent.New(r.db, d, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mw.SeenScope(context.Background()); !errors.Is(err, idempotent.ErrNoSeenScope) {
+		t.Fatalf("SeenScope: %v, want ErrNoSeenScope", err)
+	}
+	r.wantCalls(t)
+}
+
+// TestSeenScopeUnreadableLeavesThePreCheckOut: when the database cannot be
+// named — the dialect's query fails, or names nothing — the pre-check is
+// never consulted nor recorded: with a pre-check that has seen everything,
+// every delivery still goes to the claim. A failed read is tried again
+// only after a while, not on every delivery.
+func TestSeenScopeUnreadableLeavesThePreCheckOut(t *testing.T) {
+	ctx := context.Background()
+	boom := errors.New("permission denied for function pg_control_system")
+	for name, d := range map[string]func() dialect.Dialect{
+		"the query fails":     func() dialect.Dialect { return &namedPG{Dialect: pg, err: boom} },
+		"the name is nothing": func() dialect.Dialect { return &namedPG{Dialect: pg} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := newRecorded(t)
+			d := d()
+			s := &allSeen{}
+			mw := newSeenMiddleware(t, r, d, idempotent.WithSeen(s))
+			for i := 0; i < 3; i++ {
+				expectApplied(r.mock, fmt.Sprint(key, i))
+				if got, err := mw.Process(ctx, fmt.Sprint(key, i), effect); err != nil || got != idempotent.Applied {
+					t.Fatalf("delivery %d: got (%v, %v), want applied by the claim", i, got, err)
+				}
+			}
+			if s.asked != 0 {
+				t.Fatalf("the pre-check was asked %d times", s.asked)
+			}
+			if _, err := mw.SeenScope(ctx); !errors.Is(err, idempotent.ErrNoSeenScope) {
+				t.Fatalf("SeenScope: %v, want ErrNoSeenScope", err)
+			}
+			if n, ok := d.(*namedPG); ok && n.reads != 1 {
+				t.Fatalf("the identity was read %d times in a row, want once until the retry interval", n.reads)
+			}
+			if n, ok := d.(*namedPG); ok && n.err != nil {
+				if _, err := mw.SeenScope(ctx); !errors.Is(err, n.err) {
+					t.Fatalf("SeenScope: %v, want the query's error", err)
+				}
+			}
+		})
+	}
+}
+
+// TestSeenScopeTablesApart: two Middlewares of one consumer on two tables
+// of one database, sharing one pre-check, do not answer for each other.
+func TestSeenScopeTablesApart(t *testing.T) {
+	ctx := context.Background()
+	lru, err := idempotent.NewSeenLRU(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorded(t)
+	a := newSeenMiddleware(t, r, nil, idempotent.WithSeen(lru))
+	b := newSeenMiddleware(t, r, nil, idempotent.WithSeen(lru), idempotent.WithTable("app.processed_messages"))
+	expectApplied(r.mock, key)
+	if got, err := a.Process(ctx, key, effect); err != nil || got != idempotent.Applied {
+		t.Fatalf("first table: got (%v, %v), want applied", got, err)
+	}
+	r.mock.ExpectBegin()
+	r.mock.ExpectExec(pg.ClaimSQL(dialect.Table{Schema: "app", Name: "processed_messages"})).WithArgs(consumer, key).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectEffect(r.mock)
+	r.mock.ExpectCommit()
+	if got, err := b.Process(ctx, key, effect); err != nil || got != idempotent.Applied {
+		t.Fatalf("second table: got (%v, %v), want applied", got, err)
+	}
+	if got, err := a.Process(ctx, key, effect); err != nil || got != idempotent.Duplicate {
+		t.Fatalf("first table again: got (%v, %v), want duplicate from the pre-check", got, err)
 	}
 }
 
@@ -134,7 +359,7 @@ type batchSeen struct {
 	wrongLength             bool
 }
 
-func (s *batchSeen) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+func (s *batchSeen) SeenKeys(ctx context.Context, scope idempotent.SeenScope, keys []string) []bool {
 	s.mu.Lock()
 	s.batchAsks++
 	s.mu.Unlock()
@@ -143,17 +368,17 @@ func (s *batchSeen) SeenKeys(ctx context.Context, consumer string, keys []string
 	}
 	out := make([]bool, len(keys))
 	for i, k := range keys {
-		out[i] = s.recordingSeen.Seen(ctx, consumer, k)
+		out[i] = s.recordingSeen.Seen(ctx, scope, k)
 	}
 	return out
 }
 
-func (s *batchSeen) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
+func (s *batchSeen) RecordKeys(ctx context.Context, scope idempotent.SeenScope, keys []string, ttl time.Duration) {
 	s.mu.Lock()
 	s.batchRecords++
 	s.mu.Unlock()
 	for _, k := range keys {
-		s.recordingSeen.Record(ctx, consumer, k, ttl)
+		s.recordingSeen.Record(ctx, scope, k, ttl)
 	}
 }
 
@@ -171,12 +396,12 @@ func TestSeenBatch(t *testing.T) {
 		}
 		t.Run(name+": known keys are not claimed", func(t *testing.T) {
 			r := newRecorded(t)
-			bs := &batchSeen{recordingSeen: recordingSeen{known: map[[2]string]bool{{consumer, "a"}: true}}}
+			bs := &batchSeen{recordingSeen: recordingSeen{known: map[string]bool{entry(scope, "a"): true}}}
 			var s idempotent.Seen = &bs.recordingSeen
 			if batch {
 				s = bs
 			}
-			mw := newMiddleware(t, r, idempotent.WithSeen(s))
+			mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
 			r.mock.ExpectBegin()
 			r.mock.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"b", "c"})).
 				WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("c"))
@@ -202,8 +427,8 @@ func TestSeenBatch(t *testing.T) {
 	}
 	t.Run("all known: no transaction", func(t *testing.T) {
 		r := newRecorded(t)
-		s := &recordingSeen{known: map[[2]string]bool{{consumer, "a"}: true, {consumer, "b"}: true, {consumer, "c"}: true}}
-		mw := newMiddleware(t, r, idempotent.WithSeen(s))
+		s := &recordingSeen{known: map[string]bool{entry(scope, "a"): true, entry(scope, "b"): true, entry(scope, "c"): true}}
+		mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
 		outs, err := mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error {
 			t.Error("the handler ran for known duplicates")
 			return nil
@@ -216,7 +441,7 @@ func TestSeenBatch(t *testing.T) {
 	t.Run("rolled back: nothing recorded", func(t *testing.T) {
 		r := newRecorded(t)
 		s := &recordingSeen{}
-		mw := newMiddleware(t, r, idempotent.WithSeen(s))
+		mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
 		r.mock.ExpectBegin()
 		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).
 			WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("a").AddRow("b").AddRow("c"))
@@ -232,7 +457,7 @@ func TestSeenBatch(t *testing.T) {
 	t.Run("a SeenBatch answer of the wrong length is a miss", func(t *testing.T) {
 		r := newRecorded(t)
 		bs := &batchSeen{wrongLength: true}
-		mw := newMiddleware(t, r, idempotent.WithSeen(bs))
+		mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(bs))
 		r.mock.ExpectBegin()
 		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b", "c"})).
 			WillReturnRows(sqlmock.NewRows([]string{"message_key"}))

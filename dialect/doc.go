@@ -40,7 +40,9 @@
 //     cannot run, which idempotent.New refuses;
 //   - [ClaimFolder]: run the claim and another data-modifying statement of
 //     the same transaction as one statement (the Kafka consumer's offset
-//     advance; otherwise two statements).
+//     advance; otherwise two statements);
+//   - [Identifier]: name the claim table's database, which the duplicate
+//     pre-check (idempotent.Seen) scopes its entries by.
 //
 // Without one, the middleware refuses the ability with an error that names
 // the dialect ("the sqlite dialect does not support partitions").

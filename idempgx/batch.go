@@ -110,8 +110,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		first = append(first, i)
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
-	if m.seen != nil {
-		hit := seencheck.Keys(ctx, m.seen, m.consumer, c.uniq)
+	if hit := m.seenKeys(ctx, c.uniq); hit != nil {
 		if c.uniq, first = seencheck.Unknown(hit, c.uniq, first); len(c.uniq) == 0 {
 			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
@@ -151,9 +150,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 			outcomes[first[j]] = idempotent.Applied
 		}
 	}
-	if m.seen != nil {
-		seencheck.Record(ctx, m.seen, m.consumer, c.uniq, m.retention)
-	}
+	m.recordSeenKeys(ctx, c.uniq)
 	return outcomes, attempts, nil
 }
 

@@ -261,7 +261,7 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if err := m.core.CheckMessage(idempotent.Message{Key: key, EventTime: at}); err != nil {
 		return 0, 0, err
 	}
-	if m.seen != nil && m.seen.Seen(ctx, m.consumer, key) {
+	if m.seenBefore(ctx, key) {
 		return idempotent.Duplicate, 0, nil
 	}
 	var outcome idempotent.Outcome
@@ -273,9 +273,7 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if err != nil {
 		return 0, attempts, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, err)
 	}
-	if m.seen != nil {
-		m.seen.Record(ctx, m.consumer, key, m.retention)
-	}
+	m.recordSeen(ctx, key)
 	return outcome, attempts, nil
 }
 

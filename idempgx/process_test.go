@@ -522,17 +522,21 @@ func TestSeenPreCheck(t *testing.T) {
 	}
 	p, s, m := setup(t, 4, idempgx.WithSeen(lru))
 	ctx := context.Background()
+	scope, err := m.Core().SeenScope(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	boom := errors.New("boom")
 	if _, err := m.Process(ctx, "k", func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
-	if lru.Seen(ctx, "orders", "k") {
+	if lru.Seen(ctx, scope, "k") {
 		t.Fatal("a rolled-back delivery was recorded")
 	}
 	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Applied {
 		t.Fatalf("%v, %v; want applied", o, err)
 	}
-	if !lru.Seen(ctx, "orders", "k") {
+	if !lru.Seen(ctx, scope, "k") {
 		t.Fatal("a committed delivery was not recorded")
 	}
 	// Drop the claim table: an answer now can only come from the pre-check.
@@ -556,6 +560,10 @@ func TestSeenPreCheckBatch(t *testing.T) {
 	}
 	p, s, m := setup(t, 4, idempgx.WithSeen(lru))
 	ctx := context.Background()
+	scope, err := m.Core().SeenScope(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	insert := func(keys []string) idempgx.BatchFunc {
 		return func(ctx context.Context, tx pgx.Tx, fresh []int) error {
 			for _, i := range fresh {
@@ -570,7 +578,7 @@ func TestSeenPreCheckBatch(t *testing.T) {
 	if _, err := m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return boom }); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
-	if lru.Seen(ctx, "orders", "a") || lru.Seen(ctx, "orders", "b") {
+	if lru.Seen(ctx, scope, "a") || lru.Seen(ctx, scope, "b") {
 		t.Fatal("a rolled-back batch was recorded")
 	}
 	first := []string{"b", "a"}
@@ -585,7 +593,7 @@ func TestSeenPreCheckBatch(t *testing.T) {
 	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate}) {
 		t.Fatalf("%v, %v; want c applied, b from the pre-check, a from the claim", outs, err)
 	}
-	if !lru.Seen(ctx, "orders", "c") {
+	if !lru.Seen(ctx, scope, "c") {
 		t.Fatal("a committed batch was not recorded")
 	}
 	// Drop the claim table: a batch it knows whole needs no database.

@@ -8,5 +8,18 @@
 // retention window, so it never outlives the claim; a missing key, an
 // evicted one, a Redis that is down or slow (beyond WithTimeout) all send
 // the delivery to the claim in the database, which decides as it always
-// does. Keys are scoped by consumer.
+// does.
+//
+// Keys are scoped by the Middleware's idempotent.SeenScope — the claim
+// table's database as its dialect names it, the table and the consumer —
+// hashed into a tag after the key prefix (see Seen.Key). Middlewares of one
+// consumer name on different databases or tables can therefore share one
+// Redis, with the default prefix or any other: staging and production,
+// tenants, a database/sql and a pgx Middleware on different tables. A
+// Middleware whose database cannot be named consults no pre-check at all.
+//
+// A Duplicate from Redis is safe only where the message was already
+// settled at the broker; after restoring the claim database, see
+// idempotent.Seen and docs/operations.md ("Pre-check and restores") for
+// what to clear.
 package seenredis

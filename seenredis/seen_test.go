@@ -86,28 +86,49 @@ func newSeen(t *testing.T, addr string, opts ...seenredis.Option) (*seenredis.Se
 	return s, c
 }
 
+// orders and billing are two scopes of one database and table.
+var (
+	orders  = idempotent.SeenScope{Database: "db", Table: "claims", Consumer: "orders"}
+	billing = idempotent.SeenScope{Database: "db", Table: "claims", Consumer: "billing"}
+)
+
 func TestSeenRecordScopeAndExpiry(t *testing.T) {
 	r := startRedis(t)
 	s, c := newSeen(t, r.addr)
 	ctx := context.Background()
-	if s.Seen(ctx, "orders", "k") {
+	if s.Seen(ctx, orders, "k") {
 		t.Fatal("an unrecorded key was seen")
 	}
-	s.Record(ctx, "orders", "k", time.Hour)
-	if !s.Seen(ctx, "orders", "k") {
+	s.Record(ctx, orders, "k", time.Hour)
+	if !s.Seen(ctx, orders, "k") {
 		t.Fatal("a recorded key was not seen")
 	}
-	// Scoped by consumer, and no two pairs share a Redis key.
-	if s.Seen(ctx, "billing", "k") || s.Seen(ctx, "orders:k", "") || s.Key("a:b", "c") == s.Key("a", "b:c") {
-		t.Fatal("consumer scoping broken")
+	// Scoped by consumer, table and database, and no two pairs share a
+	// Redis key.
+	for _, other := range []idempotent.SeenScope{
+		billing,
+		{Database: orders.Database, Table: "claims2", Consumer: orders.Consumer},
+		{Database: "db2", Table: orders.Table, Consumer: orders.Consumer},
+	} {
+		if s.Seen(ctx, other, "k") {
+			t.Fatalf("a key recorded in %v was seen in %v", orders, other)
+		}
+	}
+	if s.Key(orders, "k") == s.Key(billing, "k") || len(s.Prefix(orders)) != len(seenredis.DefaultPrefix)+33 || !strings.HasPrefix(s.Key(orders, "k"), seenredis.DefaultPrefix) {
+		t.Fatalf("keys %q and %q", s.Key(orders, "k"), s.Key(billing, "k"))
+	}
+	// A prefix of the user's own is followed by the scope too.
+	p, _ := newSeen(t, r.addr, seenredis.WithPrefix("app:"))
+	if !strings.HasPrefix(p.Key(orders, "k"), "app:") || p.Key(orders, "k") == p.Key(billing, "k") || p.Seen(ctx, orders, "k") {
+		t.Fatalf("with a prefix: keys %q and %q", p.Key(orders, "k"), p.Key(billing, "k"))
 	}
 	// The key expires no later than the ttl.
-	pttl, err := c.PTTL(ctx, s.Key("orders", "k")).Result()
+	pttl, err := c.PTTL(ctx, s.Key(orders, "k")).Result()
 	if err != nil || pttl <= 0 || pttl > time.Hour {
 		t.Fatalf("PTTL %v, %v; want (0, 1h]", pttl, err)
 	}
-	s.Record(ctx, "orders", "sub-ms", 500*time.Microsecond)
-	if s.Seen(ctx, "orders", "sub-ms") {
+	s.Record(ctx, orders, "sub-ms", 500*time.Microsecond)
+	if s.Seen(ctx, orders, "sub-ms") {
 		t.Fatal("a ttl under a millisecond was recorded (it would be rounded up)")
 	}
 	if _, err := seenredis.New(nil); err == nil {
@@ -123,12 +144,12 @@ func TestRedisDownIsAMiss(t *testing.T) {
 	var failures atomic.Int32
 	s, _ := newSeen(t, r.addr, seenredis.WithErrorHandler(func(error) { failures.Add(1) }))
 	ctx := context.Background()
-	s.Record(ctx, "orders", "k", time.Hour)
+	s.Record(ctx, orders, "k", time.Hour)
 	r.kill()
-	if s.Seen(ctx, "orders", "k") {
+	if s.Seen(ctx, orders, "k") {
 		t.Fatal("Seen answered true with Redis down")
 	}
-	s.Record(ctx, "orders", "k2", time.Hour) // must not panic or block
+	s.Record(ctx, orders, "k2", time.Hour) // must not panic or block
 	if failures.Load() < 2 {
 		t.Fatalf("%d failures reported, want 2", failures.Load())
 	}
@@ -221,12 +242,12 @@ type countingSeen struct {
 	hits atomic.Int32
 }
 
-func (c *countingSeen) Record(ctx context.Context, consumer, key string, ttl time.Duration) {
-	c.s.Record(ctx, consumer, key, ttl)
+func (c *countingSeen) Record(ctx context.Context, scope idempotent.SeenScope, key string, ttl time.Duration) {
+	c.s.Record(ctx, scope, key, ttl)
 }
 
-func (c *countingSeen) Seen(ctx context.Context, consumer, key string) bool {
-	ok := c.s.Seen(ctx, consumer, key)
+func (c *countingSeen) Seen(ctx context.Context, scope idempotent.SeenScope, key string) bool {
+	ok := c.s.Seen(ctx, scope, key)
 	if ok {
 		c.hits.Add(1)
 	}
@@ -272,31 +293,31 @@ func TestSeenKeysAndRecordKeys(t *testing.T) {
 	var failures atomic.Int32
 	s, c := newSeen(t, r.addr, seenredis.WithErrorHandler(func(error) { failures.Add(1) }))
 	ctx := context.Background()
-	s.RecordKeys(ctx, "orders", []string{"a", "c"}, time.Hour)
-	s.Record(ctx, "billing", "b", time.Hour)
-	got := s.SeenKeys(ctx, "orders", []string{"a", "b", "c", "d"})
+	s.RecordKeys(ctx, orders, []string{"a", "c"}, time.Hour)
+	s.Record(ctx, billing, "b", time.Hour)
+	got := s.SeenKeys(ctx, orders, []string{"a", "b", "c", "d"})
 	if want := []bool{true, false, true, false}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("SeenKeys = %v, want %v (scoped by consumer)", got, want)
+		t.Fatalf("SeenKeys = %v, want %v (scoped)", got, want)
 	}
-	if !s.Seen(ctx, "orders", "c") {
+	if !s.Seen(ctx, orders, "c") {
 		t.Fatal("a key recorded by RecordKeys is not seen by Seen")
 	}
-	pttl, err := c.PTTL(ctx, s.Key("orders", "a")).Result()
+	pttl, err := c.PTTL(ctx, s.Key(orders, "a")).Result()
 	if err != nil || pttl <= 0 || pttl > time.Hour {
 		t.Fatalf("PTTL %v, %v; want (0, 1h]", pttl, err)
 	}
-	s.RecordKeys(ctx, "orders", []string{"sub-ms"}, 500*time.Microsecond)
-	if s.Seen(ctx, "orders", "sub-ms") {
+	s.RecordKeys(ctx, orders, []string{"sub-ms"}, 500*time.Microsecond)
+	if s.Seen(ctx, orders, "sub-ms") {
 		t.Fatal("a ttl under a millisecond was recorded")
 	}
-	if len(s.SeenKeys(ctx, "orders", nil)) != 0 {
+	if len(s.SeenKeys(ctx, orders, nil)) != 0 {
 		t.Fatal("SeenKeys of no keys answered something")
 	}
 	r.kill()
-	if got := s.SeenKeys(ctx, "orders", []string{"a", "c"}); got[0] || got[1] {
+	if got := s.SeenKeys(ctx, orders, []string{"a", "c"}); got[0] || got[1] {
 		t.Fatalf("SeenKeys answered %v with Redis down, want all false", got)
 	}
-	s.RecordKeys(ctx, "orders", []string{"e"}, time.Hour) // must not panic or block
+	s.RecordKeys(ctx, orders, []string{"e"}, time.Hour) // must not panic or block
 	if failures.Load() < 2 {
 		t.Fatalf("%d failures reported, want 2", failures.Load())
 	}
@@ -363,9 +384,9 @@ type countingSeenBatch struct {
 	batchCalls atomic.Int32
 }
 
-func (c *countingSeenBatch) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+func (c *countingSeenBatch) SeenKeys(ctx context.Context, scope idempotent.SeenScope, keys []string) []bool {
 	c.batchCalls.Add(1)
-	hit := c.s.SeenKeys(ctx, consumer, keys)
+	hit := c.s.SeenKeys(ctx, scope, keys)
 	for _, h := range hit {
 		if h {
 			c.hits.Add(1)
@@ -374,6 +395,6 @@ func (c *countingSeenBatch) SeenKeys(ctx context.Context, consumer string, keys 
 	return hit
 }
 
-func (c *countingSeenBatch) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
-	c.s.RecordKeys(ctx, consumer, keys, ttl)
+func (c *countingSeenBatch) RecordKeys(ctx context.Context, scope idempotent.SeenScope, keys []string, ttl time.Duration) {
+	c.s.RecordKeys(ctx, scope, keys, ttl)
 }

@@ -42,13 +42,17 @@
 //   - transaction options: New refuses ReadOnly and, where the dialect is a
 //     dialect.TxOptionsChecker, each level it refuses, naming the level and
 //     the dialect; every level it accepts runs a claim;
+//   - the duplicate pre-check: two middlewares of one consumer name on two
+//     tables sharing one SeenLRU each apply every message once;
 //   - the optional interfaces, where the dialect implements them:
 //     dialect.Cleaner (Cleanup deletes only claims past the window),
 //     dialect.Partitioner (a day's claim applies once; a day without its
 //     partition yet is ErrNoPartition until MaintainPartitions creates it),
 //     dialect.Upserter (the version-guarded upsert) and dialect.ClaimFolder
 //     (the claim folded with a companion statement reports the companion's
-//     rows and whether the claim is new, and both commit).
+//     rows and whether the claim is new, and both commit), and
+//     dialect.Identifier (the database is named alike from two pools, so
+//     the pre-check runs and answers a redelivery).
 //
 // Every check feeds the dialect errors the database really produced; none
 // is built by hand.

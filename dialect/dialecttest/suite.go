@@ -56,12 +56,14 @@ func checks() []check {
 		{"LockTimeoutRestored/BatchClaim", func(t *testing.T, e *Env) { checkLockTimeoutRestored(t, e, true) }},
 		{"ImplicitCommit", checkImplicitCommit},
 		{"IsolationLevels", checkIsolationLevels},
+		{"SeenTablesApart", checkSeenTablesApart},
 		// The optional interfaces of package dialect, checked where the
 		// dialect implements them and skipped where it does not.
 		{"Optional/Cleaner", checkCleaner},
 		{"Optional/Partitioner", checkPartitioner},
 		{"Optional/Upserter", checkUpserter},
 		{"Optional/ClaimFolder", checkClaimFolder},
+		{"Optional/Identifier", checkIdentifier},
 	}
 }
 

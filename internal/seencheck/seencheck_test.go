@@ -2,7 +2,9 @@ package seencheck
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -13,7 +15,7 @@ type one struct {
 	recorded []string
 }
 
-func (o *one) Seen(_ context.Context, _, key string) bool { return o.known[key] }
+func (o *one) Seen(_ context.Context, _ string, key string) bool { return o.known[key] }
 func (o *one) Record(_ context.Context, _, key string, _ time.Duration) {
 	o.recorded = append(o.recorded, key)
 }
@@ -25,22 +27,22 @@ type many struct {
 	wrong bool
 }
 
-func (m *many) SeenKeys(ctx context.Context, consumer string, keys []string) []bool {
+func (m *many) SeenKeys(ctx context.Context, scope string, keys []string) []bool {
 	m.calls++
 	if m.wrong {
 		return []bool{true}
 	}
 	out := make([]bool, len(keys))
 	for i, k := range keys {
-		out[i] = m.one.Seen(ctx, consumer, k)
+		out[i] = m.one.Seen(ctx, scope, k)
 	}
 	return out
 }
 
-func (m *many) RecordKeys(ctx context.Context, consumer string, keys []string, ttl time.Duration) {
+func (m *many) RecordKeys(ctx context.Context, scope string, keys []string, ttl time.Duration) {
 	m.calls++
 	for _, k := range keys {
-		m.one.Record(ctx, consumer, k, ttl)
+		m.one.Record(ctx, scope, k, ttl)
 	}
 }
 
@@ -49,20 +51,20 @@ func TestKeysAndRecord(t *testing.T) {
 	keys := []string{"a", "b", "c"}
 	known := map[string]bool{"b": true}
 	o := &one{known: known}
-	if got := Keys(ctx, o, "c", keys); !slices.Equal(got, []bool{false, true, false}) {
+	if got := Keys[string](ctx, o, "c", keys); !slices.Equal(got, []bool{false, true, false}) {
 		t.Fatalf("key by key: %v", got)
 	}
 	m := &many{one: one{known: known}}
-	if got := Keys(ctx, m, "c", keys); !slices.Equal(got, []bool{false, true, false}) || m.calls != 1 {
+	if got := Keys[string](ctx, m, "c", keys); !slices.Equal(got, []bool{false, true, false}) || m.calls != 1 {
 		t.Fatalf("a batch: %v in %d calls, want one call", got, m.calls)
 	}
 	m.wrong = true
-	if got := Keys(ctx, m, "c", keys); slices.Contains(got, true) || len(got) != 3 {
+	if got := Keys[string](ctx, m, "c", keys); slices.Contains(got, true) || len(got) != 3 {
 		t.Fatalf("an answer of the wrong length: %v, want three misses", got)
 	}
-	Record(ctx, m, "c", keys, time.Hour)
-	Record(ctx, o, "c", keys, time.Hour)
-	Record(ctx, o, "c", nil, time.Hour)
+	Record[string](ctx, m, "c", keys, time.Hour)
+	Record[string](ctx, o, "c", keys, time.Hour)
+	Record[string](ctx, o, "c", nil, time.Hour)
 	if m.calls != 3 || !slices.Equal(m.recorded, keys) || !slices.Equal(o.recorded, keys) {
 		t.Fatalf("recorded %v (%d calls) and %v", m.recorded, m.calls, o.recorded)
 	}
@@ -72,5 +74,111 @@ func TestUnknown(t *testing.T) {
 	keys, first := Unknown([]bool{true, false, true, false}, []string{"a", "b", "c", "d"}, []int{3, 0, 2, 1})
 	if !slices.Equal(keys, []string{"b", "d"}) || !slices.Equal(first, []int{0, 1}) {
 		t.Fatalf("Unknown = %v, %v; want [b d], [0 1]", keys, first)
+	}
+}
+
+// TestScope: the scope is read once; a failed read is answered from memory
+// until RetryAfter has passed, then read again; a read cut short by its
+// caller's context is not remembered; concurrent callers share one read.
+func TestScope(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	var s Scope[string]
+	s.now = func() time.Time { return now }
+	reads := 0
+	boom := errors.New("boom")
+	fail := func(context.Context) (string, error) { reads++; return "", boom }
+	ok := func(context.Context) (string, error) { reads++; return "scope", nil }
+
+	if _, err := s.Get(ctx, fail); !errors.Is(err, boom) || reads != 1 {
+		t.Fatalf("first read: %v after %d reads", err, reads)
+	}
+	now = now.Add(RetryAfter - time.Nanosecond)
+	if _, err := s.Get(ctx, ok); !errors.Is(err, boom) || reads != 1 {
+		t.Fatalf("within RetryAfter: %v after %d reads, want the last error and no read", err, reads)
+	}
+	now = now.Add(time.Nanosecond)
+	if v, err := s.Get(ctx, ok); err != nil || v != "scope" || reads != 2 {
+		t.Fatalf("after RetryAfter: %q, %v after %d reads", v, err, reads)
+	}
+	if v, err := s.Get(ctx, fail); err != nil || v != "scope" || reads != 2 {
+		t.Fatalf("once read: %q, %v after %d reads, want no read", v, err, reads)
+	}
+
+	// A read that fails because its caller gave up is not remembered.
+	var c Scope[string]
+	c.now = s.now
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.Get(cctx, func(ctx context.Context) (string, error) { return "", ctx.Err() }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	if v, err := c.Get(ctx, ok); err != nil || v != "scope" {
+		t.Fatalf("after a cancelled read: %q, %v; want a fresh read", v, err)
+	}
+
+	// Concurrent callers: one read, the others wait for it.
+	var p Scope[string]
+	started, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	n := 0
+	slow := func(context.Context) (string, error) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		close(started)
+		<-release
+		return "scope", nil
+	}
+	var wg sync.WaitGroup
+	got := make([]string, 4)
+	wg.Add(1)
+	go func() { defer wg.Done(); got[0], _ = p.Get(ctx, slow) }()
+	<-started
+	for i := 1; i < len(got); i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i], _ = p.Get(ctx, slow) }()
+	}
+	// A waiter whose context ends stops waiting.
+	wctx, wcancel := context.WithCancel(ctx)
+	wcancel()
+	if _, err := p.Get(wctx, slow); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a waiter whose context ended: %v", err)
+	}
+	close(release)
+	wg.Wait()
+	if n != 1 || slices.ContainsFunc(got, func(v string) bool { return v != "scope" }) {
+		t.Fatalf("%d reads, answers %q; want one read and four answers", n, got)
+	}
+}
+
+// scoper gives scope, or err.
+type scoper struct {
+	scope string
+	err   error
+}
+
+func (s scoper) SeenScope(context.Context) (string, error) { return s.scope, s.err }
+
+// TestBeforeKnownAfter: without a pre-check, or while its scope cannot be
+// read, nothing is known and nothing recorded.
+func TestBeforeKnownAfter(t *testing.T) {
+	ctx := context.Background()
+	o := &one{known: map[string]bool{"a": true}}
+	ok, broken := scoper{scope: "s"}, scoper{err: errors.New("no scope")}
+	if !Before[string](ctx, o, ok, "a") || Before[string](ctx, o, broken, "a") || Before[string](ctx, nil, ok, "a") {
+		t.Fatal("Before: want true only with a pre-check and a scope")
+	}
+	if got := Known[string](ctx, o, ok, []string{"a", "b"}); !slices.Equal(got, []bool{true, false}) {
+		t.Fatalf("Known = %v", got)
+	}
+	if Known[string](ctx, o, broken, []string{"a"}) != nil || Known[string](ctx, nil, ok, []string{"a"}) != nil {
+		t.Fatal("Known: want nil without a pre-check or a scope")
+	}
+	After[string](ctx, o, broken, []string{"x"}, time.Hour)
+	After[string](ctx, nil, ok, []string{"x"}, time.Hour)
+	After[string](ctx, o, ok, []string{"y"}, time.Hour)
+	if !slices.Equal(o.recorded, []string{"y"}) {
+		t.Fatalf("recorded %v, want [y]", o.recorded)
 	}
 }
