@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/internal/claimfold"
+	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 )
 
 // Consumer consumes topics as a member of a Kafka consumer group and applies
@@ -27,12 +29,13 @@ import (
 type Consumer struct {
 	db       *sql.DB
 	mw       *idempotent.Middleware
+	path     claimfold.Path // the Middleware's own transaction path
 	consumer string
 	key      KeyFunc
 	handle   Handler
 	batch    BatchHandler
 	cfg      config
-	q        offsetStatements
+	q        kafkaoffsets.Statements
 	stats    counters
 
 	fold *claimfold.Fold // the claim folded with the offset advance; nil: cannot
@@ -43,15 +46,22 @@ type Consumer struct {
 }
 
 type counters struct {
-	applied, duplicates, deadLettered, dropped, retries, fenced, rebalances atomic.Int64
+	applied, duplicates, deadLettered, dropped, retries, fenced, rebalances, stopped atomic.Int64
 }
 
 // NewConsumer returns a Consumer that applies each record with h, one
 // transaction per record. key reads each record's message key; nil means
-// Header(DefaultKeyHeader). db is the database of mw's claim table, where
-// the offsets table must be too. The offsets rows are keyed by mw's consumer
-// name: give each consumer group its own. NewConsumer sends nothing to the
-// database or to Kafka; Run does. Only Postgres is supported.
+// Header(DefaultKeyHeader). db must be the *sql.DB mw was created with (the
+// offsets table must be in that database too): the offset advances in the
+// claim's own transaction. Each record's transaction runs on mw's own claim
+// path, so mw's options apply to it as they do to Process: its transaction
+// options (idempotent.WithTxOptions), retry policy (idempotent.WithRetry),
+// lock timeout (idempotent.WithLockTimeout), strict guard
+// (idempotent.WithStrictGuard) and observer; its duplicate pre-check
+// (idempotent.WithSeen) is never consulted (see the package documentation).
+// The offsets rows are keyed by mw's consumer name: give each consumer
+// group its own. NewConsumer sends nothing to the database or to Kafka; Run
+// does. Only Postgres is supported.
 func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("kafka: NewConsumer: nil handler")
@@ -60,12 +70,12 @@ func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, 
 }
 
 // NewBatchConsumer returns a Consumer that applies the records of each poll
-// for each partition together: one transaction claims them all (with
-// Middleware.ProcessMessages, each record with its timestamp as its event
-// time unless WithoutEventTime, so a partitioned claim table works too),
-// runs h once for the new ones, and advances the partition's offset once,
-// past the last. It is the throughput path; see NewConsumer for the other
-// arguments.
+// for each partition together: one transaction claims them all (as
+// Middleware.ProcessMessages claims a batch, each record with its timestamp
+// as its event time unless WithoutEventTime, so a partitioned claim table
+// works too), runs h once for the new ones, and advances the partition's
+// offset once, past the last. It is the throughput path; see NewConsumer
+// for the other arguments, and for the Middleware options that apply.
 func NewBatchConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("kafka: NewBatchConsumer: nil handler")
@@ -83,6 +93,13 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 	if name := mw.Dialect().Name(); name != "postgres" {
 		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
 	}
+	path, ok := claimfold.NewPath(mw)
+	if !ok {
+		return nil, fmt.Errorf("kafka: %s: the middleware has no claim path", fn)
+	}
+	if path.DB() != db {
+		return nil, fmt.Errorf("kafka: %s: db is not the *sql.DB the middleware was created with: the offset must advance in the claim's own transaction", fn)
+	}
 	if key == nil {
 		key = Header(DefaultKeyHeader)
 	}
@@ -98,11 +115,11 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 	if cfg.noEventTime && mw.Partitioned() {
 		return nil, fmt.Errorf("kafka: %s: WithoutEventTime, but the claim table %s is partitioned by event day: every record needs its event time there", fn, mw.Table())
 	}
-	q, err := newOffsetStatements(cfg.offsetsTable)
+	q, err := kafkaoffsets.New(cfg.offsetsTable)
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{db: db, mw: mw, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, q: q, fold: newFold(mw, q)}, nil
+	return &Consumer{db: db, mw: mw, path: path, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, q: q, fold: newFold(mw, q)}, nil
 }
 
 // Stats returns the counts so far.
@@ -111,6 +128,7 @@ func (c *Consumer) Stats() Stats {
 	return Stats{
 		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), DeadLettered: s.deadLettered.Load(),
 		Dropped: s.dropped.Load(), Retries: s.retries.Load(), Fenced: s.fenced.Load(), Rebalances: s.rebalances.Load(),
+		Stopped: s.stopped.Load(),
 	}
 }
 
@@ -121,17 +139,27 @@ func (c *Consumer) Stats() Stats {
 // Run adds its own options after clientOpts, which replace the same options
 // given there: kgo.BlockRebalanceOnPoll, kgo.DisableAutoCommit,
 // kgo.AdjustFetchOffsetsFn (to seek each assigned partition to the offset
-// stored in the database), kgo.OnPartitionsRevoked, kgo.OnPartitionsLost and
-// kgo.OnPartitionsCallbackBlocked. Any balancer works.
+// stored in the database, or, where none is stored, to the WithResetPosition
+// position), kgo.OnPartitionsRevoked, kgo.OnPartitionsLost,
+// kgo.OnPartitionsCallbackBlocked,
+// kgo.FetchIsolationLevel(kgo.ReadCommitted()) (records of aborted Kafka
+// transactions are never applied, nor those of transactions still open)
+// and kgo.ConsumeResetOffset(kgo.NoResetOffset()) (the client never moves a
+// partition on its own when its offset falls out of the log: the Consumer
+// stops the partition instead, see EventStopped). Any balancer works.
 //
 // Each poll's records are split by partition; partitions are processed
 // concurrently by up to WithWorkers goroutines, the records of one partition
-// in offset order. The group cannot rebalance until the poll's work is done:
-// when a rebalance is waiting, records not yet started are abandoned (and
-// read again, by whichever member owns the partition next, from the stored
-// offset) while transactions in flight finish. After the database commits,
-// the offsets are also committed to Kafka, asynchronously, for lag tools
-// only.
+// in offset order. Before applying a partition's records the Consumer checks
+// that its log still continues from the stored offset — the topic ID is the
+// one stored with the offset, the log start is not above the stored offset,
+// neither the high watermark nor the first record fetched below it — and
+// otherwise stops the partition (ErrLogGap). The group cannot rebalance
+// until the poll's work is done: when a rebalance is waiting, records not
+// yet started are abandoned (and read again, by whichever member owns the
+// partition next, from the stored offset) while transactions in flight
+// finish. After the database commits, the offsets are also committed to
+// Kafka, asynchronously, for lag tools only.
 //
 // When ctx ends Run shuts down gracefully: transactions in flight finish
 // (with a context that is not cancelled, for up to WithShutdownTimeout),
@@ -144,15 +172,17 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	s := &session{c: c, owned: map[tp]int64{}}
+	s := &session{c: c, owned: map[tp]*partState{}}
 	s.rebal = make(chan struct{})
 	opts := append(slices.Clip(clientOpts),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),
 		kgo.AdjustFetchOffsetsFn(s.adjust),
-		kgo.OnPartitionsRevoked(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { s.drop(ctx, EventRevoked, m) }),
-		kgo.OnPartitionsLost(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) { s.drop(ctx, EventLost, m) }),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.drop(ctx, cl, EventRevoked, m) }),
+		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.drop(ctx, cl, EventLost, m) }),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { s.rebalanceWaiting() }),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 	)
 	// The options given must name a group and topics; a client built from
 	// them alone (it connects to nothing until used) says whether they do.
@@ -201,13 +231,16 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 			runErr = fmt.Errorf("%w: closed while consuming", ErrClient)
 			break
 		}
-		if err := s.fetchErrors(ctx, fetches); err != nil {
+		if err := s.fetchErrors(ctx, cl, fetches); err != nil {
 			runErr = err
 			break
 		}
 		rewind, commit := s.round(hctx, fetches, stop)
 		if len(rewind) > 0 {
 			cl.SetOffsets(rewind)
+		}
+		if p := s.takePauses(); len(p) > 0 {
+			cl.PauseFetchPartitions(p)
 		}
 		if len(commit) > 0 {
 			cl.CommitOffsets(hctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
@@ -233,15 +266,29 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 	return runErr
 }
 
-// fetchErrors reports the fetch errors of a poll to the observer, and
-// returns the first one retrying cannot fix.
-func (s *session) fetchErrors(ctx context.Context, fetches kgo.Fetches) error {
+// fetchErrors reports the fetch errors of a poll to the observer, stops the
+// partitions whose records the client says are lost, and returns the first
+// error retrying cannot fix.
+func (s *session) fetchErrors(ctx context.Context, cl *kgo.Client, fetches kgo.Fetches) error {
 	for _, fe := range fetches.Errors() {
 		if errors.Is(fe.Err, context.Canceled) || errors.Is(fe.Err, context.DeadlineExceeded) {
 			continue
 		}
 		if errors.Is(fe.Err, kgo.ErrClientClosed) {
 			return fmt.Errorf("%w: %w", ErrClient, fe.Err)
+		}
+		var dl *kgo.ErrDataLoss
+		if errors.As(fe.Err, &dl) || errors.Is(fe.Err, kerr.OffsetOutOfRange) {
+			// With NoResetOffset the client stops at an offset out of the
+			// log; a *ErrDataLoss says it found the log truncated under
+			// what it consumed and moved the cursor. Either way records
+			// may be gone: stop the partition rather than go on.
+			if !s.stopLost(ctx, cl, tp{fe.Topic, fe.Partition}, fe.Err) {
+				// Not this member's partition (any more): its next owner
+				// checks the log itself.
+				s.c.observe(ctx, Event{Type: EventFetchError, Topic: fe.Topic, Partition: fe.Partition, Err: fe.Err})
+			}
+			continue
 		}
 		var ke *kerr.Error
 		var gs *kgo.ErrGroupSession
@@ -269,14 +316,25 @@ func (c *Consumer) observe(ctx context.Context, e Event) {
 		c.stats.fenced.Add(1)
 	case EventAssigned:
 		c.stats.rebalances.Add(1)
+	case EventStopped:
+		c.stats.stopped.Add(1)
 	}
 	if c.cfg.observer != nil {
 		c.cfg.observer.Observe(ctx, e)
 	}
 }
 
+// stops reports whether err stops the partition instead of being retried:
+// its log does not continue from the stored offset, or a handler ended the
+// transaction itself (the claim and offset may have committed without the
+// effect: retrying would find the offset moved and go on as if nothing had
+// happened).
+func stops(err error) bool {
+	return errors.Is(err, ErrLogGap) || errors.Is(err, idempotent.ErrAutocommit)
+}
+
 func (c *Consumer) isPoison(err error) bool {
-	if errors.Is(err, ErrFenced) {
+	if errors.Is(err, ErrFenced) || stops(err) {
 		return false
 	}
 	if IsPoison(err) {
@@ -290,11 +348,6 @@ func (c *Consumer) isPoison(err error) bool {
 	return false
 }
 
-// runTx runs fn in a transaction with the Consumer's retry policy.
-func (c *Consumer) runTx(ctx context.Context, fn idempotent.TxFunc) error {
-	return idempotent.RunTx(ctx, c.db, c.mw.Dialect(), c.cfg.txOpts, c.cfg.retry, fn)
-}
-
 // recordKey returns r's message key, or a poison error.
 func (c *Consumer) recordKey(r *kgo.Record) (string, error) {
 	k, err := c.key(r)
@@ -305,12 +358,6 @@ func (c *Consumer) recordKey(r *kgo.Record) (string, error) {
 		return "", fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)
 	}
 	return k, nil
-}
-
-// claim claims key in tx, with r's timestamp as the event time unless
-// WithoutEventTime.
-func (c *Consumer) claim(ctx context.Context, tx *sql.Tx, key string, r *kgo.Record) (bool, error) {
-	return c.mw.ClaimMessage(ctx, tx, c.message(key, r))
 }
 
 // message returns r's message: its key and, unless WithoutEventTime, its
@@ -331,69 +378,97 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 	return min(d, c.cfg.retryMax)
 }
 
+// startWithout is where a partition with no stored offset starts, given
+// the offset the group's Kafka commit (or the client's start offset) says.
+func (c *Consumer) startWithout(group kgo.Offset) kgo.Offset {
+	if c.cfg.adopt && group.EpochOffset().Offset >= 0 {
+		return group
+	}
+	if c.cfg.reset == ResetLatest {
+		return kgo.NewOffset().AtEnd()
+	}
+	return kgo.NewOffset().AtStart()
+}
+
 // tp names a partition.
 type tp struct {
 	topic     string
 	partition int32
 }
 
-// session is one Run: the partitions this member owns and their stored
-// offsets as it last read or wrote them.
+// partState is what a session knows of a partition it owns.
+type partState struct {
+	stored  int64  // stored next offset, -1 when none is stored
+	topicID string // topic ID stored with it, "" when none is
+	epoch   int32  // leader epoch of the last record applied, -1 when none
+	stopped bool   // stopped (EventStopped): nothing more is applied
+}
+
+// session is one Run: the partitions this member owns and what it last
+// read or wrote of them.
 type session struct {
-	c     *Consumer
-	mu    sync.Mutex
-	owned map[tp]int64  // stored next offset, -1 when none is stored
-	epoch map[tp]int32  // leader epoch of the last record applied
-	rebal chan struct{} // closed when a rebalance waits for this poll's work
+	c      *Consumer
+	mu     sync.Mutex
+	owned  map[tp]*partState
+	pauses map[string][]int32 // partitions stopped since the loop last paused them
+	rebal  chan struct{}      // closed when a rebalance waits for this poll's work
 }
 
 // adjust is the AdjustFetchOffsetsFn: it replaces the offsets the client
-// would start from with the ones stored in the database, where there are.
+// would start from with the ones stored in the database, and where none is
+// stored with the reset position (or, WithAdoptGroupOffsets, the group's
+// Kafka commit).
 func (s *session) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	stored := map[string]map[int32]int64{}
 	parts := map[string][]int32{}
+	states := map[tp]*partState{}
 	for topic, ps := range offsets {
 		have, err := s.c.loadOffsets(ctx, topic)
 		if err != nil {
 			return nil, err
 		}
 		stored[topic] = map[int32]int64{}
-		for p := range ps {
+		for p, o := range ps {
 			parts[topic] = append(parts[topic], p)
-			o, ok := have[p]
-			if !ok {
-				stored[topic][p] = -1
-				continue
+			st := &partState{stored: -1, epoch: -1}
+			if row, ok := have[p]; ok {
+				st.stored, st.topicID = row.next, row.topicID
+				ps[p] = kgo.NewOffset().At(row.next).WithEpoch(-1)
+			} else {
+				ps[p] = s.c.startWithout(o)
 			}
-			stored[topic][p] = o
-			ps[p] = kgo.NewOffset().At(o).WithEpoch(-1)
+			stored[topic][p] = st.stored
+			states[tp{topic, p}] = st
 		}
 		slices.Sort(parts[topic])
 	}
 	s.mu.Lock()
-	for topic, ps := range stored {
-		for p, o := range ps {
-			s.owned[tp{topic, p}] = o
-		}
-	}
+	maps.Copy(s.owned, states)
 	s.mu.Unlock()
 	s.c.observe(ctx, Event{Type: EventAssigned, Partitions: parts, Offsets: stored})
 	return offsets, nil
 }
 
-// drop forgets revoked or lost partitions.
-func (s *session) drop(ctx context.Context, typ EventType, m map[string][]int32) {
+// drop forgets revoked or lost partitions, and lets the client fetch again
+// those it stopped, for whenever they are assigned next.
+func (s *session) drop(ctx context.Context, cl *kgo.Client, typ EventType, m map[string][]int32) {
 	if len(m) == 0 {
 		return
 	}
+	resume := map[string][]int32{}
 	s.mu.Lock()
 	for topic, ps := range m {
 		for _, p := range ps {
+			if st, ok := s.owned[tp{topic, p}]; ok && st.stopped {
+				resume[topic] = append(resume[topic], p)
+			}
 			delete(s.owned, tp{topic, p})
-			delete(s.epoch, tp{topic, p})
 		}
 	}
 	s.mu.Unlock()
+	if len(resume) > 0 {
+		cl.ResumeFetchPartitions(resume)
+	}
 	s.c.observe(ctx, Event{Type: typ, Partitions: m})
 }
 
@@ -407,23 +482,98 @@ func (s *session) rebalanceWaiting() {
 	}
 }
 
-func (s *session) stored(p tp) (int64, bool) {
+// state returns a copy of what the session knows of p, if it owns p.
+func (s *session) state(p tp) (partState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o, ok := s.owned[p]
-	return o, ok
+	st, ok := s.owned[p]
+	if !ok {
+		return partState{}, false
+	}
+	return *st, true
 }
 
-func (s *session) setStored(p tp, o int64, epoch int32) {
+func (s *session) setStored(p tp, o int64, epoch int32, topicID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.owned[p]; ok {
-		s.owned[p] = o
-		if s.epoch == nil {
-			s.epoch = map[tp]int32{}
+	if st, ok := s.owned[p]; ok {
+		st.stored, st.epoch = o, epoch
+		if st.topicID == "" {
+			st.topicID = topicID // the advance stored it
 		}
-		s.epoch[p] = epoch
 	}
+}
+
+// stop stops p, if the session owns it and it is not stopped yet: nothing
+// more of it is applied, and the loop pauses its fetching. The observer is
+// told, with offset and key.
+func (s *session) stop(ctx context.Context, p tp, offset int64, key string, err error) {
+	s.mu.Lock()
+	st, ok := s.owned[p]
+	if !ok || st.stopped {
+		s.mu.Unlock()
+		return
+	}
+	st.stopped = true
+	if s.pauses == nil {
+		s.pauses = map[string][]int32{}
+	}
+	s.pauses[p.topic] = append(s.pauses[p.topic], p.partition)
+	s.mu.Unlock()
+	s.c.observe(ctx, Event{Type: EventStopped, Topic: p.topic, Partition: p.partition, Offset: offset, Key: key, Err: err})
+}
+
+// stopLost stops p after the client reported lost records (cause), with
+// the log's bounds as the cluster gives them now, and reports whether the
+// session owns p.
+func (s *session) stopLost(ctx context.Context, cl *kgo.Client, p tp, cause error) bool {
+	st, ok := s.state(p)
+	if !ok {
+		return false
+	}
+	start, end := logBounds(ctx, cl, p)
+	s.stop(ctx, p, st.stored, "", &LogGapError{Topic: p.topic, Partition: p.partition, Stored: st.stored, LogStart: start, HighWatermark: end, First: -1, StoredTopicID: st.topicID, Err: cause})
+	return true
+}
+
+// logBoundsTimeout bounds logBounds, which the poll loop waits for.
+const logBoundsTimeout = 5 * time.Second
+
+// logBounds asks the cluster for p's log start offset and high watermark,
+// -1 for what it cannot learn.
+func logBounds(ctx context.Context, cl *kgo.Client, p tp) (start, end int64) {
+	ctx, cancel := context.WithTimeout(ctx, logBoundsTimeout)
+	defer cancel()
+	bound := func(ts int64) int64 {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp, rp.CurrentLeaderEpoch = p.partition, ts, -1
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic, rt.Partitions = p.topic, []kmsg.ListOffsetsRequestTopicPartition{rp}
+		req := kmsg.NewPtrListOffsetsRequest()
+		req.ReplicaID, req.Topics = -1, []kmsg.ListOffsetsRequestTopic{rt}
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			return -1
+		}
+		for _, t := range resp.Topics {
+			for _, rp := range t.Partitions {
+				if t.Topic == p.topic && rp.Partition == p.partition && rp.ErrorCode == 0 {
+					return rp.Offset
+				}
+			}
+		}
+		return -1
+	}
+	return bound(-2), bound(-1)
+}
+
+// takePauses returns the partitions stopped since the last call.
+func (s *session) takePauses() map[string][]int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pauses
+	s.pauses = nil
+	return p
 }
 
 // lastCommits returns the stored offsets of the owned partitions that have
@@ -432,18 +582,14 @@ func (s *session) lastCommits() map[string]map[int32]kgo.EpochOffset {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]map[int32]kgo.EpochOffset{}
-	for p, o := range s.owned {
-		if o < 0 {
+	for p, st := range s.owned {
+		if st.stored < 0 {
 			continue
 		}
 		if out[p.topic] == nil {
 			out[p.topic] = map[int32]kgo.EpochOffset{}
 		}
-		e, ok := s.epoch[p]
-		if !ok {
-			e = -1
-		}
-		out[p.topic][p.partition] = kgo.EpochOffset{Epoch: e, Offset: o}
+		out[p.topic][p.partition] = kgo.EpochOffset{Epoch: st.epoch, Offset: st.stored}
 	}
 	return out
 }
@@ -463,6 +609,16 @@ func (s *session) commitDone(ctx context.Context, resp *kmsg.OffsetCommitRespons
 			}
 		}
 	}
+}
+
+// partFetch is one poll's fetch of one partition.
+type partFetch struct {
+	recs    []*kgo.Record
+	topicID string // as the fetch reported it, "" when it did not
+	// logStart and firstHW are those of the poll's first fetch of the
+	// partition, which the stored offset is checked against; hw is the
+	// last one's, for the lag.
+	logStart, firstHW, hw int64
 }
 
 // partResult is what one partition's work in a poll came to.
@@ -488,18 +644,23 @@ func (s *session) round(ctx context.Context, fetches kgo.Fetches, stop <-chan st
 	s.mu.Unlock()
 
 	var order []tp
-	recs := map[tp][]*kgo.Record{}
-	hw := map[tp]int64{}
-	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) == 0 {
-			return
-		}
-		k := tp{p.Topic, p.Partition}
-		if _, ok := recs[k]; !ok {
-			order = append(order, k)
-		}
-		recs[k] = append(recs[k], p.Records...)
-		hw[k] = p.HighWatermark
+	parts := map[tp]*partFetch{}
+	fetches.EachTopic(func(t kgo.FetchTopic) {
+		id := formatTopicID(t.TopicID)
+		t.EachPartition(func(p kgo.FetchPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			k := tp{t.Topic, p.Partition}
+			f, ok := parts[k]
+			if !ok {
+				f = &partFetch{topicID: id, logStart: p.LogStartOffset, firstHW: p.HighWatermark}
+				parts[k] = f
+				order = append(order, k)
+			}
+			f.recs = append(f.recs, p.Records...)
+			f.hw = p.HighWatermark
+		})
 	})
 	results := make([]partResult, len(order))
 	sem := make(chan struct{}, s.c.cfg.workers)
@@ -508,7 +669,7 @@ func (s *session) round(ctx context.Context, fetches kgo.Fetches, stop <-chan st
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			results[i] = s.partition(ctx, p, recs[p], hw[p], stop, rebal)
+			results[i] = s.partition(ctx, p, parts[p], stop, rebal)
 		})
 	}
 	wg.Wait()
@@ -535,22 +696,66 @@ func (s *session) round(ctx context.Context, fetches kgo.Fetches, stop <-chan st
 	return rewind, commit
 }
 
+// checkLog returns the *LogGapError of a partition whose fetch f shows that
+// its log does not continue from the stored offset st.stored, or nil. A
+// first record above the stored offset is not a gap by itself: transaction
+// markers, aborted records (under read-committed) and compaction all leave
+// offsets without a record to read; only a log start above the stored
+// offset says records were deleted.
+func checkLog(p tp, st partState, f *partFetch) *LogGapError {
+	if st.stored < 0 {
+		return nil // nothing stored: nothing to continue from
+	}
+	first := f.recs[0].Offset
+	reID := st.topicID != "" && f.topicID != "" && st.topicID != f.topicID
+	if !reID && f.logStart <= st.stored && (f.firstHW < 0 || f.firstHW >= st.stored) && first >= st.stored {
+		return nil
+	}
+	return &LogGapError{Topic: p.topic, Partition: p.partition, Stored: st.stored, LogStart: f.logStart, HighWatermark: f.firstHW,
+		First: first, StoredTopicID: st.topicID, TopicID: f.topicID}
+}
+
 var errAbandoned = errors.New("kafka: abandoned")
 
+// stopError carries an error that stops the partition (see stops) out of
+// records and batches, with the record it concerns.
+type stopError struct {
+	err    error
+	offset int64
+	key    string
+}
+
+func (e *stopError) Error() string { return e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
+
 // partition applies one partition's records of a poll.
-func (s *session) partition(ctx context.Context, p tp, recs []*kgo.Record, hw int64, stop, rebal <-chan struct{}) partResult {
-	stored, ok := s.stored(p)
-	res := partResult{p: p, stored: stored, epoch: -1}
-	if !ok {
+func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal <-chan struct{}) partResult {
+	st, ok := s.state(p)
+	res := partResult{p: p, stored: st.stored, epoch: -1}
+	if !ok || st.stopped {
+		return res
+	}
+	if gap := checkLog(p, st, f); gap != nil {
+		s.stop(ctx, p, st.stored, "", gap)
 		return res
 	}
 	var err error
 	if s.c.batch != nil {
-		err = s.batches(ctx, &res, recs, hw, stop, rebal)
+		err = s.batches(ctx, &res, f, stop, rebal)
 	} else {
-		err = s.records(ctx, &res, recs, hw, s.c.handle, stop, rebal)
+		err = s.records(ctx, &res, f.recs, f, s.c.handle, stop, rebal)
 	}
-	if err != nil {
+	var se *stopError
+	switch {
+	case err == nil:
+	case errors.As(err, &se):
+		offset := se.offset
+		var gap *LogGapError
+		if errors.As(se.err, &gap) {
+			offset = gap.Stored
+		}
+		s.stop(ctx, p, offset, se.key, se.err)
+	default:
 		// Fetch the partition again from the stored offset: the client's
 		// position is past records that were not applied. With no stored
 		// offset, nothing of the partition was ever applied, so every
@@ -561,11 +766,11 @@ func (s *session) partition(ctx context.Context, p tp, recs []*kgo.Record, hw in
 			res.stored, res.rewindTo = fe.stored, fe.stored
 		}
 		if res.rewindTo < 0 {
-			res.rewindTo = recs[0].Offset
+			res.rewindTo = f.recs[0].Offset
 		}
 	}
 	if res.advanced || res.rewind {
-		s.setStored(p, res.stored, res.epoch)
+		s.setStored(p, res.stored, res.epoch, f.topicID)
 	}
 	return res
 }
@@ -588,28 +793,28 @@ func waiting(stop, rebal <-chan struct{}) bool {
 	}
 }
 
-// records applies recs one transaction each, in order, starting from
-// res.stored, which it advances. It returns nil when all are done, a
-// *fenceError, or errAbandoned.
-func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Record, hw int64, h Handler, stop, rebal <-chan struct{}) error {
+// records applies recs (of the partition fetch f) one transaction each, in
+// order, starting from res.stored, which it advances. It returns nil when
+// all are done, a *fenceError, a *stopError, or errAbandoned.
+func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Record, f *partFetch, h Handler, stop, rebal <-chan struct{}) error {
 	for _, r := range recs {
-		if r.Offset < res.stored {
-			continue
-		}
 		if waiting(stop, rebal) {
 			s.c.observe(ctx, Event{Type: EventAbandoned, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset})
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
-			typ, key, cause, err := s.c.recordTx(ctx, r, res.stored, h)
+			typ, key, cause, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h)
 			if err == nil {
 				res.stored, res.advanced, res.epoch = r.Offset+1, true, r.LeaderEpoch
-				s.c.observe(ctx, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Lag: lag(hw, r), Err: cause})
+				s.c.observe(ctx, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Lag: lag(f.hw, r), Err: cause})
 				break
 			}
 			if errors.Is(err, ErrFenced) {
 				s.c.observe(ctx, Event{Type: EventFenced, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Err: err})
 				return err
+			}
+			if stops(err) {
+				return &stopError{err: err, offset: r.Offset, key: key}
 			}
 			if err := s.wait(ctx, Event{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key}, attempt, err, stop, rebal); err != nil {
 				return err
@@ -638,37 +843,37 @@ func (s *session) wait(ctx context.Context, e Event, attempt int, err error, sto
 	return errAbandoned
 }
 
-// recordTx applies r in one transaction: the offset advance from expected
-// and the claim (one statement where the dialect can fold them), the
-// handler if the claim is new. A poison record is dead-lettered instead, in
-// a transaction of its own that advances the offset; cause is then why it
-// was poison.
-func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, h Handler) (typ EventType, key string, cause, err error) {
+// recordTx applies r in one transaction of the Middleware's claim path: the
+// offset advance from expected (storing topicID) and the claim, in one
+// statement where the dialect can fold them, then the handler if the claim
+// is new. A poison record is dead-lettered instead, in a transaction of its
+// own that advances the offset; cause is then why it was poison.
+func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler) (typ EventType, key string, cause, err error) {
 	key, cause = c.recordKey(r)
 	if cause == nil {
 		stmt := c.foldStmt(ctx)
-		err = c.runTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			claimed, err := c.advanceAndClaim(ctx, tx, stmt, key, r, expected)
-			if err != nil {
+		var applied bool
+		applied, err = c.path.Process(ctx, key, c.message(key, r).EventTime, func(ctx context.Context, a claimfold.Attempt) error {
+			claimed, err := c.advanceAndClaim(ctx, a, stmt, r, expected, topicID)
+			if err != nil || !claimed {
 				return err
 			}
-			if !claimed {
-				typ = EventDuplicate
-				return nil
-			}
-			typ = EventApplied
-			return h(ctx, tx, r)
+			return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, r) })
 		})
 		if err != nil && stmt != nil {
 			err = c.foldError(ctx, err)
 		}
 		if err == nil || !c.isPoison(err) {
+			typ = EventDuplicate
+			if applied {
+				typ = EventApplied
+			}
 			return typ, key, nil, err
 		}
 		cause = err
 	}
-	err = c.runTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		return c.poisonTx(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1, []*kgo.Record{r}, []error{cause})
+	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return c.poisonTx(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1, topicID, []*kgo.Record{r}, []error{cause})
 	})
 	if err != nil {
 		return 0, key, nil, err
@@ -683,10 +888,10 @@ func (c *Consumer) poisonType() EventType {
 	return EventDeadLettered
 }
 
-// poisonTx advances the offset from expected to next and dead-letters the
-// poison records.
-func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, poison []*kgo.Record, causes []error) error {
-	if err := c.advanceOffset(ctx, tx, topic, partition, expected, next); err != nil {
+// poisonTx advances the offset from expected to next (storing topicID) and
+// dead-letters the poison records.
+func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, topicID string, poison []*kgo.Record, causes []error) error {
+	if err := c.advanceOffset(ctx, tx, topic, partition, expected, next, topicID); err != nil {
 		return err
 	}
 	if c.cfg.deadLetter == nil {
@@ -700,14 +905,10 @@ func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, parti
 	return nil
 }
 
-// batches applies recs in batches of at most idempotent.MaxBatchSize, one
-// transaction and one offset advance each.
-func (s *session) batches(ctx context.Context, res *partResult, recs []*kgo.Record, hw int64, stop, rebal <-chan struct{}) error {
-	i := 0
-	for i < len(recs) && recs[i].Offset < res.stored {
-		i++
-	}
-	recs = recs[i:]
+// batches applies the records of f in batches of at most
+// idempotent.MaxBatchSize, one transaction and one offset advance each.
+func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, stop, rebal <-chan struct{}) error {
+	recs := f.recs
 	for len(recs) > 0 {
 		chunk := recs[:min(len(recs), idempotent.MaxBatchSize)]
 		recs = recs[len(chunk):]
@@ -716,12 +917,12 @@ func (s *session) batches(ctx context.Context, res *partResult, recs []*kgo.Reco
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
-			events, err := s.c.batchTx(ctx, chunk, res.stored)
+			events, err := s.c.batchTx(ctx, chunk, res.stored, f.topicID)
 			if err == nil {
 				last := chunk[len(chunk)-1]
 				res.stored, res.advanced, res.epoch = last.Offset+1, true, last.LeaderEpoch
 				for _, e := range events {
-					e.Lag = lag(hw, chunk[len(chunk)-1]) + (last.Offset - e.Offset)
+					e.Lag = lag(f.hw, chunk[len(chunk)-1]) + (last.Offset - e.Offset)
 					s.c.observe(ctx, e)
 				}
 				break
@@ -730,6 +931,9 @@ func (s *session) batches(ctx context.Context, res *partResult, recs []*kgo.Reco
 				s.c.observe(ctx, Event{Type: EventFenced, Topic: chunk[0].Topic, Partition: chunk[0].Partition, Offset: chunk[0].Offset, Err: err})
 				return err
 			}
+			if stops(err) {
+				return &stopError{err: err, offset: chunk[0].Offset}
+			}
 			if s.c.isPoison(err) {
 				// The handler found a poison record among the batch:
 				// apply the chunk one record at a time, so that only that
@@ -737,7 +941,7 @@ func (s *session) batches(ctx context.Context, res *partResult, recs []*kgo.Reco
 				one := func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
 					return s.c.batch(ctx, tx, []*kgo.Record{r})
 				}
-				if err := s.records(ctx, res, chunk, hw, one, stop, rebal); err != nil {
+				if err := s.records(ctx, res, chunk, f, one, stop, rebal); err != nil {
 					return err
 				}
 				break
@@ -751,12 +955,19 @@ func (s *session) batches(ctx context.Context, res *partResult, recs []*kgo.Reco
 }
 
 // batchTx applies chunk, whose first record is at or after the stored
-// offset expected, in one transaction, and returns one event per record.
-func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64) ([]Event, error) {
+// offset expected, in one transaction of the Middleware's claim path — the
+// offset advance (storing topicID) and the dead letters of its poison
+// records, then the claims of the others, then the handler for the new
+// ones — and returns one event per record. The Middleware's duplicate
+// pre-check is never consulted: a key it remembers may belong to a claim a
+// database restore took away, and the batch would then advance the offset
+// past a record it never applied.
+func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string) ([]Event, error) {
 	first, last := chunk[0], chunk[len(chunk)-1]
 	next := last.Offset + 1
 	var good, poison []*kgo.Record
-	var msgs []idempotent.Message
+	var keys []string
+	var ats []time.Time
 	var causes []error
 	for _, r := range chunk {
 		k, err := c.recordKey(r)
@@ -774,60 +985,57 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			poison, causes = append(poison, r), append(causes, err)
 			continue
 		}
-		good, msgs = append(good, r), append(msgs, msg)
+		good, keys, ats = append(good, r), append(keys, msg.Key), append(ats, msg.EventTime)
+	}
+	companion := func(ctx context.Context, tx *sql.Tx) error {
+		return c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, topicID, poison, causes)
 	}
 	for {
-		ran := false
-		var outcomes []idempotent.Outcome
+		var applied []bool
 		var err error
 		if len(good) > 0 {
-			outcomes, err = c.mw.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
-				ran = true
-				if err := c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, poison, causes); err != nil {
+			applied, err = c.path.ProcessBatch(ctx, keys, ats, func(ctx context.Context, a claimfold.Attempt) error {
+				fresh, err := a.ClaimBatch(func() error { return companion(ctx, a.Tx()) })
+				if err != nil || len(fresh) == 0 {
 					return err
 				}
 				sel := make([]*kgo.Record, len(fresh))
 				for j, i := range fresh {
 					sel[j] = good[i]
 				}
-				return c.batch(ctx, tx, sel)
+				return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return c.batch(ctx, tx, sel) })
 			})
 			var bke *idempotent.BatchKeyError
 			if errors.As(err, &bke) {
-				// An invalid key (too long, say): that record is poison.
+				// A key the batch cannot claim (the same key on two event
+				// days, in partitioned mode): that record is poison.
 				poison, causes = append(poison, good[bke.Index]), append(causes, bke.Err)
-				good, msgs = slices.Delete(good, bke.Index, bke.Index+1), slices.Delete(msgs, bke.Index, bke.Index+1)
+				good, keys, ats = slices.Delete(good, bke.Index, bke.Index+1), slices.Delete(keys, bke.Index, bke.Index+1), slices.Delete(ats, bke.Index, bke.Index+1)
 				continue
 			}
 			var re *RecordError
 			if errors.As(err, &re) && c.isPoison(err) {
 				if i := slices.Index(good, re.Record); i >= 0 {
 					poison, causes = append(poison, good[i]), append(causes, err)
-					good, msgs = slices.Delete(good, i, i+1), slices.Delete(msgs, i, i+1)
+					good, keys, ats = slices.Delete(good, i, i+1), slices.Delete(keys, i, i+1), slices.Delete(ats, i, i+1)
 					continue
 				}
 			}
-			if err != nil {
-				return nil, err
-			}
+		} else {
+			// Every record is poison: the offset advance and the dead
+			// letters still commit.
+			err = c.path.Tx(ctx, companion)
 		}
-		if !ran {
-			// Every claim existed (or there were none): the offset advance
-			// and the dead letters still commit.
-			err = c.runTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-				return c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, poison, causes)
-			})
-			if err != nil {
-				return nil, err
-			}
+		if err != nil {
+			return nil, err
 		}
 		events := make([]Event, 0, len(chunk))
 		for i, r := range good {
 			typ := EventDuplicate
-			if outcomes[i] == idempotent.Applied {
+			if applied[i] {
 				typ = EventApplied
 			}
-			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: msgs[i].Key})
+			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: keys[i]})
 		}
 		for i, r := range poison {
 			events = append(events, Event{Type: c.poisonType(), Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Err: causes[i]})

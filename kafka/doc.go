@@ -42,12 +42,13 @@
 //
 //  1. advances the partition's row of the offsets table
 //     (consumer, topic, partition) → next_offset from the offset it read to
-//     the record's offset + 1 — a compare-and-set, forward only — and
-//     claims the key, as idempotent's ClaimMessage does (with the record's
-//     timestamp as the event time, so a record older than the retention
-//     window is poison), both in one statement: a prepared statement of two
-//     data-modifying common table expressions, which reports whether the
-//     offset advanced and whether the claim is new;
+//     the record's offset + 1 — a compare-and-set, forward only, that also
+//     stores the topic's Kafka topic ID — and claims the key, as
+//     idempotent's ClaimMessage does (with the record's timestamp as the
+//     event time, so a record older than the retention window is poison),
+//     both in one statement: a prepared statement of two data-modifying
+//     common table expressions, which reports whether the offset advanced
+//     and whether the claim is new;
 //  2. runs the handler, only if the offset advanced and the claim was new;
 //  3. commits.
 //
@@ -57,9 +58,7 @@
 // BEGIN, the claim, the handler's statements and COMMIT. Should that
 // statement fail to prepare (a table is missing, say), the transaction runs
 // the advance and the claim as two statements, whose errors name the
-// missing table: [ErrNoOffsetsTable] or [idempotent.ErrNoClaimTable]. With
-// idempotent.WithLockTimeout the lock timeout is set before that statement,
-// so it bounds the offset advance's lock wait as well as the claim's.
+// missing table: [ErrNoOffsetsTable] or [idempotent.ErrNoClaimTable].
 //
 // A duplicate (the claim existed) commits the offset advance alone. A poison
 // record — no key ([ErrNoKey]), an invalid key, an undecodable value
@@ -71,11 +70,39 @@
 // the offset advance commit together, each poison record is dead-lettered
 // exactly once. Any other failure rolls back and retries the same record in
 // place after a bounded backoff ([WithRetryDelay]); a record is never
-// skipped. Serialization failures and lost connections are first retried
-// within the attempt, as [idempotent.RunTx] does.
+// skipped.
 //
 // After the commit the offsets are also committed to Kafka, asynchronously,
 // for lag tools only.
+//
+// # The Middleware's options apply
+//
+// Every transaction runs on the Middleware's own claim path, as
+// [idempotent.Middleware.ProcessMessage] runs one, so the options given to
+// idempotent.New apply to it: the transaction options
+// (idempotent.WithTxOptions: the isolation level), the retry policy of
+// serialization failures, deadlocks and lost connections
+// (idempotent.WithRetry, within each attempt, before WithRetryDelay's
+// backoff), the lock timeout (idempotent.WithLockTimeout, set before the
+// statement of step 1, so it bounds the offset advance's lock wait as well
+// as the claim's), the strict guard (idempotent.WithStrictGuard) and the
+// Middleware's Observer. This package has no copies of them.
+//
+// With the strict guard, a handler that ends the transaction itself — a
+// COMMIT sent through tx, "SELECT 1; COMMIT" say — and then fails is caught
+// as Process catches it ([idempotent.ErrAutocommit]): the claim and the
+// offset advance committed without the whole effect, so the record cannot
+// be retried (its offset has moved) and must not be passed over in silence.
+// The Consumer stops the partition ([EventStopped], Err matching
+// idempotent.ErrAutocommit, Offset the record's): repair the effect by
+// hand, then restart the member.
+//
+// The Middleware's duplicate pre-check (idempotent.WithSeen) is never
+// consulted, nor fed: a key it remembers may belong to a claim a database
+// restore took away, and answering Duplicate from its memory would advance
+// the stored offset past a record whose effect is gone. The offset moves
+// only in a transaction that claimed (or found claimed) every record it
+// passes, in the database itself.
 //
 // # Which offset is the truth
 //
@@ -85,8 +112,52 @@
 // after, by another system, and may lag behind (a crash between the two) or
 // even run ahead of what a restored database holds. So on every assignment
 // the Consumer seeks each partition to the offset stored in the database
-// (kgo's AdjustFetchOffsetsFn); only a partition with no stored offset
-// starts where the group's Kafka commit, or the reset offset, says.
+// (kgo's AdjustFetchOffsetsFn). A partition with no stored offset — a new
+// consumer, a new partition, a database restored from before the
+// partition's first record, an offsets table truncated by hand — starts at
+// the reset position, never at Kafka's committed offset: the log start by
+// default, so that every record the log still holds applies (the ones whose
+// claims survived are duplicates), or its end with
+// WithResetPosition(ResetLatest). [WithAdoptGroupOffsets] is the one way to
+// start such a partition at the group's Kafka commit, for moving an existing
+// consumer group onto this package; remove it once every partition has a
+// stored offset.
+//
+// # When the log moves under the stored offset
+//
+// The stored offset means "the next record to apply is here". Before it
+// applies a partition's records the Consumer checks that the log still
+// continues from there, and stops the partition when it does not:
+//
+//   - the fetch reports another topic ID than the one stored with the
+//     offset: the topic was deleted and re-created, and its offsets start
+//     again from 0;
+//   - the log start offset is above the stored offset: records at or after
+//     it were deleted (DeleteRecords, retention) before they were applied;
+//   - the high watermark, or the first record fetched, is below the stored
+//     offset: the log moved backwards (a re-created topic, an unclean leader
+//     election);
+//   - the client itself reports the loss: an offset out of the log (the
+//     Consumer sets kgo.ConsumeResetOffset(kgo.NoResetOffset()), so the
+//     client never resets on its own) or a kgo.ErrDataLoss.
+//
+// A first record above the stored offset is not a loss by itself:
+// transaction markers, aborted records and compaction leave offsets with no
+// record to read. A stopped partition applies nothing more and moves no
+// offset; the Observer is told ([EventStopped], whose Err is a
+// [*LogGapError] naming the topic, the partition and the offsets, matching
+// [ErrLogGap]) and the member stops fetching it. Nothing is skipped: decide
+// where to go on, set it with the CLI ("idempotent kafka-offsets reset
+// -table … -consumer … -topic … -partition N -offset M", which also forgets
+// the stored topic ID), and restart the member (a rebalance that moves the
+// partition to another member resumes it there too). A topic ID is known where the brokers report one in fetches
+// (Kafka 3.1 and later); with older brokers a re-created topic is caught
+// only by the offsets.
+//
+// Records are read with read-committed isolation
+// (kgo.FetchIsolationLevel(kgo.ReadCommitted()), forced): the records of
+// an aborted Kafka transaction are never applied, nor those of a
+// transaction still open.
 //
 // # A crash
 //
@@ -99,6 +170,19 @@
 // Had A's COMMIT of 102 landed but its reply been lost, B reads 103. Records
 // a producer re-sent arrive with new offsets and are duplicates by their
 // claims.
+//
+// # A database restore
+//
+//	database restored: p0 next_offset = 5, claims and effects of 5..9 gone;
+//	                   p1 has no row (restored from before its first record)
+//	Kafka:    committed offsets 10 and 8: a restore does not roll them back
+//	member:   p0 → seeks to 5 → applies 5..9 again (their claims are gone)
+//	          p1 → no row → starts at the log start → applies every record
+//	               the log holds (none was claimed in the restored database)
+//
+// Had the restore gone back before a topic was re-created, or had the log
+// lost records below a stored offset meanwhile, the partition stops instead
+// (see above).
 //
 // # A rebalance
 //
@@ -134,6 +218,9 @@
 // and an error matching [ErrClient] when the client fails for good. Offsets
 // live in the table [EnsureSchema] creates (or the migration files of the
 // migrations package: see [SchemaSQL]); only Postgres is supported.
+// EnsureSchema reads the catalog before any DDL and bounds its lock waits
+// ([SchemaLockTimeout]), so a start never queues running consumers'
+// transactions behind it.
 //
 // # The demo
 //

@@ -46,6 +46,14 @@ var (
 	// ErrNoOffsetsTable reports that the offsets table does not exist. Run
 	// EnsureSchema, or the migration, first.
 	ErrNoOffsetsTable = errors.New("kafka: offsets table does not exist")
+
+	// ErrLogGap reports that a partition's log no longer continues from
+	// the offset stored in the database: records at or after it were
+	// deleted before they were applied, or the log moved backwards under
+	// it (the topic was deleted and re-created, or an unclean leader
+	// election truncated it). The errors are *LogGapError; the partition
+	// stops (EventStopped) instead of skipping what it cannot read.
+	ErrLogGap = errors.New("kafka: the partition's log does not continue from the stored offset")
 )
 
 // Poison marks err as poison, so that the consumer dead-letters the record
@@ -113,4 +121,62 @@ func PoisonRecord(r *kgo.Record, err error) error {
 		err = Poison(err)
 	}
 	return &RecordError{Record: r, Err: err}
+}
+
+// LogGapError describes a partition whose log no longer continues from the
+// offset stored in the database, as a fetch (or the client) showed it. The
+// Consumer stops the partition — it applies nothing more of it and moves
+// no offset — and tells the Observer (EventStopped with this error): what
+// the stored offset stood for is gone, and only an operator can say where
+// to go on. Reset the stored offset deliberately with the CLI
+// ("idempotent kafka-offsets reset"), then restart the member. It matches
+// ErrLogGap.
+type LogGapError struct {
+	// Topic and Partition name the partition.
+	Topic     string
+	Partition int32
+	// Stored is the offset stored in the database: the next record to
+	// apply.
+	Stored int64
+	// LogStart and HighWatermark are the partition's log start offset and
+	// high watermark as the fetch reported them; -1 when it did not.
+	LogStart, HighWatermark int64
+	// First is the offset of the first record fetched; -1 when none was.
+	First int64
+	// StoredTopicID is the Kafka topic ID stored with the offset, TopicID
+	// the one the fetch reported; "" when unknown.
+	StoredTopicID, TopicID string
+	// Err is the client's own report, when the client found the loss
+	// (kgo's *ErrDataLoss, or an OFFSET_OUT_OF_RANGE it does not recover
+	// from on its own here); nil otherwise.
+	Err error
+}
+
+// Error says what was found, with the offsets.
+func (e *LogGapError) Error() string {
+	where := fmt.Sprintf("kafka: topic %q partition %d: stored offset %d: ", e.Topic, e.Partition, e.Stored)
+	var what string
+	switch {
+	case e.StoredTopicID != "" && e.TopicID != "" && e.StoredTopicID != e.TopicID:
+		what = fmt.Sprintf("the topic was deleted and re-created (its topic ID is %s, the stored offset was written for %s)", e.TopicID, e.StoredTopicID)
+	case e.LogStart > e.Stored:
+		what = fmt.Sprintf("the log starts at %d: records %d to %d were deleted before they were applied", e.LogStart, e.Stored, e.LogStart-1)
+	case e.HighWatermark >= 0 && e.HighWatermark < e.Stored:
+		what = fmt.Sprintf("the log ends at %d: it moved backwards (the topic was re-created, or an unclean leader election truncated it)", e.HighWatermark)
+	case e.First >= 0 && e.First < e.Stored:
+		what = fmt.Sprintf("the first record fetched is at %d: the log moved backwards", e.First)
+	case e.Err != nil:
+		what = fmt.Sprintf("the client reports lost records: %v", e.Err)
+	default:
+		what = "the log does not continue from it"
+	}
+	return where + what + "; the partition is stopped: reset its stored offset deliberately (idempotent kafka-offsets reset), then restart the member"
+}
+
+// Unwrap returns ErrLogGap and, when the client found the loss, its error.
+func (e *LogGapError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrLogGap}
+	}
+	return []error{ErrLogGap, e.Err}
 }

@@ -10,38 +10,40 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/internal/claimfold"
+	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 )
 
 // newFold folds the Middleware's claim with the offset advance, when its
 // dialect can (the Postgres dialect does): the record transaction then
 // sends one statement where it would send two. nil means it cannot.
-func newFold(mw *idempotent.Middleware, q offsetStatements) *claimfold.Fold {
-	f, ok := claimfold.New(mw, func(first int) string { return advanceSQL(q.table.Quoted(pgQuote), first) })
+func newFold(mw *idempotent.Middleware, q kafkaoffsets.Statements) *claimfold.Fold {
+	f, ok := claimfold.New(mw, q.Advance)
 	if !ok {
 		return nil
 	}
 	return f
 }
 
-// advanceAndClaim advances the stored offset of r's partition from expected
-// to r's offset + 1 and claims key, in tx, and reports whether the claim was
-// new. It returns a *fenceError when the stored offset was elsewhere. With
-// stmt, the prepared fold (foldStmt), the advance and the claim are one
+// advanceAndClaim is the claim of a record's attempt: it advances the
+// stored offset of r's partition from expected to r's offset + 1 (storing
+// topicID with it) and claims the record's key, and reports whether the
+// claim was new. It returns a *fenceError when the stored offset was
+// elsewhere, a *LogGapError when it belongs to another topic ID. With stmt,
+// the prepared fold (foldStmt), the advance and the claim are one
 // statement; without, two.
-func (c *Consumer) advanceAndClaim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, key string, r *kgo.Record, expected int64) (bool, error) {
+func (c *Consumer) advanceAndClaim(ctx context.Context, a claimfold.Attempt, stmt *sql.Stmt, r *kgo.Record, expected int64, topicID string) (bool, error) {
 	next := r.Offset + 1
 	if stmt == nil {
-		if err := c.advanceOffset(ctx, tx, r.Topic, r.Partition, expected, next); err != nil {
-			return false, err
-		}
-		return c.claim(ctx, tx, key, r)
+		return a.ClaimAfter(func() error {
+			return c.advanceOffset(ctx, a.Tx(), r.Topic, r.Partition, expected, next, topicID)
+		})
 	}
-	advanced, claimed, err := c.fold.Claim(ctx, tx, stmt, key, c.message(key, r).EventTime, c.consumer, r.Topic, r.Partition, next, expected)
+	advanced, claimed, err := a.Claim(stmt, c.consumer, r.Topic, r.Partition, next, expected, topicIDArg(topicID))
 	if err != nil {
 		return false, err
 	}
 	if advanced != 1 {
-		return false, c.fenced(ctx, tx, r.Topic, r.Partition, expected, next)
+		return false, c.fenced(ctx, a.Tx(), r.Topic, r.Partition, expected, next, topicID)
 	}
 	return claimed, nil
 }
@@ -85,8 +87,8 @@ func (c *Consumer) foldError(ctx context.Context, err error) error {
 		return err
 	}
 	var oid sql.NullString
-	if qerr := c.db.QueryRowContext(ctx, `SELECT to_regclass($1)::text`, c.q.table.Quoted(pgQuote)).Scan(&oid); qerr != nil || oid.Valid {
+	if qerr := c.db.QueryRowContext(ctx, `SELECT to_regclass($1)::text`, c.q.Quoted).Scan(&oid); qerr != nil || oid.Valid {
 		return err
 	}
-	return fmt.Errorf("%w: %s: %w", ErrNoOffsetsTable, c.q.table, pe)
+	return fmt.Errorf("%w: %s: %w", ErrNoOffsetsTable, c.q.Table, pe)
 }

@@ -50,6 +50,17 @@ const (
 	// EventFetchError: the client reported an error while fetching, which
 	// it retries.
 	EventFetchError
+	// EventStopped: the partition was stopped: this member applies nothing
+	// more of it, moves none of its offsets, and no longer fetches it,
+	// until it is assigned again (a restart of the member, or a rebalance
+	// that takes the partition away and back). Err says why:
+	// a *LogGapError (matching ErrLogGap) when its log no longer continues
+	// from the stored offset — Offset is then the stored offset; or an
+	// error matching idempotent.ErrAutocommit when a handler ended the
+	// record's transaction itself (the claim and the offset advance may
+	// have committed without the whole effect: repair it by hand) — Offset
+	// is then the record's.
+	EventStopped
 )
 
 // String returns the type's name, such as "applied".
@@ -79,6 +90,8 @@ func (t EventType) String() string {
 		return "commit-failed"
 	case EventFetchError:
 		return "fetch-error"
+	case EventStopped:
+		return "stopped"
 	}
 	return fmt.Sprintf("EventType(%d)", int(t))
 }
@@ -108,7 +121,7 @@ type Event struct {
 	Partitions map[string][]int32
 	Offsets    map[string]map[int32]int64
 	// Err is the error of an EventDeadLettered, EventDropped, EventRetry,
-	// EventFenced, EventCommitFailed or EventFetchError.
+	// EventFenced, EventCommitFailed, EventFetchError or EventStopped.
 	Err error
 }
 
@@ -136,4 +149,6 @@ type Stats struct {
 	Fenced int64
 	// Rebalances counts assignments received.
 	Rebalances int64
+	// Stopped counts partitions stopped (EventStopped).
+	Stopped int64
 }

@@ -3,12 +3,12 @@ package kafka
 import (
 	"context"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 	"github.com/txclaim/idempotent/migrations"
 )
 
@@ -16,49 +16,15 @@ import (
 // not given.
 const DefaultOffsetsTable = "kafka_offsets"
 
-// offsetStatements are the offsets table's statements for one table, built
-// once. Only Postgres is spoken.
-type offsetStatements struct {
-	table   dialect.Table
-	advance string
-	read    string
-	load    string
-}
-
-func newOffsetStatements(name string) (offsetStatements, error) {
-	t, err := dialect.ParseTable(name)
-	if err != nil {
-		return offsetStatements{}, fmt.Errorf("kafka: offsets table: %w", err)
-	}
-	q := t.Quoted(pgQuote)
-	return offsetStatements{
-		table:   t,
-		advance: advanceSQL(q, 1),
-		read:    `SELECT next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2 AND partition = $3`,
-		load:    `SELECT partition, next_offset FROM ` + q + ` WHERE consumer = $1 AND topic = $2`,
-	}, nil
-}
-
-// advanceSQL is the forward-only, compare-and-set advance of the offsets
-// table q, its five parameters numbered from first: consumer, topic,
-// partition, the next offset, and the stored offset expected. It writes only
-// when the stored offset is the one this member read (-1 for "no row"), and
-// only forward: it affects one row when it advanced, none otherwise. An
-// UPDATE that waited for another owner's transaction re-checks the row that
-// one committed.
-func advanceSQL(q string, first int) string {
-	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
-	return `INSERT INTO ` + q + ` AS o (consumer, topic, partition, next_offset) VALUES (` + p(0) + `, ` + p(1) + `, ` + p(2) + `, ` + p(3) + `)
-ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()
-WHERE o.next_offset = ` + p(4) + ` AND EXCLUDED.next_offset > o.next_offset`
-}
+// SchemaLockTimeout bounds every lock wait of EnsureSchema.
+const SchemaLockTimeout = kafkaoffsets.LockTimeout
 
 // SchemaSQL returns the Postgres DDL that creates (up) and drops (down) the
 // offsets table named table ("table" or "schema.table"): one row per
 // (consumer, topic, partition) holding the offset of the next record to
-// apply. It is what EnsureSchema runs, what the migration files of package
-// migrations hold and what the CLI's "schema -kafka-offsets" prints: it is
-// migrations.KafkaOffsetsSQL.
+// apply and the Kafka topic ID it belongs to. It is what EnsureSchema runs,
+// what the migration files of package migrations hold and what the CLI's
+// "schema -kafka-offsets" prints: it is migrations.KafkaOffsetsSQL.
 func SchemaSQL(table string) (up, down string, err error) {
 	if _, err := dialect.ParseTable(table); err != nil {
 		return "", "", fmt.Errorf("kafka: offsets table: %w", err)
@@ -68,7 +34,15 @@ func SchemaSQL(table string) (up, down string, err error) {
 
 // EnsureSchema creates the offsets table named table (DefaultOffsetsTable
 // if empty) in db if it does not exist. It is safe to call from many
-// processes at once and on every start. Only Postgres is supported.
+// processes at once and on every start: it reads the catalog first and,
+// when the table is there, sends no DDL and takes no lock, so it never
+// queues a running consumer's transactions behind it. A table that is there
+// without the topic_id column (made by an earlier version of this package)
+// is an error saying which ALTER TABLE to run. When the table is missing it
+// creates it in a transaction whose lock waits — including the advisory
+// lock that serialises the processes starting together — are bounded by
+// SchemaLockTimeout; when that runs out it gives up, changes nothing, and
+// says so. Only Postgres is supported.
 func EnsureSchema(ctx context.Context, db *sql.DB, table string) error {
 	if db == nil {
 		return errors.New("kafka: EnsureSchema: nil *sql.DB")
@@ -76,50 +50,50 @@ func EnsureSchema(ctx context.Context, db *sql.DB, table string) error {
 	if table == "" {
 		table = DefaultOffsetsTable
 	}
-	up, _, err := SchemaSQL(table)
+	q, err := kafkaoffsets.New(table)
 	if err != nil {
 		return err
 	}
-	t, _ := dialect.ParseTable(table)
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("kafka: ensure schema of %s: %w", t, err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	// CREATE TABLE IF NOT EXISTS races with itself on the catalog's unique
-	// index: serialise the processes that start together.
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "idempotent/kafka:"+t.String()); err != nil {
-		return fmt.Errorf("kafka: ensure schema of %s: %w", t, err)
-	}
-	if _, err := tx.ExecContext(ctx, strings.TrimSpace(up)); err != nil {
-		return fmt.Errorf("kafka: ensure schema of %s: %w", t, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("kafka: ensure schema of %s: %w", t, err)
-	}
-	return nil
+	return kafkaoffsets.Ensure(ctx, db, q)
 }
 
-// tableError adds ErrNoOffsetsTable to an error saying the table is missing.
-func (q *offsetStatements) tableError(err error) error {
-	var se interface{ SQLState() string }
-	if errors.As(err, &se) && se.SQLState() == "42P01" {
-		return fmt.Errorf("%w: %s: %w", ErrNoOffsetsTable, q.table, err)
+// storedOffset is a partition's row of the offsets table.
+type storedOffset struct {
+	next    int64
+	topicID string // "" when none is stored
+}
+
+// topicIDArg is a topic ID as the offset advance's argument: NULL when the
+// fetch reported none.
+func topicIDArg(id string) any {
+	if id == "" {
+		return nil
 	}
-	return err
+	return id
+}
+
+// formatTopicID prints a Kafka topic ID as Kafka's tools do (URL-safe
+// base64 without padding), or "" for the zero ID: a broker that reports no
+// topic IDs.
+func formatTopicID(id [16]byte) string {
+	if id == ([16]byte{}) {
+		return ""
+	}
+	return base64.RawURLEncoding.EncodeToString(id[:])
 }
 
 // advanceOffset moves the stored offset of topic/partition from expected
 // (-1: no row) to next in tx, or returns a *fenceError (rolling tx back is
-// the caller's) when the stored offset is elsewhere.
-func (c *Consumer) advanceOffset(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64) error {
+// the caller's) when the stored offset is elsewhere, or a *LogGapError when
+// the stored topic ID is another topic's.
+func (c *Consumer) advanceOffset(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, topicID string) error {
 	stmt, err := c.advanceStmt(ctx)
 	if err != nil {
-		return fmt.Errorf("kafka: prepare the offset advance: %w", c.q.tableError(err))
+		return fmt.Errorf("kafka: prepare the offset advance: %w", c.q.TableError(err, ErrNoOffsetsTable))
 	}
-	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, c.consumer, topic, partition, next, expected)
+	res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, c.consumer, topic, partition, next, expected, topicIDArg(topicID))
 	if err != nil {
-		return fmt.Errorf("kafka: advance offset of %s/%d to %d: %w", topic, partition, next, c.q.tableError(err))
+		return fmt.Errorf("kafka: advance offset of %s/%d to %d: %w", topic, partition, next, c.q.TableError(err, ErrNoOffsetsTable))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -128,32 +102,36 @@ func (c *Consumer) advanceOffset(ctx context.Context, tx *sql.Tx, topic string, 
 	if n == 1 {
 		return nil
 	}
-	return c.fenced(ctx, tx, topic, partition, expected, next)
+	return c.fenced(ctx, tx, topic, partition, expected, next, topicID)
 }
 
-// fenced returns the *fenceError of an advance of topic/partition from
-// expected to next that found the stored offset elsewhere, with the stored
-// offset read in tx.
-func (c *Consumer) fenced(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64) error {
-	stored := int64(-1)
-	if err := tx.QueryRowContext(ctx, c.q.read, c.consumer, topic, partition).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
+// fenced returns the error of an advance of topic/partition from expected
+// to next that wrote nothing, from the row read in tx: a *fenceError when
+// the stored offset is elsewhere, a *LogGapError when it is where expected
+// but stored for another topic ID (the topic was re-created).
+func (c *Consumer) fenced(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, topicID string) error {
+	stored, storedID := int64(-1), ""
+	if err := tx.QueryRowContext(ctx, c.q.Read, c.consumer, topic, partition).Scan(&stored, &storedID); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("kafka: read offset of %s/%d: %w", topic, partition, err)
+	}
+	if stored == expected && storedID != "" && topicID != "" && storedID != topicID {
+		return &LogGapError{Topic: topic, Partition: partition, Stored: stored, LogStart: -1, HighWatermark: -1, First: next - 1, StoredTopicID: storedID, TopicID: topicID}
 	}
 	return &fenceError{topic: topic, partition: partition, expected: expected, next: next, stored: stored}
 }
 
 // loadOffsets reads the stored offsets of topic's partitions.
-func (c *Consumer) loadOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	rows, err := c.db.QueryContext(ctx, c.q.load, c.consumer, topic)
+func (c *Consumer) loadOffsets(ctx context.Context, topic string) (map[int32]storedOffset, error) {
+	rows, err := c.db.QueryContext(ctx, c.q.Load, c.consumer, topic)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: load offsets of %s: %w", topic, c.q.tableError(err))
+		return nil, fmt.Errorf("kafka: load offsets of %s: %w", topic, c.q.TableError(err, ErrNoOffsetsTable))
 	}
 	defer rows.Close()
-	out := map[int32]int64{}
+	out := map[int32]storedOffset{}
 	for rows.Next() {
 		var p int32
-		var o int64
-		if err := rows.Scan(&p, &o); err != nil {
+		var o storedOffset
+		if err := rows.Scan(&p, &o.next, &o.topicID); err != nil {
 			return nil, fmt.Errorf("kafka: load offsets of %s: %w", topic, err)
 		}
 		out[p] = o
@@ -164,10 +142,6 @@ func (c *Consumer) loadOffsets(ctx context.Context, topic string) (map[int32]int
 	return out, nil
 }
 
-// pgQuote quotes an identifier ParseTable accepted (letters, digits and
-// underscores only, so nothing needs escaping).
-func pgQuote(s string) string { return `"` + s + `"` }
-
 // advanceStmt returns the offset advance prepared on the Consumer's db: it
 // runs on every transaction, and a statement prepared once per connection
 // costs one round trip where an unprepared one may cost two.
@@ -177,7 +151,7 @@ func (c *Consumer) advanceStmt(ctx context.Context) (*sql.Stmt, error) {
 	if c.prepared != nil {
 		return c.prepared, nil
 	}
-	stmt, err := c.db.PrepareContext(ctx, c.q.advance)
+	stmt, err := c.db.PrepareContext(ctx, c.q.Advance(1))
 	if err != nil {
 		return nil, err
 	}

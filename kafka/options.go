@@ -1,12 +1,10 @@
 package kafka
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -42,9 +40,9 @@ type config struct {
 	offsetsTable    string
 	deadLetter      *outbox.Outbox
 	deadTopic       string
-	txOpts          *sql.TxOptions
-	retry           idempotent.RetryPolicy
 	noEventTime     bool
+	reset           ResetPosition
+	adopt           bool
 }
 
 func defaultConfig() config {
@@ -55,7 +53,6 @@ func defaultConfig() config {
 		retryMax:        5 * time.Second,
 		shutdownTimeout: 30 * time.Second,
 		offsetsTable:    DefaultOffsetsTable,
-		retry:           idempotent.DefaultRetryPolicy(),
 	}
 }
 
@@ -94,9 +91,10 @@ func WithMaxPollRecords(n int) Option {
 // it never skips it. Retries go on until the record succeeds, turns out
 // poison, or the partition is revoked or the Consumer stops (then nothing of
 // it was written, and it is read again from the stored offset). The
-// middleware's own retries of serialization failures and lost connections
-// happen inside each attempt. Both must be positive, initial <= max <=
-// MaxRetryDelay. Default is 100ms to 5s.
+// Middleware's own retries of serialization failures, deadlocks and lost
+// connections (its idempotent.WithRetry policy) happen inside each
+// attempt. Both must be positive, initial <= max <= MaxRetryDelay. Default
+// is 100ms to 5s.
 func WithRetryDelay(initial, max time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if initial <= 0 || max < initial || max > MaxRetryDelay {
@@ -176,29 +174,62 @@ func WithDeadLetter(ob *outbox.Outbox, deadTopic string) Option {
 	})
 }
 
-// WithTxOptions sets the isolation level of the Consumer's transactions.
-// Use the same as the Middleware's. Default is the database's (READ
-// COMMITTED for Postgres).
-func WithTxOptions(o sql.TxOptions) Option {
+// ResetPosition says where a partition with no stored offset starts.
+type ResetPosition int
+
+const (
+	// ResetEarliest starts at the log start: every record the log still
+	// holds is applied (those applied before are duplicates by their
+	// claims). It is the default.
+	ResetEarliest ResetPosition = iota
+	// ResetLatest starts at the log end: the records already in the
+	// partition are never applied.
+	ResetLatest
+)
+
+// String returns "earliest" or "latest".
+func (p ResetPosition) String() string {
+	switch p {
+	case ResetEarliest:
+		return "earliest"
+	case ResetLatest:
+		return "latest"
+	}
+	return fmt.Sprintf("ResetPosition(%d)", int(p))
+}
+
+// WithResetPosition sets where a partition with no stored offset in the
+// database starts: ResetEarliest or ResetLatest. It applies only where the
+// offsets table has no row for the partition — a new consumer, a new
+// partition, or a database restored from before the partition's first
+// record — never to a partition whose row exists: that one always starts at
+// its stored offset. Kafka's own committed offset is never used unless
+// WithAdoptGroupOffsets. Default is ResetEarliest, so that a restore that
+// lost the row applies again every record the log still holds.
+func WithResetPosition(p ResetPosition) Option {
 	return optionFunc(func(c *config) error {
-		if o.ReadOnly {
-			return errors.New("kafka: WithTxOptions: a read-only transaction cannot claim")
+		if p != ResetEarliest && p != ResetLatest {
+			return fmt.Errorf("kafka: WithResetPosition: %v, want ResetEarliest or ResetLatest", p)
 		}
-		c.txOpts = &o
+		c.reset = p
 		return nil
 	})
 }
 
-// WithRetry sets the retry policy of each transaction (serialization
-// failures, deadlocks and lost connections, as idempotent.RunTx retries
-// them). Use the same as the Middleware's. Default is
-// idempotent.DefaultRetryPolicy().
-func WithRetry(p idempotent.RetryPolicy) Option {
+// WithAdoptGroupOffsets makes a partition with no stored offset in the
+// database start at the consumer group's offset committed to Kafka, where
+// the group has one (else at the WithResetPosition position). It is for
+// one thing only: moving an existing consumer group, which committed its
+// offsets to Kafka, onto this package without applying its topic again from
+// the start. Remove it once every partition has a stored offset (the first
+// record of each sets it): left on, a database restored from before a
+// partition's first record resumes that partition at Kafka's committed
+// offset — which the restore did not roll back — and the records between
+// are never applied. Default is off: Kafka's committed offset is written
+// for lag tools only and never read.
+func WithAdoptGroupOffsets() Option {
 	return optionFunc(func(c *config) error {
-		if p.MaxAttempts < 1 {
-			return fmt.Errorf("kafka: WithRetry: MaxAttempts %d, want at least 1", p.MaxAttempts)
-		}
-		c.retry = p
+		c.adopt = true
 		return nil
 	})
 }

@@ -24,6 +24,11 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	other, err := sql.Open("postgres", "postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
 	h := func(context.Context, *sql.Tx, *kgo.Record) error { return nil }
 	tests := []struct {
 		name string
@@ -46,8 +51,8 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 		{"observer", db, mw, h, []kafka.Option{kafka.WithObserver(nil)}, "WithObserver"},
 		{"dead letter outbox", db, mw, h, []kafka.Option{kafka.WithDeadLetter(nil, "dlq")}, "WithDeadLetter"},
 		{"offsets table", db, mw, h, []kafka.Option{kafka.WithOffsetsTable("a b")}, "offsets table"},
-		{"read-only", db, mw, h, []kafka.Option{kafka.WithTxOptions(sql.TxOptions{ReadOnly: true})}, "read-only"},
-		{"retry policy", db, mw, h, []kafka.Option{kafka.WithRetry(idempotent.RetryPolicy{})}, "WithRetry"},
+		{"another db than the middleware's", other, mw, h, nil, "db is not the *sql.DB the middleware was created with"},
+		{"reset position", db, mw, h, []kafka.Option{kafka.WithResetPosition(kafka.ResetPosition(7))}, "WithResetPosition"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

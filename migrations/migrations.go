@@ -116,9 +116,12 @@ const DefaultKafkaOffsetsTable = "kafka_offsets"
 // KafkaOffsetsSQL returns the Postgres DDL that creates (up) and drops
 // (down) the offsets table of the github.com/txclaim/idempotent/kafka
 // consumer named table ("table" or "schema.table"): one row per (consumer,
-// topic, partition) holding the offset of the next record to apply. It is
-// the DDL of the files in FS, of kafka.SchemaSQL and kafka.EnsureSchema, and
-// of the CLI's "schema -kafka-offsets" and "migrate -kafka-offsets".
+// topic, partition) holding the offset of the next record to apply and the
+// Kafka topic ID the offset belongs to (NULL until a fetch reports one), so
+// that a topic deleted and re-created under the same name is told from the
+// one the offset was stored for. It is the DDL of the files in FS, of
+// kafka.SchemaSQL and kafka.EnsureSchema, and of the CLI's
+// "schema -kafka-offsets" and "migrate -kafka-offsets".
 func KafkaOffsetsSQL(table string) (up, down string, err error) {
 	t, err := dialect.ParseTable(table)
 	if err != nil {
@@ -132,6 +135,7 @@ CREATE TABLE IF NOT EXISTS ` + q + ` (
 	topic       text        NOT NULL,
 	partition   integer     NOT NULL,
 	next_offset bigint      NOT NULL CHECK (next_offset >= 0),
+	topic_id    text,
 	updated_at  timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, topic, partition)
 );

@@ -8,6 +8,8 @@
 //	idempotent cleanup    [-dsn DSN] [-table T] -retention D [-consumer C] [-dry-run] [-batch N] …
 //	idempotent partitions [-dsn DSN] [-table T] -retention D [-lead-days N] [-list]
 //	idempotent stats      [-dsn DSN] [-table T]
+//	idempotent kafka-offsets list  [-dsn DSN] [-table T] [-consumer C] [-topic T]
+//	idempotent kafka-offsets reset [-dsn DSN] -table T -consumer C -topic T -partition N -offset M
 //
 // The database comes from -dsn or, without it, the DATABASE_URL environment
 // variable; a password in it is never printed. Durations take Go's units
@@ -60,6 +62,8 @@ Commands:
   cleanup     delete claims older than the retention window, in batches
   partitions  create the days ahead and drop the days past the retention window
   stats       claims per consumer, oldest and newest claim, sizes, partitions
+  kafka-offsets list|reset
+              the kafka consumer's stored offsets: list them, or reset one partition's deliberately
 
 The database is -dsn, or $DATABASE_URL. Run "idempotent COMMAND -h" for a command's flags.
 `
@@ -75,11 +79,12 @@ func run(ctx context.Context, args []string, e env) int {
 		return 2
 	}
 	cmds := map[string]func(context.Context, []string, env) error{
-		"schema":     cmdSchema,
-		"migrate":    cmdMigrate,
-		"cleanup":    cmdCleanup,
-		"partitions": cmdPartitions,
-		"stats":      cmdStats,
+		"schema":        cmdSchema,
+		"migrate":       cmdMigrate,
+		"cleanup":       cmdCleanup,
+		"partitions":    cmdPartitions,
+		"stats":         cmdStats,
+		"kafka-offsets": cmdKafkaOffsets,
 	}
 	name := args[0]
 	if name == "-h" || name == "-help" || name == "--help" || name == "help" {
@@ -88,7 +93,7 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	cmd, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions or stats; run idempotent -h)\n", name)
+		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats or kafka-offsets; run idempotent -h)\n", name)
 		return 2
 	}
 	err := cmd(ctx, args[1:], e)

@@ -1,14 +1,20 @@
-// Package claimfold lets this repository's adapters run a data-modifying
-// statement of their own — a companion, such as the Kafka consumer's offset
-// advance — in the same statement as an idempotent.Middleware's claim, where
-// the Middleware's dialect can fold the two (dialect.ClaimFolder): one round
-// trip to the database instead of two.
+// Package claimfold lets this repository's adapters write something of
+// their own — a companion, such as the Kafka consumer's offset advance — in
+// the transaction of an idempotent.Middleware's claim, through the
+// Middleware's own claim path:
 //
-// It is internal on purpose: the hook reaches into the Middleware, and only
+//   - a Fold runs the companion in the same statement as the claim, where
+//     the Middleware's dialect can fold the two (dialect.ClaimFolder): one
+//     round trip to the database instead of two;
+//   - a Path runs the whole delivery — begin, companion, claim, handler,
+//     commit — as the Middleware's Process does: with its transaction
+//     options, retry policy, lock timeout, strict guard and observer.
+//
+// It is internal on purpose: the hooks reach into the Middleware, and only
 // this repository's packages, which know what their companion statements do
-// to the claim's transaction, may use it. Package idempotent registers the
-// implementation when it is initialised; an adapter that imports
-// idempotent can therefore always call New.
+// to the claim's transaction, may use them. Package idempotent registers the
+// implementation when it is initialised; an adapter that imports idempotent
+// can therefore always call New and NewPath.
 package claimfold
 
 import (
@@ -22,7 +28,7 @@ import (
 type Fold struct {
 	// SQL is the folded statement. The caller prepares it on the database
 	// its transactions come from (once per connection, as a *sql.Stmt of
-	// that database) and passes it to Claim.
+	// that database) and passes it to Claim or Attempt.Claim.
 	SQL string
 
 	claim func(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, key string, at time.Time, args []any) (int64, bool, error)
@@ -45,11 +51,18 @@ func (f *Fold) Claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, key string
 // Builder builds a Fold for a Middleware. Package idempotent registers it.
 type Builder func(mw any, companion func(first int) string) (*Fold, bool)
 
-var builder Builder
+// PathBuilder builds a Path for a Middleware. Package idempotent registers
+// it.
+type PathBuilder func(mw any) (Path, bool)
 
-// Register installs package idempotent's Builder. Only that package calls
+var (
+	builder     Builder
+	pathBuilder PathBuilder
+)
+
+// Register installs package idempotent's builders. Only that package calls
 // it, from its init function.
-func Register(b Builder) { builder = b }
+func Register(b Builder, p PathBuilder) { builder, pathBuilder = b, p }
 
 // Make returns a Fold carrying claim, for package idempotent's Builder.
 func Make(sql string, claim func(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, key string, at time.Time, args []any) (int64, bool, error)) *Fold {
@@ -61,10 +74,87 @@ func Make(sql string, claim func(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt
 // ($first, $first+1, … in Postgres). It reports false when the Middleware's
 // dialect cannot fold (it has no dialect.ClaimFolder, or refuses these
 // statements): the caller then runs the companion and the claim one after
-// the other.
+// the other (Attempt.ClaimAfter).
 func New(mw any, companion func(first int) string) (*Fold, bool) {
 	if builder == nil || companion == nil {
 		return nil, false
 	}
 	return builder(mw, companion)
+}
+
+// NewPath returns mw's own delivery path (mw is an *idempotent.Middleware),
+// or false for anything else.
+func NewPath(mw any) (Path, bool) {
+	if pathBuilder == nil {
+		return nil, false
+	}
+	return pathBuilder(mw)
+}
+
+// Path is a Middleware's own delivery path for a caller whose transaction
+// writes something of its own besides the claim and the effect. Each
+// delivery runs as the Middleware's ProcessMessage (or ProcessMessages) runs
+// one: the key and event time are checked before any transaction; each
+// attempt's transaction begins with the Middleware's transaction options
+// (WithTxOptions); the claim is taken under its lock timeout
+// (WithLockTimeout); with WithStrictGuard the transaction id is read after a
+// new claim and checked again before COMMIT and after a handler's failure
+// (ErrAutocommit); serialization failures, deadlocks and lost connections
+// are retried under its retry policy (WithRetry); its Observer hears the
+// outcome and the retries. Unlike ProcessMessage, the Path never consults
+// the duplicate pre-check (WithSeen) nor records into it, and an attempt
+// whose claim found a duplicate still commits — the caller's companion
+// writes must.
+type Path interface {
+	// DB is the Middleware's database, on which every transaction of the
+	// Path begins: prepare the statements given to Attempt.Claim there.
+	DB() *sql.DB
+
+	// Process runs one delivery of the message with key and event time at
+	// (zero when unknown). body runs once per attempt: it claims exactly
+	// once, with Attempt.Claim or Attempt.ClaimAfter, and runs the caller's
+	// handler with Attempt.Handle only if the claim was new. A nil return
+	// commits; an error rolls the attempt back. Process reports whether the
+	// handler ran in the attempt that committed. Errors are wrapped, as
+	// ProcessMessage wraps them.
+	Process(ctx context.Context, key string, at time.Time, body func(ctx context.Context, a Attempt) error) (applied bool, err error)
+
+	// ProcessBatch is Process for a batch of messages (keys[i] with event
+	// time ats[i]; ats may be nil), claimed together with
+	// Attempt.ClaimBatch, as ProcessMessages claims them: in ascending
+	// order of their keys, a key given twice claimed once. It reports, per
+	// message, whether the handler applied it. A message that cannot be
+	// claimed refuses the whole batch before any transaction with an
+	// *idempotent.BatchKeyError naming its index, as ProcessMessages does;
+	// so does a batch of more than idempotent.MaxBatchSize.
+	ProcessBatch(ctx context.Context, keys []string, ats []time.Time, body func(ctx context.Context, a Attempt) error) (applied []bool, err error)
+
+	// Tx runs body in a transaction of the Middleware's, with its
+	// transaction options and retry policy, and commits it when body
+	// returns nil: for the caller's own writes that need no claim.
+	Tx(ctx context.Context, body func(ctx context.Context, tx *sql.Tx) error) error
+}
+
+// Attempt is one attempt's transaction of Path.Process or
+// Path.ProcessBatch. Its methods must be called from the body it was given
+// to, with that body's context.
+type Attempt interface {
+	// Tx is the attempt's transaction.
+	Tx() *sql.Tx
+	// Claim (Process only) claims with stmt, the prepared Fold.SQL, which
+	// also runs the companion with args, and reports the companion's row
+	// count and whether the claim was new.
+	Claim(stmt *sql.Stmt, args ...any) (companion int64, claimed bool, err error)
+	// ClaimAfter (Process only) runs companion, then the claim statement,
+	// and reports whether the claim was new: for a dialect that cannot
+	// fold, or a fold that cannot be prepared.
+	ClaimAfter(companion func() error) (claimed bool, err error)
+	// ClaimBatch (ProcessBatch only) runs companion, then claims the
+	// batch, both under the lock timeout, and returns the indexes, in the
+	// batch, of the messages whose claims were new, ascending.
+	ClaimBatch(companion func() error) (fresh []int, err error)
+	// Handle runs the caller's handler in the attempt's transaction; it
+	// may only follow a claim that was new. From here on a failure is the
+	// handler's, retried only when the transaction itself suffered it.
+	Handle(fn func(ctx context.Context, tx *sql.Tx) error) error
 }

@@ -6,6 +6,7 @@ CREATE TABLE IF NOT EXISTS "kafka_offsets" (
 	topic       text        NOT NULL,
 	partition   integer     NOT NULL,
 	next_offset bigint      NOT NULL CHECK (next_offset >= 0),
+	topic_id    text,
 	updated_at  timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, topic, partition)
 );

@@ -95,9 +95,11 @@ CREATE TABLE %[1]s.ledger (id text NOT NULL, account text NOT NULL, amount bigin
 	return s
 }
 
-func newMiddleware(t testing.TB, db *sql.DB, s, consumer string) *idempotent.Middleware {
+// newMiddleware returns a Middleware on the claim table of schema s, with
+// opts after the table, and ensures the table.
+func newMiddleware(t testing.TB, db *sql.DB, s, consumer string, opts ...idempotent.Option) *idempotent.Middleware {
 	t.Helper()
-	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(s+".processed_messages"))
+	mw, err := idempotent.New(db, postgres.New(), consumer, append([]idempotent.Option{idempotent.WithTable(s + ".processed_messages")}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func TestOffsetsMigrationFiles(t *testing.T) {
 		t.Fatalf("the up migration: %v", err)
 	}
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'kafka_offsets'`, s+"_m").Scan(&n); err != nil || n != 5 {
-		t.Fatalf("the migrated table has %d columns (%v), want 5", n, err)
+	if err := db.QueryRow(`SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'kafka_offsets'`, s+"_m").Scan(&n); err != nil || n != 6 {
+		t.Fatalf("the migrated table has %d columns (%v), want 6", n, err)
 	}
 }
