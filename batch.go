@@ -242,7 +242,13 @@ type batchClaim struct {
 // keeps a horizon, it is read after the claims, in tx, and a new claim older
 // than it fails the batch with a BatchKeyError naming its message.
 func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptState, b batchClaim, isNew []bool) (bool, error) {
-	return m.claimWith(ctx, tx, st, func() (bool, error) {
+	return m.claimWith(ctx, tx, st, func() (bool, error) { return m.batchClaimStatements(ctx, tx, b, isNew) })
+}
+
+// batchClaimStatements is the statements of claimBatch: the batch's claim
+// and, when it inserted claims with event times, the horizon's read.
+func (m *Middleware) batchClaimStatements(ctx context.Context, tx *sql.Tx, b batchClaim, isNew []bool) (bool, error) {
+	{
 		if err := m.batchStatements(ctx, tx, b, isNew); err != nil {
 			return false, err
 		}
@@ -268,7 +274,7 @@ func (m *Middleware) claimBatch(ctx context.Context, tx *sql.Tx, st *attemptStat
 			}
 		}
 		return true, nil
-	})
+	}
 }
 
 // batchStatements runs the batch's claim statement: one for the whole batch

@@ -31,7 +31,12 @@ func newFold(mw any, companion func(first int) string) (*claimfold.Fold, bool) {
 	if m.ret.part != nil {
 		first = 4 // and the event day
 	}
-	q := f.FoldClaimSQL(m.claimSQL, companion(first))
+	var q string
+	if hf, ok := m.horizonFolder(); ok {
+		q = hf.FoldHorizonClaimSQL(m.table, m.ret.part != nil, companion(first+1)) // after the fence
+	} else {
+		q = f.FoldClaimSQL(m.claimSQL, companion(first))
+	}
 	if q == "" {
 		return nil, false
 	}
@@ -67,15 +72,28 @@ func (m *Middleware) foldedStatement(ctx context.Context, tx *sql.Tx, st *attemp
 		if m.ret.part != nil {
 			a = append(a, eventDay(at).Format(time.DateOnly))
 		}
+		_, folded := m.horizonFolder()
+		if folded {
+			a = append(a, m.ret.fence(at))
+		}
 		a = append(a, args...)
 		var n int64
-		if err := tx.StmtContext(ctx, stmt).QueryRowContext(ctx, a...).Scan(&companion, &n); err != nil {
+		var hv sql.NullInt64
+		dest := []any{&companion, &n}
+		if folded {
+			dest = append(dest, &hv)
+		}
+		if err := tx.StmtContext(ctx, stmt).QueryRowContext(ctx, a...).Scan(dest...); err != nil {
 			if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 				return false, rerr
 			}
 			return false, m.claimError(err)
 		}
-		if n == 1 && m.hk != nil && !at.IsZero() {
+		if folded {
+			if h, ok := horizonMicros(hv); n == 0 && ok && m.ret.beyond(at, h) {
+				return false, m.beyondHorizon(key, at, h)
+			}
+		} else if n == 1 && m.hk != nil && !at.IsZero() {
 			// The folded statement does not read the horizon: read it
 			// after the insert, as a dialect without HorizonClaimer does.
 			if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
@@ -85,6 +103,16 @@ func (m *Middleware) foldedStatement(ctx context.Context, tx *sql.Tx, st *attemp
 		return n == 1, nil
 	})
 	return companion, claimed, err
+}
+
+// horizonFolder returns m's dialect as a dialect.HorizonClaimFolder when
+// it reads the horizon in its folded claims too.
+func (m *Middleware) horizonFolder() (dialect.HorizonClaimFolder, bool) {
+	if m.hclaimSQL == "" {
+		return nil, false
+	}
+	hf, ok := m.d.(dialect.HorizonClaimFolder)
+	return hf, ok
 }
 
 // path is the claimfold.Path of a Middleware: its own runner — transaction
@@ -139,6 +167,7 @@ func (p *path) Process(ctx context.Context, key string, at time.Time, body func(
 			return body(ctx, a)
 		})
 		if err != nil {
+			err = m.reclassify(ctx, err)
 			return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 		}
 		if applied = a.handled; applied {
@@ -197,12 +226,12 @@ func (p *path) batch(ctx context.Context, msgs []Message, body func(context.Cont
 	if err != nil {
 		return nil, 0, err
 	}
-	a := &attempt{m: m, batch: true, uniq: uniq, first: first, isNew: make([]bool, len(uniq))}
+	a := &attempt{m: m, batch: true, b: batchClaim{uniq: uniq, first: first, ats: make([]time.Time, len(uniq))}, isNew: make([]bool, len(uniq))}
+	for j, i := range first {
+		a.b.ats[j] = msgs[i].EventTime
+	}
 	if m.ret.part != nil {
-		a.days = make([]time.Time, len(uniq))
-		for j, i := range first {
-			a.days[j] = msgs[i].EventTime
-		}
+		a.b.days = a.b.ats
 	}
 	attempts, err := p.run.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		a.begin(ctx, tx, st)
@@ -210,6 +239,7 @@ func (p *path) batch(ctx context.Context, msgs []Message, body func(context.Cont
 		return body(ctx, a)
 	})
 	if err != nil {
+		err = m.reclassify(ctx, err)
 		return nil, attempts, fmt.Errorf("idempotent: consumer %q, batch of %d: %w", m.consumer, len(msgs), err)
 	}
 	outcomes := make([]Outcome, len(msgs))
@@ -273,9 +303,7 @@ type attempt struct {
 	at  time.Time
 
 	batch bool
-	uniq  []string
-	first []int
-	days  []time.Time
+	b     batchClaim
 	isNew []bool
 
 	claimed bool // this attempt took a new claim
@@ -321,10 +349,7 @@ func (a *attempt) ClaimBatch(companion func() error) ([]int, error) {
 		if err := companion(); err != nil {
 			return false, err
 		}
-		if err := m.batchStatements(a.ctx, a.tx, a.uniq, a.days, a.isNew); err != nil {
-			return false, err
-		}
-		return slices.Contains(a.isNew, true), nil
+		return m.batchClaimStatements(a.ctx, a.tx, a.b, a.isNew)
 	})
 	if err != nil {
 		return nil, err
@@ -333,7 +358,7 @@ func (a *attempt) ClaimBatch(companion func() error) ([]int, error) {
 	var fresh []int
 	for j, ok := range a.isNew {
 		if ok {
-			fresh = append(fresh, a.first[j])
+			fresh = append(fresh, a.b.first[j])
 		}
 	}
 	slices.Sort(fresh)

@@ -41,7 +41,7 @@ func TestGuardRefusesImplicitCommits(t *testing.T) {
 		if !errors.Is(stmtErr, idempotent.ErrAutocommit) || !errors.Is(err, idempotent.ErrAutocommit) || !strings.Contains(err.Error(), "commits implicitly") {
 			t.Fatalf("statement got %v, delivery got %v; want ErrAutocommit for both", stmtErr, err)
 		}
-		f.wantCalls(t, "c1 begintx Default", "c1 queryctx "+claimSQL+" "+claimArgs, "c1 rollback")
+		f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 rollback")
 	})
 	t.Run("RunTx", func(t *testing.T) {
 		f := &fakeConnector{kind: modern}

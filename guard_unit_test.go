@@ -15,9 +15,7 @@ import (
 // Unit tests of the autocommit guard's driver wrappers, on the fake driver
 // of fakedriver_unit_test.go.
 
-// claimArgs are the claim's arguments as the fake driver logs them: consumer,
-// key and the NULL fence of a message without an event time.
-const claimArgs = "[string(loyalty) string(order-completed:9912) <nil>(<nil>)]"
+const claimArgs = "[string(loyalty) string(order-completed:9912)]"
 
 func guardedMiddleware(t *testing.T, db *sql.DB, opts ...idempotent.Option) *idempotent.Middleware {
 	t.Helper()
@@ -52,7 +50,7 @@ func TestGuardPassesTransactionStatements(t *testing.T) {
 	}
 	f.wantCalls(t,
 		"c1 begintx Default",
-		"c1 queryctx "+claimSQL+" "+claimArgs,
+		"c1 execctx "+claimSQL+" "+claimArgs,
 		"c1 execctx "+effectSQL+" []",
 		"c1 queryctx SELECT 1 []",
 		"c1 preparectx INSERT INTO ledger VALUES ($1)",
@@ -147,7 +145,7 @@ func TestGuardCatchesEscapes(t *testing.T) {
 			f.wantCalls(t,
 				"c1 preparectx UPDATE prepared",
 				"c2 begintx Default",
-				"c2 queryctx "+claimSQL+" "+claimArgs,
+				"c2 execctx "+claimSQL+" "+claimArgs,
 				"c2 rollback")
 		})
 	}
@@ -181,7 +179,7 @@ func TestGuardLeavesOtherContextsAlone(t *testing.T) {
 	}
 	f.wantCalls(t,
 		"c1 begintx Default",
-		"c1 queryctx "+claimSQL+" "+claimArgs,
+		"c1 execctx "+claimSQL+" "+claimArgs,
 		"c2 execctx UPDATE elsewhere []",
 		"c1 commit")
 }
@@ -214,7 +212,7 @@ func TestGuardRunTxAndProcessTx(t *testing.T) {
 		if !errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got %v, want ErrAutocommit", err)
 		}
-		f.wantCalls(t, "c1 begintx Default", "c1 queryctx "+claimSQL+" "+claimArgs, "c1 rollback")
+		f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 rollback")
 	})
 }
 
@@ -238,7 +236,7 @@ func TestGuardLegacyDriver(t *testing.T) {
 	f.wantCalls(t,
 		"c1 begin",
 		"c1 prepare "+claimSQL,
-		"c1 stmt query "+claimSQL+" "+claimArgs,
+		"c1 stmt exec "+claimSQL+" "+claimArgs,
 		"c1 prepare "+effectSQL,
 		"c1 stmt exec "+effectSQL+" [int64(5)]",
 		"c1 prepare SELECT $1",
@@ -533,7 +531,7 @@ func TestGuardRefusesTransactionControl(t *testing.T) {
 			if !errors.Is(stmtErr, idempotent.ErrAutocommit) || !errors.Is(err, idempotent.ErrAutocommit) {
 				t.Fatalf("statement got %v, delivery got %v; want ErrAutocommit for both", stmtErr, err)
 			}
-			f.wantCalls(t, "c1 begintx Default", "c1 queryctx "+claimSQL+" "+claimArgs, "c1 rollback")
+			f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 rollback")
 		})
 	}
 	t.Run("savepoint", func(t *testing.T) {
@@ -546,6 +544,6 @@ func TestGuardRefusesTransactionControl(t *testing.T) {
 		if err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
-		f.wantCalls(t, "c1 begintx Default", "c1 queryctx "+claimSQL+" "+claimArgs, "c1 execctx ROLLBACK TO SAVEPOINT before_credit []", "c1 commit")
+		f.wantCalls(t, "c1 begintx Default", "c1 execctx "+claimSQL+" "+claimArgs, "c1 execctx ROLLBACK TO SAVEPOINT before_credit []", "c1 commit")
 	})
 }

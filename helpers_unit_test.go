@@ -27,10 +27,13 @@ const (
 
 var (
 	pg = postgres.New()
-	// claimSQL is the Postgres dialect's claim: one query that inserts the
-	// claim unless the table's retention horizon refuses it, and returns
-	// how many it inserted and the horizon it read.
-	claimSQL = pg.HorizonClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, false)
+	// claimSQL is the Postgres dialect's claim of a message without an
+	// event time, which no retention horizon refuses.
+	claimSQL = pg.ClaimSQL(dialect.Table{Name: idempotent.DefaultTable})
+	// horizonClaimSQL is the claim of a message with an event time: one
+	// query that inserts the claim unless the table's retention horizon
+	// refuses it, and returns how many it inserted and the horizon it read.
+	horizonClaimSQL = pg.HorizonClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, false)
 	txidSQL  = pg.TxIDSQL()
 	// noWait retries at once, so that tests do not sleep.
 	noWait = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 5})
@@ -56,20 +59,16 @@ func effect(ctx context.Context, tx *sql.Tx) error {
 // Script helpers, spelled out here rather than taken from package mocks so
 // that the middleware's tests do not depend on the helpers they back.
 
-// expectClaim scripts the claim of k, a message without an event time (its
-// fence is NULL), inserting rows (1 or 0) with no horizon recorded.
+// expectClaim scripts the claim of k, a message without an event time (the
+// plain claim: no horizon can refuse it), inserting rows (1 or 0).
 func expectClaim(m sqlmock.Sqlmock, k string, rows int64) {
-	expectClaimQuery(m, k).WillReturnRows(claimRows(rows, nil))
+	m.ExpectExec(claimSQL).WithArgs(consumer, k).WillReturnResult(sqlmock.NewResult(0, rows))
 }
 
 // expectClaimError scripts the claim of k, a message without an event
 // time, failing with err.
 func expectClaimError(m sqlmock.Sqlmock, k string, err error) {
-	expectClaimQuery(m, k).WillReturnError(err)
-}
-
-func expectClaimQuery(m sqlmock.Sqlmock, k string) *sqlmock.ExpectedQuery {
-	return m.ExpectQuery(claimSQL).WithArgs(consumer, k, nil)
+	m.ExpectExec(claimSQL).WithArgs(consumer, k).WillReturnError(err)
 }
 
 // claimRows is the claim statement's answer: the claims it inserted and the

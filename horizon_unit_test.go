@@ -45,13 +45,13 @@ func TestHorizonRefusesAClaim(t *testing.T) {
 		fence := at.Add(-idempotent.DefaultClockSkew).UTC()
 		h := fence.Add(time.Second) // a cleanup forgot claims processed up to a second after the fence
 		r.mock.ExpectBegin()
-		r.mock.ExpectQuery(claimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, &h))
+		r.mock.ExpectQuery(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, &h))
 		r.mock.ExpectRollback()
 		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t))
 		if got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "older than the retention horizon of processed_messages") {
 			t.Fatalf("got (%v, %v), want ErrBeyondRetention naming the horizon", got, err)
 		}
-		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", horizonClaimSQL, "ROLLBACK")
 		if e := ev.only(t); !errors.Is(e.Err, idempotent.ErrBeyondRetention) {
 			t.Fatalf("event %+v, want ErrBeyondRetention", e)
 		}
@@ -114,13 +114,13 @@ func TestHorizonNotInsertedIsDuplicate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRecorded(t)
 			mw := newMessageMiddleware(t, r, c.opts...)
-			stmt := claimSQL
+			stmt := horizonClaimSQL
 			r.mock.ExpectBegin()
 			if len(c.opts) > 0 {
 				stmt = claimAtSQL
 				expectClaimAtQuery(r.mock, key, at).WillReturnRows(claimRows(0, c.horizon))
 			} else {
-				r.mock.ExpectQuery(claimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, c.horizon))
+				r.mock.ExpectQuery(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, c.horizon))
 			}
 			r.mock.ExpectRollback()
 			if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t)); err != nil || got != idempotent.Duplicate {
@@ -131,16 +131,15 @@ func TestHorizonNotInsertedIsDuplicate(t *testing.T) {
 	}
 }
 
-// TestHorizonNoEventTime: a message without an event time passes a NULL
-// fence, which no horizon refuses, whatever horizon the claim returns.
+// TestHorizonNoEventTime: a message without an event time, which no
+// horizon can refuse, takes the plain claim: nothing reads the horizon.
 func TestHorizonNoEventTime(t *testing.T) {
 	ctx := context.Background()
-	h := msgNow // everything before now forgotten
 	for _, inserted := range []int64{1, 0} {
 		r := newRecorded(t)
 		mw := newMessageMiddleware(t, r)
 		r.mock.ExpectBegin()
-		r.mock.ExpectQuery(claimSQL).WithArgs(consumer, key, nil).WillReturnRows(claimRows(inserted, &h))
+		expectClaim(r.mock, key, inserted)
 		want, calls := idempotent.Duplicate, []string{"BEGIN", claimSQL, "ROLLBACK"}
 		if inserted == 1 {
 			expectEffect(r.mock)

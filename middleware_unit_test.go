@@ -185,24 +185,39 @@ func TestLockTimeoutStatementFails(t *testing.T) {
 	r.wantCalls(t, "BEGIN", "SET LOCAL lock_timeout = 1000", "ROLLBACK")
 }
 
-// TestClaimRowFails: the claim's answer (its count and horizon) cannot be
-// read, so the delivery fails with the error and rolls back.
-func TestClaimRowFails(t *testing.T) {
+func TestClaimRowsAffectedFails(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r)
-	unknown := errors.New("row lost in transit")
+	unknown := errors.New("rows affected not supported")
 	r.mock.ExpectBegin()
-	expectClaimQuery(r.mock, key).WillReturnRows(claimRows(1, nil).RowError(0, unknown))
+	r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnResult(sqlmock.NewErrorResult(unknown))
 	r.mock.ExpectRollback()
 
-	_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+	_, err := mw.Process(context.Background(), key, effect)
+	if !errors.Is(err, unknown) || !strings.Contains(err.Error(), "rows affected") {
+		t.Fatalf("got %v, want the RowsAffected error", err)
+	}
+	r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+}
+
+// TestClaimRowFails: the horizon claim's answer (its count and horizon)
+// cannot be read, so the delivery fails with the error and rolls back.
+func TestClaimRowFails(t *testing.T) {
+	r := newRecorded(t)
+	mw := newMessageMiddleware(t, r)
+	unknown := errors.New("row lost in transit")
+	r.mock.ExpectBegin()
+	r.mock.ExpectQuery(horizonClaimSQL).WithArgs(consumer, key, msgNow.Add(-idempotent.DefaultClockSkew).UTC()).WillReturnRows(claimRows(1, nil).RowError(0, unknown))
+	r.mock.ExpectRollback()
+
+	_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: msgNow}, func(context.Context, *sql.Tx) error {
 		t.Error("the handler ran after an unread claim")
 		return nil
 	})
 	if !errors.Is(err, unknown) || !strings.Contains(err.Error(), "idempotent: claim: ") {
 		t.Fatalf("got %v, want the row's error", err)
 	}
-	r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
+	r.wantCalls(t, "BEGIN", horizonClaimSQL, "ROLLBACK")
 }
 
 func TestHandlerError(t *testing.T) {

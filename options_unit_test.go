@@ -125,7 +125,7 @@ func TestCounts(t *testing.T) {
 		mw := newMiddleware(t, r, idempotent.WithObserver(&c))
 		// applied after one retry, then a duplicate, then a failure
 		r.mock.ExpectBegin()
-		expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
 		r.mock.ExpectRollback()
 		expectApplied(r.mock, key)
 		r.mock.ExpectBegin()

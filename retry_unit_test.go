@@ -25,7 +25,7 @@ func TestRetriesExhausted(t *testing.T) {
 	var want []string
 	for range 3 {
 		r.mock.ExpectBegin()
-		expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
 		r.mock.ExpectRollback()
 		want = append(want, "BEGIN", claimSQL, "ROLLBACK")
 	}
@@ -182,7 +182,7 @@ func TestBackoffObserved(t *testing.T) {
 		idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 4, InitialBackoff: 2 * time.Millisecond, MaxBackoff: 5 * time.Millisecond}))
 	for range 3 {
 		r.mock.ExpectBegin()
-		expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
+		r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
 		r.mock.ExpectRollback()
 	}
 	expectApplied(r.mock, key)

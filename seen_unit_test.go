@@ -340,7 +340,7 @@ func TestSeenScopeTablesApart(t *testing.T) {
 		t.Fatalf("first table: got (%v, %v), want applied", got, err)
 	}
 	r.mock.ExpectBegin()
-	r.mock.ExpectQuery(pg.HorizonClaimSQL(dialect.Table{Schema: "app", Name: "processed_messages"}, false)).WithArgs(consumer, key, nil).WillReturnRows(claimRows(1, nil))
+	r.mock.ExpectExec(pg.ClaimSQL(dialect.Table{Schema: "app", Name: "processed_messages"})).WithArgs(consumer, key).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectEffect(r.mock)
 	r.mock.ExpectCommit()
 	if got, err := b.Process(ctx, key, effect); err != nil || got != idempotent.Applied {

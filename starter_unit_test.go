@@ -126,7 +126,7 @@ func TestStarterContextReachesAttemptsRetryAndOutcome(t *testing.T) {
 
 func scriptClaimRetry(r *recorded) {
 	r.mock.ExpectBegin()
-	expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
+	r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnError(&pq.Error{Code: "40001"})
 	r.mock.ExpectRollback()
 	expectApplied(r.mock, key)
 }

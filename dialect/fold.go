@@ -18,3 +18,20 @@ type ClaimFolder interface {
 	// cannot fold these two statements.
 	FoldClaimSQL(claim, companion string) string
 }
+
+// HorizonClaimFolder is an optional interface of a [Dialect] that is both a
+// [ClaimFolder] and a [HorizonClaimer]: it folds the horizon's read into
+// the folded claim too, so a transaction that claims, advances a companion
+// and is fenced by the retention horizon still pays one round trip.
+type HorizonClaimFolder interface {
+	// FoldHorizonClaimSQL returns one query that runs companion and the
+	// claim with the horizon folded in, and yields exactly one row of three
+	// columns: the rows companion affected, the claims inserted (0 or 1) and
+	// the horizon read (nullable microseconds since the Unix epoch). Its
+	// parameters are those of HorizonClaimSQL — consumer, key, the event day
+	// when partitioned, the fence value — then companion's, numbered after
+	// them. Companion runs whether or not the horizon lets the claim in; the
+	// caller rolls back a refused claim's transaction. It returns "" when it
+	// cannot fold companion.
+	FoldHorizonClaimSQL(t Table, partitioned bool, companion string) string
+}

@@ -13,6 +13,8 @@ var (
 	_ dialect.HorizonKeeper   = (*Dialect)(nil)
 	_ dialect.HorizonClaimer  = (*Dialect)(nil)
 	_ dialect.SnapshotDrainer = (*Dialect)(nil)
+
+	_ dialect.HorizonClaimFolder = (*Dialect)(nil)
 )
 
 // HorizonName returns the name of the horizon table of the claim table name
@@ -87,6 +89,23 @@ func (d *Dialect) HorizonClaimSQL(t dialect.Table, partitioned bool) string {
 	return fmt.Sprintf(`WITH h AS (SELECT max(forgotten_before) AS fb FROM %[1]s WHERE consumer IN ('', $1::text)),
 c AS (INSERT INTO %[2]s (%[3]s) SELECT %[4]s FROM h WHERE h.fb IS NULL OR %[5]s::timestamptz IS NULL OR h.fb <= %[5]s::timestamptz ON CONFLICT DO NOTHING RETURNING 1)
 SELECT (SELECT count(*) FROM c), %[6]s FROM h`, d.horizon(t), quote(t), cols, vals, fence, micros("h.fb"))
+}
+
+// FoldHorizonClaimSQL returns HorizonClaimSQL with companion as one more
+// data-modifying common table expression: companion's count, the claim's
+// and the horizon. companion's parameters follow the fence.
+func (d *Dialect) FoldHorizonClaimSQL(t dialect.Table, partitioned bool, companion string) string {
+	if companion == "" {
+		return ""
+	}
+	cols, vals, fence := "consumer, message_key", "$1::text, $2::text", "$3"
+	if partitioned {
+		cols, vals, fence = "consumer, message_key, event_day", "$1::text, $2::text, $3::date", "$4"
+	}
+	return fmt.Sprintf(`WITH h AS (SELECT max(forgotten_before) AS fb FROM %[1]s WHERE consumer IN ('', $1::text)),
+companion AS (%[7]s RETURNING 1),
+claim AS (INSERT INTO %[2]s (%[3]s) SELECT %[4]s FROM h WHERE h.fb IS NULL OR %[5]s::timestamptz IS NULL OR h.fb <= %[5]s::timestamptz ON CONFLICT DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM companion), (SELECT count(*) FROM claim), %[6]s FROM h`, d.horizon(t), quote(t), cols, vals, fence, micros("h.fb"), companion)
 }
 
 // OlderSnapshotsSQL counts the other sessions that may run a claim
