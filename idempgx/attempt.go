@@ -130,7 +130,7 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	if err != nil {
 		class = m.pg.Classify(err)
 		a.rollback(ctx)
-		return class, err
+		return class, m.resolveMissingDay(ctx, &a.l, err)
 	}
 	if !claimed {
 		*outcome = idempotent.Duplicate

@@ -119,11 +119,19 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 			return outcomes, 0, nil
 		}
 	}
+	c.first = first
 	if m.partitioned {
 		c.days = make([]string, len(c.uniq))
-		c.ats = make([]time.Time, len(c.uniq))
-		for j, i := range first {
-			c.days[j], c.ats[j] = utcDay(msgs[i].EventTime), msgs[i].EventTime
+	}
+	for j, i := range first {
+		if at := msgs[i].EventTime; !at.IsZero() {
+			if c.ats == nil {
+				c.ats = make([]time.Time, len(c.uniq))
+			}
+			c.ats[j] = at
+			if c.days != nil {
+				c.days[j] = utcDay(at)
+			}
 		}
 	}
 	c.isNew = make([]bool, len(c.uniq))
@@ -162,24 +170,52 @@ func utcDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
 type claimBatch struct {
 	m     *Middleware
 	uniq  []string
+	first []int       // the index in the batch of uniq[j]'s first message
 	days  []string    // uniq[j]'s event day, in partitioned mode
-	ats   []time.Time // uniq[j]'s event time, in partitioned mode
+	ats   []time.Time // uniq[j]'s event time (zero for none); nil when no message has one
 	isNew []bool
 }
 
+// queue adds the batch claim and, when any message has an event time, the
+// horizon's read after it: a statement of its own, so that it runs after the
+// insert, in the claim's transaction, in the same round trip.
 func (c *claimBatch) queue(b *pgx.Batch) {
 	if c.days != nil {
 		b.Queue(c.m.batchAtSQL, c.m.consumer, c.uniq, c.days)
-		return
+	} else {
+		b.Queue(c.m.batchSQL, c.m.consumer, c.uniq)
 	}
-	b.Queue(c.m.batchSQL, c.m.consumer, c.uniq)
+	if c.ats != nil {
+		b.Queue(c.m.horizonSQL, c.m.horizonArgs...)
+	}
 }
 
+// read reads which keys the batch claim inserted and, after it, the
+// horizon: a new claim older than it fails the batch with a BatchKeyError
+// naming its first message.
 func (c *claimBatch) read(br pgx.BatchResults) (bool, error) {
+	claimed, err := c.readClaims(br)
+	if err != nil || c.ats == nil {
+		return claimed, err
+	}
+	var h *int64
+	if err := br.QueryRow().Scan(&h); err != nil {
+		return false, fmt.Errorf("idempgx: batch claim: read the retention horizon: %w", err)
+	}
+	for j, ok := range c.isNew {
+		if ok && c.m.beyond(c.ats[j], h) {
+			return false, &idempotent.BatchKeyError{Index: c.first[j], Err: c.m.beyondHorizon(c.uniq[j], c.ats[j], *h)}
+		}
+	}
+	return claimed, nil
+}
+
+// readClaims reads the keys the batch claim returned, the new ones.
+func (c *claimBatch) readClaims(br pgx.BatchResults) (bool, error) {
 	clear(c.isNew)
 	rows, err := br.Query()
 	if err != nil {
-		return false, c.m.claimError(err, c.ats...)
+		return false, c.claimError(err)
 	}
 	defer rows.Close()
 	any := false
@@ -196,7 +232,23 @@ func (c *claimBatch) read(br pgx.BatchResults) (bool, error) {
 		any = true
 	}
 	if err := rows.Err(); err != nil {
-		return false, c.m.claimError(err, c.ats...)
+		return false, c.claimError(err)
 	}
 	return any, nil
+}
+
+// claimError is the Middleware's claimError for the batch's days; a day
+// without its partition names the batch's keys, so that its resolution
+// names the first message of a dropped day.
+func (c *claimBatch) claimError(err error) error {
+	var days []time.Time
+	if c.days != nil {
+		days = c.ats
+	}
+	err = c.m.claimError(err, days...)
+	var md *missingDay
+	if errors.As(err, &md) {
+		md.keys, md.index = c.uniq, c.first
+	}
+	return err
 }

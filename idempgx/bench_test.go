@@ -35,7 +35,10 @@ import (
 // duplicate through Process against a duplicate through the database/sql
 // Middleware (pgx's stdlib driver). SeenVsDuplicate: a duplicate answered by
 // the in-process pre-check against the database duplicate path.
-// Allocs/*: allocations per message, one worker.
+// Allocs/*: allocations per message, one worker; process_event and
+// pgx_dup_event are ProcessMessage with an event time (fenced by the
+// retention horizon in the claim statement), batch_event a batch of 10 with
+// event times (the horizon read after its claim).
 //
 // rtt_us is the median SELECT 1 round trip, measured before. Across a
 // network, where each round trip costs far more than on loopback, the round
@@ -130,10 +133,28 @@ func BenchmarkHeadToHead(b *testing.B) {
 	dupSeen := func() error {
 		return expect(ms.Process(ctx, "dup", func(context.Context, pgx.Tx) error { return nil }))
 	}
+	at := time.Now().Add(-time.Hour)
+	processEvent := func() error {
+		k, oid, cid := next()
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k, EventTime: at}, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
+		return err
+	}
+	dupEvent := func() error {
+		return expect(m.ProcessMessage(ctx, idempotent.Message{Key: "dup", EventTime: at}, func(context.Context, pgx.Tx) error { return nil }))
+	}
+	batch := make([]idempotent.Message, 10)
+	batchEvent := func() error {
+		for i := range batch {
+			k, _, _ := next()
+			batch[i] = idempotent.Message{Key: k, EventTime: at}
+		}
+		_, err := m.ProcessMessages(ctx, batch, func(context.Context, pgx.Tx, []int) error { return nil })
+		return err
+	}
 
 	// Warm every connection's statement cache.
 	for i := 0; i < 64; i++ {
-		for _, f := range []func() error{process, handWritten, dupPgx, dupSQL} {
+		for _, f := range []func() error{process, handWritten, dupPgx, dupSQL, processEvent, dupEvent, batchEvent} {
 			if err := f(); err != nil {
 				b.Fatal(err)
 			}
@@ -148,6 +169,9 @@ func BenchmarkHeadToHead(b *testing.B) {
 	b.Run("Allocs/process", func(b *testing.B) { serial(b, process) })
 	b.Run("Allocs/handwritten", func(b *testing.B) { serial(b, handWritten) })
 	b.Run("Allocs/pgx_dup", func(b *testing.B) { serial(b, dupPgx) })
+	b.Run("Allocs/process_event", func(b *testing.B) { serial(b, processEvent) })
+	b.Run("Allocs/pgx_dup_event", func(b *testing.B) { serial(b, dupEvent) })
+	b.Run("Allocs/batch_event", func(b *testing.B) { serial(b, batchEvent) })
 }
 
 func expect(o idempotent.Outcome, err error) error {

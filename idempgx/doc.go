@@ -32,6 +32,19 @@
 //     Connections configured not to prepare statements (the simple protocol,
 //     or pgx.QueryExecModeExec behind a transaction-mode pooler) send the
 //     same statements as one pgx.Batch, also one round trip.
+//   - The claim table's retention horizon (how far back Cleanup and
+//     MaintainPartitions have forgotten, recorded in the database) fences
+//     every message with an event time as on the core's path, at no extra
+//     round trip: the single claim is the statement that reads the horizon
+//     and inserts only when the message is not older than it
+//     (postgres.Dialect.HorizonClaimSQL), in the same Bind/Execute/Sync; a
+//     batch reads it in a statement queued after its claim, in the same
+//     pipeline, so after the insert and in its transaction. A message older
+//     than the horizon is refused with idempotent.ErrBeyondRetention (in a
+//     batch, an *idempotent.BatchKeyError naming it) whatever this
+//     Middleware's window, and a missing partition is ErrBeyondRetention
+//     when its day was dropped, ErrNoPartition otherwise. A message without
+//     an event time, which no horizon refuses, keeps the plain claim.
 //   - Retries are decided by the claim's own connection: a handler's 40001
 //     or 40P01 is retried only if it failed the claim's own transaction (the
 //     connection reports the transaction failed), and a lost connection only

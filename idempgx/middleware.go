@@ -43,14 +43,18 @@ type Middleware struct {
 	acquire     func(ctx context.Context) (lease, error)
 	core        *idempotent.Middleware
 	consumer    string
-	claimSQL    string
+	claimSQL    string // a plain table's claim of a message without an event time
+	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimSQL)
 	batchSQL    string
 	batchAtSQL  string // the batch claim with event days, partitioned mode
+	horizonSQL  string // the consumer's horizon (HorizonSQL), read after a batch claim
+	horizonArgs []any
 	txOpts      pgx.TxOptions
 	beginStmt   string // BEGIN with the isolation level
 	beginName   string // prepared statement names
 	lockName    string
 	claimName   string
+	fencedName  string
 	lockSQL     string
 	lockTimeout time.Duration
 	table       string
@@ -58,6 +62,7 @@ type Middleware struct {
 	observer    idempotent.Observer
 	seen        idempotent.Seen
 	retention   time.Duration
+	skew        time.Duration // the clock-skew margin, for the horizon's fence
 	partitioned bool
 	prepared    bool // the pool's connections prepare statements
 	leadDays    int
@@ -117,18 +122,23 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	if err != nil {
 		return nil, fmt.Errorf("idempgx: %w", err)
 	}
+	horizonSQL, horizonArgs := pg.HorizonSQL(table, consumer)
 	m := &Middleware{
 		core:        core,
 		consumer:    consumer,
 		claimSQL:    pg.ClaimSQL(table),
+		fencedSQL:   pg.HorizonClaimSQL(table, false),
 		batchSQL:    pg.BatchClaimSQL(table),
 		batchAtSQL:  pg.PartitionedBatchClaimSQL(table),
+		horizonSQL:  horizonSQL,
+		horizonArgs: horizonArgs,
 		lockTimeout: cfg.lockTimeout,
 		table:       core.Table(),
 		policy:      cfg.retry,
 		observer:    cfg.observer,
 		seen:        cfg.seen,
 		retention:   cfg.retention,
+		skew:        cfg.skew,
 		leadDays:    cfg.leadDays,
 		pg:          pg,
 		status:      connStatus,
@@ -141,7 +151,8 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	}
 	if cfg.leadDays > 0 {
 		m.partitioned = true
-		m.claimSQL = pg.ClaimAtSQL(table)
+		m.claimSQL = "" // every message has an event time
+		m.fencedSQL = pg.HorizonClaimSQL(table, true)
 	}
 	m.beginStmt = "begin"
 	if cfg.iso != "" {
@@ -150,6 +161,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	m.beginName = statementName("begin", m.beginStmt)
 	m.lockName = statementName("lock", m.lockSQL)
 	m.claimName = statementName("claim", m.claimSQL)
+	m.fencedName = statementName("fenced", m.fencedSQL)
 	return m, nil
 }
 
@@ -211,6 +223,12 @@ func (m *Middleware) Process(ctx context.Context, key string, fn Func) (idempote
 // sent; in partitioned mode the event time is required and chooses the
 // claim's partition, and a day without its partition yet fails with
 // idempotent.ErrNoPartition, which is transient.
+//
+// The claim table's retention horizon fences it too, in the claim statement
+// itself (the same round trip): a message older than what a cleanup or a
+// partition drop has already forgotten is refused with
+// idempotent.ErrBeyondRetention whatever this Middleware's window, and so is
+// a day without its partition that the table dropped.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
 	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
 }
@@ -279,7 +297,8 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 
 // claimError translates a failed claim statement's error into the core's
 // error values; at are the event days of the claim (several for a batch), in
-// partitioned mode.
+// partitioned mode. A day without its partition is a *missingDay, which the
+// attempt resolves after its rollback.
 func (m *Middleware) claimError(err error, at ...time.Time) error {
 	if m.partitioned && len(at) > 0 && m.pg.IsNoPartition(err) {
 		days := make([]string, 0, len(at))
@@ -292,8 +311,11 @@ func (m *Middleware) claimError(err error, at ...time.Time) error {
 		if len(days) > 1 {
 			which = "one of the event days " + strings.Join(days, ", ")
 		}
-		return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-			idempotent.ErrNoPartition, m.table, which, m.leadDays, err)
+		return &missingDay{
+			err: fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+				idempotent.ErrNoPartition, m.table, which, m.leadDays, err),
+			cause: err, ats: at,
+		}
 	}
 	switch m.pg.Classify(err).Kind {
 	case dialect.KindLockTimeout:
@@ -326,7 +348,10 @@ func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(
 	}
 }
 
-// claimOne is the single-message claim step.
+// claimOne is the single-message claim step. A message with an event time
+// is claimed by the statement that also reads the horizon (fencedSQL); one
+// without, which no horizon refuses, by the plain claim (claimSQL), which
+// costs the server less.
 type claimOne struct {
 	m   *Middleware
 	at  time.Time
@@ -335,22 +360,39 @@ type claimOne struct {
 	w   wireMessages
 }
 
+// fenced reports whether the message has an event time, and so is claimed
+// by fencedSQL (always, in partitioned mode).
+func (c *claimOne) fenced() bool { return !c.at.IsZero() }
+
 // queue adds the claim to the pipelined batch.
 func (c *claimOne) queue(b *pgx.Batch) {
-	if c.day != "" {
-		b.Queue(c.m.claimSQL, c.m.consumer, c.key, c.day)
-		return
+	fence, _ := c.m.fence(c.at)
+	switch {
+	case !c.fenced():
+		b.Queue(c.m.claimSQL, c.m.consumer, c.key)
+	case c.day != "":
+		b.Queue(c.m.fencedSQL, c.m.consumer, c.key, c.day, fence)
+	default:
+		b.Queue(c.m.fencedSQL, c.m.consumer, c.key, fence)
 	}
-	b.Queue(c.m.claimSQL, c.m.consumer, c.key)
 }
 
-// read reads the claim's result: whether it inserted.
+// read reads the claim's result: whether it inserted, or the refusal of a
+// message older than the horizon.
 func (c *claimOne) read(br pgx.BatchResults) (bool, error) {
-	tag, err := br.Exec()
-	if err != nil {
+	if !c.fenced() {
+		tag, err := br.Exec()
+		if err != nil {
+			return false, c.m.claimError(err, c.at)
+		}
+		return tag.RowsAffected() == 1, nil
+	}
+	var n int64
+	var h *int64
+	if err := br.QueryRow().Scan(&n, &h); err != nil {
 		return false, c.m.claimError(err, c.at)
 	}
-	return tag.RowsAffected() == 1, nil
+	return c.m.horizonClaimed(c.key, c.at, n, h)
 }
 
 // connStatus reads a pgx connection's transaction status.

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/postgres"
 )
 
 // The statements each delivery sends, checked against a scripted
@@ -30,13 +32,16 @@ import (
 // step is one expected call: a batch of statements or one statement, the
 // results it returns and the connection's transaction status after it.
 type step struct {
-	sql    []string // the batch's statements, or the one statement
-	tags   []string // one command tag per statement that succeeded
-	err    error    // the failure of the statement after the tags
-	args   []any    // the last statement's arguments, checked when set
-	rows   []string // the keys the batch claim returns (RETURNING message_key)
-	status byte     // transaction status after the step ('I', 'T' or 'E')
-	closed bool     // the connection is lost after the step
+	sql  []string // the batch's statements, or the one statement
+	tags []string // one command tag per statement that succeeded
+	err  error    // the failure of the statement after the tags
+	args []any    // the last statement's arguments, checked when set
+	rows []string // the keys the batch claim returns (RETURNING message_key)
+	// horizon is the retention horizon the claim (or the read after a
+	// batch claim) returns, microseconds since the Unix epoch; nil: none.
+	horizon *int64
+	status  byte // transaction status after the step ('I', 'T' or 'E')
+	closed  bool // the connection is lost after the step
 }
 
 type script struct {
@@ -136,9 +141,47 @@ func (r *scriptResults) Query() (pgx.Rows, error) {
 	}
 	return &keyRows{keys: r.st.rows, i: -1}, nil
 }
-func (r *scriptResults) QueryRow() pgx.Row { return nil }
-func (r *scriptResults) Close() error      { return nil }
-func (r *scriptResults) Tx() pgx.Tx        { return nil }
+
+// QueryRow returns the single claim's row — the count its tag says it
+// inserted, and the step's horizon — or, after a batch claim, the horizon's.
+func (r *scriptResults) QueryRow() pgx.Row {
+	defer func() { r.n++ }()
+	switch {
+	case r.n < len(r.st.tags):
+		return horizonRow{n: pgconn.NewCommandTag(r.st.tags[r.n]).RowsAffected(), h: r.st.horizon, claim: true}
+	case r.n == len(r.st.tags) && r.st.err != nil:
+		return errRow{r.st.err}
+	case r.n == len(r.st.tags)+1 && r.st.err == nil:
+		// The statement after the batch claim (read by Query).
+		return horizonRow{h: r.st.horizon}
+	}
+	return errRow{errors.New("no result scripted")}
+}
+func (r *scriptResults) Close() error { return nil }
+func (r *scriptResults) Tx() pgx.Tx   { return nil }
+
+// horizonRow is the single claim's row (inserted count, horizon) or the
+// horizon's alone.
+type horizonRow struct {
+	n     int64
+	h     *int64
+	claim bool
+}
+
+func (r horizonRow) Scan(dest ...any) error {
+	if r.claim {
+		if len(dest) != 2 {
+			return fmt.Errorf("scan of %d values, the claim's row has 2", len(dest))
+		}
+		*dest[0].(*int64) = r.n
+		dest = dest[1:]
+	}
+	if len(dest) != 1 {
+		return fmt.Errorf("scan of %d values, the horizon's row has 1", len(dest))
+	}
+	*dest[0].(**int64) = r.h
+	return nil
+}
 
 // keyRows is a result of one text column, the keys a batch claim returns.
 type keyRows struct {
@@ -194,6 +237,14 @@ func scripted(t *testing.T, s *script, opts ...Option) *Middleware {
 	m.status = func(*lease) (byte, bool) { return s.status, s.closed }
 	return m
 }
+
+var (
+	// fencedSQL is the claim of a message with an event time, the horizon
+	// folded in; horizonSQL the horizon's read after a batch claim (both
+	// golden in postgres/testdata).
+	fencedSQL     = postgres.New().HorizonClaimSQL(dialect.Table{Name: "processed_messages"}, false)
+	horizonSQL, _ = postgres.New().HorizonSQL(dialect.Table{Name: "processed_messages"}, "orders")
+)
 
 const (
 	claimSQL = `INSERT INTO "processed_messages" (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING`
@@ -437,4 +488,67 @@ func TestNestedProcessRefused(t *testing.T) {
 		t.Fatalf("inner: %v, want ErrNested", inner)
 	}
 	s.done()
+}
+
+// TestHorizonSequence: the single claim carries the message's fence (its
+// event time less the clock-skew margin) and reads the horizon in the same
+// statement; a claim not inserted with the fence before the horizon is
+// ErrBeyondRetention, otherwise a duplicate. A batch with event times reads
+// the horizon in a statement queued after its claim, in the same round
+// trip, and a new claim older than it fails the batch naming its message.
+func TestHorizonSequence(t *testing.T) {
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	at := now.Add(-10 * 24 * time.Hour)
+	fence := at.Add(-time.Minute)
+	micros := func(t time.Time) *int64 { v := t.UnixMicro(); return &v }
+	opts := []Option{WithClock(func() time.Time { return now }), WithClockSkew(time.Minute), WithRetention(30 * 24 * time.Hour)}
+	claim := func(tag string, h *int64) step {
+		return step{sql: []string{"begin", fencedSQL}, tags: []string{"BEGIN", tag}, args: []any{"orders", "k", fence}, horizon: h, status: 'T'}
+	}
+	commit := step{sql: []string{"commit"}, tags: []string{"COMMIT"}, status: 'I'}
+	rollback := step{sql: []string{"rollback"}, tags: []string{"ROLLBACK"}, status: 'I'}
+	for _, tc := range []struct {
+		name    string
+		steps   []step
+		want    idempotent.Outcome
+		wantErr error
+	}{
+		{"not inserted, fence before the horizon: beyond retention",
+			[]step{claim("INSERT 0 0", micros(fence.Add(time.Microsecond))), rollback}, 0, idempotent.ErrBeyondRetention},
+		{"not inserted, horizon at the fence: duplicate",
+			[]step{claim("INSERT 0 0", micros(fence)), rollback}, idempotent.Duplicate, nil},
+		{"not inserted, no horizon: duplicate",
+			[]step{claim("INSERT 0 0", nil), rollback}, idempotent.Duplicate, nil},
+		{"inserted: applied",
+			[]step{claim("INSERT 0 1", micros(fence)), commit}, idempotent.Applied, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &script{t: t, steps: tc.steps}
+			m := scripted(t, s, opts...)
+			got, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "k", EventTime: at}, func(context.Context, pgx.Tx) error { return nil })
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), "older than the retention horizon") {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+			} else if err != nil || got != tc.want {
+				t.Fatalf("%v, %v; want %v", got, err, tc.want)
+			}
+			s.done()
+		})
+	}
+
+	t.Run("batch: the horizon read after the claim names the message", func(t *testing.T) {
+		msgs := []idempotent.Message{{Key: "b", EventTime: now}, {Key: "a", EventTime: at}}
+		s := &script{t: t, steps: []step{
+			{sql: []string{"begin", batchSQL, horizonSQL}, tags: []string{"BEGIN"}, args: []any{"orders"}, rows: []string{"a", "b"}, horizon: micros(fence.Add(time.Hour)), status: 'T'},
+			rollback,
+		}}
+		m := scripted(t, s, opts...)
+		_, err := m.ProcessMessages(context.Background(), msgs, func(context.Context, pgx.Tx, []int) error { t.Error("the function ran"); return nil })
+		var bke *idempotent.BatchKeyError
+		if !errors.Is(err, idempotent.ErrBeyondRetention) || !errors.As(err, &bke) || bke.Index != 1 {
+			t.Fatalf("err = %v, want ErrBeyondRetention at index 1", err)
+		}
+		s.done()
+	})
 }

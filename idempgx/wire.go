@@ -2,6 +2,7 @@ package idempgx
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -20,9 +21,15 @@ import (
 // under fixed names; each delivery then writes Bind and Execute for each and
 // one Sync straight to pgconn's frontend, in one write, and reads their
 // results up to ReadyForQuery: one round trip, with none of pgx.Batch's
-// per-query bookkeeping and no allocation of its own. A connection configured for the simple protocol or for
-// unprepared statements (a transaction-mode pooler) goes through pgx.Batch
-// instead, which honours its exec mode; both cost one round trip.
+// per-query bookkeeping and no allocation of its own. A connection
+// configured for the simple protocol or for unprepared statements (a
+// transaction-mode pooler) goes through pgx.Batch instead, which honours its
+// exec mode; both cost one round trip.
+//
+// The claim of a message with an event time is the statement with the
+// retention horizon folded in (see horizon.go): its fence travels as a text
+// timestamptz and its one row, the insert's count and the horizon, comes
+// back as two binary int8s.
 
 // wireClaimer is implemented by claim steps that can be sent on pgconn.
 type wireClaimer interface {
@@ -61,7 +68,11 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 			return false, fmt.Errorf("idempgx: prepare lock timeout: %w", err)
 		}
 	}
-	claim, err := raw.Prepare(ctx, m.claimName, m.claimSQL)
+	name, text := m.claimName, m.claimSQL
+	if c.fenced() {
+		name, text = m.fencedName, m.fencedSQL
+	}
+	claim, err := raw.Prepare(ctx, name, text)
 	if err != nil {
 		return false, m.claimError(err, c.at)
 	}
@@ -70,6 +81,11 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 	vals = append(vals, bytesOf(m.consumer), bytesOf(c.key))
 	if c.day != "" {
 		vals = append(vals, bytesOf(c.day))
+	}
+	var results []int16
+	if f, ok := m.fence(c.at); ok {
+		vals = append(vals, f.AppendFormat(w.fence[:0], fenceLayout))
+		results = binaryResults
 	}
 	pc := raw.PgConn()
 	fe := pc.Frontend()
@@ -81,7 +97,7 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 		fe.SendBind(&w.bind)
 		fe.SendExecute(&w.exec)
 	}
-	w.bind = pgproto3.Bind{PreparedStatement: claim.Name, Parameters: vals}
+	w.bind = pgproto3.Bind{PreparedStatement: claim.Name, Parameters: vals, ResultFormatCodes: results}
 	fe.SendBind(&w.bind)
 	fe.SendExecute(&w.exec)
 	fe.SendSync(&w.sync)
@@ -108,12 +124,16 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 		closeBroken(raw)
 		return false, fmt.Errorf("idempgx: send claim: %w", ctxOr(ctx, err))
 	}
-	// One CommandComplete per statement, or an ErrorResponse that skips
-	// the rest, then ReadyForQuery.
+	// One CommandComplete per statement — a fenced claim's preceded by its
+	// one DataRow, a plain claim's tag counting the row it inserted — or an
+	// ErrorResponse that skips the rest, then ReadyForQuery.
 	var (
-		n       int
-		claimed bool
-		failed  error
+		n        int
+		rows     int
+		inserted int64
+		hv       int64
+		horizon  *int64 // &hv, when the claim read a horizon
+		failed   error
 	)
 	for {
 		msg, err := pc.ReceiveMessage(rctx)
@@ -122,10 +142,23 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 			return false, fmt.Errorf("idempgx: claim: %w", ctxOr(ctx, err))
 		}
 		switch msg := msg.(type) {
+		case *pgproto3.DataRow:
+			rows++
+			if len(msg.Values) != 2 || len(msg.Values[0]) != 8 || (msg.Values[1] != nil && len(msg.Values[1]) != 8) {
+				if failed == nil {
+					failed = fmt.Errorf("a row of %d values, want the inserted count and the horizon as int8s", len(msg.Values))
+				}
+				continue
+			}
+			inserted = int64(binary.BigEndian.Uint64(msg.Values[0]))
+			if v := msg.Values[1]; v != nil {
+				hv = int64(binary.BigEndian.Uint64(v))
+				horizon = &hv
+			}
 		case *pgproto3.CommandComplete:
 			n++
-			if n == w.statements(lock != nil) {
-				claimed = pgconn.NewCommandTag(string(msg.CommandTag)).RowsAffected() == 1
+			if n == w.statements(lock != nil) && !c.fenced() {
+				inserted = pgconn.NewCommandTag(string(msg.CommandTag)).RowsAffected()
 			}
 		case *pgproto3.ErrorResponse:
 			if failed == nil {
@@ -148,7 +181,10 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 				closeBroken(raw)
 				return false, fmt.Errorf("idempgx: claim: %d results for %d statements", n, w.statements(lock != nil))
 			}
-			return claimed, nil
+			if c.fenced() && rows != 1 {
+				return false, fmt.Errorf("idempgx: claim: %d rows, want 1", rows)
+			}
+			return m.horizonClaimed(c.key, c.at, inserted, horizon)
 		}
 	}
 }
@@ -156,11 +192,19 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 // wireMessages are the messages of one claim round trip, reused for each
 // statement (the frontend encodes them as they are sent).
 type wireMessages struct {
-	bind pgproto3.Bind
-	exec pgproto3.Execute
-	sync pgproto3.Sync
-	vals [3][]byte
+	bind  pgproto3.Bind
+	exec  pgproto3.Execute
+	sync  pgproto3.Sync
+	vals  [4][]byte
+	fence [32]byte // the fence's text, fenceLayout
 }
+
+// fenceLayout is the fence's text: a UTC timestamptz to the microsecond
+// (truncated, as pgx's binary encoding of a time.Time truncates it).
+const fenceLayout = "2006-01-02 15:04:05.999999-07"
+
+// binaryResults asks for every result column in binary.
+var binaryResults = []int16{pgx.BinaryFormatCode}
 
 func (*wireMessages) statements(lock bool) int {
 	if lock {
