@@ -34,7 +34,7 @@ var (
 	// query that inserts the claim unless the table's retention horizon
 	// refuses it, and returns how many it inserted and the horizon it read.
 	horizonClaimSQL = pg.HorizonClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, false)
-	txidSQL  = pg.TxIDSQL()
+	txidSQL         = pg.TxIDSQL()
 	// noWait retries at once, so that tests do not sleep.
 	noWait = idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 5})
 )
