@@ -57,9 +57,12 @@
 // # Identifiers
 //
 // Table names are parsed by [ParseTable] (table or schema.table, each part
-// letters, digits and _, not starting with a digit, at most 63 bytes) before
-// any dialect sees them, so a dialect only has to quote them; a bad name
-// matches [ErrInvalidIdentifier].
+// lower-case letters, digits and _, not starting with a digit, at most 63
+// bytes) before any dialect sees them, so a dialect only has to quote them;
+// a bad name matches [ErrInvalidIdentifier]. Upper-case letters are refused
+// in every dialect: Postgres folds an unquoted name to lower case, MySQL
+// folds it or not depending on the server, and a quoted mixed-case name
+// would miss a table created by hand (see [Table]).
 //
 // # Conformance
 //

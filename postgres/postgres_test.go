@@ -22,8 +22,9 @@ import (
 )
 
 // tables are the names every table-taking method is golden-tested with.
-// The last one cannot come out of dialect.ParseTable; it shows the dialect
-// quotes whatever it is given.
+// Billing.Mixed_Case and the last one cannot come out of dialect.ParseTable
+// (it refuses upper-case letters and quotes); they show the dialect quotes
+// whatever it is given.
 var tables = []dialect.Table{
 	{Name: "processed_messages"},
 	{Schema: "app", Name: "processed_messages"},

@@ -78,7 +78,7 @@ var advisoryLock = regexp.MustCompile(`^SELECT pg_advisory_xact_lock\(-?[0-9]{1,
 // and names no identifier but the expected ones.
 func FuzzSQLBuilders(f *testing.F) {
 	for _, s := range []string{
-		"processed_messages", "app.processed_messages", "select", "from.where", "MixedCase",
+		"processed_messages", "app.processed_messages", "select", "from.where", "MixedCase", "app.Claims",
 		"_", "a1.b2", strings.Repeat("n", dialect.MaxIdentifierBytes),
 		strings.Repeat("s", dialect.MaxIdentifierBytes) + "." + strings.Repeat("n", dialect.MaxIdentifierBytes),
 		`x"; DROP TABLE y; --`, "a;b", "a--b",

@@ -25,7 +25,8 @@
 //   - the strict guard: catches a handler's own COMMIT, or, if the dialect
 //     has no transaction id, is refused by idempotent.New;
 //   - bad input: bad keys (empty, NUL, invalid UTF-8, longer than
-//     MaxKeyBytes) and bad table names are rejected with nothing written;
+//     MaxKeyBytes) and bad table names, upper-case letters included, are
+//     rejected with nothing written;
 //     a missing claim table is reported as ErrNoClaimTable;
 //   - the batch claim: ProcessBatch applies each distinct new key once,
 //     reports repeats and earlier claims as duplicates, rolls back whole,

@@ -743,6 +743,18 @@ func checkBadTableNames(t *testing.T, e *Env) {
 			t.Errorf("WithTable(%q): New = %v, want ErrInvalidIdentifier", name, err)
 		}
 	}
+	// Upper-case letters, which Postgres folds away unquoted and MySQL
+	// folds or not by platform, are refused in every dialect, saying why
+	// and giving the name to use.
+	for name, lower := range map[string]string{"Processed_X": "processed_x", "App.claims": "app.claims", "app.Claims": "app.claims"} {
+		_, err := idempotent.New(db, e.h.Dialect, "conformance", idempotent.WithTable(name))
+		_, cerr := idempotent.NewClaimTable(db, e.h.Dialect, idempotent.WithTable(name))
+		for _, err := range []error{err, cerr} {
+			if !errors.Is(err, dialect.ErrInvalidIdentifier) || !strings.Contains(err.Error(), "upper-case letters") || !strings.HasSuffix(err.Error(), "use "+lower) {
+				t.Errorf("WithTable(%q) = %v, want ErrInvalidIdentifier saying it has upper-case letters and to use %s", name, err, lower)
+			}
+		}
+	}
 	if after := db.Stats(); after != before {
 		t.Errorf("New with bad table names used the database (stats %+v, before %+v): it must send nothing", after, before)
 	}
