@@ -116,47 +116,49 @@ func (t *ClaimTable) keepAfter(now time.Time) time.Time {
 
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
-// once and on every start. When partitioned (WithDailyPartitions) it
-// creates the partitioned table and the partitions MaintainPartitions would
-// create, but drops none. It fails, naming the table, when an existing table
-// is partitioned and the ClaimTable is not, or the other way round.
+// once and on every start, while other processes claim: it first reads the
+// database's catalog, in a read-only transaction that takes no lock on the
+// claim table, and when everything exists it sends no DDL at all, so it
+// never waits behind an open claim nor makes new claims wait behind it.
+// When partitioned (WithDailyPartitions) it creates the partitioned table
+// and the partitions MaintainPartitions would create, but drops none. It
+// fails, naming the table, when an existing table is partitioned and the
+// ClaimTable is not, or the other way round.
+//
+// What is missing is created under a schema lock that serialises
+// EnsureSchema between processes, and every lock its DDL needs on the claim
+// table is waited for at most PartitionLockTimeout (on SQLite, for the
+// connection's busy timeout): creating an index, or a partition, on a table
+// that open claims use waits for them to end, and new claims queue behind
+// the waiting DDL. When the wait runs out, EnsureSchema gives up with an
+// error matching ErrSchemaLockTimeout, having changed nothing it had not
+// finished; it is safe to run again.
 //
 // If the dialect implements dialect.ServerChecker, EnsureSchema first checks
 // that the database is one the dialect speaks: a dialect used with another
 // database's driver fails here with an error matching
-// dialect.ErrWrongDatabase.
+// dialect.ErrWrongDatabase. A dialect that does not implement
+// dialect.SchemaInspector has its SchemaSQL run every time.
 func (t *ClaimTable) EnsureSchema(ctx context.Context) error {
 	return t.ensureSchema(ctx, nil)
 }
 
-// ensureSchema is EnsureSchema; probe, if set, runs in the schema's
-// transaction after the server check.
+// ensureSchema is EnsureSchema; probe, if set, runs in the transaction that
+// checks the schema, after the server check.
 func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Context, *sql.Tx) error) error {
-	stmts := t.schemaSQL()
-	checker, _ := t.d.(dialect.ServerChecker)
-	// The schema's own DDL runs in this transaction, so the guard's
-	// implicit-commit check (a handler's concern) is left out.
-	r := runner{db: t.db, d: t.d, policy: t.policy}
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
-		if checker != nil {
-			if err := checker.CheckServer(ctx, t.table, txQuery(tx)); err != nil {
-				return err
-			}
-		}
-		if probe != nil {
-			if err := probe(ctx, tx); err != nil {
-				return err
-			}
-		}
-		for _, s := range stmts {
-			if _, err := tx.ExecContext(ctx, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	insp, ok := t.d.(dialect.SchemaInspector)
+	if !ok {
+		return t.ensureSchemaBlind(ctx, probe)
+	}
+	objs := insp.SchemaObjects(t.table, t.ret.part != nil)
+	missing, err := t.checkSchema(ctx, insp, objs, probe)
 	if err != nil {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", t.table, err)
+	}
+	if len(missing) > 0 {
+		if err := t.createMissing(ctx, insp, objs, missing); err != nil {
+			return err
+		}
 	}
 	return t.afterSchema(ctx)
 }
@@ -165,11 +167,14 @@ func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Contex
 // not exist (the guide's Step 1): it is the EnsureSchema of the
 // Middleware's ClaimTable and, with WithStrictGuard, also checks that the
 // server can run the strict guard's transaction id query. It is safe to
-// call from many processes at once and on every start. In partitioned mode
-// (WithDailyPartitions) it creates the partitioned table and the partitions
-// MaintainPartitions would create, but drops none. It fails, naming the
-// table, when an existing table is partitioned and the Middleware is not, or
-// the other way round.
+// call from many processes at once and on every start: when everything
+// exists it sends no DDL, and DDL it does need gives up after
+// PartitionLockTimeout with an error matching ErrSchemaLockTimeout rather
+// than stall the claims queued behind it (see ClaimTable.EnsureSchema). In
+// partitioned mode (WithDailyPartitions) it creates the partitioned table
+// and the partitions MaintainPartitions would create, but drops none. It
+// fails, naming the table, when an existing table is partitioned and the
+// Middleware is not, or the other way round.
 //
 // If the dialect implements dialect.ServerChecker, EnsureSchema first checks
 // that the database is one the dialect speaks: a dialect used with another
@@ -190,14 +195,6 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
 		return s.String, err
 	}
-}
-
-// schemaSQL returns the statements EnsureSchema runs for the mode.
-func (t *ClaimTable) schemaSQL() []string {
-	if t.ret.part != nil {
-		return t.ret.part.PartitionedSchemaSQL(t.table)
-	}
-	return t.d.SchemaSQL(t.table)
 }
 
 // afterSchema checks that the claim table has the mode's layout and, in
@@ -221,7 +218,11 @@ func (t *ClaimTable) afterSchema(ctx context.Context) error {
 	case !partitioned:
 		return nil
 	}
-	_, err = t.maintain(ctx, false)
+	// maintain lists the partitions first and creates only the missing
+	// ones, each under PartitionLockTimeout.
+	if _, err = t.maintain(ctx, false); err != nil && t.d.Classify(err).Kind == dialect.KindLockTimeout {
+		return t.schemaLockError("create a partition", PartitionLockTimeout.String(), err)
+	}
 	return err
 }
 

@@ -336,7 +336,9 @@
 // _ (at most 63 bytes a part) matches dialect.ErrInvalidIdentifier
 // (upper-case letters are refused because Postgres folds an unquoted name
 // to lower case: see dialect.Table); a bad option is an error from New. A
-// missing claim table is [ErrNoClaimTable].
+// missing claim table is [ErrNoClaimTable]. [Middleware.EnsureSchema]
+// sends no DDL when the schema is complete, and DDL it needs gives up
+// waiting behind an open claim with [ErrSchemaLockTimeout].
 //
 // # Testing
 //

@@ -29,6 +29,10 @@
 //     claim (MySQL's innodb_lock_wait_timeout);
 //   - [ServerChecker]: check in EnsureSchema that the database is the one the
 //     dialect speaks to, failing with [ErrWrongDatabase] before any DDL;
+//   - [SchemaInspector]: tell from the catalog which of the claim table's
+//     objects ([SchemaObject]) exist, so that EnsureSchema sends DDL only
+//     for what is missing, under a lock timeout (otherwise SchemaSQL runs on
+//     every EnsureSchema);
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
 //   - [StatsReader]: claims per consumer, for idempotent.ClaimTable.Stats;

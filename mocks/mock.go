@@ -408,10 +408,14 @@ func (m *Mock) ExpectTxCheck(err error) {
 }
 
 // ExpectEnsureSchema expects Middleware.EnsureSchema of a claim table that
-// is not partitioned: BEGIN, the dialect's server check if it has one
-// (dialect.ServerChecker), its schema statements, COMMIT, and, if the
-// dialect can partition (dialect.Partitioner), its query of the table's
-// kind, answering that the table exists and is not partitioned.
+// exists and is not partitioned. For a dialect that reads its catalog
+// (dialect.SchemaInspector, as every dialect of this module does): BEGIN
+// (read-only), the dialect's server check if it has one
+// (dialect.ServerChecker), its catalog query for each of the table's
+// objects, answering that it exists, and COMMIT — no DDL. For any other
+// dialect: BEGIN, the server check, its schema statements and COMMIT. Then,
+// if the dialect can partition (dialect.Partitioner), its query of the
+// table's kind, answering that the table exists and is not partitioned.
 //
 // answers are what the server check's queries return, in order: for the
 // Postgres dialect the version, such as "PostgreSQL 16.4"; for SQLite the
@@ -431,8 +435,18 @@ func (m *Mock) ExpectEnsureSchema(answers ...string) {
 	}
 	m.Sqlmock.ExpectBegin()
 	m.expectServerCheck(answers)
-	for _, s := range m.schema {
-		m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	if insp, ok := m.d.(dialect.SchemaInspector); ok {
+		for _, o := range insp.SchemaObjects(m.table, false) {
+			q, args := insp.ObjectExistsSQL(o)
+			e := m.Sqlmock.ExpectQuery(q).WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
+			if len(args) > 0 {
+				e.WithArgs(driverValues(args)...)
+			}
+		}
+	} else {
+		for _, s := range m.schema {
+			m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		}
 	}
 	m.Sqlmock.ExpectCommit()
 	if p, ok := m.d.(dialect.Partitioner); ok {

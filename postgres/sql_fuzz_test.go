@@ -129,6 +129,27 @@ func FuzzSQLBuilders(f *testing.F) {
 )`, parts(tb))
 		check("SchemaSQL[2]", schema[2], `CREATE INDEX IF NOT EXISTS "`+postgres.IndexName(tb.Name)+`" ON `+q+" (processed_at)",
 			append([]string{postgres.IndexName(tb.Name)}, parts(tb)...))
+
+		// The catalog checks take the name as a parameter, never as text.
+		for _, partitioned := range []bool{false, true} {
+			for _, o := range d.SchemaObjects(tb, partitioned) {
+				if o.Table != tb {
+					t.Fatalf("SchemaObjects(%q, %v): %v is not of the table", name, partitioned, o)
+				}
+				query, args := d.ObjectExistsSQL(o)
+				fixed, _ := d.ObjectExistsSQL(dialect.SchemaObject{Kind: o.Kind, Table: dialect.Table{Name: "x"}, Name: "y"})
+				if ids, err := scanSQL(query); err != nil || len(ids) != 0 || query != fixed {
+					t.Fatalf("ObjectExistsSQL(%v) = %q (%q, %v): want a fixed query naming nothing", o, query, ids, err)
+				}
+				want := []any{q}
+				if o.Kind == dialect.ObjectIndex {
+					want = append(want, postgres.IndexName(tb.Name))
+				}
+				if fmt.Sprint(args) != fmt.Sprint(want) {
+					t.Fatalf("ObjectExistsSQL(%v) args %q, want %q", o, args, want)
+				}
+			}
+		}
 	})
 }
 

@@ -6,7 +6,9 @@
 // database under test, and a way to name a fresh claim table. The suite
 // then runs, against the real database and through the real middleware:
 //
-//   - the schema: EnsureSchema twice, and concurrently, is harmless;
+//   - the schema: EnsureSchema twice, and concurrently, is harmless, and
+//     with the schema complete it returns while a handler holds a claim
+//     open;
 //   - the claim: a key is applied once and then reported as a duplicate,
 //     per consumer; keys compare byte for byte ("A" is not "a", "x" is not
 //     "x "); a key of MaxKeyBytes bytes round-trips unchanged;

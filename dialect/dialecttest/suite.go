@@ -165,6 +165,48 @@ func checkEnsureSchema(t *testing.T, e *Env) {
 	if got := e.Claims(t, db, table); len(got) != 1 {
 		t.Errorf("claims after EnsureSchema x6 and one Process: %q, want one", got)
 	}
+	checkEnsureSchemaBehindAClaim(t, e, mw, table)
+}
+
+// checkEnsureSchemaBehindAClaim: with the schema complete, a process
+// starting while a handler holds a claim open runs EnsureSchema to the end
+// while the claim is still held: it must not wait for the claim (and make
+// every new claim wait behind it). A dialect whose EnsureSchema does wait
+// fails here once its DDL lock timeout (or, lacking one, the bound of the
+// wait) runs out.
+func checkEnsureSchemaBehindAClaim(t *testing.T, e *Env, mw *idempotent.Middleware, table string) {
+	t.Helper()
+	ctx := testContext(t)
+	claimed, free := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := mw.Process(ctx, "held-during-schema", func(context.Context, *sql.Tx) error {
+			close(claimed)
+			<-free
+			return nil
+		})
+		held <- err
+	}()
+	select {
+	case <-claimed:
+	case err := <-held:
+		t.Fatalf("holding a claim: %v", err)
+	}
+	other := e.DB(t)
+	starting, err := idempotent.NewClaimTable(other, e.h.Dialect, idempotent.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*idempotent.PartitionLockTimeout)
+	err = starting.EnsureSchema(wctx)
+	cancel()
+	close(free)
+	if err != nil {
+		t.Errorf("EnsureSchema of the complete schema while a handler holds a claim: %v; want it to return without waiting for the claim", err)
+	}
+	if err := <-held; err != nil {
+		t.Errorf("the held claim: %v", err)
+	}
 }
 
 func checkClaimOnce(t *testing.T, e *Env) {
