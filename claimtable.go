@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -121,47 +122,49 @@ func (t *ClaimTable) keepAfter(now time.Time) time.Time {
 
 // EnsureSchema creates the claim table and its processed_at index if they do
 // not exist (the guide's Step 1). It is safe to call from many processes at
-// once and on every start. When partitioned (WithDailyPartitions) it
-// creates the partitioned table and the partitions MaintainPartitions would
-// create, but drops none. It fails, naming the table, when an existing table
-// is partitioned and the ClaimTable is not, or the other way round.
+// once and on every start, while other processes claim: it first reads the
+// database's catalog, in a read-only transaction that takes no lock on the
+// claim table, and when everything exists it sends no DDL at all, so it
+// never waits behind an open claim nor makes new claims wait behind it.
+// When partitioned (WithDailyPartitions) it creates the partitioned table
+// and the partitions MaintainPartitions would create, but drops none. It
+// fails, naming the table, when an existing table is partitioned and the
+// ClaimTable is not, or the other way round.
+//
+// What is missing is created under a schema lock that serialises
+// EnsureSchema between processes, and every lock its DDL needs on the claim
+// table is waited for at most PartitionLockTimeout (on SQLite, for the
+// connection's busy timeout): creating an index, or a partition, on a table
+// that open claims use waits for them to end, and new claims queue behind
+// the waiting DDL. When the wait runs out, EnsureSchema gives up with an
+// error matching ErrSchemaLockTimeout, having changed nothing it had not
+// finished; it is safe to run again.
 //
 // If the dialect implements dialect.ServerChecker, EnsureSchema first checks
 // that the database is one the dialect speaks: a dialect used with another
 // database's driver fails here with an error matching
-// dialect.ErrWrongDatabase.
+// dialect.ErrWrongDatabase. A dialect that does not implement
+// dialect.SchemaInspector has its SchemaSQL run every time.
 func (t *ClaimTable) EnsureSchema(ctx context.Context) error {
 	return t.ensureSchema(ctx, nil)
 }
 
-// ensureSchema is EnsureSchema; probe, if set, runs in the schema's
-// transaction after the server check.
+// ensureSchema is EnsureSchema; probe, if set, runs in the transaction that
+// checks the schema, after the server check.
 func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Context, *sql.Tx) error) error {
-	stmts := t.schemaSQL()
-	checker, _ := t.d.(dialect.ServerChecker)
-	// The schema's own DDL runs in this transaction, so the guard's
-	// implicit-commit check (a handler's concern) is left out.
-	r := runner{db: t.db, d: t.d, policy: t.policy}
-	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
-		if checker != nil {
-			if err := checker.CheckServer(ctx, t.table, txQuery(tx)); err != nil {
-				return err
-			}
-		}
-		if probe != nil {
-			if err := probe(ctx, tx); err != nil {
-				return err
-			}
-		}
-		for _, s := range stmts {
-			if _, err := tx.ExecContext(ctx, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	insp, ok := t.d.(dialect.SchemaInspector)
+	if !ok {
+		return t.ensureSchemaBlind(ctx, probe)
+	}
+	objs := t.withHorizon(insp.SchemaObjects(t.table, t.ret.part != nil))
+	missing, err := t.checkSchema(ctx, insp, objs, probe)
 	if err != nil {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", t.table, err)
+	}
+	if len(missing) > 0 {
+		if err := t.createMissing(ctx, insp, objs, missing); err != nil {
+			return err
+		}
 	}
 	return t.afterSchema(ctx)
 }
@@ -170,11 +173,14 @@ func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Contex
 // not exist (the guide's Step 1): it is the EnsureSchema of the
 // Middleware's ClaimTable and, with WithStrictGuard, also checks that the
 // server can run the strict guard's transaction id query. It is safe to
-// call from many processes at once and on every start. In partitioned mode
-// (WithDailyPartitions) it creates the partitioned table and the partitions
-// MaintainPartitions would create, but drops none. It fails, naming the
-// table, when an existing table is partitioned and the Middleware is not, or
-// the other way round.
+// call from many processes at once and on every start: when everything
+// exists it sends no DDL, and DDL it does need gives up after
+// PartitionLockTimeout with an error matching ErrSchemaLockTimeout rather
+// than stall the claims queued behind it (see ClaimTable.EnsureSchema). In
+// partitioned mode (WithDailyPartitions) it creates the partitioned table
+// and the partitions MaintainPartitions would create, but drops none. It
+// fails, naming the table, when an existing table is partitioned and the
+// Middleware is not, or the other way round.
 //
 // If the dialect implements dialect.ServerChecker, EnsureSchema first checks
 // that the database is one the dialect speaks: a dialect used with another
@@ -197,6 +203,25 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 	}
 }
 
+// withHorizon adds the horizon table (dialect.HorizonKeeper) to objs, the
+// dialect's own objects, unless they name it already.
+func (t *ClaimTable) withHorizon(objs []dialect.SchemaObject) []dialect.SchemaObject {
+	if t.hk == nil {
+		return objs
+	}
+	ht := t.hk.HorizonTable(t.table)
+	for _, o := range objs {
+		if o.Table == ht {
+			return objs
+		}
+	}
+	objs = objs[:len(objs):len(objs)]
+	for _, stmt := range t.hk.HorizonSchemaSQL(t.table) {
+		objs = append(objs, dialect.SchemaObject{Kind: dialect.ObjectTable, Table: ht, CreateSQL: stmt})
+	}
+	return objs
+}
+
 // schemaSQL returns the statements EnsureSchema runs for the mode.
 func (t *ClaimTable) schemaSQL() []string {
 	var stmts []string
@@ -206,7 +231,11 @@ func (t *ClaimTable) schemaSQL() []string {
 		stmts = t.d.SchemaSQL(t.table)
 	}
 	if t.hk != nil {
-		stmts = append(stmts[:len(stmts):len(stmts)], t.hk.HorizonSchemaSQL(t.table)...)
+		for _, h := range t.hk.HorizonSchemaSQL(t.table) {
+			if !slices.Contains(stmts, h) {
+				stmts = append(stmts[:len(stmts):len(stmts)], h)
+			}
+		}
 	}
 	return stmts
 }
@@ -232,7 +261,11 @@ func (t *ClaimTable) afterSchema(ctx context.Context) error {
 	case !partitioned:
 		return nil
 	}
-	_, err = t.maintain(ctx, false)
+	// maintain lists the partitions first and creates only the missing
+	// ones, each under PartitionLockTimeout.
+	if _, err = t.maintain(ctx, false); err != nil && t.d.Classify(err).Kind == dialect.KindLockTimeout {
+		return t.schemaLockError("create a partition", PartitionLockTimeout.String(), err)
+	}
 	return err
 }
 

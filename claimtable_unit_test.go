@@ -283,57 +283,6 @@ func TestClaimTableRefusedInsideAHandler(t *testing.T) {
 	}
 }
 
-func TestClaimTableEnsureSchema(t *testing.T) {
-	ctx := context.Background()
-	t.Run("plain", func(t *testing.T) {
-		r := newRecorded(t)
-		tab := newClaimTable(t, r)
-		stmts := schemaSQL(shopClaims)
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "PostgreSQL 16.4")
-		for _, s := range stmts {
-			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
-		}
-		r.mock.ExpectCommit()
-		kind := expectTableKind(r.mock, shopClaims, true, false)
-		if err := tab.EnsureSchema(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL}, stmts...), "COMMIT", kind)...)
-	})
-	t.Run("partitioned table, plain ClaimTable", func(t *testing.T) {
-		r := newRecorded(t)
-		tab := newClaimTable(t, r)
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "PostgreSQL 16.4")
-		for _, s := range schemaSQL(shopClaims) {
-			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
-		}
-		r.mock.ExpectCommit()
-		expectTableKind(r.mock, shopClaims, true, true)
-		if err := tab.EnsureSchema(ctx); err == nil || err.Error() != "idempotent: claim table shop.claims is partitioned, but the ClaimTable was not given WithDailyPartitions" {
-			t.Fatalf("got %v", err)
-		}
-	})
-	t.Run("the Middleware's probes the strict guard's query", func(t *testing.T) {
-		r := newRecorded(t)
-		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"), idempotent.WithStrictGuard())
-		stmts := schemaSQL(shopClaims)
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "PostgreSQL 16.4")
-		r.mock.ExpectQuery(txidSQL).WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow("77"))
-		for _, s := range stmts {
-			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
-		}
-		r.mock.ExpectCommit()
-		kind := expectTableKind(r.mock, shopClaims, true, false)
-		if err := mw.EnsureSchema(ctx); err != nil {
-			t.Fatal(err)
-		}
-		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL, txidSQL}, stmts...), "COMMIT", kind)...)
-	})
-}
-
 func TestClaimTableMaintainPartitionsNeedsPartitions(t *testing.T) {
 	r := newRecorded(t)
 	tab := newClaimTable(t, r)

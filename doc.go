@@ -332,9 +332,13 @@
 // Nothing is written, and the error names the problem: a bad key is
 // ErrInvalidKey; a consumer name outside 1–[MaxConsumerBytes] bytes of ASCII
 // letters, digits and . _ - : / is [ErrInvalidConsumer] from New; a table
-// name that is not table or schema.table of letters, digits and _ (at most
-// 63 bytes a part) matches dialect.ErrInvalidIdentifier; a bad option is an
-// error from New. A missing claim table is [ErrNoClaimTable].
+// name that is not table or schema.table of lower-case letters, digits and
+// _ (at most 63 bytes a part) matches dialect.ErrInvalidIdentifier
+// (upper-case letters are refused because Postgres folds an unquoted name
+// to lower case: see dialect.Table); a bad option is an error from New. A
+// missing claim table is [ErrNoClaimTable]. [Middleware.EnsureSchema]
+// sends no DDL when the schema is complete, and DDL it needs gives up
+// waiting behind an open claim with [ErrSchemaLockTimeout].
 //
 // # Testing
 //

@@ -941,51 +941,6 @@ func expectTableKind(m sqlmock.Sqlmock, t dialect.Table, exists, partitioned boo
 	return q
 }
 
-func TestEnsureSchema(t *testing.T) {
-	stmts := schemaSQL(dialect.Table{Schema: "shop", Name: "claims"})
-	t.Run("creates", func(t *testing.T) {
-		r := newRecorded(t)
-		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "PostgreSQL 16.4")
-		for _, s := range stmts {
-			r.mock.ExpectExec(s).WillReturnResult(sqlmock.NewResult(0, 0))
-		}
-		r.mock.ExpectCommit()
-		kind := expectTableKind(r.mock, dialect.Table{Schema: "shop", Name: "claims"}, true, false)
-		if err := mw.EnsureSchema(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		r.wantCalls(t, append(append([]string{"BEGIN", versionSQL}, stmts...), "COMMIT", kind)...)
-	})
-	t.Run("wrong database", func(t *testing.T) {
-		r := newRecorded(t)
-		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "10.11.6-MariaDB")
-		r.mock.ExpectRollback()
-		if err := mw.EnsureSchema(context.Background()); !errors.Is(err, dialect.ErrWrongDatabase) {
-			t.Fatalf("got %v, want ErrWrongDatabase", err)
-		}
-		r.wantCalls(t, "BEGIN", versionSQL, "ROLLBACK")
-	})
-	t.Run("fails", func(t *testing.T) {
-		r := newRecorded(t)
-		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"))
-		noSchema := &pq.Error{Code: "3F000"}
-		r.mock.ExpectBegin()
-		expectVersion(r.mock, "PostgreSQL 16.4")
-		r.mock.ExpectExec(stmts[0]).WillReturnResult(sqlmock.NewResult(0, 0))
-		r.mock.ExpectExec(stmts[1]).WillReturnError(noSchema)
-		r.mock.ExpectRollback()
-		err := mw.EnsureSchema(context.Background())
-		if !errors.Is(err, noSchema) || !strings.Contains(err.Error(), "ensure schema of shop.claims") {
-			t.Fatalf("got %v, want the schema error naming the table", err)
-		}
-		r.wantCalls(t, "BEGIN", versionSQL, stmts[0], stmts[1], "ROLLBACK")
-	})
-}
-
 func TestTxOptions(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r, idempotent.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable}))

@@ -30,6 +30,8 @@ type recorded struct {
 	// onCall, when set, runs after each call is logged, before it reaches
 	// the mock.
 	onCall func(call string)
+	// connects counts the connections opened.
+	connects atomic.Int64
 }
 
 var mockSeq atomic.Int64
@@ -93,6 +95,7 @@ type recConnector struct {
 }
 
 func (c *recConnector) Connect(context.Context) (driver.Conn, error) {
+	c.r.connects.Add(1)
 	conn, err := c.drv.Open(c.dsn)
 	if err != nil {
 		return nil, err
@@ -124,6 +127,9 @@ func (c *recConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx
 	s := "BEGIN"
 	if opts.Isolation != driver.IsolationLevel(sql.LevelDefault) {
 		s += " " + sql.IsolationLevel(opts.Isolation).String()
+	}
+	if opts.ReadOnly {
+		s += " READ ONLY"
 	}
 	c.r.add(s)
 	tx, err := c.c.(driver.ConnBeginTx).BeginTx(ctx, opts)

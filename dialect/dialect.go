@@ -23,7 +23,9 @@ type Dialect interface {
 
 	// SchemaSQL returns the statements that create the claim table and its
 	// processed_at index if they do not exist. They are run in order, in one
-	// transaction, and must be harmless to run again.
+	// transaction, and must be harmless to run again. A dialect that is a
+	// [SchemaInspector] has EnsureSchema create only what its catalog says
+	// is missing instead; SchemaSQL is then the DDL a migration runs.
 	SchemaSQL(t Table) []string
 
 	// ClaimSQL returns the statement that inserts the claim (consumer, key)

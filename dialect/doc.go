@@ -29,6 +29,10 @@
 //     claim (MySQL's innodb_lock_wait_timeout);
 //   - [ServerChecker]: check in EnsureSchema that the database is the one the
 //     dialect speaks to, failing with [ErrWrongDatabase] before any DDL;
+//   - [SchemaInspector]: tell from the catalog which of the claim table's
+//     objects ([SchemaObject]) exist, so that EnsureSchema sends DDL only
+//     for what is missing, under a lock timeout (otherwise SchemaSQL runs on
+//     every EnsureSchema);
 //   - [Cleaner]: batched cleanup of expired claims under a table lock;
 //   - [Partitioner]: daily partitions keyed on the event day;
 //   - [StatsReader]: claims per consumer, for idempotent.ClaimTable.Stats;
@@ -59,9 +63,12 @@
 // # Identifiers
 //
 // Table names are parsed by [ParseTable] (table or schema.table, each part
-// letters, digits and _, not starting with a digit, at most 63 bytes) before
-// any dialect sees them, so a dialect only has to quote them; a bad name
-// matches [ErrInvalidIdentifier].
+// lower-case letters, digits and _, not starting with a digit, at most 63
+// bytes) before any dialect sees them, so a dialect only has to quote them;
+// a bad name matches [ErrInvalidIdentifier]. Upper-case letters are refused
+// in every dialect: Postgres folds an unquoted name to lower case, MySQL
+// folds it or not depending on the server, and a quoted mixed-case name
+// would miss a table created by hand (see [Table]).
 //
 // # Conformance
 //

@@ -15,9 +15,19 @@ const MaxIdentifierBytes = 63
 var ErrInvalidIdentifier = errors.New("invalid identifier")
 
 // Table is a validated table name, optionally qualified by a schema. Its
-// parts are plain identifiers: an ASCII letter or underscore followed by
-// letters, digits or underscores, at most [MaxIdentifierBytes] long. Dialects
-// still quote them, so a name that happens to be a reserved word works.
+// parts are plain lower-case identifiers: a lower-case ASCII letter or
+// underscore followed by lower-case letters, digits or underscores, at most
+// [MaxIdentifierBytes] long. Dialects still quote them, so a name that
+// happens to be a reserved word works.
+//
+// Upper-case letters are refused because quoting makes the name's case
+// significant, and the databases disagree about what an unquoted name
+// means: Postgres folds it to lower case (a table created by hand as
+// Processed_X is processed_x, so a quoted "Processed_X" would be a second,
+// empty table, in which every key already claimed in the first applies
+// again); MySQL keeps, folds or ignores case depending on the server's
+// lower_case_table_names (and so on its platform); SQLite ignores case. A
+// lower-case name is the same table in all of them, quoted or not.
 type Table struct {
 	// Schema is the schema (Postgres) or database (MySQL) name; "" means the
 	// connection's default.
@@ -27,7 +37,9 @@ type Table struct {
 }
 
 // ParseTable parses "table" or "schema.table". It returns an error wrapping
-// ErrInvalidIdentifier, naming the offending part, for anything else.
+// ErrInvalidIdentifier, naming the offending part, for anything else,
+// including a name with upper-case letters (see [Table]): the error says
+// why and gives the lower-case name to use.
 func ParseTable(s string) (Table, error) {
 	parts := strings.Split(s, ".")
 	if len(parts) > 2 {
@@ -38,6 +50,10 @@ func ParseTable(s string) (Table, error) {
 			return Table{}, fmt.Errorf("table name %q: %w", s, err)
 		}
 	}
+	if lower := strings.ToLower(s); lower != s {
+		return Table{}, fmt.Errorf("table name %q: %w: it has upper-case letters: Postgres folds unquoted names to lower case, so a table created by hand as %s is %s (and MySQL folds them or not depending on lower_case_table_names); use %s",
+			s, ErrInvalidIdentifier, s, lower, lower)
+	}
 	if len(parts) == 2 {
 		return Table{Schema: parts[0], Name: parts[1]}, nil
 	}
@@ -45,7 +61,10 @@ func ParseTable(s string) (Table, error) {
 }
 
 // CheckIdentifier returns an error wrapping ErrInvalidIdentifier unless s is
-// a plain identifier (see [Table]).
+// a plain identifier: an ASCII letter or underscore followed by letters,
+// digits or underscores, at most [MaxIdentifierBytes] long. Unlike a
+// [Table]'s parts it may have upper-case letters: it also checks the column
+// names of an [Upsert], which name columns of the caller's own tables.
 func CheckIdentifier(s string) error {
 	if s == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidIdentifier)

@@ -9,20 +9,28 @@ import (
 )
 
 // identRule is the documented identifier rule, written out independently
-// of CheckIdentifier.
-var identRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// of CheckIdentifier; tableRule is a table name part's, which also refuses
+// upper-case letters.
+var (
+	identRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tableRule = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+)
 
 func identOK(s string) bool { return len(s) <= MaxIdentifierBytes && identRule.MatchString(s) }
 
+func tablePartOK(s string) bool { return len(s) <= MaxIdentifierBytes && tableRule.MatchString(s) }
+
 // FuzzParseTable checks ParseTable against the documented rule: it accepts
-// "name" or "schema.name" of plain identifiers and nothing else; what it
-// accepts round-trips through String and quotes to exactly its parts; what
-// it rejects gets an error matching ErrInvalidIdentifier that quotes the
-// input.
+// "name" or "schema.name" of plain lower-case identifiers and nothing else;
+// what it accepts round-trips through String and quotes to exactly its
+// parts; what it rejects gets an error matching ErrInvalidIdentifier that
+// quotes the input, and a name refused only for its upper-case letters gets
+// one that says so and gives the lower-case name.
 func FuzzParseTable(f *testing.F) {
 	for _, s := range []string{
 		"processed_messages", "app.processed_messages", "_", "A1", "", ".", "a.", ".a", "a.b.c",
 		"1a", "a-b", "a b", `a"b`, "a;b", "a'b", "a\x00b", "ä", "select", "SELECT.from",
+		"Processed_X", "app.Claims", "App.claims", "T1", "_Ä",
 		strings.Repeat("x", MaxIdentifierBytes), strings.Repeat("x", MaxIdentifierBytes+1),
 		`x"; DROP TABLE y; --`, "a.b\n", "\ta",
 	} {
@@ -30,10 +38,12 @@ func FuzzParseTable(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		parts := strings.Split(s, ".")
-		want := len(parts) <= 2
+		want, caseOnly := len(parts) <= 2, len(parts) <= 2
 		for _, p := range parts {
-			want = want && identOK(p)
+			want = want && tablePartOK(p)
+			caseOnly = caseOnly && identOK(p)
 		}
+		caseOnly = caseOnly && !want
 		tb, err := ParseTable(s)
 		if (err == nil) != want {
 			t.Fatalf("ParseTable(%q) = %+v, %v; the documented rule says valid=%v", s, tb, err, want)
@@ -48,12 +58,15 @@ func FuzzParseTable(f *testing.F) {
 			if tb != (Table{}) {
 				t.Fatalf("ParseTable(%q) failed but returned %+v", s, tb)
 			}
+			if caseOnly && (!strings.Contains(err.Error(), "upper-case letters") || !strings.HasSuffix(err.Error(), "; use "+strings.ToLower(s))) {
+				t.Fatalf("ParseTable(%q): error %q does not say the name has upper-case letters and give the lower-case one", s, err)
+			}
 			return
 		}
 		if tb.String() != s {
 			t.Fatalf("ParseTable(%q).String() = %q", s, tb.String())
 		}
-		if !identOK(tb.Name) || (tb.Schema != "" && !identOK(tb.Schema)) {
+		if !tablePartOK(tb.Name) || (tb.Schema != "" && !tablePartOK(tb.Schema)) {
 			t.Fatalf("ParseTable(%q) = %+v: a part is not an identifier", s, tb)
 		}
 		bracket := func(p string) string { return "[" + p + "]" }

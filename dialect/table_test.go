@@ -17,7 +17,7 @@ func TestParseTable(t *testing.T) {
 		{"processed_messages", dialect.Table{Name: "processed_messages"}},
 		{"app.processed_messages", dialect.Table{Schema: "app", Name: "processed_messages"}},
 		{"_t", dialect.Table{Name: "_t"}},
-		{"T1", dialect.Table{Name: "T1"}},
+		{"t1", dialect.Table{Name: "t1"}},
 		{"select", dialect.Table{Name: "select"}},
 		{long, dialect.Table{Name: long}},
 		{long + "." + long, dialect.Table{Schema: long, Name: long}},
@@ -53,6 +53,12 @@ func TestParseTable(t *testing.T) {
 		{"app.1t", "'1' at byte 0"},
 		{long + "x", "64 bytes, the limit is 63"},
 		{"app." + long + "x", "64 bytes, the limit is 63"},
+		{"T1", "upper-case"},
+		{"Processed_X", `"Processed_X": invalid identifier: it has upper-case letters: Postgres folds unquoted names to lower case, so a table created by hand as Processed_X is processed_x`},
+		{"Processed_X", "; use processed_x"},
+		{"App.claims", "use app.claims"},
+		{"app.Claims", "use app.claims"},
+		{"SELECT", "use select"},
 	}
 	for _, c := range bad {
 		got, err := dialect.ParseTable(c.in)

@@ -24,7 +24,11 @@ func ExampleSQL() {
 	// 	PRIMARY KEY (consumer, message_key)
 	// );
 	// CREATE INDEX IF NOT EXISTS "claims_processed_at" ON "app"."claims" (processed_at);
-	// DROP TABLE IF EXISTS "app"."claims";
+	// CREATE TABLE IF NOT EXISTS "app"."claims_horizon" (
+	// 	consumer         text        PRIMARY KEY,
+	// 	forgotten_before timestamptz NOT NULL
+	// );
+	// DROP TABLE IF EXISTS "app"."claims", "app"."claims_horizon";
 }
 
 // The embedded files are what goose.SetBaseFS(migrations.FS) and

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -256,7 +257,11 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 	}
 	if hk, ok := d.(dialect.HorizonKeeper); ok {
 		m.hk = hk
-		m.schema = append(m.schema[:len(m.schema):len(m.schema)], hk.HorizonSchemaSQL(table)...)
+		for _, h := range hk.HorizonSchemaSQL(table) {
+			if !slices.Contains(m.schema, h) {
+				m.schema = append(m.schema[:len(m.schema):len(m.schema)], h)
+			}
+		}
 		if hc, ok := d.(dialect.HorizonClaimer); ok {
 			m.hclaimSQL = hc.HorizonClaimSQL(table, m.part != nil)
 		}
@@ -594,12 +599,14 @@ func (m *Mock) ExpectTxCheck(err error) {
 }
 
 // ExpectEnsureSchema expects Middleware.EnsureSchema of a claim table that
-// is not partitioned: BEGIN, the dialect's server check if it has one
-// (dialect.ServerChecker), its schema statements and, if it keeps a
-// retention horizon (dialect.HorizonKeeper), its horizon table's, COMMIT,
-// and, if the dialect can partition (dialect.Partitioner), its query of
-// the table's kind, answering that the table exists and is not
-// partitioned.
+// exists and is not partitioned. For a dialect that reads its catalog
+// (dialect.SchemaInspector, as every dialect of this module does): BEGIN
+// (read-only), the dialect's server check if it has one
+// (dialect.ServerChecker), its catalog query for each of the table's
+// objects (its horizon table's too), answering that it exists, and COMMIT — no DDL. For any other
+// dialect: BEGIN, the server check, its schema statements (and its horizon table's) and COMMIT. Then,
+// if the dialect can partition (dialect.Partitioner), its query of the
+// table's kind, answering that the table exists and is not partitioned.
 //
 // answers are what the server check's queries return, in order: for the
 // Postgres dialect the version, such as "PostgreSQL 16.4"; for SQLite the
@@ -619,8 +626,18 @@ func (m *Mock) ExpectEnsureSchema(answers ...string) {
 	}
 	m.Sqlmock.ExpectBegin()
 	m.expectServerCheck(answers)
-	for _, s := range m.schema {
-		m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	if insp, ok := m.d.(dialect.SchemaInspector); ok {
+		for _, o := range m.schemaObjects(insp) {
+			q, args := insp.ObjectExistsSQL(o)
+			e := m.Sqlmock.ExpectQuery(q).WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
+			if len(args) > 0 {
+				e.WithArgs(driverValues(args)...)
+			}
+		}
+	} else {
+		for _, s := range m.schema {
+			m.Sqlmock.ExpectExec(s).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		}
 	}
 	m.Sqlmock.ExpectCommit()
 	if p, ok := m.d.(dialect.Partitioner); ok {
@@ -691,4 +708,24 @@ func (m *Mock) expectServerCheck(answers []string) {
 			e.WithoutArgs()
 		}
 	}
+}
+
+// schemaObjects is what EnsureSchema looks for: the dialect's objects and,
+// where the dialect keeps a horizon and does not list its table, the
+// horizon table once for each of its statements.
+func (m *Mock) schemaObjects(insp dialect.SchemaInspector) []dialect.SchemaObject {
+	objs := insp.SchemaObjects(m.table, false)
+	if m.hk == nil {
+		return objs
+	}
+	ht := m.hk.HorizonTable(m.table)
+	for _, o := range objs {
+		if o.Table == ht {
+			return objs
+		}
+	}
+	for _, stmt := range m.hk.HorizonSchemaSQL(m.table) {
+		objs = append(objs, dialect.SchemaObject{Kind: dialect.ObjectTable, Table: ht, CreateSQL: stmt})
+	}
+	return objs
 }

@@ -63,8 +63,9 @@ func quoteIdent(s string) string { return "`" + strings.ReplaceAll(s, "`", "``")
 func quote(t dialect.Table) string { return t.Quoted(quoteIdent) }
 
 // SchemaSQL returns the claim table, an InnoDB table keyed by (consumer,
-// message_key) with an index on processed_at. A schema-qualified table names
-// a database.
+// message_key) with an index on processed_at: the CreateSQL of the first of
+// SchemaObjects, which creates the index with the table. A schema-qualified
+// table names a database.
 //
 // The key columns are VARBINARY: they compare byte for byte, so "A" and
 // "a", or "x" and "x " (which a PAD SPACE collation such as utf8mb4_bin
@@ -73,17 +74,70 @@ func quote(t dialect.Table) string { return t.Quoted(quoteIdent) }
 // TIMESTAMP, has no 2038 limit. claim_flip exists only to make the claim
 // statement report a duplicate the same way whatever the driver's
 // clientFoundRows setting (see ClaimSQL); its value means nothing.
-func (*Dialect) SchemaSQL(t dialect.Table) []string {
-	return []string{
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+func (d *Dialect) SchemaSQL(t dialect.Table) []string {
+	return []string{d.SchemaObjects(t, false)[0].CreateSQL}
+}
+
+var _ dialect.SchemaInspector = (*Dialect)(nil)
+
+func indexName(t dialect.Table) string { return t.Name + "_processed_at" }
+
+// SchemaObjects returns the claim table, whose CREATE TABLE IF NOT EXISTS
+// includes the processed_at index, and the index on its own, created with
+// CREATE INDEX only when a table that already existed lacks it. The dialect
+// has no partitioned mode; partitioned is ignored.
+func (*Dialect) SchemaObjects(t dialect.Table, _ bool) []dialect.SchemaObject {
+	return []dialect.SchemaObject{
+		{Kind: dialect.ObjectTable, Table: t, CreateSQL: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     VARBINARY(128)  NOT NULL,
 	message_key  VARBINARY(%d) NOT NULL,
 	processed_at DATETIME(6)     NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
 	claim_flip   TINYINT         NOT NULL DEFAULT 0,
 	PRIMARY KEY (consumer, message_key),
 	KEY %s (processed_at)
-) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, quote(t), MaxKeyBytes, quoteIdent(t.Name+"_processed_at")),
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, quote(t), MaxKeyBytes, quoteIdent(indexName(t)))},
+		{Kind: dialect.ObjectIndex, Table: t, Name: indexName(t), CreateSQL: fmt.Sprintf("CREATE INDEX %s ON %s (processed_at)",
+			quoteIdent(indexName(t)), quote(t))},
 	}
+}
+
+// ObjectExistsSQL asks information_schema.TABLES or STATISTICS, in the
+// table's database or the connection's, comparing names the way the server
+// resolves them. The claim table's metadata lock is not waited for.
+func (*Dialect) ObjectExistsSQL(o dialect.SchemaObject) (string, []any) {
+	var schema any
+	if o.Table.Schema != "" {
+		schema = o.Table.Schema
+	}
+	if o.Kind == dialect.ObjectIndex {
+		return "SELECT COUNT(*) > 0 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND INDEX_NAME = ?",
+			[]any{schema, o.Table.Name, o.Name}
+	}
+	return "SELECT COUNT(*) > 0 FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+		[]any{schema, o.Table.Name}
+}
+
+// SchemaLockSQL returns "": MySQL's DDL commits on its own, so no lock
+// could span the check and the statement. Two processes adding the same
+// missing index at once are harmless: the loser's CREATE INDEX fails, and
+// EnsureSchema then finds the index and forgives it.
+func (*Dialect) SchemaLockSQL(dialect.Table) string { return "" }
+
+// DDLLockTimeoutSQL sets the session's lock_wait_timeout, which bounds the
+// wait for a table's metadata lock, to d rounded up to whole seconds (at
+// least 1s). DDL waits for that lock behind every open transaction that
+// used the table, and every new claim waits behind the DDL. The setting is
+// the session's, so the middleware closes the connection afterwards.
+func (*Dialect) DDLLockTimeoutSQL(d time.Duration) (string, bool) {
+	s := max((d+time.Second-1)/time.Second, 1)
+	return fmt.Sprintf("SET SESSION lock_wait_timeout = %d", int64(s)), true
+}
+
+// IsDDLLockTimeout reports error 1205, which a metadata lock wait that ran
+// out of lock_wait_timeout returns as a row lock wait does.
+func (*Dialect) IsDDLLockTimeout(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errLockWaitTimeout
 }
 
 // ClaimSQL returns

@@ -13,14 +13,10 @@ import (
 // first. It is the form a migration tool runs; the migrations package ships
 // it as files.
 func TableDDL(t dialect.Table, partitioned bool) []string {
-	d := New()
-	var stmts []string
 	if partitioned {
-		stmts = d.PartitionedSchemaSQL(t)[1:]
-	} else {
-		stmts = d.SchemaSQL(t)[1:]
+		return New().PartitionedSchemaSQL(t)[1:]
 	}
-	return append(stmts, d.HorizonSchemaSQL(t)...)
+	return New().SchemaSQL(t)[1:]
 }
 
 // DropTableDDL returns the statement that drops the claim table t (and, when

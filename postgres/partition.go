@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"fmt"
-	"hash/fnv"
-	"io"
 	"time"
 
 	"github.com/lib/pq"
@@ -17,30 +15,15 @@ var _ dialect.Partitioner = (*Dialect)(nil)
 // date of the message's event time.
 const DayColumn = "event_day"
 
-// schemaLockSQL is the lock SchemaSQL takes first, so that EnsureSchema in
-// either mode serialises on the same key.
-func schemaLockSQL(t dialect.Table) string {
-	h := fnv.New64a()
-	_, _ = io.WriteString(h, "idempotent:schema:"+t.String())
-	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(h.Sum64()))
-}
-
 // PartitionedSchemaSQL returns the partitioned claim table, partitioned by
 // range of event_day with the primary key (consumer, message_key,
-// event_day). It has no processed_at index: old claims leave by dropping
-// whole days, so the index would only cost a write per claim. It creates no
-// partition; MaintainPartitions does.
-func (*Dialect) PartitionedSchemaSQL(t dialect.Table) []string {
-	return []string{
-		schemaLockSQL(t),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer     text        NOT NULL,
-	message_key  text        NOT NULL,
-	event_day    date        NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_key, event_day)
-) PARTITION BY RANGE (event_day)`, quote(t)),
-	}
+// event_day), after the same SchemaLockSQL as SchemaSQL, so that
+// EnsureSchema in either mode serialises on the same key. It has no
+// processed_at index: old claims leave by dropping whole days, so the index
+// would only cost a write per claim. It creates no partition;
+// MaintainPartitions does.
+func (d *Dialect) PartitionedSchemaSQL(t dialect.Table) []string {
+	return d.lockedSchemaSQL(t, true)
 }
 
 // TableKindSQL returns whether t exists and whether it is partitioned

@@ -40,26 +40,86 @@ func (*Dialect) MaxKeyBytes() int { return MaxKeyBytes }
 
 func quote(t dialect.Table) string { return t.Quoted(pq.QuoteIdentifier) }
 
-// SchemaSQL returns the guide's Step 1 table and its processed_at index. The
-// statements start by taking a transaction-scoped advisory lock derived from
-// the table name, so that processes creating the table at the same moment do
-// not collide on Postgres's catalog.
-func (*Dialect) SchemaSQL(t dialect.Table) []string {
-	h := fnv.New64a()
-	_, _ = io.WriteString(h, "idempotent:schema:"+t.String())
-	lock := int64(h.Sum64())
-	return []string{
-		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", lock),
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+// SchemaSQL returns the guide's Step 1 table and its processed_at index:
+// SchemaLockSQL, then the CreateSQL of each of SchemaObjects. The statements
+// start by taking a transaction-scoped advisory lock derived from the table
+// name, so that processes creating the table at the same moment do not
+// collide on Postgres's catalog. EnsureSchema runs only what the catalog
+// says is missing (see dialect.SchemaInspector).
+func (d *Dialect) SchemaSQL(t dialect.Table) []string {
+	return d.lockedSchemaSQL(t, false)
+}
+
+func (d *Dialect) lockedSchemaSQL(t dialect.Table, partitioned bool) []string {
+	objs := d.SchemaObjects(t, partitioned)
+	out := make([]string, 0, 1+len(objs))
+	out = append(out, d.SchemaLockSQL(t))
+	for _, o := range objs {
+		out = append(out, o.CreateSQL)
+	}
+	return out
+}
+
+var _ dialect.SchemaInspector = (*Dialect)(nil)
+
+// SchemaObjects returns the claim table, unless partitioned its
+// processed_at index (named by [IndexName]) — a partitioned table has no
+// index: see PartitionedSchemaSQL — and its horizon table (HorizonTable).
+func (d *Dialect) SchemaObjects(t dialect.Table, partitioned bool) []dialect.SchemaObject {
+	horizon := dialect.SchemaObject{Kind: dialect.ObjectTable, Table: d.HorizonTable(t), CreateSQL: d.HorizonSchemaSQL(t)[0]}
+	if partitioned {
+		return []dialect.SchemaObject{{Kind: dialect.ObjectTable, Table: t, CreateSQL: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer     text        NOT NULL,
+	message_key  text        NOT NULL,
+	event_day    date        NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_key, event_day)
+) PARTITION BY RANGE (event_day)`, quote(t))}, horizon}
+	}
+	index := IndexName(t.Name)
+	return []dialect.SchemaObject{
+		{Kind: dialect.ObjectTable, Table: t, CreateSQL: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     text        NOT NULL,
 	message_key  text        NOT NULL,
 	processed_at timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer, message_key)
-)`, quote(t)),
-		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)",
-			pq.QuoteIdentifier(IndexName(t.Name)), quote(t)),
+)`, quote(t))},
+		{Kind: dialect.ObjectIndex, Table: t, Name: index, CreateSQL: fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)",
+			pq.QuoteIdentifier(index), quote(t))},
+		horizon,
 	}
 }
+
+// ObjectExistsSQL finds a table with to_regclass, which resolves a name as
+// the claim statements do (through search_path when unqualified), and an
+// index by its name among the table's indexes in pg_index. Neither locks
+// the table: CREATE INDEX IF NOT EXISTS would take a SHARE lock on it
+// before looking for the index, waiting behind every open claim while
+// every new claim waits behind it.
+func (*Dialect) ObjectExistsSQL(o dialect.SchemaObject) (string, []any) {
+	if o.Kind == dialect.ObjectIndex {
+		return `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = to_regclass($1) AND c.relname = $2)`, []any{quote(o.Table), o.Name}
+	}
+	return "SELECT to_regclass($1) IS NOT NULL", []any{quote(o.Table)}
+}
+
+// SchemaLockSQL returns pg_advisory_xact_lock on a key derived from the
+// table name, the same in both modes.
+func (*Dialect) SchemaLockSQL(t dialect.Table) string {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, "idempotent:schema:"+t.String())
+	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(h.Sum64()))
+}
+
+// DDLLockTimeoutSQL returns LockTimeoutSQL's SET LOCAL lock_timeout, which
+// ends with the transaction.
+func (d *Dialect) DDLLockTimeoutSQL(timeout time.Duration) (string, bool) {
+	return d.LockTimeoutSQL(timeout), false
+}
+
+// IsDDLLockTimeout reports SQLSTATE 55P03 lock_not_available.
+func (*Dialect) IsDDLLockTimeout(err error) bool { return sqlState(err) == "55P03" }
 
 // IndexName returns the name of the processed_at index of the claim table
 // name (unqualified, unquoted):

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,8 +23,9 @@ import (
 )
 
 // tables are the names every table-taking method is golden-tested with.
-// The last one cannot come out of dialect.ParseTable; it shows the dialect
-// quotes whatever it is given.
+// Billing.Mixed_Case and the last one cannot come out of dialect.ParseTable
+// (it refuses upper-case letters and quotes); they show the dialect quotes
+// whatever it is given.
 var tables = []dialect.Table{
 	{Name: "processed_messages"},
 	{Schema: "app", Name: "processed_messages"},
@@ -47,6 +49,60 @@ func TestSchemaSQLGolden(t *testing.T) {
 		b.WriteString("\n")
 	}
 	golden.Compare(t, filepath.Join("testdata", "schema_sql.golden"), b.String())
+}
+
+// TestSchemaObjectsGolden covers the dialect.SchemaInspector side of the
+// schema: the objects of each mode, the catalog query that finds each, and
+// the lock timeout of the DDL.
+func TestSchemaObjectsGolden(t *testing.T) {
+	d := postgres.New()
+	var b strings.Builder
+	for _, tb := range tables[:2] {
+		for _, partitioned := range []bool{false, true} {
+			fmt.Fprintf(&b, "-- table %q.%q partitioned=%v\n", tb.Schema, tb.Name, partitioned)
+			for _, o := range d.SchemaObjects(tb, partitioned) {
+				q, args := d.ObjectExistsSQL(o)
+				fmt.Fprintf(&b, "-- %v\n%s; -- %q\n%s;\n", o, q, args, o.CreateSQL)
+			}
+			b.WriteString("\n")
+		}
+	}
+	stmt, session := d.DDLLockTimeoutSQL(5 * time.Second)
+	fmt.Fprintf(&b, "-- DDLLockTimeoutSQL(5s), session=%v\n%s;\n", session, stmt)
+	golden.Compare(t, filepath.Join("testdata", "schema_objects.golden"), b.String())
+}
+
+// SchemaSQL is SchemaLockSQL and the objects' CreateSQL, in order, in both
+// modes: a migration and EnsureSchema create the same objects.
+func TestSchemaSQLIsTheObjects(t *testing.T) {
+	d := postgres.New()
+	for _, tb := range tables {
+		for _, partitioned := range []bool{false, true} {
+			all := d.SchemaSQL(tb)
+			if partitioned {
+				all = d.PartitionedSchemaSQL(tb)
+			}
+			want := []string{d.SchemaLockSQL(tb)}
+			for _, o := range d.SchemaObjects(tb, partitioned) {
+				want = append(want, o.CreateSQL)
+			}
+			if !slices.Equal(all, want) {
+				t.Errorf("%v partitioned=%v: schema SQL\n%q\nis not the lock and the objects\n%q", tb, partitioned, all, want)
+			}
+		}
+	}
+}
+
+func TestIsDDLLockTimeout(t *testing.T) {
+	d := postgres.New()
+	if !d.IsDDLLockTimeout(fmt.Errorf("wrapped: %w", &pq.Error{Code: "55P03"})) || !d.IsDDLLockTimeout(sqlStateErr("55P03")) {
+		t.Error("55P03 is not a DDL lock timeout")
+	}
+	for _, err := range []error{nil, &pq.Error{Code: "57014"}, &pq.Error{Code: "40P01"}, errors.New("lock timeout")} {
+		if d.IsDDLLockTimeout(err) {
+			t.Errorf("IsDDLLockTimeout(%v) = true", err)
+		}
+	}
 }
 
 func TestClaimSQLGolden(t *testing.T) {
@@ -106,7 +162,7 @@ func TestSchemaSQLNamesAreDistinct(t *testing.T) {
 	seen := map[string]dialect.Table{}
 	for _, tb := range tables {
 		stmts := d.SchemaSQL(tb)
-		if len(stmts) != 3 {
+		if len(stmts) != 4 {
 			t.Fatalf("%v: %d statements", tb, len(stmts))
 		}
 		for _, s := range stmts {

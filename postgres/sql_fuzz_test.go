@@ -1,6 +1,8 @@
 package postgres_test
 
 import (
+	"github.com/lib/pq"
+
 	"fmt"
 	"regexp"
 	"strconv"
@@ -78,7 +80,7 @@ var advisoryLock = regexp.MustCompile(`^SELECT pg_advisory_xact_lock\(-?[0-9]{1,
 // and names no identifier but the expected ones.
 func FuzzSQLBuilders(f *testing.F) {
 	for _, s := range []string{
-		"processed_messages", "app.processed_messages", "select", "from.where", "MixedCase",
+		"processed_messages", "app.processed_messages", "select", "from.where", "MixedCase", "app.Claims",
 		"_", "a1.b2", strings.Repeat("n", dialect.MaxIdentifierBytes),
 		strings.Repeat("s", dialect.MaxIdentifierBytes) + "." + strings.Repeat("n", dialect.MaxIdentifierBytes),
 		`x"; DROP TABLE y; --`, "a;b", "a--b",
@@ -112,8 +114,8 @@ func FuzzSQLBuilders(f *testing.F) {
 			"INSERT INTO "+q+" (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING", parts(tb))
 
 		schema := d.SchemaSQL(tb)
-		if len(schema) != 3 {
-			t.Fatalf("SchemaSQL for %q: %d statements, want 3", name, len(schema))
+		if len(schema) != 4 {
+			t.Fatalf("SchemaSQL for %q: %d statements, want 4", name, len(schema))
 		}
 		if !advisoryLock.MatchString(schema[0]) {
 			t.Fatalf("SchemaSQL[0] for %q = %q, want SELECT pg_advisory_xact_lock(<int64>)", name, schema[0])
@@ -129,6 +131,32 @@ func FuzzSQLBuilders(f *testing.F) {
 )`, parts(tb))
 		check("SchemaSQL[2]", schema[2], `CREATE INDEX IF NOT EXISTS "`+postgres.IndexName(tb.Name)+`" ON `+q+" (processed_at)",
 			append([]string{postgres.IndexName(tb.Name)}, parts(tb)...))
+		ht := d.HorizonTable(tb)
+		check("SchemaSQL[3]", schema[3], "CREATE TABLE IF NOT EXISTS "+ht.Quoted(pq.QuoteIdentifier)+` (
+	consumer         text        PRIMARY KEY,
+	forgotten_before timestamptz NOT NULL
+)`, parts(ht))
+
+		// The catalog checks take the name as a parameter, never as text.
+		for _, partitioned := range []bool{false, true} {
+			for _, o := range d.SchemaObjects(tb, partitioned) {
+				if o.Table != tb && o.Table != ht {
+					t.Fatalf("SchemaObjects(%q, %v): %v is not of the table or its horizon table", name, partitioned, o)
+				}
+				query, args := d.ObjectExistsSQL(o)
+				fixed, _ := d.ObjectExistsSQL(dialect.SchemaObject{Kind: o.Kind, Table: dialect.Table{Name: "x"}, Name: "y"})
+				if ids, err := scanSQL(query); err != nil || len(ids) != 0 || query != fixed {
+					t.Fatalf("ObjectExistsSQL(%v) = %q (%q, %v): want a fixed query naming nothing", o, query, ids, err)
+				}
+				want := []any{o.Table.Quoted(pq.QuoteIdentifier)}
+				if o.Kind == dialect.ObjectIndex {
+					want = append(want, postgres.IndexName(tb.Name))
+				}
+				if fmt.Sprint(args) != fmt.Sprint(want) {
+					t.Fatalf("ObjectExistsSQL(%v) args %q, want %q", o, args, want)
+				}
+			}
+		}
 	})
 }
 

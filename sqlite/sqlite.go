@@ -50,24 +50,69 @@ func quote(t dialect.Table) string { return t.Quoted(quoteIdent) }
 
 // SchemaSQL returns the claim table, keyed by (consumer, message_key) and
 // stored WITHOUT ROWID (the primary key is the table), and its processed_at
-// index. processed_at is UTC text such as "2024-05-01 12:00:00.123", the
-// format of SQLite's own datetime functions, so it compares correctly with
-// datetime('now', '-7 days'). A schema-qualified table names an attached
-// database.
-func (*Dialect) SchemaSQL(t dialect.Table) []string {
-	index := quoteIdent(t.Name + "_processed_at")
+// index: the CreateSQL of SchemaObjects, in order. processed_at is UTC text
+// such as "2024-05-01 12:00:00.123", the format of SQLite's own datetime
+// functions, so it compares correctly with datetime('now', '-7 days'). A
+// schema-qualified table names an attached database.
+func (d *Dialect) SchemaSQL(t dialect.Table) []string {
+	objs := d.SchemaObjects(t, false)
+	out := make([]string, len(objs))
+	for i, o := range objs {
+		out[i] = o.CreateSQL
+	}
+	return out
+}
+
+var _ dialect.SchemaInspector = (*Dialect)(nil)
+
+// SchemaObjects returns the claim table and its processed_at index. The
+// dialect has no partitioned mode; partitioned is ignored.
+func (*Dialect) SchemaObjects(t dialect.Table, _ bool) []dialect.SchemaObject {
+	name := t.Name + "_processed_at"
+	index := quoteIdent(name)
 	if t.Schema != "" {
 		index = quoteIdent(t.Schema) + "." + index
 	}
-	return []string{
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	return []dialect.SchemaObject{
+		{Kind: dialect.ObjectTable, Table: t, CreateSQL: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     TEXT NOT NULL,
 	message_key  TEXT NOT NULL,
 	processed_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')),
 	PRIMARY KEY (consumer, message_key)
-) WITHOUT ROWID`, quote(t)),
-		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)", index, quoteIdent(t.Name)),
+) WITHOUT ROWID`, quote(t))},
+		{Kind: dialect.ObjectIndex, Table: t, Name: name, CreateSQL: fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)", index, quoteIdent(t.Name))},
 	}
+}
+
+// ObjectExistsSQL looks the object up in the sqlite_master of the table's
+// database (main unless the table names an attached one), ignoring ASCII
+// case as SQLite's own name lookup does. Reading it takes no write lock, so
+// it does not wait for a writer holding one.
+func (*Dialect) ObjectExistsSQL(o dialect.SchemaObject) (string, []any) {
+	master := "sqlite_master"
+	if o.Table.Schema != "" {
+		master = quoteIdent(o.Table.Schema) + ".sqlite_master"
+	}
+	if o.Kind == dialect.ObjectIndex {
+		return "SELECT EXISTS (SELECT 1 FROM " + master + " WHERE type = 'index' AND name = ? COLLATE NOCASE)", []any{o.Name}
+	}
+	return "SELECT EXISTS (SELECT 1 FROM " + master + " WHERE type = 'table' AND name = ? COLLATE NOCASE)", []any{o.Table.Name}
+}
+
+// SchemaLockSQL returns "": SQLite runs one writing transaction at a time.
+func (*Dialect) SchemaLockSQL(dialect.Table) string { return "" }
+
+// DDLLockTimeoutSQL returns "": the transaction that creates what is
+// missing waits for the write lock at BEGIN, for the connection's
+// busy_timeout ([BusyTimeout] with [Open]), and a waiting writer holds
+// nothing that other writers queue behind.
+func (*Dialect) DDLLockTimeoutSQL(time.Duration) (string, bool) { return "", false }
+
+// IsDDLLockTimeout reports SQLITE_BUSY and its extended codes: the write
+// lock was not free within the busy timeout.
+func (*Dialect) IsDDLLockTimeout(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_BUSY
 }
 
 // ClaimSQL returns INSERT … ON CONFLICT DO NOTHING: one row changed when the

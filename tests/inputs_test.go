@@ -244,6 +244,11 @@ func TestBadTableNames(t *testing.T) {
 		schema + "." + strings.Repeat("t", dialect.MaxIdentifierBytes+1),
 		"processed_messages'",
 		"x/*",
+		// Upper-case letters: Postgres folds unquoted names, so a quoted
+		// "Mixed_Case" would miss a table created by hand as Mixed_Case.
+		schema + ".Mixed_Case",
+		"Processed_X",
+		"App." + "t",
 	}
 	for _, name := range names {
 		mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(name))
@@ -264,7 +269,7 @@ func TestBadTableNames(t *testing.T) {
 	}
 	// Names that are identifiers, including reserved words, work: the
 	// dialect quotes them.
-	for _, name := range []string{schema + ".select", schema + ".Mixed_Case", schema + "._t1"} {
+	for _, name := range []string{schema + ".select", schema + ".order", schema + "._t1"} {
 		mw, err := idempotent.New(setup, postgres.New(), "loyalty", idempotent.WithTable(name))
 		if err != nil {
 			t.Fatalf("WithTable(%q): %v", name, err)

@@ -153,8 +153,11 @@ GRANT SELECT, INSERT, UPDATE ON %[1]s_horizon TO %[4]s;`, claims, s, qc, qd))
 				t.Fatalf("%v, delivery %d as the consumer role: (%v, %v), want %v", iso, i+1, got, err, want)
 			}
 		}
-		if err := mw.EnsureSchema(ctx); !isDenied(err) {
-			t.Fatalf("EnsureSchema as the consumer role: %v, want permission denied (the owner runs it)", err)
+		// The schema is complete: EnsureSchema reads the catalog and sends
+		// no DDL, so the consumer role may run it on every start without
+		// the right to create anything.
+		if err := mw.EnsureSchema(ctx); err != nil {
+			t.Fatalf("EnsureSchema as the consumer role, with the schema complete: %v, want nil (it sends no DDL)", err)
 		}
 	}
 	var points, ledger int64

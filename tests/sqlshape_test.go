@@ -27,7 +27,7 @@ func TestPostgresStatementsParseAsOne(t *testing.T) {
 	schema := tempSchema(t, db)
 	d := postgres.New()
 	ctx := context.Background()
-	names := []string{"processed_messages", "select", "Order", "MixedCase", "user", strings.Repeat("m", 55), strings.Repeat("n", dialect.MaxIdentifierBytes)}
+	names := []string{"processed_messages", "select", "order", "mixed_case", "user", strings.Repeat("m", 55), strings.Repeat("n", dialect.MaxIdentifierBytes)}
 	keys := []string{"order-completed:9912", `'); DROP TABLE processed_messages; --`, `"; SELECT 1; --`, "$1", `\x00`, "日本語", strings.Repeat("k", postgres.MaxKeyBytes)}
 	for _, n := range names {
 		for _, qualified := range []bool{false, true} {

@@ -6,7 +6,9 @@
 // database under test, and a way to name a fresh claim table. The suite
 // then runs, against the real database and through the real middleware:
 //
-//   - the schema: EnsureSchema twice, and concurrently, is harmless;
+//   - the schema: EnsureSchema twice, and concurrently, is harmless, and
+//     with the schema complete it returns while a handler holds a claim
+//     open;
 //   - the claim: a key is applied once and then reported as a duplicate,
 //     per consumer; keys compare byte for byte ("A" is not "a", "x" is not
 //     "x "); a key of MaxKeyBytes bytes round-trips unchanged;
@@ -25,7 +27,8 @@
 //   - the strict guard: catches a handler's own COMMIT, or, if the dialect
 //     has no transaction id, is refused by idempotent.New;
 //   - bad input: bad keys (empty, NUL, invalid UTF-8, longer than
-//     MaxKeyBytes) and bad table names are rejected with nothing written;
+//     MaxKeyBytes) and bad table names, upper-case letters included, are
+//     rejected with nothing written;
 //     a missing claim table is reported as ErrNoClaimTable;
 //   - the batch claim: ProcessBatch applies each distinct new key once,
 //     reports repeats and earlier claims as duplicates, rolls back whole,

@@ -167,6 +167,48 @@ func checkEnsureSchema(t *testing.T, e *Env) {
 	if got := e.Claims(t, db, table); len(got) != 1 {
 		t.Errorf("claims after EnsureSchema x6 and one Process: %q, want one", got)
 	}
+	checkEnsureSchemaBehindAClaim(t, e, mw, table)
+}
+
+// checkEnsureSchemaBehindAClaim: with the schema complete, a process
+// starting while a handler holds a claim open runs EnsureSchema to the end
+// while the claim is still held: it must not wait for the claim (and make
+// every new claim wait behind it). A dialect whose EnsureSchema does wait
+// fails here once its DDL lock timeout (or, lacking one, the bound of the
+// wait) runs out.
+func checkEnsureSchemaBehindAClaim(t *testing.T, e *Env, mw *idempotent.Middleware, table string) {
+	t.Helper()
+	ctx := testContext(t)
+	claimed, free := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := mw.Process(ctx, "held-during-schema", func(context.Context, *sql.Tx) error {
+			close(claimed)
+			<-free
+			return nil
+		})
+		held <- err
+	}()
+	select {
+	case <-claimed:
+	case err := <-held:
+		t.Fatalf("holding a claim: %v", err)
+	}
+	other := e.DB(t)
+	starting, err := idempotent.NewClaimTable(other, e.h.Dialect, idempotent.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*idempotent.PartitionLockTimeout)
+	err = starting.EnsureSchema(wctx)
+	cancel()
+	close(free)
+	if err != nil {
+		t.Errorf("EnsureSchema of the complete schema while a handler holds a claim: %v; want it to return without waiting for the claim", err)
+	}
+	if err := <-held; err != nil {
+		t.Errorf("the held claim: %v", err)
+	}
 }
 
 func checkClaimOnce(t *testing.T, e *Env) {
@@ -743,6 +785,18 @@ func checkBadTableNames(t *testing.T, e *Env) {
 		_, err := idempotent.New(db, e.h.Dialect, "conformance", idempotent.WithTable(name))
 		if !errors.Is(err, dialect.ErrInvalidIdentifier) {
 			t.Errorf("WithTable(%q): New = %v, want ErrInvalidIdentifier", name, err)
+		}
+	}
+	// Upper-case letters, which Postgres folds away unquoted and MySQL
+	// folds or not by platform, are refused in every dialect, saying why
+	// and giving the name to use.
+	for name, lower := range map[string]string{"Processed_X": "processed_x", "App.claims": "app.claims", "app.Claims": "app.claims"} {
+		_, err := idempotent.New(db, e.h.Dialect, "conformance", idempotent.WithTable(name))
+		_, cerr := idempotent.NewClaimTable(db, e.h.Dialect, idempotent.WithTable(name))
+		for _, err := range []error{err, cerr} {
+			if !errors.Is(err, dialect.ErrInvalidIdentifier) || !strings.Contains(err.Error(), "upper-case letters") || !strings.HasSuffix(err.Error(), "use "+lower) {
+				t.Errorf("WithTable(%q) = %v, want ErrInvalidIdentifier saying it has upper-case letters and to use %s", name, err, lower)
+			}
 		}
 	}
 	if after := db.Stats(); after != before {
