@@ -144,7 +144,11 @@ type SnapshotDrainer interface {
 type StatsReader interface {
 	// StatsSQL returns a query, with no parameters, yielding one row per
 	// consumer with claims in the table — consumer, number of claims, oldest
-	// and newest processed_at — ordered by consumer.
+	// and newest processed_at — ordered by consumer. The times are integers
+	// of microseconds since the Unix epoch, as the horizon's are, so the
+	// middleware scans them the same way from every driver (MySQL's
+	// DATETIME arrives as text without the driver's parseTime, SQLite's
+	// processed_at is text).
 	StatsSQL(t Table) string
 }
 
