@@ -17,7 +17,6 @@ import (
 
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/migrations"
-	"github.com/txclaim/idempotent/postgres"
 )
 
 // cliBinary builds cmd/idempotent into a directory of the test's own.
