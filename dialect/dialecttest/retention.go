@@ -372,7 +372,10 @@ func checkCleanerLockNoWait(t *testing.T, e *Env) {
 		}
 		return got
 	}
-	begin := func() *sql.Tx {
+	// Another pool, as another process has: the holder's session, back in
+	// db's pool, may still hold a session-scoped lock it did not release.
+	elsewhere := e.DB(t)
+	begin := func(db *sql.DB) *sql.Tx {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
@@ -382,11 +385,11 @@ func checkCleanerLockNoWait(t *testing.T, e *Env) {
 		return tx
 	}
 	for _, end := range []string{"commit", "rollback"} {
-		holder := begin()
+		holder := begin(db)
 		if !lock(holder) {
 			t.Fatalf("%s: the first transaction did not get the lock", end)
 		}
-		other := begin()
+		other := begin(db)
 		if lock(other) {
 			t.Fatalf("%s: a second transaction got the lock while the first holds it", end)
 		}
@@ -408,7 +411,7 @@ func checkCleanerLockNoWait(t *testing.T, e *Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		next := begin()
+		next := begin(elsewhere)
 		if !lock(next) {
 			t.Fatalf("after the holder released the lock and ended (%s), the lock is still held", end)
 		}
