@@ -313,9 +313,11 @@ func (t *ClaimTable) Stats(ctx context.Context) ([]ConsumerStats, error) {
 	var out []ConsumerStats
 	for rows.Next() {
 		var c ConsumerStats
-		if err := rows.Scan(&c.Consumer, &c.Claims, &c.Oldest, &c.Newest); err != nil {
+		var oldest, newest int64 // microseconds since the Unix epoch (dialect.StatsReader)
+		if err := rows.Scan(&c.Consumer, &c.Claims, &oldest, &newest); err != nil {
 			return nil, fmt.Errorf("idempotent: stats of %s: %w", t.table, err)
 		}
+		c.Oldest, c.Newest = time.UnixMicro(oldest).UTC(), time.UnixMicro(newest).UTC()
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {

@@ -301,7 +301,7 @@ func TestClaimTableStats(t *testing.T) {
 		tab := newClaimTable(t, r)
 		old, mid, late := tableNow.Add(-48*time.Hour), tableNow.Add(-time.Hour), tableNow
 		r.mock.ExpectQuery(stats).WithoutArgs().WillReturnRows(sqlmock.NewRows([]string{"consumer", "count", "min", "max"}).
-			AddRow("analytics", 500, old, mid).AddRow("loyalty", 2510, mid, late))
+			AddRow("analytics", 500, old.UnixMicro(), mid.UnixMicro()).AddRow("loyalty", 2510, mid.UnixMicro(), late.UnixMicro()))
 		got, err := tab.Stats(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -144,7 +144,11 @@ type SnapshotDrainer interface {
 type StatsReader interface {
 	// StatsSQL returns a query, with no parameters, yielding one row per
 	// consumer with claims in the table — consumer, number of claims, oldest
-	// and newest processed_at — ordered by consumer.
+	// and newest processed_at — ordered by consumer. The times are integers
+	// of microseconds since the Unix epoch, as the horizon's are, so the
+	// middleware scans them the same way from every driver (MySQL's
+	// DATETIME arrives as text without the driver's parseTime, SQLite's
+	// processed_at is text).
 	StatsSQL(t Table) string
 }
 
@@ -159,9 +163,11 @@ type StatsReader interface {
 // a message carries the same day, lands in the same partition and meets its
 // earlier claim.
 //
-// Partition names are the table's name followed by "_pYYYYMMDD", in the
-// table's schema. Dates are the only values written into DDL text; they are
-// formatted from a time.Time, never taken from input.
+// Partition names end in "pYYYYMMDD" (see PartitionName): on Postgres a
+// partition is a table of the claim table's schema, named "<table>_pYYYYMMDD";
+// on MySQL it is part of the claim table, named "pYYYYMMDD". Dates are the
+// only values written into DDL text; they are formatted from a time.Time,
+// never taken from input.
 //
 // A Partitioner is a [HorizonKeeper]: a partition drop first records in the
 // database that the day is gone, then drops it.
@@ -193,8 +199,10 @@ type Partitioner interface {
 	ListPartitionsSQL(t Table) (query string, args []any)
 
 	// MaintenanceLockSQL returns a statement that waits for t's
-	// transaction-scoped maintenance lock, which serialises partition
-	// creation, detaching and dropping between processes.
+	// maintenance lock, which serialises partition creation, detaching and
+	// dropping between processes. A lock that ends with the transaction is
+	// preferred; a dialect whose lock is held by the session implements
+	// [LockReleaser] (ReleaseMaintenanceSQL).
 	MaintenanceLockSQL(t Table) string
 
 	// CreatePartitionSQL returns the statement that creates day's partition
@@ -202,7 +210,9 @@ type Partitioner interface {
 	CreatePartitionSQL(t Table, day time.Time) string
 
 	// DetachPartitionSQL returns the statement that detaches the named
-	// partition from t.
+	// partition from t, or "" when the database drops a partition in one
+	// short step and has no detach (MySQL): the middleware then goes
+	// straight to DropPartitionSQL.
 	DetachPartitionSQL(t Table, partition string) string
 
 	// DropPartitionSQL returns the statement that drops the named (detached)

@@ -78,9 +78,11 @@ func (*Dialect) CountExpiredSQL(t dialect.Table, consumer string, cutoff time.Ti
 }
 
 // StatsSQL returns the claims per consumer with the oldest and newest
-// processed_at. It reads every row of the table (every partition's).
+// processed_at as microseconds since the Unix epoch. It reads every row of
+// the table (every partition's).
 func (*Dialect) StatsSQL(t dialect.Table) string {
-	return fmt.Sprintf("SELECT consumer, count(*), min(processed_at), max(processed_at) FROM %s GROUP BY consumer ORDER BY consumer", quote(t))
+	return fmt.Sprintf("SELECT consumer, count(*), %s, %s FROM %s GROUP BY consumer ORDER BY consumer",
+		micros("min(processed_at)"), micros("max(processed_at)"), quote(t))
 }
 
 // IsStatementTimeout reports SQLSTATE 57014 query_canceled. Postgres uses

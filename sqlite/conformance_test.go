@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/dialect/dialecttest"
@@ -28,6 +29,9 @@ func TestSQLiteConforms(t *testing.T) {
 			return "claims_" + hex.EncodeToString(b)
 		},
 		SerialWriters: true,
+		ProcessedAt: func(t time.Time) string {
+			return "'" + t.UTC().Format("2006-01-02 15:04:05.000") + "'"
+		},
 		Provokers: []dialecttest.Provoker{{
 			Name: "busy",
 			Want: dialect.KindSerialization,

@@ -42,4 +42,33 @@
 //
 // Use a file, never ":memory:": each pooled connection would get a database
 // of its own.
+//
+// # Retention
+//
+// The dialect implements batched cleanup (dialect.Cleaner), statistics
+// (dialect.StatsReader) and the retention horizon (dialect.HorizonKeeper).
+// It has no partitions: WithDailyPartitions is refused by New.
+//
+// A cleanup batch deletes the claims whose primary key a LIMITed subquery
+// picks from the processed_at index ([Dialect.CleanupBatchSQL]). The
+// one-runner lock is SQLite's write lock: a batch's transaction holds it
+// from BEGIN IMMEDIATE on, so two cleanups never delete at once, and
+// CleanupLockSQL answers true. A second cleanup is not stopped but waits at
+// BEGIN for each of the first one's batches, within busy_timeout; between
+// them every claim is deleted once. SQLite has no statement timeout
+// (StatementTimeoutSQL is "", which the middleware skips; a batch is bounded
+// by its size), and its waiting writers poll: a cleanup that starts its
+// next batch at once keeps the write lock nearly all the time. Give it a
+// pause between batches (CleanupOptions.Pause, the CLI's -pause) about as
+// long as a batch takes, or claims wait for most of the cleanup: with no
+// pause, two claims got in during a 1 s cleanup of 200,000 claims, one
+// after 0.93 s; with a pause as long as each batch, 598 did, the slowest in
+// 13 ms.
+//
+// Times are stored as processed_at is, UTC text ("2031-02-01
+// 12:00:00.123"), in the horizon table <table>_horizon as well. The
+// retention statements are given times in that format (with microseconds
+// when they are not zero), so text comparison is time comparison and uses
+// the processed_at index, and they read times back as exact microseconds
+// since the epoch.
 package sqlite

@@ -34,6 +34,9 @@ func TestConformancePostgres(t *testing.T) {
 		MaxConns:         16,
 		KillSession:      killPostgres,
 		LockTimeoutQuery: "SHOW lock_timeout",
+		ProcessedAt: func(t time.Time) string {
+			return "'" + t.UTC().Format("2006-01-02 15:04:05.000Z") + "'::timestamptz"
+		},
 		OpenGuarded: func(t testing.TB) (*sql.DB, error) {
 			return sql.OpenDB(idempotent.GuardConnector(connector(t, "pq", pgDSN))), nil
 		},
@@ -54,6 +57,7 @@ func TestConformanceMySQL(t *testing.T) {
 		MaxConns:         34,
 		KillSession:      killMySQL,
 		LockTimeoutQuery: "SELECT @@SESSION.innodb_lock_wait_timeout",
+		ProcessedAt:      mysqlProcessedAt,
 		OpenGuarded:      func(testing.TB) (*sql.DB, error) { return idempotent.OpenGuarded("mysql", dsn) },
 		Provokers: []dialecttest.Provoker{
 			{Name: "lock wait timeout", Want: dialect.KindLockTimeout, Provoke: mysqlLockWait},
@@ -64,6 +68,12 @@ func TestConformanceMySQL(t *testing.T) {
 			"MySQL/LockTimeoutRestored": func(t *testing.T, e *dialecttest.Env) { mysqlLockTimeoutRestored(t, e, dsn) },
 			"MySQL/InnoDBRequired":      mysqlInnoDBRequired,
 			"MySQL/NoDatabaseSelected":  func(t *testing.T, e *dialecttest.Env) { mysqlNoDatabase(t, e, dsn) },
+			// The retention statements (mysql_retention_test.go).
+			"MySQL/Retention/CleanupLockNamesTheTable":       mysqlCleanupLockNamesTheTable,
+			"MySQL/Retention/CleanupBatchTimesOut":           mysqlCleanupBatchTimesOut,
+			"MySQL/Retention/CleanupUsesTheProcessedAtIndex": mysqlCleanupUsesTheProcessedAtIndex,
+			"MySQL/Retention/MaintenanceLock":                mysqlMaintenanceLock,
+			"MySQL/Retention/PartitionDDLWaitIsBounded":      mysqlPartitionDDLWaitIsBounded,
 		},
 	})
 }
@@ -76,6 +86,7 @@ func TestConformanceSQLite(t *testing.T) {
 		Table:         func(testing.TB, *sql.DB) string { return uniqueName("t") },
 		MaxConns:      34,
 		SerialWriters: true,
+		ProcessedAt:   sqliteProcessedAt,
 		Provokers: []dialecttest.Provoker{
 			{Name: "busy", Want: dialect.KindSerialization, Provoke: sqliteBusy},
 			{Name: "busy snapshot", Want: dialect.KindSerialization, Provoke: func(t testing.TB, _ *sql.DB, table string) error {
@@ -87,6 +98,18 @@ func TestConformanceSQLite(t *testing.T) {
 			"MissingTable": `SQLite reports a missing table as a plain SQLITE_ERROR, told apart from other errors only by its message; Process fails with the driver's "no such table" error instead of ErrNoClaimTable`,
 		},
 	})
+}
+
+// mysqlProcessedAt writes t as the MySQL claim table stores processed_at:
+// a DATETIME(6) in UTC.
+func mysqlProcessedAt(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.000000") + "'"
+}
+
+// sqliteProcessedAt writes t as the SQLite claim table stores processed_at:
+// UTC text with milliseconds.
+func sqliteProcessedAt(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.000") + "'"
 }
 
 // mysqlDSN returns the MariaDB/MySQL DSN from IDEMPOTENT_MYSQL_DSN, or the

@@ -10,16 +10,25 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/migrations"
-	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/mysql"
+	"github.com/txclaim/idempotent/sqlite"
 )
 
 func cmdSchema(_ context.Context, args []string, e env) error {
-	c := newCommand("schema", "Prints the claim table's DDL for Postgres. Needs no database.", e, false)
+	c := newCommand("schema", "Prints the claim table's DDL. Needs no database.", e, false)
 	partitioned := c.fs.Bool("partitioned", false, "the table partitioned by event day")
-	format := c.fs.String("format", "sql", "sql, goose, golang-migrate-up or golang-migrate-down")
-	offsets := c.fs.String("kafka-offsets", "", "print instead the DDL of the kafka consumer's offsets table of this name (e.g. "+migrations.DefaultKafkaOffsetsTable+")")
+	format := c.fs.String("format", "sql", "sql, goose, golang-migrate-up or golang-migrate-down (postgres); sql (mysql, sqlite)")
+	offsets := c.fs.String("kafka-offsets", "", "print instead the DDL of the kafka consumer's offsets table of this name (e.g. "+migrations.DefaultKafkaOffsetsTable+"; postgres)")
+	db := c.fs.String("dialect", kindPostgres, "postgres, mysql (MySQL and MariaDB) or sqlite")
 	if err := c.parse(args); err != nil {
 		return err
+	}
+	switch *db {
+	case kindPostgres:
+	case kindMySQL, kindSQLite:
+		return dialectSchema(c, e, *db, *partitioned, *format, *offsets)
+	default:
+		return usageError{fmt.Sprintf("-dialect %q: want postgres, mysql or sqlite", *db)}
 	}
 	// up and goose render the chosen table's DDL.
 	up := func() (string, string, error) { return migrations.SQL(c.table, *partitioned) }
@@ -50,6 +59,40 @@ func cmdSchema(_ context.Context, args []string, e env) error {
 	return nil
 }
 
+// dialectSchema prints the statements EnsureSchema runs on MySQL or
+// SQLite: the claim table's, then its horizon table's.
+func dialectSchema(c *command, e env, kind string, partitioned bool, format, offsets string) error {
+	switch {
+	case format != "sql":
+		return usageError{fmt.Sprintf("-format %q: the %s schema is printed as plain SQL only (-format sql)", format, kind)}
+	case offsets != "":
+		return usageError{"-kafka-offsets: the kafka consumer's offsets table is Postgres only"}
+	}
+	t, err := dialect.ParseTable(c.table)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	var d dialect.Dialect = mysql.New()
+	if kind == kindSQLite {
+		d = sqlite.New()
+	}
+	stmts := d.SchemaSQL(t)
+	if partitioned {
+		p, ok := d.(dialect.Partitioner)
+		if !ok {
+			return usageError{fmt.Sprintf("-partitioned: the %s dialect does not support partitions", kind)}
+		}
+		stmts = p.PartitionedSchemaSQL(t)
+	}
+	if h, ok := d.(dialect.HorizonKeeper); ok {
+		stmts = append(stmts, h.HorizonSchemaSQL(t)...)
+	}
+	for _, s := range stmts {
+		fmt.Fprintf(e.stdout, "%s;\n", s)
+	}
+	return nil
+}
+
 // claimTable opens the database and returns its claim table, configured by
 // opts after the -table flag.
 func (c *command) claimTable(ctx context.Context, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
@@ -60,17 +103,17 @@ func (c *command) claimTable(ctx context.Context, opts ...idempotent.Option) (*d
 // touched, consumer's name when it is not "".
 func (c *command) claimTableFor(ctx context.Context, consumer string, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
 	opts = append([]idempotent.Option{idempotent.WithTable(c.table)}, opts...)
-	d, err := c.open()
+	d, err := c.open(c.creates)
 	if err != nil {
 		return nil, nil, err
 	}
 	// NewClaimTable sends nothing: the flags are checked before the network
 	// is touched.
-	t, err := idempotent.NewClaimTable(d.db, postgres.New(), opts...)
+	t, err := idempotent.NewClaimTable(d.db, d.target.dialect, opts...)
 	if err == nil && consumer != "" {
 		// New checks a consumer's name as the consumer's own Middleware
 		// does, and sends nothing either.
-		_, err = idempotent.New(d.db, postgres.New(), consumer)
+		_, err = idempotent.New(d.db, d.target.dialect, consumer)
 	}
 	if err != nil {
 		_ = d.db.Close()
@@ -84,7 +127,8 @@ func (c *command) claimTableFor(ctx context.Context, consumer string, opts ...id
 }
 
 func cmdMigrate(ctx context.Context, args []string, e env) error {
-	c := newCommand("migrate", "Creates the claim table if it does not exist (partitioned: with the partitions of the\nretention window and the lead days). Drops nothing.", e, true)
+	c := newCommand("migrate", "Creates the claim table if it does not exist (partitioned: with the partitions of the\nretention window and the lead days), and an SQLite file if there is none. Drops nothing.", e, true)
+	c.creates = true
 	partitioned := c.fs.Bool("partitioned", false, "create the table partitioned by event day")
 	retention := &days{d: idempotent.DefaultRetention}
 	c.fs.Var(retention, "retention", "retention window, for the partitions to create (default 30d)")
@@ -107,6 +151,13 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 	opts := []idempotent.Option{idempotent.WithRetention(retention.d)}
 	if *partitioned {
 		opts = append(opts, idempotent.WithDailyPartitions(*lead))
+	}
+	if offsetsUp != "" {
+		if dsn, err := c.dsnFlag(); err == nil {
+			if t, err := classify(dsn); err == nil && t.kind != kindPostgres {
+				return usageError{"-kafka-offsets: the kafka consumer's offsets table is Postgres only"}
+			}
+		}
 	}
 	d, t, err := c.claimTable(ctx, opts...)
 	if err != nil {
@@ -172,7 +223,7 @@ func requireRetention(r *days) error {
 }
 
 func cmdCleanup(ctx context.Context, args []string, e env) error {
-	c := newCommand("cleanup", "Deletes claims processed before the retention window (plus the clock-skew margin),\nin batches, each its own short transaction. Only one cleanup runs per table at a time;\na second one stops at once and exits 0.", e, true)
+	c := newCommand("cleanup", "Deletes claims processed before the retention window (plus the clock-skew margin),\nin batches, each its own short transaction. Only one cleanup runs per table at a time;\na second one stops at once and exits 0 (on SQLite it takes turns with the first).\nOn SQLite give a -pause about as long as a batch takes, or claims wait behind it.", e, true)
 	retention := &days{}
 	c.fs.Var(retention, "retention", "retention window (required), e.g. 30d")
 	skew := &days{d: idempotent.DefaultClockSkew}

@@ -24,6 +24,8 @@ type command struct {
 	dsn   string
 	table string
 	help  func()
+	// creates says the command may create the SQLite file it is given.
+	creates bool
 }
 
 func newCommand(name, summary string, e env, db bool) *command {
@@ -32,7 +34,7 @@ func newCommand(name, summary string, e env, db bool) *command {
 	c.fs.Usage = func() {}
 	c.fs.StringVar(&c.table, "table", idempotent.DefaultTable, `claim table, "table" or "schema.table"`)
 	if db {
-		c.fs.StringVar(&c.dsn, "dsn", "", "Postgres connection string (default $DATABASE_URL)")
+		c.fs.StringVar(&c.dsn, "dsn", "", dsnHelp)
 	}
 	c.help = func() {
 		fmt.Fprintf(e.stdout, "Usage: idempotent %s [flags]\n\n%s\n\nFlags:\n", name, summary)

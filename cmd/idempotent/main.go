@@ -1,9 +1,9 @@
 // Command idempotent is the operator's tool for the claim table of
-// github.com/txclaim/idempotent on Postgres.
+// github.com/txclaim/idempotent on Postgres, MySQL/MariaDB and SQLite.
 //
 // Usage:
 //
-//	idempotent schema     [-table T] [-partitioned] [-format sql|goose|golang-migrate-up|golang-migrate-down] [-kafka-offsets T]
+//	idempotent schema     [-dialect postgres|mysql|sqlite] [-table T] [-partitioned] [-format sql|goose|golang-migrate-up|golang-migrate-down] [-kafka-offsets T]
 //	idempotent migrate    [-dsn DSN] [-table T] [-partitioned] [-retention D] [-lead-days N] [-kafka-offsets T]
 //	idempotent cleanup    [-dsn DSN] [-table T] -retention D [-consumer C] [-dry-run] [-batch N] …
 //	idempotent partitions [-dsn DSN] [-table T] -retention D [-lead-days N] [-list]
@@ -12,9 +12,19 @@
 //	idempotent kafka-offsets reset [-dsn DSN] -table T -consumer C -topic T -partition N -offset M
 //
 // The database comes from -dsn or, without it, the DATABASE_URL environment
-// variable; a password in it is never printed. Durations take Go's units
-// (90m, 36h) and days (30d, 1d12h). "idempotent COMMAND -h" lists a
-// command's flags.
+// variable, and the connection string names the database:
+//
+//	postgres://… postgresql://… host=… dbname=…   Postgres (lib/pq)
+//	mysql://user:pass@host:3306/db?params         MySQL or MariaDB (go-sql-driver/mysql;
+//	user:pass@tcp(host:3306)/db?params              the port defaults to 3306)
+//	sqlite:PATH, or a PATH ending in .db,         SQLite (modernc.org/sqlite), opened
+//	.sqlite or .sqlite3                             with sqlite.DSN's settings
+//
+// A password in it is never printed, whatever its form, even when it does
+// not parse. Only migrate creates an SQLite file that does not exist.
+// Partitions are for Postgres and MySQL/MariaDB; the kafka offsets table is
+// Postgres only. Durations take Go's units (90m, 36h) and days (30d,
+// 1d12h). "idempotent COMMAND -h" lists a command's flags.
 //
 // Exit status: 0 on success (including a cleanup that found another one
 // running), 1 when the work failed or the database could not be reached, 2
@@ -52,7 +62,7 @@ type env struct {
 	terminal bool // stdout is a terminal: show live progress
 }
 
-const usage = `idempotent manages the claim table of github.com/txclaim/idempotent on Postgres.
+const usage = `idempotent manages the claim table of github.com/txclaim/idempotent on Postgres, MySQL/MariaDB and SQLite.
 
 Usage: idempotent COMMAND [flags]
 
@@ -65,7 +75,8 @@ Commands:
   kafka-offsets list|reset
               the kafka consumer's stored offsets: list them, or reset one partition's deliberately
 
-The database is -dsn, or $DATABASE_URL. Run "idempotent COMMAND -h" for a command's flags.
+The database is -dsn, or $DATABASE_URL: postgres://… or host=…, mysql://… or user:pass@tcp(host:3306)/db,
+sqlite:PATH or PATH.db. Run "idempotent COMMAND -h" for a command's flags.
 `
 
 // usageError is a mistake in the command line: exit status 2.

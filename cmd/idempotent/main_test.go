@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,13 @@ func TestRedaction(t *testing.T) {
 		{"host=db user=bob password=hunter2 dbname=app", "host=db user=bob password=xxxxx dbname=app", "hunter2"},
 		{"host=db password='two words' dbname=app", "host=db password=xxxxx dbname=app", "two words"},
 		{"postgres://bob@db/app", "postgres://bob@db/app", ""},
+		{"postgres://bob:p%zz@db/app", "(a connection string that is not a valid URL)", "p%zz"},
+		{"postgres://bob@db/app?sslmode=disable&password=hun%zzter", "postgres://bob@db/app?sslmode=disable&password=xxxxx", "hun%zzter"},
+		{"mysql://bob:s3cr%40t@db:3306/shop", "mysql://bob:xxxxx@db:3306/shop", "s3cr@t"},
+		{"mysql://bob:two words@db/shop", "(a connection string that is not a valid URL)", "two words"},
+		{"bob:s3:cr@t@tcp(db:3306)/shop?parseTime=true", "bob:xxxxx@tcp(db:3306)/shop?parseTime=true", "s3:cr@t"},
+		{"root@tcp(127.0.0.1:3306)/test", "root@tcp(127.0.0.1:3306)/test", ""},
+		{"sqlite:/var/lib/app/claims.db", "sqlite:/var/lib/app/claims.db", ""},
 	} {
 		if got := redactDSN(c.dsn); got != c.shown {
 			t.Errorf("redactDSN(%q) = %q, want %q", c.dsn, got, c.shown)
@@ -54,7 +63,7 @@ func TestRedaction(t *testing.T) {
 			}
 			continue
 		}
-		msg := scrub("failed for "+c.secret+" at "+c.dsn, s)
+		msg := scrub("failed for "+c.secret+" at "+c.dsn+" ("+redactDSN(c.dsn)+")", s)
 		if strings.Contains(msg, c.secret) || strings.Contains(msg, "s3cr%40t") {
 			t.Errorf("scrub left the password of %q in %q", c.dsn, msg)
 		}
@@ -83,6 +92,10 @@ func envFor(vars map[string]string, out, errOut *bytes.Buffer) env {
 
 func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 	const dsn = "postgres://bob:pw@127.0.0.1:1/x"
+	sqliteFile := filepath.Join(t.TempDir(), "x.db")
+	if err := os.WriteFile(sqliteFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -109,6 +122,16 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 		{[]string{"schema", "-format", "xml"}, `-format "xml": want sql, goose`},
 		{[]string{"schema", "extra"}, `unexpected argument "extra"`},
 		{[]string{"stats", "-dsn", dsn, "now"}, `unexpected argument "now"`},
+		{[]string{"schema", "-dialect", "oracle"}, `-dialect "oracle": want postgres, mysql or sqlite`},
+		{[]string{"schema", "-dialect", "mysql", "-format", "goose"}, `-format "goose": the mysql schema is printed as plain SQL only`},
+		{[]string{"schema", "-dialect", "sqlite", "-kafka-offsets", "kafka_offsets"}, "-kafka-offsets: the kafka consumer's offsets table is Postgres only"},
+		{[]string{"schema", "-dialect", "sqlite", "-partitioned"}, "-partitioned: the sqlite dialect does not support partitions"},
+		{[]string{"migrate", "-kafka-offsets", "kafka_offsets", "-dsn", "bob:pw@tcp(127.0.0.1:1)/x"}, "-kafka-offsets: the kafka consumer's offsets table is Postgres only"},
+		{[]string{"partitions", "-retention", "30d", "-dsn", "sqlite:" + sqliteFile}, "the sqlite dialect does not support partitions"},
+		{[]string{"stats", "-dsn", "oracle://bob:pw@db/x"}, `unknown connection string scheme "oracle"`},
+		{[]string{"stats", "-dsn", "mysql://bob:pw@db/x/y"}, "path must be one database name"},
+		{[]string{"stats", "-dsn", "mysql:///x"}, "names no host"},
+		{[]string{"stats", "-dsn", "sqlite::memory:"}, "in-memory database"},
 	} {
 		code, stdout, stderr := runCLI(t, nil, c.args...)
 		if code != 2 || !strings.Contains(stderr, c.want) || stdout != "" {
@@ -136,6 +159,8 @@ func TestUnreachableDatabaseExitsOneWithoutThePassword(t *testing.T) {
 	for _, dsn := range []string{
 		"postgres://bob:Pa55w0rdX@127.0.0.1:1/x?sslmode=disable",
 		"host=127.0.0.1 port=1 user=bob password=Pa55w0rdX dbname=x sslmode=disable",
+		"mysql://bob:Pa55w0rdX@127.0.0.1:1/x",
+		"bob:Pa55w0rdX@tcp(127.0.0.1:1)/x",
 	} {
 		for _, args := range [][]string{
 			{"stats", "-dsn", dsn},
@@ -155,6 +180,82 @@ func TestUnreachableDatabaseExitsOneWithoutThePassword(t *testing.T) {
 		code, _, stderr := runCLI(t, map[string]string{"DATABASE_URL": dsn}, "stats")
 		if code != 1 || strings.Contains(stderr, "Pa55w0rdX") || !strings.Contains(stderr, "xxxxx") {
 			t.Errorf("DATABASE_URL: exit %d, stderr %q", code, stderr)
+		}
+	}
+}
+
+func TestClassifyConnectionStrings(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ in, kind, dsn string }{
+		{"postgres://bob:pw@db:5432/app?sslmode=disable", kindPostgres, "postgres://bob:pw@db:5432/app?sslmode=disable"},
+		{"postgresql://db/app", kindPostgres, "postgresql://db/app"},
+		{"host=db user=bob password=pw dbname=app", kindPostgres, "host=db user=bob password=pw dbname=app"},
+		{"mysql://bob:pw@db:3307/shop?parseTime=true", kindMySQL, "bob:pw@tcp(db:3307)/shop?parseTime=true"},
+		{"mysql://bob@db/shop", kindMySQL, "bob@tcp(db:3306)/shop"},
+		{"mysql://bob:p%40ss%3Aw%2Frd@[::1]/shop", kindMySQL, "bob:p@ss:w/rd@tcp([::1]:3306)/shop"},
+		{"bob:pw@tcp(db:3306)/shop", kindMySQL, "bob:pw@tcp(db:3306)/shop"},
+		{"tcp(127.0.0.1:3306)/test", kindMySQL, "tcp(127.0.0.1:3306)/test"},
+		{"bob@unix(/run/mysqld/mysqld.sock)/shop", kindMySQL, "bob@unix(/run/mysqld/mysqld.sock)/shop"},
+		{"bob@/shop", kindMySQL, "bob@/shop"},
+		{"sqlite:" + dir + "/claims.db", kindSQLite, ""},
+		{"sqlite://" + dir + "/claims", kindSQLite, ""},
+		{dir + "/claims.sqlite3", kindSQLite, ""},
+		{"claims.db", kindSQLite, ""},
+	} {
+		got, err := classify(c.in)
+		if err != nil || got.kind != c.kind || (c.dsn != "" && got.dsn != c.dsn) {
+			t.Errorf("classify(%q) = %s %q, %v; want %s %q", c.in, got.kind, got.dsn, err, c.kind, c.dsn)
+		}
+		if got.dialect == nil || got.dialect.Name() != c.kind {
+			t.Errorf("classify(%q): dialect %v, want %s", c.in, got.dialect, c.kind)
+		}
+		if c.kind == kindSQLite && (!strings.HasPrefix(got.dsn, "file:") || got.driver != "sqlite" || !strings.HasSuffix(got.path, strings.TrimPrefix(strings.TrimPrefix(c.in, "sqlite:"), "//"))) {
+			t.Errorf("classify(%q) = driver %q, dsn %q, path %q", c.in, got.driver, got.dsn, got.path)
+		}
+	}
+	for _, in := range []string{"oracle://bob:Pa55w0rdX@db/x", "mysql://bob:Pa55w0rdX@/x", "mysql://bob:Pa55 w0rdX@db/x", "sqlite:", "sqlite::memory:"} {
+		if got, err := classify(in); err == nil || strings.Contains(err.Error(), "Pa55") {
+			t.Errorf("classify(%q) = %+v, %v; want an error without the password", in, got, err)
+		}
+	}
+}
+
+func TestUnparsableAndMissingDatabases(t *testing.T) {
+	// A connection string that does not parse: exit 2, and no password.
+	for _, dsn := range []string{"mysql://bob:Pa55 w0rdX@127.0.0.1:1/x", "postgres://bob:Pa55w0rdX%zz@127.0.0.1:1/x"} {
+		code, stdout, stderr := runCLI(t, map[string]string{"DATABASE_URL": dsn}, "stats")
+		if code == 0 || strings.Contains(stdout+stderr, "Pa55") {
+			t.Errorf("%q: exit %d, %q %q; want a failure without the password", dsn, code, stdout, stderr)
+		}
+	}
+	// A missing SQLite file is not created by a command that only reads.
+	missing := filepath.Join(t.TempDir(), "missing.db")
+	code, _, stderr := runCLI(t, nil, "stats", "-dsn", "sqlite:"+missing)
+	if code != 1 || !strings.Contains(stderr, "no SQLite database at "+missing) {
+		t.Errorf("stats of a missing SQLite file: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("stats created %s: %v", missing, err)
+	}
+}
+
+func TestSchemaForMySQLAndSQLite(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"schema", "-dialect", "mysql", "-table", "shop.claims"}, []string{"CREATE TABLE IF NOT EXISTS `shop`.`claims` (", "ENGINE=InnoDB ROW_FORMAT=DYNAMIC;\n", "CREATE TABLE IF NOT EXISTS `shop`.`claims_horizon` ("}},
+		{[]string{"schema", "-dialect", "mysql", "-partitioned"}, []string{"PARTITION BY LIST COLUMNS (event_day)", "CREATE TABLE IF NOT EXISTS `processed_messages_horizon` ("}},
+		{[]string{"schema", "-dialect", "sqlite"}, []string{`CREATE TABLE IF NOT EXISTS "processed_messages" (`, `CREATE INDEX IF NOT EXISTS "processed_messages_processed_at"`, `CREATE TABLE IF NOT EXISTS "processed_messages_horizon" (`}},
+	} {
+		code, stdout, stderr := runCLI(t, nil, c.args...)
+		if code != 0 || stderr != "" {
+			t.Errorf("%q: exit %d, %q", c.args, code, stderr)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(stdout, w) {
+				t.Errorf("%q printed\n%s\nwant it to contain %q", c.args, stdout, w)
+			}
 		}
 	}
 }

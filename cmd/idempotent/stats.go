@@ -12,8 +12,18 @@ import (
 	"github.com/txclaim/idempotent/dialect"
 )
 
+// layout is what stats reports of the table itself: whether it exists and
+// is partitioned, its sizes, and the claims in each partition.
+type layout struct {
+	exists, partitioned    bool
+	tableBytes, indexBytes int64
+	sizesKnown             bool
+	partClaims             map[string]int64 // by partition name
+	partBytes              map[string]int64
+}
+
 func cmdStats(ctx context.Context, args []string, e env) error {
-	c := newCommand("stats", "Prints the claims per consumer with the oldest and newest claim, the table and index\nsizes and, for a partitioned table, its partitions. It counts every row: on a large\ntable it takes as long as a full scan.", e, true)
+	c := newCommand("stats", "Prints the claims per consumer with the oldest and newest claim, the table and index\nsizes, the retention horizon and, for a partitioned table, its partitions. It counts\nevery row: on a large table it takes as long as a full scan.", e, true)
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -23,24 +33,20 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 	}
 	defer d.db.Close()
 	t, _ := dialect.ParseTable(c.table) // checked by claimTable
-	q := t.Quoted(pq.QuoteIdentifier)
-
-	var exists, partitioned bool
-	if err := d.db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
-       coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, q).Scan(&exists, &partitioned); err != nil {
+	var lay layout
+	switch d.target.kind {
+	case kindMySQL:
+		lay, err = mysqlLayout(ctx, d.db, d.target.dialect, t)
+	case kindSQLite:
+		lay, err = sqliteLayout(ctx, d.db, t)
+	default:
+		lay, err = postgresLayout(ctx, d.db, t)
+	}
+	if err != nil {
 		return d.clean(err)
 	}
-	if !exists {
+	if !lay.exists {
 		return fmt.Errorf("claim table %s does not exist (run idempotent migrate)", c.table)
-	}
-	var tableBytes, indexBytes int64
-	sizes := `SELECT pg_table_size($1::regclass), pg_indexes_size($1::regclass)`
-	if partitioned {
-		sizes = `SELECT coalesce(sum(pg_table_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint
-FROM pg_partition_tree($1::regclass)`
-	}
-	if err := d.db.QueryRowContext(ctx, sizes, q).Scan(&tableBytes, &indexBytes); err != nil {
-		return d.clean(err)
 	}
 	consumers, err := tab.Stats(ctx)
 	if err != nil {
@@ -52,12 +58,15 @@ FROM pg_partition_tree($1::regclass)`
 	}
 
 	kind := "plain"
-	if partitioned {
+	if lay.partitioned {
 		kind = "partitioned by event day"
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "database\t%s\n", d.target.kind)
 	fmt.Fprintf(w, "table\t%s (%s)\n", c.table, kind)
-	fmt.Fprintf(w, "size\ttable %s, indexes %s\n", humanBytes(tableBytes), humanBytes(indexBytes))
+	if lay.sizesKnown {
+		fmt.Fprintf(w, "size\ttable %s, indexes %s\n", humanBytes(lay.tableBytes), humanBytes(lay.indexBytes))
+	}
 	fmt.Fprintf(w, "claims\t%d\n", total)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "CONSUMER\tCLAIMS\tOLDEST\tNEWEST")
@@ -86,41 +95,13 @@ FROM pg_partition_tree($1::regclass)`
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if !partitioned {
+	if err := printHorizons(ctx, e, d, t); err != nil {
+		return err
+	}
+	if !lay.partitioned {
 		return nil
 	}
-
 	ps, err := tab.Partitions(ctx)
-	if err != nil {
-		return d.clean(err)
-	}
-	counts := map[string]int64{}
-	err = query(ctx, d.db, "SELECT c.relname::text, count(*) FROM "+q+" t JOIN pg_class c ON c.oid = t.tableoid GROUP BY 1", nil,
-		func(rows *sql.Rows) error {
-			var name string
-			var n int64
-			if err := rows.Scan(&name, &n); err != nil {
-				return err
-			}
-			counts[name] = n
-			return nil
-		})
-	if err != nil {
-		return d.clean(err)
-	}
-	partSizes := map[string]int64{}
-	err = query(ctx, d.db, `SELECT c.relname::text, pg_total_relation_size(c.oid)
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = $1::regclass) AND c.relkind = 'r'`, []any{q},
-		func(rows *sql.Rows) error {
-			var name string
-			var n int64
-			if err := rows.Scan(&name, &n); err != nil {
-				return err
-			}
-			partSizes[name] = n
-			return nil
-		})
 	if err != nil {
 		return d.clean(err)
 	}
@@ -132,13 +113,189 @@ WHERE n.nspname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE o
 		if !p.Attached {
 			state = " (detached)"
 		}
-		fmt.Fprintf(w, "%s%s\t%s\t%d\t%s\n", p.Name, state, p.Day.Format(time.DateOnly), counts[p.Name], humanBytes(partSizes[p.Name]))
+		fmt.Fprintf(w, "%s%s\t%s\t%d\t%s\n", p.Name, state, p.Day.Format(time.DateOnly), lay.partClaims[p.Name], humanBytes(lay.partBytes[p.Name]))
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%d partitions\n", len(ps))
 	return nil
+}
+
+// printHorizons prints the rows of the table's retention horizon: how far
+// back each consumer's claims (or every consumer's) may be gone.
+func printHorizons(ctx context.Context, e env, d *database, t dialect.Table) error {
+	h, ok := d.target.dialect.(dialect.HorizonKeeper)
+	if !ok {
+		return nil
+	}
+	var exists bool
+	var err error
+	switch ht := h.HorizonTable(t); d.target.kind {
+	case kindMySQL:
+		var n int
+		err = d.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE "+mysqlTableWhere, mysqlTableArgs(ht)...).Scan(&n)
+		exists = n > 0
+	case kindSQLite:
+		var n int
+		err = d.db.QueryRowContext(ctx, "SELECT count(*) FROM "+sqliteMaster(ht)+" WHERE type = 'table' AND name = ?", ht.Name).Scan(&n)
+		exists = n > 0
+	default:
+		err = d.db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", ht.Quoted(pq.QuoteIdentifier)).Scan(&exists)
+	}
+	if err != nil {
+		return d.clean(err)
+	}
+	fmt.Fprintln(e.stdout)
+	if !exists {
+		fmt.Fprintln(e.stdout, "horizon: none recorded (no horizon table yet)")
+		return nil
+	}
+	var rows []string
+	err = query(ctx, d.db, h.HorizonsSQL(t), nil, func(r *sql.Rows) error {
+		var consumer string
+		var us int64
+		if err := r.Scan(&consumer, &us); err != nil {
+			return err
+		}
+		if consumer == "" {
+			consumer = "(every consumer)"
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%s", consumer, time.UnixMicro(us).UTC().Format(time.RFC3339Nano)))
+		return nil
+	})
+	if err != nil {
+		return d.clean(err)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(e.stdout, "horizon: none recorded (nothing cleaned up or dropped yet)")
+		return nil
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "HORIZON OF\tFORGOTTEN BEFORE")
+	for _, r := range rows {
+		fmt.Fprintln(w, r)
+	}
+	return w.Flush()
+}
+
+func postgresLayout(ctx context.Context, db *sql.DB, t dialect.Table) (layout, error) {
+	lay := layout{partClaims: map[string]int64{}, partBytes: map[string]int64{}, sizesKnown: true}
+	q := t.Quoted(pq.QuoteIdentifier)
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
+       coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, q).Scan(&lay.exists, &lay.partitioned); err != nil || !lay.exists {
+		return lay, err
+	}
+	sizes := `SELECT pg_table_size($1::regclass), pg_indexes_size($1::regclass)`
+	if lay.partitioned {
+		sizes = `SELECT coalesce(sum(pg_table_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint
+FROM pg_partition_tree($1::regclass)`
+	}
+	if err := db.QueryRowContext(ctx, sizes, q).Scan(&lay.tableBytes, &lay.indexBytes); err != nil || !lay.partitioned {
+		return lay, err
+	}
+	err := query(ctx, db, "SELECT c.relname::text, count(*) FROM "+q+" t JOIN pg_class c ON c.oid = t.tableoid GROUP BY 1", nil, scanInto(lay.partClaims))
+	if err != nil {
+		return lay, err
+	}
+	err = query(ctx, db, `SELECT c.relname::text, pg_total_relation_size(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = $1::regclass) AND c.relkind = 'r'`, []any{q}, scanInto(lay.partBytes))
+	return lay, err
+}
+
+// mysqlTableWhere matches a table's rows of information_schema.TABLES or
+// PARTITIONS, with mysqlTableArgs.
+const mysqlTableWhere = "TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+
+func mysqlTableArgs(t dialect.Table) []any {
+	var schema any
+	if t.Schema != "" {
+		schema = t.Schema
+	}
+	return []any{schema, t.Name}
+}
+
+func mysqlLayout(ctx context.Context, db *sql.DB, dl dialect.Dialect, t dialect.Table) (layout, error) {
+	lay := layout{partClaims: map[string]int64{}, partBytes: map[string]int64{}, sizesKnown: true}
+	var options string
+	err := db.QueryRowContext(ctx, "SELECT COALESCE(DATA_LENGTH, 0), COALESCE(INDEX_LENGTH, 0), COALESCE(CREATE_OPTIONS, '') FROM information_schema.TABLES WHERE "+mysqlTableWhere,
+		mysqlTableArgs(t)...).Scan(&lay.tableBytes, &lay.indexBytes, &options)
+	switch {
+	case err == sql.ErrNoRows:
+		return lay, nil
+	case err != nil:
+		return lay, err
+	}
+	lay.exists = true
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE "+mysqlTableWhere+" AND PARTITION_NAME IS NOT NULL",
+		mysqlTableArgs(t)...).Scan(&n); err != nil || n == 0 {
+		return lay, err
+	}
+	lay.partitioned = true
+	// The sizes InnoDB reports are estimates, refreshed by ANALYZE TABLE;
+	// the counts are exact.
+	err = query(ctx, db, "SELECT PARTITION_NAME, COALESCE(DATA_LENGTH, 0) + COALESCE(INDEX_LENGTH, 0) FROM information_schema.PARTITIONS WHERE "+mysqlTableWhere+" AND PARTITION_NAME IS NOT NULL",
+		mysqlTableArgs(t), scanInto(lay.partBytes))
+	if err != nil {
+		return lay, err
+	}
+	p, _ := dl.(dialect.Partitioner)
+	byDay := map[string]int64{}
+	if err := query(ctx, db, "SELECT DATE_FORMAT(event_day, '%Y-%m-%d'), COUNT(*) FROM "+t.Quoted(mysqlQuote)+" GROUP BY event_day", nil, scanInto(byDay)); err != nil || p == nil {
+		return lay, err
+	}
+	for day, n := range byDay {
+		if d, err := time.Parse(time.DateOnly, day); err == nil {
+			lay.partClaims[p.PartitionName(t, d)] = n
+		}
+	}
+	return lay, nil
+}
+
+func mysqlQuote(s string) string { return "`" + s + "`" }
+
+// sqliteMaster is the schema table of t's (attached) database.
+func sqliteMaster(t dialect.Table) string {
+	if t.Schema != "" {
+		return `"` + t.Schema + `".sqlite_master`
+	}
+	return "sqlite_master"
+}
+
+func sqliteLayout(ctx context.Context, db *sql.DB, t dialect.Table) (layout, error) {
+	var lay layout
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+sqliteMaster(t)+" WHERE type = 'table' AND name = ?", t.Name).Scan(&n); err != nil || n == 0 {
+		return lay, err
+	}
+	lay.exists = true
+	schema := t.Schema
+	if schema == "" {
+		schema = "main"
+	}
+	// dbstat is compiled into modernc.org/sqlite; a build without it only
+	// loses the sizes.
+	err := db.QueryRowContext(ctx, `SELECT
+  coalesce((SELECT sum(pgsize) FROM dbstat(?1) WHERE name = ?2), 0),
+  coalesce((SELECT sum(pgsize) FROM dbstat(?1) WHERE name IN (SELECT name FROM `+sqliteMaster(t)+` WHERE type = 'index' AND tbl_name = ?2)), 0)`,
+		schema, t.Name).Scan(&lay.tableBytes, &lay.indexBytes)
+	lay.sizesKnown = err == nil
+	return lay, nil
+}
+
+// scanInto returns a row callback that stores (name, number) rows in m.
+func scanInto(m map[string]int64) func(*sql.Rows) error {
+	return func(rows *sql.Rows) error {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return err
+		}
+		m[name] = n
+		return nil
+	}
 }
 
 // query runs q and calls each for every row.

@@ -48,9 +48,21 @@
 //   - the duplicate pre-check: two middlewares of one consumer name on two
 //     tables sharing one SeenLRU each apply every message once;
 //   - the optional interfaces, where the dialect implements them:
-//     dialect.Cleaner (Cleanup deletes only claims past the window),
-//     dialect.Partitioner (a day's claim applies once; a day without its
-//     partition yet is ErrNoPartition until MaintainPartitions creates it),
+//     dialect.Cleaner (Cleanup deletes only claims past the window; run as
+//     the middleware runs them, the batches delete exactly the claims
+//     before the cutoff, of one consumer or of all, at most a batch at a
+//     time, at a cutoff between milliseconds too, and record the horizon;
+//     four runners at once delete every expired claim exactly once, a runner
+//     that finds the lock held stopping at once, or, with SerialWriters,
+//     waiting its turn; the lock answers false at once while another
+//     transaction holds it, and is free again once the holder released it
+//     and ended), dialect.StatsReader (claims per consumer, oldest and
+//     newest as microseconds), dialect.HorizonKeeper (an advance never
+//     lowers a row; a consumer reads the later of its row and the ""
+//     row; HorizonsSQL lists the rows), dialect.Partitioner (a day's claim
+//     applies once; a day without its partition yet is ErrNoPartition until
+//     MaintainPartitions creates it, and the days past the window are
+//     dropped with their claims),
 //     dialect.Upserter (the version-guarded upsert) and dialect.ClaimFolder
 //     (the claim folded with a companion statement reports the companion's
 //     rows and whether the claim is new, and both commit), and

@@ -311,14 +311,16 @@ func checkPartitioner(t *testing.T, e *Env) {
 	mw := e.Middleware(t, db, table, "conformance", idempotent.WithDailyPartitions(1), idempotent.WithClock(clock),
 		idempotent.WithRetention(3*24*time.Hour))
 	t.Cleanup(func() {
-		// Partitions are tables of their own, dropped with the parent on
-		// most databases; drop what is left.
+		// Attached partitions go with the claim table; a detached one (on
+		// a database where a partition is a table of its own) is left.
 		ps, err := mw.Partitions(context.Background())
 		if err != nil {
 			return
 		}
 		for _, p := range ps {
-			_, _ = db.Exec("DROP TABLE IF EXISTS " + schemaOf(table) + p.Name)
+			if !p.Attached {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + schemaOf(table) + p.Name)
+			}
 		}
 	})
 	nop := func(context.Context, *sql.Tx) error { return nil }
@@ -337,6 +339,30 @@ func checkPartitioner(t *testing.T, e *Env) {
 	}
 	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "q", EventTime: now.Add(-time.Hour)}, nop); err != nil || out != idempotent.Applied {
 		t.Fatalf("once the day's partition exists = %v, %v; want applied", out, err)
+	}
+
+	// A week later the days of both claims are past the window: they are
+	// dropped with their claims, and the days of the window are there.
+	now = now.Add(7 * 24 * time.Hour)
+	rep, err := mw.MaintainPartitions(ctx)
+	if err != nil {
+		t.Fatalf("MaintainPartitions a week later: %v", err)
+	}
+	if len(rep.Dropped) < 3 || len(rep.Created) == 0 {
+		t.Fatalf("MaintainPartitions a week later dropped %v and created %v; want the old days dropped and the new ones created", rep.Dropped, rep.Created)
+	}
+	ps, err := mw.Partitions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := now.Add(-3*24*time.Hour - idempotent.DefaultClockSkew).UTC().Truncate(24 * time.Hour)
+	for _, p := range ps {
+		if p.Day.Before(first) || !p.Attached {
+			t.Errorf("after MaintainPartitions: partition %s (day %s, attached %v) is left", p.Name, p.Day.Format(time.DateOnly), p.Attached)
+		}
+	}
+	if claims := e.Claims(t, db, table); len(claims) != 0 {
+		t.Errorf("claims of dropped days are left: %q", claims)
 	}
 }
 

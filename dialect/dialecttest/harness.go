@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
@@ -71,6 +72,14 @@ type Harness struct {
 	// the claim's transaction and expects the guard to refuse it.
 	OpenGuarded func(t testing.TB) (*sql.DB, error)
 
+	// ProcessedAt returns a SQL expression for a claim's processed_at at t
+	// (UTC, a whole millisecond), as the dialect's claim table stores it:
+	// "'2031-02-01 12:00:00.123'" (MySQL, SQLite) or
+	// "'2031-02-01 12:00:00.123Z'::timestamptz" (Postgres). Required when
+	// the dialect implements dialect.Cleaner or dialect.StatsReader: the
+	// retention checks insert claims of known ages with it.
+	ProcessedAt func(t time.Time) string
+
 	// LockTimeoutQuery is a query yielding the session's current lock
 	// timeout as one value, such as "SHOW lock_timeout" (Postgres) or
 	// "SELECT @@SESSION.innodb_lock_wait_timeout" (MySQL). Required when
@@ -128,10 +137,15 @@ func (e *Env) DB(t testing.TB) *sql.DB {
 func (e *Env) Table(t testing.TB, db *sql.DB) string {
 	t.Helper()
 	name := e.h.Table(t, db)
-	if _, err := dialect.ParseTable(name); err != nil || strings.ToLower(name) != name {
+	tab, err := dialect.ParseTable(name)
+	if err != nil || strings.ToLower(name) != name {
 		t.Fatalf("Harness.Table returned %q: want a lower-case table or schema.table name (%v)", name, err)
 	}
 	dropAtEnd(t, db, name)
+	if h, ok := e.h.Dialect.(dialect.HorizonKeeper); ok {
+		// EnsureSchema creates it beside the claim table.
+		dropAtEnd(t, db, h.HorizonTable(tab).String())
+	}
 	return name
 }
 

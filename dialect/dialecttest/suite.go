@@ -59,7 +59,12 @@ func checks() []check {
 		{"SeenTablesApart", checkSeenTablesApart},
 		// The optional interfaces of package dialect, checked where the
 		// dialect implements them and skipped where it does not.
-		{"Optional/Cleaner", checkCleaner},
+		{"Optional/Cleaner/Middleware", checkCleaner},
+		{"Optional/Cleaner/Exact", checkCleanerExact},
+		{"Optional/Cleaner/Concurrent", checkCleanerConcurrent},
+		{"Optional/Cleaner/LockNoWait", checkCleanerLockNoWait},
+		{"Optional/StatsReader", checkStatsReader},
+		{"Optional/HorizonKeeper", checkHorizonKeeper},
 		{"Optional/Partitioner", checkPartitioner},
 		{"Optional/Upserter", checkUpserter},
 		{"Optional/ClaimFolder", checkClaimFolder},

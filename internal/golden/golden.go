@@ -5,7 +5,9 @@ package golden
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -31,4 +33,15 @@ func Compare(t testing.TB, path, got string) {
 	if got != string(want) {
 		t.Errorf("%s differs (run go test -update if the change is intended, and review the diff):\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
+}
+
+// Statement renders a statement and its arguments for a golden file: the
+// text, then the arguments on one line, strings quoted ([] when there are
+// none).
+func Statement(query string, args []any) string {
+	shown := make([]string, len(args))
+	for i, a := range args {
+		shown[i] = fmt.Sprintf("%#v", a)
+	}
+	return query + "\n[" + strings.Join(shown, " ") + "]"
 }

@@ -1,0 +1,73 @@
+package mysql
+
+import (
+	"fmt"
+	"hash/fnv"
+	"io"
+	"time"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+var _ dialect.HorizonKeeper = (*Dialect)(nil)
+
+// MaxIdentifierLength is the longest table name MySQL and MariaDB accept:
+// 64 characters.
+const MaxIdentifierLength = 64
+
+// HorizonName returns the name of the horizon table of the claim table name
+// (unqualified, unquoted): name + "_horizon" when that fits in
+// [MaxIdentifierLength], else a prefix of name, a hash of the whole name and
+// the suffix, so two long names sharing a prefix never share a horizon.
+func HorizonName(name string) string {
+	const suffix = "_horizon"
+	if len(name)+len(suffix) <= MaxIdentifierLength {
+		return name + suffix
+	}
+	h := fnv.New32a()
+	_, _ = io.WriteString(h, name)
+	tag := fmt.Sprintf("_%08x", h.Sum32())
+	return name[:MaxIdentifierLength-len(suffix)-len(tag)] + tag + suffix
+}
+
+// HorizonTable returns t's horizon table, HorizonName(t.Name) in t's
+// database.
+func (*Dialect) HorizonTable(t dialect.Table) dialect.Table {
+	return dialect.Table{Schema: t.Schema, Name: HorizonName(t.Name)}
+}
+
+func (d *Dialect) horizon(t dialect.Table) string { return quote(d.HorizonTable(t)) }
+
+// HorizonSchemaSQL returns the horizon table, an InnoDB table with one row
+// per consumer ("" for every consumer). consumer is VARBINARY(128), as in
+// the claim table; forgotten_before is a DATETIME(6) in UTC, as
+// processed_at is.
+func (d *Dialect) HorizonSchemaSQL(t dialect.Table) []string {
+	return []string{fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer         VARBINARY(128) NOT NULL,
+	forgotten_before DATETIME(6)    NOT NULL,
+	PRIMARY KEY (consumer)
+) ENGINE=InnoDB`, d.horizon(t))}
+}
+
+// AdvanceHorizonSQL returns an upsert that only ever raises the row:
+// GREATEST of the stored and the new time. before is rounded up to the
+// microsecond. Parameters: consumer, before, before.
+func (d *Dialect) AdvanceHorizonSQL(t dialect.Table, consumer string, before time.Time) (string, []any) {
+	b := timeArg(before)
+	return fmt.Sprintf("INSERT INTO %s (consumer, forgotten_before) VALUES (?, ?) ON DUPLICATE KEY UPDATE forgotten_before = GREATEST(forgotten_before, ?)",
+		d.horizon(t)), []any{consumer, b, b}
+}
+
+// HorizonSQL returns the later of consumer's row and the "" row. It is a
+// plain (consistent) read: it never waits for a cleanup that holds the row,
+// and it sees every cleanup that committed before the transaction's first
+// consistent read, which is why the middleware runs it after the claim.
+func (d *Dialect) HorizonSQL(t dialect.Table, consumer string) (string, []any) {
+	return fmt.Sprintf("SELECT %s FROM %s WHERE consumer IN ('', ?)", micros("MAX(forgotten_before)"), d.horizon(t)), []any{consumer}
+}
+
+// HorizonsSQL returns every row of the horizon table.
+func (d *Dialect) HorizonsSQL(t dialect.Table) string {
+	return fmt.Sprintf("SELECT consumer, %s FROM %s ORDER BY consumer", micros("forgotten_before"), d.horizon(t))
+}
