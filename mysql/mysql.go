@@ -84,9 +84,13 @@ func indexName(t dialect.Table) string { return t.Name + "_processed_at" }
 
 // SchemaObjects returns the claim table, whose CREATE TABLE IF NOT EXISTS
 // includes the processed_at index, and the index on its own, created with
-// CREATE INDEX only when a table that already existed lacks it. The dialect
-// has no partitioned mode; partitioned is ignored.
-func (*Dialect) SchemaObjects(t dialect.Table, _ bool) []dialect.SchemaObject {
+// CREATE INDEX only when a table that already existed lacks it; when
+// partitioned, the table of PartitionedSchemaSQL alone (it has no
+// processed_at index: old claims leave by dropping days).
+func (d *Dialect) SchemaObjects(t dialect.Table, partitioned bool) []dialect.SchemaObject {
+	if partitioned {
+		return []dialect.SchemaObject{{Kind: dialect.ObjectTable, Table: t, CreateSQL: d.PartitionedSchemaSQL(t)[0]}}
+	}
 	return []dialect.SchemaObject{
 		{Kind: dialect.ObjectTable, Table: t, CreateSQL: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer     VARBINARY(128)  NOT NULL,

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
 	"github.com/lib/pq"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 )
 
@@ -74,11 +76,17 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", c.Consumer, c.Claims, c.Oldest.UTC().Format(time.RFC3339), c.Newest.UTC().Format(time.RFC3339))
 	}
 	horizons, err := tab.Horizons(ctx)
-	if err != nil {
+	switch {
+	case errors.Is(err, idempotent.ErrNoClaimTable):
+		horizons = nil
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "horizon\tnone recorded (no horizon table: run idempotent migrate)")
+	case err != nil:
 		return d.clean(err)
+	default:
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w)
-	if len(horizons) == 0 {
+	if err == nil && len(horizons) == 0 {
 		fmt.Fprintln(w, "horizon	none (nothing cleaned up or dropped yet)")
 	}
 	for _, h := range horizons {
@@ -87,15 +95,12 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 			who = "consumer " + h.Consumer
 		}
 		what := "claims processed before it may be gone"
-		if partitioned {
+		if lay.partitioned {
 			what = "the days before it were dropped"
 		}
 		fmt.Fprintf(w, "horizon	%s: %s (%s)\n", who, h.ForgottenBefore.UTC().Format(time.RFC3339), what)
 	}
 	if err := w.Flush(); err != nil {
-		return err
-	}
-	if err := printHorizons(ctx, e, d, t); err != nil {
 		return err
 	}
 	if !lay.partitioned {
@@ -120,63 +125,6 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(e.stdout, "%d partitions\n", len(ps))
 	return nil
-}
-
-// printHorizons prints the rows of the table's retention horizon: how far
-// back each consumer's claims (or every consumer's) may be gone.
-func printHorizons(ctx context.Context, e env, d *database, t dialect.Table) error {
-	h, ok := d.target.dialect.(dialect.HorizonKeeper)
-	if !ok {
-		return nil
-	}
-	var exists bool
-	var err error
-	switch ht := h.HorizonTable(t); d.target.kind {
-	case kindMySQL:
-		var n int
-		err = d.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE "+mysqlTableWhere, mysqlTableArgs(ht)...).Scan(&n)
-		exists = n > 0
-	case kindSQLite:
-		var n int
-		err = d.db.QueryRowContext(ctx, "SELECT count(*) FROM "+sqliteMaster(ht)+" WHERE type = 'table' AND name = ?", ht.Name).Scan(&n)
-		exists = n > 0
-	default:
-		err = d.db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", ht.Quoted(pq.QuoteIdentifier)).Scan(&exists)
-	}
-	if err != nil {
-		return d.clean(err)
-	}
-	fmt.Fprintln(e.stdout)
-	if !exists {
-		fmt.Fprintln(e.stdout, "horizon: none recorded (no horizon table yet)")
-		return nil
-	}
-	var rows []string
-	err = query(ctx, d.db, h.HorizonsSQL(t), nil, func(r *sql.Rows) error {
-		var consumer string
-		var us int64
-		if err := r.Scan(&consumer, &us); err != nil {
-			return err
-		}
-		if consumer == "" {
-			consumer = "(every consumer)"
-		}
-		rows = append(rows, fmt.Sprintf("%s\t%s", consumer, time.UnixMicro(us).UTC().Format(time.RFC3339Nano)))
-		return nil
-	})
-	if err != nil {
-		return d.clean(err)
-	}
-	if len(rows) == 0 {
-		fmt.Fprintln(e.stdout, "horizon: none recorded (nothing cleaned up or dropped yet)")
-		return nil
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "HORIZON OF\tFORGOTTEN BEFORE")
-	for _, r := range rows {
-		fmt.Fprintln(w, r)
-	}
-	return w.Flush()
 }
 
 func postgresLayout(ctx context.Context, db *sql.DB, t dialect.Table) (layout, error) {

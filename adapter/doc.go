@@ -1,0 +1,38 @@
+// Package adapter is what every broker adapter of
+// github.com/txclaim/idempotent shares — this module's (rabbitmq, kafka,
+// nats, watermill) and a third party's: the one header a producer sets a
+// message's event time in, and the one rule that turns the Middleware's
+// answer into a settlement (ack, requeue after a delay, or poison).
+//
+// # Event times come from the producer
+//
+// The retention fence and daily partitions rest on a message's event time,
+// so it must be a time the producer gave the event and keeps across
+// re-sends, like the key. A transport's time — a Kafka record timestamp,
+// JetStream's stream time, an AMQP timestamp a broker stamps — is new on
+// every re-send: a re-send after UTC midnight would land in another day's
+// partition, where its first claim cannot be seen, and apply again. So an
+// adapter reads the event time from the producer-set header
+// [EventTimeHeader] (or a function over the payload), never from the
+// transport unless told to by an option whose doc says what that costs.
+// The library's own senders (the outbox senders, the dead-letter senders)
+// carry the original event time forward in the same header.
+//
+// # One settle rule
+//
+// [Rule.Settle] is the one place an adapter decides what to do with a
+// delivery once the Middleware has answered:
+//
+//	Applied, Duplicate                          → Ack
+//	the transaction's retryable failures,
+//	  ErrClaimBusy, ErrNoPartition, other errors → Requeue after RetryPolicy.Backoff
+//	ErrBeyondRetention (too old)                → Poison
+//	ErrInvalidKey, a bad event-time header      → Poison
+//	ErrInvalidEventTime, dated in the future:
+//	  within Rule.FutureBound                   → Requeue until the clock catches up
+//	  beyond it, or zero where one is required  → Poison
+//
+// Poison means: dead-letter (or terminate) exactly once, nothing written.
+// An adapter that bounds redeliveries turns a Requeue past its bound into
+// Poison itself.
+package adapter

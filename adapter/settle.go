@@ -1,0 +1,130 @@
+package adapter
+
+import (
+	"errors"
+	"time"
+
+	"github.com/txclaim/idempotent"
+)
+
+// Action is what an adapter does with a delivery.
+type Action int
+
+const (
+	// Ack acknowledges the delivery (commits the offset): the effect is
+	// applied, now or before.
+	Ack Action = iota + 1
+	// Requeue hands the delivery back to the broker to be delivered again
+	// after Decision.Delay, nothing written.
+	Requeue
+	// Poison dead-letters (or terminates) the delivery, exactly once,
+	// nothing written: delivering it again cannot succeed.
+	Poison
+)
+
+// String returns "ack", "requeue" or "poison".
+func (a Action) String() string {
+	switch a {
+	case Ack:
+		return "ack"
+	case Requeue:
+		return "requeue"
+	case Poison:
+		return "poison"
+	}
+	return "none"
+}
+
+// Decision is Rule.Settle's answer.
+type Decision struct {
+	// Action is what to do.
+	Action Action
+	// Delay is how long to wait before the delivery is given again, for
+	// Requeue.
+	Delay time.Duration
+	// Err is the Middleware's error, nil for Ack.
+	Err error
+}
+
+// DefaultFutureBound is Rule.FutureBound when it is zero: a message dated
+// up to an hour ahead of the clock (plus the clock-skew margin) is
+// requeued until the clock catches up; one further ahead is poison.
+const DefaultFutureBound = time.Hour
+
+// Rule is the settle rule of an adapter. The zero Rule uses the
+// Middleware's defaults: idempotent.DefaultRetryPolicy for backoffs,
+// DefaultFutureBound and time.Now.
+type Rule struct {
+	// Backoff is the policy whose Backoff(attempt) delays a requeue.
+	// Default idempotent.DefaultRetryPolicy().
+	Backoff idempotent.RetryPolicy
+	// FutureBound is how far past the clock plus the clock-skew margin an
+	// event time may be and still be requeued until the clock catches up.
+	// Default DefaultFutureBound.
+	FutureBound time.Duration
+	// ClockSkew is the Middleware's clock-skew margin (its ClockSkew()).
+	// Default idempotent.DefaultClockSkew.
+	ClockSkew time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// RuleFor returns the Rule for mw: its clock-skew margin and clock, and
+// backoff, the adapter's requeue delays (the zero policy for the default).
+func RuleFor(mw *idempotent.Middleware, backoff idempotent.RetryPolicy) Rule {
+	return Rule{Backoff: backoff, ClockSkew: mw.ClockSkew(), Now: mw.Now}
+}
+
+// Settle decides what to do with a delivery of msg once the Middleware has
+// answered err (nil for Applied or Duplicate). attempt counts this
+// message's deliveries from 1, for the backoff.
+func (r Rule) Settle(msg idempotent.Message, err error, attempt int) Decision {
+	if err == nil {
+		return Decision{Action: Ack}
+	}
+	switch {
+	case errors.Is(err, idempotent.ErrBeyondRetention),
+		errors.Is(err, idempotent.ErrInvalidKey),
+		errors.Is(err, idempotent.ErrBatchTooLarge):
+		return Decision{Action: Poison, Err: err}
+	case errors.Is(err, idempotent.ErrInvalidEventTime):
+		now := r.now()
+		ahead := msg.EventTime.Sub(now) - r.skew()
+		if msg.EventTime.IsZero() || errors.Is(err, ErrBadEventTime) || ahead > r.futureBound() {
+			return Decision{Action: Poison, Err: err}
+		}
+		// Dated ahead of the clock, within the bound: give it again when
+		// the clock has caught up.
+		return Decision{Action: Requeue, Delay: max(ahead, r.backoff(attempt)), Err: err}
+	}
+	return Decision{Action: Requeue, Delay: r.backoff(attempt), Err: err}
+}
+
+func (r Rule) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r Rule) skew() time.Duration {
+	if r.ClockSkew > 0 {
+		return r.ClockSkew
+	}
+	return idempotent.DefaultClockSkew
+}
+
+func (r Rule) futureBound() time.Duration {
+	if r.FutureBound > 0 {
+		return r.FutureBound
+	}
+	return DefaultFutureBound
+}
+
+func (r Rule) backoff(attempt int) time.Duration {
+	p := r.Backoff
+	if p.MaxAttempts == 0 && p.InitialBackoff == 0 && p.MaxBackoff == 0 {
+		p = idempotent.DefaultRetryPolicy()
+	}
+	return p.Backoff(max(attempt, 1))
+}
