@@ -258,6 +258,16 @@
 // applied again. [WithClock]
 // replaces the clock the middleware reads, for tests.
 //
+// The window is this process's configuration; the claim table also records
+// what it has forgotten, its retention horizon: every cleanup and partition
+// drop raises it in the database before deleting, and a message older than
+// the horizon is refused with ErrBeyondRetention too, read in the claim's
+// own transaction (in the Postgres claim statement itself). So a window
+// lengthened after a cleanup takes effect forward only, and processes with
+// different windows on one table never re-apply what the shortest one's
+// cleanup forgot ([ClaimTable.Horizons]; docs/operations.md has the
+// argument).
+//
 // # Table upkeep
 //
 // A [ClaimTable] is the claim table apart from any consumer: schema, cleanup,
