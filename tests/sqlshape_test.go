@@ -79,9 +79,11 @@ WHERE n.nspname = $1`, schema)
 				if err := rows.Close(); err != nil {
 					t.Fatal(err)
 				}
-				// Every table gets its processed_at index, whatever the
-				// length of its name (long names are shortened with a hash).
-				want := []string{tb.Name + ":r", pkeyName(tb.Name) + ":i", postgres.IndexName(tb.Name) + ":i"}
+				// Every table gets its processed_at index and its horizon
+				// table, whatever the length of its name (long names are
+				// shortened with a hash).
+				hz := postgres.HorizonName(tb.Name)
+				want := []string{tb.Name + ":r", pkeyName(tb.Name) + ":i", postgres.IndexName(tb.Name) + ":i", hz + ":r", pkeyName(hz) + ":i"}
 				sort.Strings(rels)
 				sort.Strings(want)
 				if strings.Join(rels, ",") != strings.Join(want, ",") {
