@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"fmt"
-	"hash/fnv"
-	"io"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -21,16 +19,7 @@ var (
 // (unqualified, unquoted): name + "_horizon" when that fits in Postgres's
 // 63-byte identifiers, else a prefix of name, a hash of the whole name and
 // the suffix, so two long names sharing a prefix never share a horizon.
-func HorizonName(name string) string {
-	const suffix = "_horizon"
-	if len(name)+len(suffix) <= dialect.MaxIdentifierBytes {
-		return name + suffix
-	}
-	h := fnv.New32a()
-	_, _ = io.WriteString(h, name)
-	tag := fmt.Sprintf("_%08x", h.Sum32())
-	return name[:dialect.MaxIdentifierBytes-len(suffix)-len(tag)] + tag + suffix
-}
+func HorizonName(name string) string { return suffixed(name, "_horizon") }
 
 // HorizonTable returns t's horizon table, HorizonName(t.Name) in t's schema.
 func (*Dialect) HorizonTable(t dialect.Table) dialect.Table {

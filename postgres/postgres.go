@@ -128,8 +128,11 @@ func (*Dialect) IsDDLLockTimeout(err error) bool { return sqlState(err) == "55P0
 // name, or to the index name of another long table sharing the prefix — and
 // CREATE INDEX IF NOT EXISTS would then silently skip the index. So long names
 // keep a prefix and add a hash of the whole name instead.
-func IndexName(name string) string {
-	const suffix = "_processed_at"
+func IndexName(name string) string { return suffixed(name, "_processed_at") }
+
+// suffixed returns name + suffix when that fits in an identifier, else a
+// prefix of name, a hash of the whole name and suffix.
+func suffixed(name, suffix string) string {
 	if len(name)+len(suffix) <= dialect.MaxIdentifierBytes {
 		return name + suffix
 	}
