@@ -16,8 +16,11 @@ import (
 // A Handler processes one message and reports how it ended. It must not ack,
 // nak or terminate the message: the Consumer does, from the result. A nil
 // error means the effect is durable (committed now, or found applied
-// before), and the message is acked; an error that a poison predicate
-// recognises terminates it; any other error naks it with a delay.
+// before), and the message is acked; an error is settled by
+// adapter.Rule.Settle (see the package documentation): terminated when it
+// is poison, naked with a delay otherwise. An event-time error of a Handler
+// of your own is poison, since the rule cannot know the message's event
+// time; Process and Decode give it.
 //
 // Process and Decode build Handlers that run each message through an
 // idempotent.Middleware. A Handler of your own may do anything, as long as it

@@ -140,9 +140,10 @@ func WithShutdownTimeout(d time.Duration) Option {
 	})
 }
 
-// WithPoison adds a poison predicate: a handler error for which it returns
-// true terminates the message instead of naking it. A message is poison if
-// IsPoison or any added predicate says so. Default is IsPoison alone.
+// WithPoison adds a poison predicate: a handler error that the settle rule
+// (adapter.Rule) would requeue and for which it returns true terminates the
+// message instead of naking it. Such an error is poison if IsPoison or any
+// added predicate says so. Default is IsPoison alone.
 func WithPoison(isPoison func(error) bool) Option {
 	return optionFunc(func(c *config) error {
 		if isPoison == nil {
