@@ -79,6 +79,46 @@ func (s *settlements) list() []idnats.Settlement {
 	return append([]idnats.Settlement(nil), s.all...)
 }
 
+// with returns the settlements of action a.
+func (s *settlements) with(a idnats.Action) []idnats.Settlement {
+	var out []idnats.Settlement
+	for _, st := range s.list() {
+		if st.Action == a {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// modeRun is what each mode's run of a test gets: a stream of its own, a
+// durable "loyalty" on it, and a ledger on a schema of its own.
+type modeRun struct {
+	*ledger
+	js      jetstream.JetStream
+	subject string
+	cons    jetstream.Consumer
+	// consumer builds the mode's Consumer on the ledger.
+	consumer func(hopts []idnats.HandlerOption, opts ...idnats.Option) (*idnats.Consumer, error)
+}
+
+// inEachMode runs f as a subtest for each of modes, with a ledger whose
+// Middleware has idempotent's options opts.
+func inEachMode(t *testing.T, opts []idempotent.Option, f func(t *testing.T, r modeRun)) {
+	t.Helper()
+	db := testenv.OpenPostgres(t, 4)
+	js := newJS(t, localNATS(t))
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			s, stream := newStream(t, js, 1)
+			r := modeRun{ledger: newLedger(t, db, "loyalty", opts...), js: js, subject: stream + ".orders", cons: newConsumer(t, s, "loyalty", 30*time.Second)}
+			r.consumer = func(hopts []idnats.HandlerOption, opts ...idnats.Option) (*idnats.Consumer, error) {
+				return m.new(r.ledger, hopts, opts...)
+			}
+			f(t, r)
+		})
+	}
+}
+
 // runUntil runs c on cons until done holds for its Stats, then shuts it
 // down gracefully.
 func runUntil(t *testing.T, c *idnats.Consumer, cons jetstream.Consumer, what string, done func(idnats.Stats) bool) {
@@ -109,36 +149,28 @@ func runUntil(t *testing.T, c *idnats.Consumer, cons jetstream.Consumer, what st
 // Duplicate, one effect — per message and in batches.
 func TestResentMessageKeepsItsEventTimeHeaderAndIsDuplicateOnPartitionedTable(t *testing.T) {
 	t.Parallel()
-	db := testenv.OpenPostgres(t, 4)
-	nc := localNATS(t)
-	js := newJS(t, nc)
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			s, stream := newStream(t, js, 1)
-			cons := newConsumer(t, s, "loyalty", 30*time.Second)
-			l := newLedger(t, db, "loyalty", idempotent.WithDailyPartitions(1), idempotent.WithRetention(3*24*time.Hour))
-			o := order{OrderID: 9912, CustomerID: 7, Points: 15}
-			produced := time.Now().Add(-24 * time.Hour)
-			publishOrder(t, js, stream+".orders", o, produced, "")
-			publishOrder(t, js, stream+".orders", o, produced, "") // the re-send
+	inEachMode(t, []idempotent.Option{idempotent.WithDailyPartitions(1), idempotent.WithRetention(3 * 24 * time.Hour)}, func(t *testing.T, l modeRun) {
+		o := order{OrderID: 9912, CustomerID: 7, Points: 15}
+		produced := time.Now().Add(-24 * time.Hour)
+		publishOrder(t, l.js, l.subject, o, produced, "")
+		publishOrder(t, l.js, l.subject, o, produced, "") // the re-send
 
-			var got settlements
-			c, err := m.new(l, nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnSettle(got.add))
-			if err != nil {
-				t.Fatal(err)
+		var got settlements
+		c, err := l.consumer(nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnSettle(got.add))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runUntil(t, c, l.cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated+s.Naked >= 2 })
+		for _, st := range got.list() {
+			if st.Err != nil {
+				t.Errorf("%v: %v", st.Action, st.Err)
 			}
-			runUntil(t, c, cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated+s.Naked >= 2 })
-			for _, st := range got.list() {
-				if st.Err != nil {
-					t.Errorf("%v: %v", st.Action, st.Err)
-				}
-			}
-			if st := c.Stats(); st.Applied != 1 || st.Duplicates != 1 || st.Acked != 2 {
-				t.Fatalf("stats %+v, want 1 applied and 1 duplicate, both acked", st)
-			}
-			l.audit(t, []order{o})
-		})
-	}
+		}
+		if st := c.Stats(); st.Applied != 1 || st.Duplicates != 1 || st.Acked != 2 {
+			t.Fatalf("stats %+v, want 1 applied and 1 duplicate, both acked", st)
+		}
+		l.audit(t, []order{o})
+	})
 }
 
 // TestPartitionedTableWithoutEventTimeIsRefusedAtConstruction is issue 21
@@ -202,61 +234,45 @@ func TestPartitionedTableWithoutEventTimeIsRefusedAtConstruction(t *testing.T) {
 // terminated exactly once and writes nothing.
 func TestFutureDatedMessageIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	t.Parallel()
-	db := testenv.OpenPostgres(t, 4)
-	nc := localNATS(t)
-	js := newJS(t, nc)
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			var now atomic.Int64 // the Middleware's clock, in Unix nanoseconds
-			now.Store(time.Now().UnixNano())
-			clock := func() time.Time { return time.Unix(0, now.Load()) }
-			s, stream := newStream(t, js, 1)
-			cons := newConsumer(t, s, "loyalty", 30*time.Second)
-			l := newLedger(t, db, "loyalty", idempotent.WithClock(clock))
-			soon := order{OrderID: 1, CustomerID: 4, Points: 10}
-			far := order{OrderID: 2, CustomerID: 4, Points: 20}
-			publishOrder(t, js, stream+".orders", far, clock().Add(2*adapter.DefaultFutureBound), "")
-			publishOrder(t, js, stream+".orders", soon, clock().Add(l.mw.ClockSkew()+200*time.Millisecond), "")
+	var now atomic.Int64 // the Middleware's clock, in Unix nanoseconds
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	inEachMode(t, []idempotent.Option{idempotent.WithClock(clock)}, func(t *testing.T, l modeRun) {
+		now.Store(time.Now().UnixNano())
+		soon := order{OrderID: 1, CustomerID: 4, Points: 10}
+		far := order{OrderID: 2, CustomerID: 4, Points: 20}
+		publishOrder(t, l.js, l.subject, far, clock().Add(2*adapter.DefaultFutureBound), "")
+		publishOrder(t, l.js, l.subject, soon, clock().Add(l.mw.ClockSkew()+200*time.Millisecond), "")
 
-			var got settlements
-			// One worker: the clock moves on in the settle callback of the
-			// nak, before the worker fetches again.
-			c, err := m.new(l, nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, 50*time.Millisecond),
-				idnats.WithOnSettle(func(ctx context.Context, st idnats.Settlement) {
-					if st.Action == idnats.Naked {
-						now.Add(int64(time.Minute))
-					}
-					got.add(ctx, st)
-				}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			runUntil(t, c, cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated >= 2 })
-			var naked, terminated []idnats.Settlement
-			for _, st := range got.list() {
-				switch st.Action {
-				case idnats.Naked:
-					naked = append(naked, st)
-				case idnats.Terminated:
-					terminated = append(terminated, st)
+		var got settlements
+		// One worker: the clock moves on in the settle callback of the
+		// nak, before the worker fetches again.
+		c, err := l.consumer(nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, 50*time.Millisecond),
+			idnats.WithOnSettle(func(ctx context.Context, st idnats.Settlement) {
+				if st.Action == idnats.Naked {
+					now.Add(int64(time.Minute))
 				}
-			}
-			if len(terminated) != 1 || !errors.Is(terminated[0].Err, idempotent.ErrInvalidEventTime) || terminated[0].Msg.Headers().Get("Order-Key") != far.Key() {
-				t.Fatalf("terminated %v, want %s once, with ErrInvalidEventTime", terminated, far.Key())
-			}
-			t.Logf("terminated: %v", terminated[0].Err)
-			if len(naked) != 1 || naked[0].Msg.Headers().Get("Order-Key") != soon.Key() || naked[0].Delay < 200*time.Millisecond {
-				t.Fatalf("naked %+v, want %s once, with a delay of at least 200ms (until the clock catches up)", naked, soon.Key())
-			}
-			if st := c.Stats(); st.Applied != 1 || st.Acked != 1 || st.Terminated != 1 || st.Naked != 1 {
-				t.Fatalf("stats %+v, want 1 naked then applied, 1 terminated", st)
-			}
-			if np, ap, err := pending(t, cons); err != nil || np != 0 || ap != 0 {
-				t.Fatalf("consumer pending %d, ack pending %d (%v), want 0 and 0", np, ap, err)
-			}
-			l.audit(t, []order{soon})
-		})
-	}
+				got.add(ctx, st)
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runUntil(t, c, l.cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated >= 2 })
+		naked, terminated := got.with(idnats.Naked), got.with(idnats.Terminated)
+		if len(terminated) != 1 || !errors.Is(terminated[0].Err, idempotent.ErrInvalidEventTime) || terminated[0].Msg.Headers().Get("Order-Key") != far.Key() {
+			t.Fatalf("terminated %v, want %s once, with ErrInvalidEventTime", terminated, far.Key())
+		}
+		t.Logf("terminated: %v", terminated[0].Err)
+		if len(naked) != 1 || naked[0].Msg.Headers().Get("Order-Key") != soon.Key() || naked[0].Delay < 200*time.Millisecond {
+			t.Fatalf("naked %+v, want %s once, with a delay of at least 200ms (until the clock catches up)", naked, soon.Key())
+		}
+		if st := c.Stats(); st.Applied != 1 || st.Acked != 1 || st.Terminated != 1 || st.Naked != 1 {
+			t.Fatalf("stats %+v, want 1 naked then applied, 1 terminated", st)
+		}
+		if np, ap, err := pending(t, l.cons); err != nil || np != 0 || ap != 0 {
+			t.Fatalf("consumer pending %d, ack pending %d (%v), want 0 and 0", np, ap, err)
+		}
+		l.audit(t, []order{soon})
+	})
 }
 
 // TestBadEventTimeHeaderIsPoison: an Idempotent-Event-Time header that is
@@ -265,39 +281,26 @@ func TestFutureDatedMessageIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 // hold back the good message beside it.
 func TestBadEventTimeHeaderIsPoison(t *testing.T) {
 	t.Parallel()
-	db := testenv.OpenPostgres(t, 4)
-	nc := localNATS(t)
-	js := newJS(t, nc)
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			s, stream := newStream(t, js, 1)
-			cons := newConsumer(t, s, "loyalty", 30*time.Second)
-			l := newLedger(t, db, "loyalty")
-			bad := order{OrderID: 1, CustomerID: 5, Points: 10}
-			good := order{OrderID: 2, CustomerID: 5, Points: 20}
-			publishOrder(t, js, stream+".orders", bad, time.Time{}, "1767225600") // seconds, not RFC 3339
-			publishOrder(t, js, stream+".orders", good, time.Now(), "")
+	inEachMode(t, nil, func(t *testing.T, l modeRun) {
+		bad := order{OrderID: 1, CustomerID: 5, Points: 10}
+		good := order{OrderID: 2, CustomerID: 5, Points: 20}
+		publishOrder(t, l.js, l.subject, bad, time.Time{}, "1767225600") // seconds, not RFC 3339
+		publishOrder(t, l.js, l.subject, good, time.Now(), "")
 
-			var got settlements
-			c, err := m.new(l, nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnSettle(got.add))
-			if err != nil {
-				t.Fatal(err)
-			}
-			runUntil(t, c, cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated+s.Naked >= 2 })
-			var terminated []idnats.Settlement
-			for _, st := range got.list() {
-				if st.Action == idnats.Terminated {
-					terminated = append(terminated, st)
-				}
-			}
-			if len(terminated) != 1 || !errors.Is(terminated[0].Err, adapter.ErrBadEventTime) || terminated[0].Msg.Headers().Get("Order-Key") != bad.Key() {
-				t.Fatalf("terminated %v, want %s once, with adapter.ErrBadEventTime", terminated, bad.Key())
-			}
-			t.Logf("terminated: %v", terminated[0].Err)
-			if st := c.Stats(); st.Applied != 1 || st.Acked != 1 || st.Terminated != 1 || st.Naked != 0 {
-				t.Fatalf("stats %+v, want 1 applied, 1 terminated", st)
-			}
-			l.audit(t, []order{good})
-		})
-	}
+		var got settlements
+		c, err := l.consumer(nil, idnats.WithWorkers(1), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnSettle(got.add))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runUntil(t, c, l.cons, "both settled", func(s idnats.Stats) bool { return s.Acked+s.Terminated+s.Naked >= 2 })
+		terminated := got.with(idnats.Terminated)
+		if len(terminated) != 1 || !errors.Is(terminated[0].Err, adapter.ErrBadEventTime) || terminated[0].Msg.Headers().Get("Order-Key") != bad.Key() {
+			t.Fatalf("terminated %v, want %s once, with adapter.ErrBadEventTime", terminated, bad.Key())
+		}
+		t.Logf("terminated: %v", terminated[0].Err)
+		if st := c.Stats(); st.Applied != 1 || st.Acked != 1 || st.Terminated != 1 || st.Naked != 0 {
+			t.Fatalf("stats %+v, want 1 applied, 1 terminated", st)
+		}
+		l.audit(t, []order{good})
+	})
 }
