@@ -37,11 +37,11 @@ func BenchmarkPerMessageVsBatch(b *testing.B) {
 		}
 		one := newLedger(b, db, "per-message")
 		many := newLedger(b, db, "batch")
-		c1, err := idnats.NewConsumer(one.handler(), idnats.WithWorkers(4), idnats.WithFetchSize(32), idnats.WithFetchWait(50*time.Millisecond))
+		c1, err := idnats.NewConsumer(one.handler(b), idnats.WithWorkers(4), idnats.WithFetchSize(32), idnats.WithFetchWait(50*time.Millisecond))
 		if err != nil {
 			b.Fatal(err)
 		}
-		c2, err := idnats.NewBatchConsumer(100, idnats.DecodeBatch(many.mw, nil, idnats.JSON[order], many.creditBatch),
+		c2, err := idnats.NewBatchConsumer(100, must[idnats.BatchHandler](b)(idnats.DecodeBatch(many.mw, nil, idnats.JSON[order], many.creditBatch)),
 			idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
 		if err != nil {
 			b.Fatal(err)

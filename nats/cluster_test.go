@@ -95,7 +95,7 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 		pubDone <- err
 	}()
 
-	handler := idnats.Decode(l.mw, idnats.Header("Order-Key"), idnats.JSON[order], l.credit)
+	handler := must[idnats.Handler](t)(idnats.Decode(l.mw, idnats.Header("Order-Key"), idnats.JSON[order], l.credit))
 	var all []*idnats.Consumer
 	newProcess := func(server int) *running {
 		cn, err := idnats.NewConsumer(handler, idnats.WithWorkers(3), idnats.WithFetchWait(100*time.Millisecond))
@@ -174,7 +174,7 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 		pubDone <- err
 	}()
 
-	cn, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(4), idnats.WithFetchWait(100*time.Millisecond),
+	cn, err := idnats.NewConsumer(l.handler(t), idnats.WithWorkers(4), idnats.WithFetchWait(100*time.Millisecond),
 		idnats.WithOnFetchError(func(err error) { t.Logf("pull retried: %v", err) }))
 	if err != nil {
 		t.Fatal(err)

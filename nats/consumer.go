@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/dialect"
 )
 
@@ -23,11 +24,12 @@ const (
 	// Acked: the handler succeeded (the effect committed, or was found
 	// applied before), and the message was acked with DoubleAck.
 	Acked Action = iota + 1
-	// Naked: the handler failed with an error that is not poison; the
-	// message was naked with a redelivery delay (see WithNakDelay).
+	// Naked: the handler failed with an error the settle rule requeues;
+	// the message was naked with a redelivery delay (see WithNakDelay).
 	Naked
-	// Terminated: the handler failed with a poison error; the message was
-	// terminated (Term), and the server will not redeliver it.
+	// Terminated: the handler failed with an error the settle rule (or a
+	// poison predicate) makes poison; the message was terminated (Term),
+	// and the server will not redeliver it.
 	Terminated
 	// Released: the message arrived while Run was shutting down and was
 	// naked without delay, without running the handler.
@@ -442,10 +444,12 @@ func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	wg.Wait()
 }
 
-// settleResult acks, naks or terminates m after its handler returned.
+// settleResult acks, naks or terminates m after its handler returned, as
+// the settle rule decides.
 func (c *Consumer) settleResult(ctx context.Context, m jetstream.Msg, outcome idempotent.Outcome, err error) {
-	switch {
-	case err == nil:
+	d := c.decide(m, err)
+	switch d.Action {
+	case adapter.Ack:
 		switch outcome {
 		case idempotent.Applied:
 			c.stats.applied.Add(1)
@@ -453,25 +457,32 @@ func (c *Consumer) settleResult(ctx context.Context, m jetstream.Msg, outcome id
 			c.stats.duplicates.Add(1)
 		}
 		c.settle(ctx, Settlement{Msg: m, Action: Acked, Outcome: outcome}, m.DoubleAck(ctx))
-	case c.isPoison(err):
+	case adapter.Poison:
 		c.settle(ctx, Settlement{Msg: m, Action: Terminated, Err: err}, m.Term())
 	default:
-		d := c.nakDelay(m)
-		c.settle(ctx, Settlement{Msg: m, Action: Naked, Err: err, Delay: d}, m.NakWithDelay(d))
+		c.settle(ctx, Settlement{Msg: m, Action: Naked, Err: err, Delay: d.Delay}, m.NakWithDelay(d.Delay))
 	}
 }
 
-// nakDelay is the redelivery delay after m's delivery count.
-func (c *Consumer) nakDelay(m jetstream.Msg) time.Duration {
-	n := uint64(1)
-	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
-		n = md.NumDelivered
+// decide is adapter.Rule.Settle for m's delivery: with the Middleware's
+// clock and the message's event time when a handler of this package
+// failed, and the attempt from the server's delivery count. An error the
+// rule would requeue is poison when a poison predicate says so.
+func (c *Consumer) decide(m jetstream.Msg, err error) adapter.Decision {
+	rule := adapter.Rule{Backoff: c.cfg.backoff}
+	var msg idempotent.Message
+	if ce := (*claimError)(nil); errors.As(err, &ce) {
+		rule, msg = adapter.RuleFor(ce.mw, c.cfg.backoff), ce.msg
 	}
-	d := c.cfg.nakInitial
-	for i := uint64(1); i < n && d < c.cfg.nakMax; i++ {
-		d *= 2
+	attempt := 1
+	if md, merr := m.Metadata(); merr == nil && md.NumDelivered > 0 {
+		attempt = int(min(md.NumDelivered, 1<<20))
 	}
-	return min(d, c.cfg.nakMax)
+	d := rule.Settle(msg, err, attempt)
+	if d.Action == adapter.Requeue && c.isPoison(err) {
+		d = adapter.Decision{Action: adapter.Poison, Err: err}
+	}
+	return d
 }
 
 func (c *Consumer) settle(ctx context.Context, s Settlement, settleErr error) {

@@ -35,7 +35,7 @@ func TestCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
 	var mu sync.Mutex
 	var got []seen
 	record := func(after func()) idnats.Handler {
-		h := l.handler()
+		h := l.handler(t)
 		return func(ctx context.Context, m jetstream.Msg) (idempotent.Outcome, error) {
 			out, err := h(ctx, m)
 			if err != nil {
@@ -111,7 +111,7 @@ func TestPoisonIsTerminatedAndReported(t *testing.T) {
 
 	var mu sync.Mutex
 	terminated := map[uint64]error{} // stream sequence -> error
-	h := idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit, idnats.WithEventTime(idnats.TimeHeader("Event-Time")))
+	h := must[idnats.Handler](t)(idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit, idnats.WithEventTime(idnats.TimeHeader("Event-Time"))))
 	c, err := idnats.NewConsumer(h, idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
 		if s.Action == idnats.Terminated {
 			md, _ := s.Msg.Metadata()
@@ -166,7 +166,7 @@ func TestFailedMessageIsNakedWithBoundedDelayThenApplied(t *testing.T) {
 	// The first three attempts fail inside the transaction: the claim rolls
 	// back with the effect.
 	var attempts atomic.Int32
-	h := idnats.Decode(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order) error {
+	h := must[idnats.Handler](t)(idnats.Decode(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order) error {
 		if err := l.credit(ctx, tx, o); err != nil {
 			return err
 		}
@@ -174,7 +174,7 @@ func TestFailedMessageIsNakedWithBoundedDelayThenApplied(t *testing.T) {
 			return errors.New("pricing service timed out")
 		}
 		return nil
-	})
+	}))
 	var mu sync.Mutex
 	var delays []time.Duration
 	c, err := idnats.NewConsumer(h, idnats.WithWorkers(1), idnats.WithNakDelay(10*time.Millisecond, 25*time.Millisecond),
@@ -200,8 +200,16 @@ func TestFailedMessageIsNakedWithBoundedDelayThenApplied(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 naks then 1 applied", s)
 	}
 	mu.Lock()
-	if fmt.Sprint(delays) != "[10ms 20ms 25ms]" {
-		t.Errorf("nak delays %v, want [10ms 20ms 25ms] (doubling, bounded)", delays)
+	// RetryPolicy.Backoff: 10ms, 20ms, 25ms (doubling, bounded), each drawn
+	// from the upper half of its value.
+	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 25 * time.Millisecond}
+	if len(delays) != len(want) {
+		t.Fatalf("nak delays %v, want 3 of them", delays)
+	}
+	for i, d := range delays {
+		if d < want[i]/2 || d > want[i] {
+			t.Errorf("nak delay %d is %v, want %v to %v (doubling, bounded, jittered): %v", i+1, d, want[i]/2, want[i], delays)
+		}
 	}
 	mu.Unlock()
 	l.audit(t, []order{o})
@@ -223,7 +231,7 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 	var c *idnats.Consumer
 	giveUp := make(chan struct{})
 	t.Cleanup(func() { close(giveUp) })
-	h := idnats.Decode(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order) error {
+	h := must[idnats.Handler](t)(idnats.Decode(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order) error {
 		for c.Stats().InProgress < 3 {
 			select {
 			case <-ctx.Done():
@@ -234,7 +242,7 @@ func TestLongHandlerSendsInProgressAndIsNotRedelivered(t *testing.T) {
 			}
 		}
 		return l.credit(ctx, tx, o)
-	})
+	}))
 	var err error
 	c, err = idnats.NewConsumer(h, idnats.WithWorkers(2), idnats.WithFetchWait(100*time.Millisecond))
 	if err != nil {
@@ -267,7 +275,7 @@ func TestShutdownFinishesInFlightAndLosesNothing(t *testing.T) {
 	for _, o := range orders {
 		publish(t, js, stream+".orders", o.Key(), mustJSON(t, o), nil)
 	}
-	first, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
+	first, err := idnats.NewConsumer(l.handler(t), idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +288,7 @@ func TestShutdownFinishesInFlightAndLosesNothing(t *testing.T) {
 	if s1.Applied != s1.Acked || s1.SettleFailed != 0 || s1.Naked != 0 || s1.Applied >= int64(len(orders)) {
 		t.Fatalf("first consumer %+v: every message it applied must be acked when Run returns, and some left", s1)
 	}
-	second, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
+	second, err := idnats.NewConsumer(l.handler(t), idnats.WithWorkers(4), idnats.WithFetchWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +315,7 @@ func TestRunReportsConsumerGoneAndRefusesAckNone(t *testing.T) {
 	js := newJS(t, nc)
 	s, stream := newStream(t, js, 1)
 	l := newLedger(t, testenv.OpenPostgres(t, 2), "loyalty")
-	c, err := idnats.NewConsumer(l.handler(), idnats.WithWorkers(2), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnFetchError(func(err error) { t.Logf("fetch error: %v", err) }))
+	c, err := idnats.NewConsumer(l.handler(t), idnats.WithWorkers(2), idnats.WithFetchWait(50*time.Millisecond), idnats.WithOnFetchError(func(err error) { t.Logf("fetch error: %v", err) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,14 +382,14 @@ func TestBatchConsumerAppliesOnceAndSetsPoisonAside(t *testing.T) {
 		}
 	}
 
-	h := idnats.DecodeBatch(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, batch []order) error {
+	h := must[idnats.BatchHandler](t)(idnats.DecodeBatch(l.mw, nil, idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, batch []order) error {
 		for _, o := range batch {
 			if o.CustomerID == 0 {
 				return idnats.Poison(fmt.Errorf("order %d names no customer", o.OrderID))
 			}
 		}
 		return l.creditBatch(ctx, tx, batch)
-	})
+	}))
 	c, err := idnats.NewBatchConsumer(100, h, idnats.WithWorkers(2), idnats.WithFetchWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

@@ -20,35 +20,65 @@
 //	})
 //	mw, _ := idnats.NewMiddleware(db, postgres.New(), cons) // consumer name "loyalty"
 //	_ = mw.EnsureSchema(ctx)
-//	c, _ := idnats.NewConsumer(idnats.Decode(mw, idnats.MsgID(), idnats.JSON[OrderCompleted], credit))
+//	h, _ := idnats.Decode(mw, idnats.MsgID(), idnats.JSON[OrderCompleted], credit)
+//	c, _ := idnats.NewConsumer(h)
 //	err := c.Run(ctx, cons) // nil after a graceful shutdown
 //
-// Producers set the key with jetstream.WithMsgID("order-completed:9912").
+// Producers set the key with jetstream.WithMsgID("order-completed:9912"),
+// and the event time in the Idempotent-Event-Time header
+// ([adapter.EventTimeHeader], written by [adapter.FormatEventTime]).
 //
 // # Settling
 //
 // A [Consumer] pulls from a durable pull consumer with AckExplicit (Run
 // refuses any other with [ErrNotDurable]) with a fixed number of workers, and
-// settles every message one of three ways:
+// settles every message as [adapter.Rule.Settle] decides — the one settle
+// rule every adapter of this module shares — in one of three ways:
 //
-//   - the handler succeeded: DoubleAck, which waits for the server to
-//     confirm the ack;
-//   - the message is poison — it has no key ([ErrNoKey]), its key is
-//     invalid ([idempotent.ErrInvalidKey]), its data cannot be decoded
-//     ([ErrUndecodable]), its event time is missing
-//     ([idempotent.ErrInvalidEventTime]) or older than the retention window
-//     ([idempotent.ErrBeyondRetention], see [WithEventTime]), or the
-//     handler marked the error with [Poison]: Term, so the server never
-//     redelivers it, and the settlement is reported to [WithOnSettle] with
-//     Action [Terminated] and the error (the server also publishes a
-//     $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED advisory). More poison
-//     errors can be added with [WithPoison];
-//   - any other failure: NakWithDelay, the delay doubling with the server's
-//     delivery count from one second up to one minute ([WithNakDelay]); the
-//     consumer's MaxDeliver bounds the number of deliveries.
+//   - Ack, the handler succeeded (Applied or Duplicate): DoubleAck, which
+//     waits for the server to confirm the ack;
+//   - Poison: Term, so the server never redelivers it, and the settlement
+//     is reported to [WithOnSettle] with Action [Terminated] and the error
+//     (the server also publishes a
+//     $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED advisory). That is a
+//     message with no key ([ErrNoKey]) or an invalid one
+//     ([idempotent.ErrInvalidKey]), an event time older than the retention
+//     window ([idempotent.ErrBeyondRetention]), an Idempotent-Event-Time
+//     header that is not an RFC 3339 time ([adapter.ErrBadEventTime]), no
+//     event time on a partitioned claim table, or one dated more than
+//     [adapter.DefaultFutureBound] past the clock plus the clock-skew
+//     margin ([idempotent.ErrInvalidEventTime]); and, of the errors the
+//     rule would requeue, undecodable data ([ErrUndecodable]), an error the
+//     handler marked with [Poison], or one a predicate of [WithPoison]
+//     recognises;
+//   - Requeue: NakWithDelay — any other failure (the transaction's
+//     retryable failures, a missing partition, the handler's own errors),
+//     after idempotent.RetryPolicy.Backoff of the server's delivery count,
+//     from one second up to one minute ([WithNakDelay]); and a message
+//     dated in the future within the bound, after at least the time until
+//     the Middleware's clock catches up, when it is applied. The consumer's
+//     MaxDeliver bounds the number of deliveries.
 //
-// Poison is recognised with errors.Is on the library's public error values
+// Errors are recognised with errors.Is on the library's public error values
 // only ([IsPoison]), never by message text.
+//
+// # Event times
+//
+// The retention fence and daily partitions ([idempotent.WithDailyPartitions])
+// rest on each message's event time, and it must come from the producer,
+// the same on every re-send, like the key. By default [Process], [Decode],
+// [ProcessBatch] and [DecodeBatch] read it from the Idempotent-Event-Time
+// header ([adapter.EventTimeHeader], RFC 3339). A message without the header
+// has no event time: on a plain claim table it is claimed by its key alone,
+// with no retention fence; on a partitioned one it is poison. The header
+// default counts as the producer's event time, and so do [WithEventTime]
+// (a field of the data, or another header with [TimeHeader]) and
+// [WithTransportEventTime] (the stream's timestamp: new on every re-send, so
+// a re-send after UTC midnight is applied again — only where every message
+// is published once). [WithoutEventTime] reads none; for a Middleware in
+// partitioned mode the constructors refuse it with an error matching
+// [adapter.ErrNoProducerEventTime], rather than terminating every message
+// later.
 //
 // While a handler runs longer than half the consumer's AckWait, the worker
 // sends InProgress every half AckWait, so the server does not hand the
@@ -67,9 +97,11 @@
 //
 // [NewBatchConsumer] fetches up to n messages per pull request and hands
 // them to a [BatchHandler] ([ProcessBatch], [DecodeBatch]), which claims and
-// applies them in one transaction with idempotent's Middleware.ProcessBatch
-// — an order of magnitude more messages per second when the effect is
-// cheap. A message with no key or undecodable data is set aside as poison;
+// applies them, with their event times, in one transaction with idempotent's
+// Middleware.ProcessMessages — an order of magnitude more messages per
+// second when the effect is cheap. A message with no key, undecodable data,
+// or an event time the Middleware refuses is set aside and settled on its
+// own, as the rule says;
 // when the batch's transaction fails, each message is retried on its own so
 // that one poison message is terminated without holding back the rest.
 //
@@ -90,5 +122,6 @@
 // Nats-Msg-Id set to each row's idempotency key: a relay that publishes
 // again after a lost PubAck is dropped by the stream (PubAck.Duplicate), and
 // a consumer reading the key with [MsgID] applies it once even after the
-// duplicate window.
+// duplicate window. Each call's event time, in the Idempotent-Event-Time
+// header, is the row's CreatedAt: the same on every publish of the row.
 package nats

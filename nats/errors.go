@@ -54,15 +54,14 @@ func Poison(err error) error {
 }
 
 // IsPoison is the default poison predicate. It reports whether err matches
-// ErrPoison (which includes ErrUndecodable and errors marked with Poison),
-// idempotent.ErrInvalidKey (which includes ErrNoKey),
-// idempotent.ErrInvalidEventTime (a message whose event time is missing) or
-// idempotent.ErrBeyondRetention (a message older than the retention window,
-// whose claim may already be gone: applying it could double its effect). It
-// classifies by the library's public error values only, so errors the
-// middleware adds later keep their meaning. A Consumer consults it first,
-// then any predicates added with WithPoison.
+// ErrPoison: ErrUndecodable and errors marked with Poison, this package's
+// own marks. The Middleware's errors — an invalid key (which includes
+// ErrNoKey), a message too old for the retention window, an event time
+// missing where one is needed or dated too far in the future — are settled
+// by adapter.Rule, the rule every adapter shares, before any predicate is
+// asked. It classifies by the public error values only, never by message
+// text. A Consumer consults it, then any predicates added with WithPoison,
+// for an error the rule would requeue.
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
-		errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention)
+	return errors.Is(err, ErrPoison)
 }

@@ -59,7 +59,11 @@ func ExampleConsumer_Run() {
 	if err := mw.EnsureSchema(ctx); err != nil {
 		log.Fatal(err)
 	}
-	c, err := idnats.NewConsumer(idnats.Decode(mw, idnats.MsgID(), idnats.JSON[OrderCompleted], credit),
+	h, err := idnats.Decode(mw, idnats.MsgID(), idnats.JSON[OrderCompleted], credit)
+	if err != nil {
+		log.Fatal(err) // a partitioned claim table needs the producer's event time
+	}
+	c, err := idnats.NewConsumer(h,
 		idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
 			if s.Action == idnats.Terminated {
 				log.Printf("poison message terminated: %v", s.Err)
@@ -85,7 +89,7 @@ func ExampleNewBatchConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h := idnats.DecodeBatch(mw, nil, idnats.JSON[OrderCompleted], func(ctx context.Context, tx *sql.Tx, orders []OrderCompleted) error {
+	h, err := idnats.DecodeBatch(mw, nil, idnats.JSON[OrderCompleted], func(ctx context.Context, tx *sql.Tx, orders []OrderCompleted) error {
 		for _, o := range orders {
 			if err := credit(ctx, tx, o); err != nil {
 				return err
@@ -93,6 +97,9 @@ func ExampleNewBatchConsumer() {
 		}
 		return nil
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	c, err := idnats.NewBatchConsumer(100, h)
 	if err != nil {
 		log.Fatal(err)

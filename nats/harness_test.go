@@ -45,10 +45,11 @@ type ledger struct {
 // order is the loyalty service's message.
 type order = testenv.Order
 
-func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
+// newLedger's opts are idempotent's options, after WithTable.
+func newLedger(t testing.TB, db *sql.DB, consumer string, opts ...idempotent.Option) *ledger {
 	t.Helper()
 	schema := testenv.LoyaltySchema(t, db, "nats")
-	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(schema+".processed_messages"))
+	mw, err := idempotent.New(db, postgres.New(), consumer, append([]idempotent.Option{idempotent.WithTable(schema + ".processed_messages")}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +93,21 @@ func (l *ledger) creditBatch(ctx context.Context, tx *sql.Tx, orders []order) er
 	return err
 }
 
-func (l *ledger) handler() idnats.Handler {
-	return idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit)
+func (l *ledger) handler(t testing.TB) idnats.Handler {
+	t.Helper()
+	return must[idnats.Handler](t)(idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit))
+}
+
+// must returns a function that returns v, failing the test on err: for a
+// constructor's two results, must[idnats.Handler](t)(idnats.Decode(…)).
+func must[T any](t testing.TB) func(v T, err error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 }
 
 func (l *ledger) count(t testing.TB, query string) int64 {

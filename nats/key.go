@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 
 	"github.com/txclaim/idempotent/internal/jsonkey"
 )
@@ -70,18 +71,20 @@ func Prefixed(prefix string, k KeyFunc) KeyFunc {
 // WithEventTime.
 type TimeFunc func(msg jetstream.Msg) (time.Time, error)
 
-// TimeHeader returns a TimeFunc that parses the header name as an RFC 3339
-// time. A missing or unparsable header fails with an error matching
-// idempotent.ErrInvalidEventTime, which makes the message poison.
+// TimeHeader returns a TimeFunc that parses the header name as
+// adapter.ParseEventTime does (RFC 3339), for producers that set the event
+// time in a header other than adapter.EventTimeHeader, the default. A
+// missing header fails with an error matching idempotent.ErrInvalidEventTime
+// and an unparsable one with adapter.ErrBadEventTime: either makes the
+// message poison.
 func TimeHeader(name string) TimeFunc {
 	return func(msg jetstream.Msg) (time.Time, error) {
-		v := msg.Headers().Get(name)
-		if v == "" {
-			return time.Time{}, fmt.Errorf("%w: no %q header", idempotent.ErrInvalidEventTime, name)
-		}
-		t, err := time.Parse(time.RFC3339Nano, v)
+		t, err := adapter.ParseEventTime(msg.Headers().Get(name))
 		if err != nil {
-			return time.Time{}, fmt.Errorf("%w: header %q: %w", idempotent.ErrInvalidEventTime, name, err)
+			return time.Time{}, fmt.Errorf("header %q: %w", name, err)
+		}
+		if t.IsZero() {
+			return time.Time{}, fmt.Errorf("%w: no %q header", idempotent.ErrInvalidEventTime, name)
 		}
 		return t, nil
 	}

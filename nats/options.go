@@ -36,8 +36,7 @@ type config struct {
 	workers         int
 	fetchSize       int // 0: 1 per worker in batch mode, 8 otherwise
 	fetchWait       time.Duration
-	nakInitial      time.Duration
-	nakMax          time.Duration
+	backoff         idempotent.RetryPolicy // the settle rule's requeue delays
 	shutdownTimeout time.Duration
 	poison          []func(error) bool
 	onSettle        func(context.Context, Settlement)
@@ -48,8 +47,7 @@ func defaultConfig() config {
 	return config{
 		workers:         4,
 		fetchWait:       time.Second,
-		nakInitial:      time.Second,
-		nakMax:          time.Minute,
+		backoff:         nakBackoff(time.Second, time.Minute),
 		shutdownTimeout: 30 * time.Second,
 	}
 }
@@ -101,9 +99,12 @@ func WithFetchWait(d time.Duration) Option {
 }
 
 // WithNakDelay sets the redelivery delay of a message whose handler failed
-// with an error that is not poison: the Consumer naks it with a delay of
-// initial after its first delivery, doubling with each further delivery (the
-// server's delivery count) up to max. The delay keeps a failing message
+// with an error that is not poison: the Consumer naks it with the delay
+// adapter.Rule.Settle gives, idempotent.RetryPolicy.Backoff of a policy
+// from initial to max — initial after the first delivery, doubling with
+// each further delivery (the server's delivery count) up to max, each drawn
+// at random from the upper half of its value. (A message dated in the
+// future waits at least until the clock catches up.) The delay keeps a failing message
 // from spinning between the server and the consumer; the number of
 // deliveries is bounded by the consumer's MaxDeliver, after which the server
 // stops redelivering it (and sends a MAX_DELIVERIES advisory). It must hold
@@ -113,9 +114,16 @@ func WithNakDelay(initial, max time.Duration) Option {
 		if initial < 0 || initial > max || max > MaxNakDelay {
 			return fmt.Errorf("nats: WithNakDelay(%v, %v): want 0 <= initial <= max <= %v", initial, max, MaxNakDelay)
 		}
-		c.nakInitial, c.nakMax = initial, max
+		c.backoff = nakBackoff(initial, max)
 		return nil
 	})
+}
+
+// nakBackoff is the policy of WithNakDelay(initial, max). MaxAttempts is
+// set so that adapter.Rule does not take a policy of zero delays for its
+// default.
+func nakBackoff(initial, max time.Duration) idempotent.RetryPolicy {
+	return idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: initial, MaxBackoff: max}
 }
 
 // WithShutdownTimeout bounds how long Run waits, after its context ends, for
@@ -132,9 +140,10 @@ func WithShutdownTimeout(d time.Duration) Option {
 	})
 }
 
-// WithPoison adds a poison predicate: a handler error for which it returns
-// true terminates the message instead of naking it. A message is poison if
-// IsPoison or any added predicate says so. Default is IsPoison alone.
+// WithPoison adds a poison predicate: a handler error that the settle rule
+// (adapter.Rule) would requeue and for which it returns true terminates the
+// message instead of naking it. Such an error is poison if IsPoison or any
+// added predicate says so. Default is IsPoison alone.
 func WithPoison(isPoison func(error) bool) Option {
 	return optionFunc(func(c *config) error {
 		if isPoison == nil {

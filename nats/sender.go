@@ -8,6 +8,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -20,6 +21,14 @@ import (
 // backoff and lease inside it). Consumers downstream read the same key from
 // the header with MsgID, so a publish that got through twice anyway (after
 // the window) is still applied once.
+//
+// Each call also carries its event time in the adapter.EventTimeHeader
+// header: the row's CreatedAt, when the enqueueing transaction began. It is
+// the same on every publish of the row, however late or often the relay
+// sends it, so a consumer on a day-partitioned claim table (the default
+// event time of Process and Decode) puts every re-send in the same day's
+// partition and finds its claim. (An outbox row keeps no event time of the
+// message whose handler enqueued it, so that time is not carried over.)
 type Sender struct {
 	js      jetstream.JetStream
 	subject func(m outbox.Message) string
@@ -72,6 +81,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	msg := natsgo.NewMsg(subj)
 	msg.Data = m.Payload
 	msg.Header.Set(jetstream.MsgIDHeader, m.IdempotencyKey)
+	if !m.CreatedAt.IsZero() {
+		msg.Header.Set(adapter.EventTimeHeader, adapter.FormatEventTime(m.CreatedAt))
+	}
 	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {
 		// No stream answering is retried too: in a cluster electing a

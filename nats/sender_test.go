@@ -14,6 +14,7 @@ import (
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/outbox"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
 )
 
@@ -57,11 +58,13 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	acks := map[string][]bool{} // idempotency key -> PubAck.Duplicate of each publish
+	acks := map[string][]bool{}       // idempotency key -> PubAck.Duplicate of each publish
+	created := map[string]time.Time{} // idempotency key -> the row's CreatedAt
 	sender, err := idnats.NewSender(js, func(outbox.Message) string { return stream + ".points" },
 		idnats.WithPubAck(func(m outbox.Message, ack *jetstream.PubAck) {
 			mu.Lock()
 			acks[m.IdempotencyKey] = append(acks[m.IdempotencyKey], ack.Duplicate)
+			created[m.IdempotencyKey] = m.CreatedAt
 			mu.Unlock()
 		}))
 	if err != nil {
@@ -111,7 +114,8 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	if info.State.Msgs != uint64(len(orders)) {
 		t.Fatalf("the stream holds %d messages, want %d: one per outbox row", info.State.Msgs, len(orders))
 	}
-	// Each stored message carries its row's idempotency key.
+	// Each stored message carries its row's idempotency key, and its
+	// CreatedAt as the event time.
 	cons := newConsumer(t, s, "points", 30*time.Second)
 	batch, err := cons.Fetch(len(orders), jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {
@@ -119,7 +123,12 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for m := range batch.Messages() {
-		seen[m.Headers().Get(jetstream.MsgIDHeader)] = true
+		k := m.Headers().Get(jetstream.MsgIDHeader)
+		seen[k] = true
+		at, err := adapter.ParseEventTime(m.Headers().Get(adapter.EventTimeHeader))
+		if err != nil || at.IsZero() || !at.Equal(created[k]) {
+			t.Errorf("call %s: event time header %q (%v), want the row's CreatedAt %v", k, m.Headers().Get(adapter.EventTimeHeader), err, created[k])
+		}
 	}
 	if len(seen) != len(keys) {
 		t.Fatalf("%d distinct Nats-Msg-Id values in the stream, want %d", len(seen), len(keys))

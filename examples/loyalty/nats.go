@@ -331,7 +331,10 @@ func (s *store) libraryNats(ctx context.Context, customers int) (consumeFunc, cr
 	// The key is the order id from the body: a natural key that survives
 	// a replay tool assigning new message ids (Nats-Msg-Id).
 	key := idnats.Prefixed("order-completed:", idnats.BodyField("order_id"))
-	h := idnats.Decode(mw, key, idnats.JSON[orderCompleted], credit)
+	h, err := idnats.Decode(mw, key, idnats.JSON[orderCompleted], credit)
+	if err != nil {
+		return nil, nil, err
+	}
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
 		conn, t := bc.(*natsConn), sc.b.(*natsStream)
 		cons, err := t.consumer(ctx, conn, "loyalty-idempotent")
