@@ -44,13 +44,17 @@ func Poison(err error) error {
 	return fmt.Errorf("%w: %w", ErrPoison, err)
 }
 
-// IsPoison reports whether err matches ErrPoison (errors marked with
-// Poison), idempotent.ErrInvalidKey (which includes ErrNoKey),
-// idempotent.ErrInvalidEventTime or idempotent.ErrBeyondRetention: a message
-// no redelivery can fix. Use it as the filter of Watermill's
-// middleware.PoisonQueueWithFilter, placed before this middleware, so that
-// such messages go to a poison topic instead of being nacked forever.
+// IsPoison reports whether err matches ErrPoison: the middleware marks
+// with it every message the settle rule (adapter.Rule.Settle) calls poison
+// — no key ([ErrNoKey]), an invalid key, a bad event-time value, an event
+// time older than the retention window or further ahead of the clock than
+// the rule's bound — and so does [Poison] for a handler's own errors. A
+// message no redelivery can fix. Use it as the filter of Watermill's
+// middleware.PoisonQueueWithFilter, placed outside (before) this
+// middleware, so that such messages go to a poison topic, once, instead of
+// being nacked forever. An error the rule requeues (a *RequeueError) is
+// not poison, even where it matches idempotent.ErrInvalidEventTime (an
+// event time a little ahead of the clock).
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
-		errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention)
+	return errors.Is(err, ErrPoison)
 }

@@ -34,11 +34,12 @@ type ledger struct {
 // order is the loyalty service's message.
 type order = testenv.Order
 
-func newLedger(t testing.TB, db *sql.DB, consumer string) *ledger {
+func newLedger(t testing.TB, db *sql.DB, consumer string, opts ...idempotent.Option) *ledger {
 	t.Helper()
 	schema := testenv.LoyaltySchema(t, db, "wm")
 	counts := &idempotent.Counts{}
-	mw, err := idempotent.New(db, postgres.New(), consumer, idempotent.WithTable(schema+".processed_messages"), idempotent.WithObserver(counts))
+	opts = append([]idempotent.Option{idempotent.WithTable(schema + ".processed_messages"), idempotent.WithObserver(counts)}, opts...)
+	mw, err := idempotent.New(db, postgres.New(), consumer, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

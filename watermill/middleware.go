@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -43,6 +45,9 @@ type config struct {
 	outbox       *outbox.Outbox
 	outboxKind   string
 	subscriberTx func(ctx context.Context) (*sql.Tx, bool)
+	eventTime    EventTimeFunc
+	rule         adapter.Rule
+	now          func() time.Time
 }
 
 // WithKey sets where the message key comes from. Default is
@@ -116,23 +121,36 @@ func WithSubscriberTx(txOf func(ctx context.Context) (*sql.Tx, bool)) Option {
 }
 
 // New returns a message.HandlerMiddleware that applies each message's
-// effect exactly once with mw: it takes the message key (WithKey), begins a
-// transaction on mw's database, claims the key and — only if the claim is
-// new — runs the handler with the transaction in the message's context
-// (TxFromContext), then commits claim and effect together. A duplicate skips
-// the handler and returns success, so the router acks it.
+// effect exactly once with mw: it takes the message key (WithKey) and the
+// producer's event time (WithEventTime: by default the metadata field
+// adapter.EventTimeHeader), begins a transaction on mw's database, claims
+// the message (idempotent.Middleware.ProcessMessage) and — only if the
+// claim is new — runs the handler with the transaction in the message's
+// context (TxFromContext), then commits claim and effect together. A
+// duplicate skips the handler and returns success, so the router acks it.
 //
-// A handler error rolls the claim back with the effect and is returned, so
-// the router nacks the message and it comes back: a failed message is never
-// marked seen. Serialization failures and lost connections are retried under
-// mw's retry policy, running the handler again. A message without a key
-// fails with an error matching ErrNoKey (poison, see IsPoison) without
-// opening a transaction.
+// Every other answer goes through the one settle rule
+// (adapter.Rule.Settle). A handler error rolls the claim back with the
+// effect and is returned as a *RequeueError, so the router nacks the
+// message and it comes back: a failed message is never marked seen. So is
+// a claim the transaction could not make (serialization failures and lost
+// connections are first retried under mw's retry policy, running the
+// handler again), and an event time ahead of the clock within the rule's
+// bound. A message that no redelivery can fix — no key (ErrNoKey), a bad
+// event-time value, an event time older than the retention window or too
+// far ahead, a handler error marked with Poison — fails with an error
+// matching ErrPoison (see IsPoison), without opening a transaction where
+// it can be told before one.
+//
+// A Middleware in partitioned mode (idempotent.WithDailyPartitions) needs
+// every message's event time: with WithoutEventTime, New refuses it with an
+// error matching adapter.ErrNoProducerEventTime. (With the default, a
+// message without the header is poison in that mode.)
 func New(mw *idempotent.Middleware, opts ...Option) (message.HandlerMiddleware, error) {
 	if mw == nil {
 		return nil, errors.New("watermill: New: nil middleware")
 	}
-	cfg := config{key: Metadata(KeyMetadata)}
+	cfg := config{key: Metadata(KeyMetadata), eventTime: EventTimeMetadata(adapter.EventTimeHeader)}
 	for _, o := range opts {
 		if o == nil {
 			return nil, errors.New("watermill: New: nil option")
@@ -141,29 +159,32 @@ func New(mw *idempotent.Middleware, opts ...Option) (message.HandlerMiddleware, 
 			return nil, err
 		}
 	}
+	if err := adapter.CheckEventTimeSource(mw, "watermill: New", cfg.eventTime != nil); err != nil {
+		return nil, err
+	}
+	cfg.rule = adapter.RuleFor(mw, idempotent.RetryPolicy{})
+	cfg.now = mw.Now
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			key, err := cfg.key(msg)
+			m, err := cfg.message(msg)
 			if err != nil {
-				if !errors.Is(err, idempotent.ErrInvalidKey) && !errors.Is(err, ErrPoison) {
-					err = fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)
-				}
-				return nil, fmt.Errorf("watermill: message %s: %w", msg.UUID, err)
+				return nil, cfg.settle(m, err)
 			}
 			if cfg.subscriberTx != nil {
-				return nil, cfg.inSubscriberTx(mw, h, msg, key)
+				return nil, cfg.settle(m, cfg.inSubscriberTx(mw, h, msg, m))
 			}
-			_, err = mw.Process(msg.Context(), key, func(ctx context.Context, tx *sql.Tx) error {
-				return cfg.run(ctx, tx, h, msg, key)
+			_, err = mw.ProcessMessage(msg.Context(), m, func(ctx context.Context, tx *sql.Tx) error {
+				return cfg.run(ctx, tx, h, msg, m)
 			})
-			return nil, err
+			return nil, cfg.settle(m, err)
 		}
 	}, nil
 }
 
-// inSubscriberTx claims key in the subscriber's transaction and runs h in
+// inSubscriberTx claims m in the subscriber's transaction and runs h in
 // it when the claim is new.
-func (c *config) inSubscriberTx(mw *idempotent.Middleware, h message.HandlerFunc, msg *message.Message, key string) error {
+func (c *config) inSubscriberTx(mw *idempotent.Middleware, h message.HandlerFunc, msg *message.Message, m idempotent.Message) error {
+	key := m.Key
 	ctx := msg.Context()
 	tx, ok := c.subscriberTx(ctx)
 	if !ok || tx == nil {
@@ -178,11 +199,11 @@ func (c *config) inSubscriberTx(mw *idempotent.Middleware, h message.HandlerFunc
 		return fmt.Errorf("watermill: message %q: savepoint: %w", key, err)
 	}
 	err := func() error {
-		claimed, err := mw.Claim(ctx, tx, key)
+		claimed, err := mw.ClaimMessage(ctx, tx, m)
 		if err != nil || !claimed {
 			return err
 		}
-		return c.run(ctx, tx, h, msg, key)
+		return c.run(ctx, tx, h, msg, m)
 	}()
 	if err != nil {
 		if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+savepoint); rerr != nil {
@@ -201,7 +222,8 @@ const savepoint = "idempotent_watermill"
 
 // run calls h with tx in the message's context, and enqueues the messages
 // it returns.
-func (c *config) run(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, msg *message.Message, key string) error {
+func (c *config) run(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, msg *message.Message, m idempotent.Message) error {
+	key := m.Key
 	orig := msg.Context()
 	msg.SetContext(context.WithValue(ctx, txKey{}, tx))
 	produced, err := h(msg)
@@ -216,6 +238,15 @@ func (c *config) run(ctx context.Context, tx *sql.Tx, h message.HandlerFunc, msg
 		return fmt.Errorf("%w: %d messages from the handler of %q", ErrProducedMessages, len(produced), key)
 	}
 	for i, p := range produced {
+		if p.Metadata.Get(adapter.EventTimeHeader) == "" {
+			// The produced event happens now: its time is stamped once,
+			// in the row, so every relay retry carries the same one to
+			// a consumer downstream.
+			if p.Metadata == nil {
+				p.Metadata = message.Metadata{}
+			}
+			p.Metadata.Set(adapter.EventTimeHeader, adapter.FormatEventTime(c.now()))
+		}
 		payload, err := json.Marshal(envelope{Metadata: p.Metadata, Payload: p.Payload})
 		if err != nil {
 			return fmt.Errorf("watermill: encode produced message %d: %w", i, err)
