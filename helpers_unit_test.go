@@ -3,11 +3,9 @@ package idempotent_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/lib/pq"
@@ -71,15 +69,8 @@ func expectClaimError(m sqlmock.Sqlmock, k string, err error) {
 	m.ExpectExec(claimSQL).WithArgs(consumer, k).WillReturnError(err)
 }
 
-// claimRows is the claim statement's answer: the claims it inserted and the
-// horizon it read (nil: none recorded).
-func claimRows(inserted int64, horizon *time.Time) *sqlmock.Rows {
-	var h driver.Value
-	if horizon != nil {
-		h = horizon.UnixMicro()
-	}
-	return sqlmock.NewRows([]string{"inserted", "horizon"}).AddRow(inserted, h)
-}
+// notInserted is the answer of a claim that inserted nothing.
+var notInserted = sqlmock.NewResult(0, 0)
 
 func expectEffect(m sqlmock.Sqlmock) {
 	m.ExpectExec(effectSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 1))

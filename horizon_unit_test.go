@@ -45,13 +45,14 @@ func TestHorizonRefusesAClaim(t *testing.T) {
 		fence := at.Add(-idempotent.DefaultClockSkew).UTC()
 		h := fence.Add(time.Second) // a cleanup forgot claims processed up to a second after the fence
 		r.mock.ExpectBegin()
-		r.mock.ExpectQuery(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, &h))
+		r.mock.ExpectExec(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnResult(notInserted)
+		expectHorizon(r.mock, &h)
 		r.mock.ExpectRollback()
 		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t))
 		if got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "older than the retention horizon of processed_messages") {
 			t.Fatalf("got (%v, %v), want ErrBeyondRetention naming the horizon", got, err)
 		}
-		r.wantCalls(t, "BEGIN", horizonClaimSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", horizonClaimSQL, horizonSQL, "ROLLBACK")
 		if e := ev.only(t); !errors.Is(e.Err, idempotent.ErrBeyondRetention) {
 			t.Fatalf("event %+v, want ErrBeyondRetention", e)
 		}
@@ -61,20 +62,22 @@ func TestHorizonRefusesAClaim(t *testing.T) {
 		mw := newMessageMiddleware(t, r, partitioned())
 		h := msgNow.Truncate(24 * time.Hour) // the days before the 18th were dropped
 		r.mock.ExpectBegin()
-		expectClaimAtQuery(r.mock, key, at).WillReturnRows(claimRows(0, &h))
+		expectClaimAtQuery(r.mock, key, at).WillReturnResult(notInserted)
+		expectHorizon(r.mock, &h)
 		r.mock.ExpectRollback()
 		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t))
 		if got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "the days before 2031-03-18 were dropped") {
 			t.Fatalf("got (%v, %v), want ErrBeyondRetention naming the dropped days", got, err)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
 	})
 	t.Run("ClaimMessage in the caller's transaction", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMessageMiddleware(t, r, partitioned())
 		h := msgNow.Truncate(24 * time.Hour)
 		r.mock.ExpectBegin()
-		expectClaimAtQuery(r.mock, key, at).WillReturnRows(claimRows(0, &h))
+		expectClaimAtQuery(r.mock, key, at).WillReturnResult(notInserted)
+		expectHorizon(r.mock, &h)
 		r.mock.ExpectRollback()
 		tx, err := r.db.BeginTx(ctx, nil)
 		if err != nil {
@@ -87,7 +90,7 @@ func TestHorizonRefusesAClaim(t *testing.T) {
 		if err := tx.Rollback(); err != nil {
 			t.Fatal(err)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
 	})
 }
 
@@ -118,15 +121,16 @@ func TestHorizonNotInsertedIsDuplicate(t *testing.T) {
 			r.mock.ExpectBegin()
 			if len(c.opts) > 0 {
 				stmt = claimAtSQL
-				expectClaimAtQuery(r.mock, key, at).WillReturnRows(claimRows(0, c.horizon))
+				expectClaimAtQuery(r.mock, key, at).WillReturnResult(notInserted)
 			} else {
-				r.mock.ExpectQuery(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnRows(claimRows(0, c.horizon))
+				r.mock.ExpectExec(horizonClaimSQL).WithArgs(consumer, key, fence).WillReturnResult(notInserted)
 			}
+			expectHorizon(r.mock, c.horizon)
 			r.mock.ExpectRollback()
 			if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, handlerNotRun(t)); err != nil || got != idempotent.Duplicate {
 				t.Fatalf("got (%v, %v), want duplicate", got, err)
 			}
-			r.wantCalls(t, "BEGIN", stmt, "ROLLBACK")
+			r.wantCalls(t, "BEGIN", stmt, horizonSQL, "ROLLBACK")
 		})
 	}
 }

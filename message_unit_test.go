@@ -41,16 +41,20 @@ func newMessageMiddleware(t *testing.T, r *recorded, opts ...idempotent.Option) 
 func partitioned() idempotent.Option { return idempotent.WithDailyPartitions(2) }
 
 // expectClaimAt scripts a partitioned claim of k on at's day, inserting
-// rows (1 or 0) with no horizon recorded.
+// rows (1 or 0); when it inserts nothing, the read of the horizon that
+// tells a duplicate from a refusal follows, answering none recorded.
 func expectClaimAt(m sqlmock.Sqlmock, k string, at time.Time, rows int64) {
-	expectClaimAtQuery(m, k, at).WillReturnRows(claimRows(rows, nil))
+	expectClaimAtQuery(m, k, at).WillReturnResult(sqlmock.NewResult(0, rows))
+	if rows == 0 {
+		expectHorizon(m, nil)
+	}
 }
 
 // expectClaimAtQuery expects the partitioned claim of k on at's day: its
 // fence is the day's UTC midnight.
-func expectClaimAtQuery(m sqlmock.Sqlmock, k string, at time.Time) *sqlmock.ExpectedQuery {
+func expectClaimAtQuery(m sqlmock.Sqlmock, k string, at time.Time) *sqlmock.ExpectedExec {
 	day := at.UTC().Truncate(24 * time.Hour)
-	return m.ExpectQuery(claimAtSQL).WithArgs(consumer, k, day.Format(time.DateOnly), day)
+	return m.ExpectExec(claimAtSQL).WithArgs(consumer, k, day.Format(time.DateOnly), day)
 }
 
 // expectHorizon scripts the read of the consumer's retention horizon: h, or
@@ -294,7 +298,7 @@ func TestProcessMessageTx(t *testing.T) {
 		if got, err := handle(ctx, at); err != nil || got != idempotent.Duplicate {
 			t.Fatalf("got (%v, %v), want duplicate", got, err)
 		}
-		r.wantCalls(t, "BEGIN", claimAtSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
 		if _, err := idempotent.WrapMessageTx[time.Time, *myTx](mw, begin, nil, nil)(ctx, at); err == nil {
 			t.Fatal("nil message function accepted")
 		}
@@ -333,7 +337,7 @@ func TestClaimMessage(t *testing.T) {
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	r.wantCalls(t, "BEGIN", claimAtSQL, claimAtSQL, "ROLLBACK")
+	r.wantCalls(t, "BEGIN", claimAtSQL, claimAtSQL, horizonSQL, "ROLLBACK")
 }
 
 // event is a decoded message of the Wrap tests.

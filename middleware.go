@@ -230,7 +230,9 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 
 // horizonClaim runs the claim statement with the horizon folded in
 // (dialect.HorizonClaimer): it inserts only when the message is not older
-// than the horizon, and returns the horizon it read.
+// than the horizon. When it inserted nothing, the horizon is read in tx to
+// tell a duplicate from a refusal: it only rises, so a read now that does
+// not refuse the message shows the statement did not either.
 func (m *Middleware) horizonClaim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
 	args := make([]any, 0, 4)
 	args = append(args, m.consumerArg, key)
@@ -238,19 +240,22 @@ func (m *Middleware) horizonClaim(ctx context.Context, tx *sql.Tx, key string, a
 		args = append(args, eventDay(at).Format(time.DateOnly))
 	}
 	args = append(args, m.ret.fence(at))
-	var n int64
-	var hv sql.NullInt64
-	if err := tx.QueryRowContext(ctx, m.hclaimSQL, args...).Scan(&n, &hv); err != nil {
+	res, err := tx.ExecContext(ctx, m.hclaimSQL, args...)
+	if err != nil {
 		if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 			return false, rerr
 		}
 		return false, m.claimError(err)
 	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
+	}
 	if n == 1 {
 		return true, nil
 	}
-	if h, ok := horizonMicros(hv); ok && m.ret.beyond(at, h) {
-		return false, m.beyondHorizon(key, at, h)
+	if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
+		return false, err
 	}
 	return false, nil
 }

@@ -108,12 +108,16 @@ type HorizonKeeper interface {
 
 // HorizonClaimer is implemented by dialects that read the horizon in the
 // claim statement itself, so the fence costs no round trip: the statement
-// inserts the claim only when the horizon allows it, and returns the horizon
-// it read. A statement reads the horizon from its snapshot, taken before
-// the insert; the dialect must therefore also implement [SnapshotDrainer],
-// and the middleware waits, after raising a horizon and before deleting
-// anything below it, until no statement that may have read the old value is
-// still running.
+// inserts the claim only when the horizon allows it. It affects one row when
+// it inserted the claim and none otherwise; only then does the middleware
+// read the horizon (HorizonSQL, in the claim's transaction) to tell a
+// duplicate from a refusal — the horizon only rises, so a read after the
+// statement that does not refuse the message shows the statement did not
+// either. A statement reads the horizon from its snapshot, taken before the
+// insert; the dialect must therefore also implement [SnapshotDrainer], and
+// the middleware waits, after raising a horizon and before deleting anything
+// below it, until no statement that may have read the old value is still
+// running.
 //
 // Without a HorizonClaimer, the middleware reads the horizon (HorizonSQL)
 // after a claim inserted, in the claim's transaction: a statement after the
@@ -124,8 +128,7 @@ type HorizonClaimer interface {
 	// string) when partitioned, and last the fence value (a time.Time, or
 	// nil for a message without an event time, which no horizon refuses).
 	// It inserts the claim only when the horizon is not after the fence
-	// value and yields one row: the number of claims inserted (0 or 1) and
-	// the horizon it read (nullable microseconds since the Unix epoch).
+	// value, and reports the rows it inserted (1 or 0) as rows affected.
 	HorizonClaimSQL(t Table, partitioned bool) string
 }
 

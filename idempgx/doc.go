@@ -37,7 +37,7 @@
 //     every message with an event time as on the core's path, at no extra
 //     round trip: the single claim is the statement that reads the horizon
 //     and inserts only when the message is not older than it
-//     (postgres.Dialect.HorizonClaimSQL), in the same Bind/Execute/Sync; a
+//     (postgres.Dialect.HorizonClaimQuerySQL), in the same Bind/Execute/Sync; a
 //     batch reads it in a statement queued after its claim, in the same
 //     pipeline, so after the insert and in its transaction. A message older
 //     than the horizon is refused with idempotent.ErrBeyondRetention (in a

@@ -12,7 +12,7 @@ import (
 // The retention horizon, as the core's database/sql path fences it.
 //
 // The single claim of a message with an event time is
-// postgres.Dialect.HorizonClaimSQL: the statement reads the consumer's
+// postgres.Dialect.HorizonClaimQuerySQL: the statement reads the consumer's
 // horizon, inserts only when the message's fence (below) is not before it,
 // and returns the insert's count and the horizon it read. A claim it did not
 // insert with a fence before the horizon is idempotent.ErrBeyondRetention;

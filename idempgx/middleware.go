@@ -44,7 +44,7 @@ type Middleware struct {
 	core        *idempotent.Middleware
 	consumer    string
 	claimSQL    string // a plain table's claim of a message without an event time
-	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimSQL)
+	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimQuerySQL)
 	batchSQL    string
 	batchAtSQL  string // the batch claim with event days, partitioned mode
 	horizonSQL  string // the consumer's horizon (HorizonSQL), read after a batch claim
@@ -127,7 +127,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		core:        core,
 		consumer:    consumer,
 		claimSQL:    pg.ClaimSQL(table),
-		fencedSQL:   pg.HorizonClaimSQL(table, false),
+		fencedSQL:   pg.HorizonClaimQuerySQL(table, false),
 		batchSQL:    pg.BatchClaimSQL(table),
 		batchAtSQL:  pg.PartitionedBatchClaimSQL(table),
 		horizonSQL:  horizonSQL,
@@ -152,7 +152,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	if cfg.leadDays > 0 {
 		m.partitioned = true
 		m.claimSQL = "" // every message has an event time
-		m.fencedSQL = pg.HorizonClaimSQL(table, true)
+		m.fencedSQL = pg.HorizonClaimQuerySQL(table, true)
 	}
 	m.beginStmt = "begin"
 	if cfg.iso != "" {

@@ -242,7 +242,7 @@ var (
 	// fencedSQL is the claim of a message with an event time, the horizon
 	// folded in; horizonSQL the horizon's read after a batch claim (both
 	// golden in postgres/testdata).
-	fencedSQL     = postgres.New().HorizonClaimSQL(dialect.Table{Name: "processed_messages"}, false)
+	fencedSQL     = postgres.New().HorizonClaimQuerySQL(dialect.Table{Name: "processed_messages"}, false)
 	horizonSQL, _ = postgres.New().HorizonSQL(dialect.Table{Name: "processed_messages"}, "orders")
 )
 

@@ -314,35 +314,32 @@ type Claim struct {
 	m   *Mock
 	key string
 	at  time.Time // zero: no event time
-	// exec is the claim with the dialect's claim statement, query the
-	// claim with the horizon folded in (dialect.HorizonClaimer); one of
-	// them is set.
-	exec  *sqlmock.ExpectedExec
-	query *sqlmock.ExpectedQuery
-	done  bool
+	// exec is the claim: the dialect's claim statement or, folded is set,
+	// its claim with the horizon folded in (dialect.HorizonClaimer).
+	exec   *sqlmock.ExpectedExec
+	folded bool
+	done   bool
 }
 
 // WillReturnResult completes the claim with what it did, as an Exec's
 // result: RowsAffected 1 when the claim inserted, 0 when it existed
 // (Middleware.Claim reports false), or RowsAffected's error
-// (sqlmock.NewErrorResult), which fails the claim. A new claim of a message
-// with an event time is followed, where the dialect keeps a horizon but
-// does not read it in the claim (dialect.HorizonKeeper without
-// dialect.HorizonClaimer), by the horizon's read, answering none recorded.
+// (sqlmock.NewErrorResult), which fails the claim. What the Middleware reads
+// of the retention horizon next is scripted too, answering none recorded:
+// with a dialect.HorizonClaimer (Postgres), after a claim of a message with
+// an event time that inserted nothing (to tell a duplicate from a refusal);
+// with a dialect that keeps a horizon but does not read it in the claim,
+// after one that inserted.
 func (c *Claim) WillReturnResult(res driver.Result) {
 	c.begin("WillReturnResult")
 	n, err := res.RowsAffected()
-	if c.exec != nil {
-		c.exec.WillReturnResult(res)
-	} else {
-		rows := claimRows(n, nil)
-		if err != nil {
-			rows.RowError(0, err)
-		}
-		c.query.WillReturnRows(rows)
-	}
-	if err == nil && n == 1 {
+	c.exec.WillReturnResult(res)
+	switch {
+	case err != nil:
+	case n == 1:
 		c.m.expectHorizonAfterClaim(c.at, nil)
+	case c.folded:
+		c.m.expectHorizon(nil)
 	}
 	c.m.expectLockReset()
 }
@@ -356,11 +353,7 @@ func (c *Claim) WillReturnResult(res driver.Result) {
 // idempotent.ErrNoPartition.
 func (c *Claim) WillReturnError(err error) {
 	c.begin("WillReturnError")
-	if c.exec != nil {
-		c.exec.WillReturnError(err)
-	} else {
-		c.query.WillReturnError(err)
-	}
+	c.exec.WillReturnError(err)
 	if c.m.part != nil && c.m.hk != nil && c.m.part.IsNoPartition(err) {
 		c.m.expectHorizon(nil)
 	}
@@ -371,20 +364,22 @@ func (c *Claim) WillReturnError(err error) {
 // ExpectClaimAt) as refused by the table's retention horizon, horizon: a
 // cleanup or partition drop has forgotten claims as old as the message's,
 // and the Middleware returns an error matching idempotent.ErrBeyondRetention.
-// With a dialect.HorizonClaimer (Postgres) the claim inserts nothing and
-// answers horizon; otherwise it inserts, and the read of the horizon that
-// follows answers horizon. It panics if horizon would not refuse the
-// message — a claim without an event time, or one whose fence value (see
-// ExpectClaim) is not before horizon — or the dialect keeps no horizon.
+// With a dialect.HorizonClaimer (Postgres) the claim inserts nothing and the
+// read of the horizon that follows answers horizon; otherwise it inserts,
+// and the read that follows answers horizon. It panics if horizon would not
+// refuse the message — a claim without an event time, or one whose fence
+// value (see ExpectClaim) is not before horizon — or the dialect keeps no
+// horizon.
 func (c *Claim) WillRefuse(horizon time.Time) {
 	c.begin("WillRefuse")
 	c.m.mustRefuse("WillRefuse", c.at, horizon)
-	if c.exec != nil {
-		c.exec.WillReturnResult(sqlmock.NewResult(0, 1))
+	if c.folded {
+		c.exec.WillReturnResult(sqlmock.NewResult(0, 0))
+		c.m.expectHorizon(&horizon)
 	} else {
-		c.query.WillReturnRows(claimRows(0, &horizon))
+		c.exec.WillReturnResult(sqlmock.NewResult(0, 1))
+		c.m.expectHorizonAfterClaim(c.at, &horizon)
 	}
-	c.m.expectHorizonAfterClaim(c.at, &horizon)
 	c.m.expectLockReset()
 }
 
@@ -393,12 +388,6 @@ func (c *Claim) begin(method string) {
 		panic(fmt.Sprintf("mocks: Claim.%s: the claim of %q is already complete", method, c.key))
 	}
 	c.done = true
-}
-
-// claimRows is the answer of a claim with the horizon folded in: the claims
-// it inserted and the horizon it read (nil: none recorded).
-func claimRows(inserted int64, horizon *time.Time) *sqlmock.Rows {
-	return sqlmock.NewRows([]string{"inserted", "horizon"}).AddRow(inserted, micros(horizon))
 }
 
 // micros is a horizon as the dialect returns it: microseconds since the
@@ -422,7 +411,8 @@ func (m *Mock) expectClaim(key string, at time.Time) *Claim {
 	if m.hclaimSQL != "" && !at.IsZero() {
 		// A message without an event time takes the plain claim: no
 		// horizon can refuse it.
-		c.query = m.Sqlmock.ExpectQuery(m.hclaimSQL).WithArgs(append(args, m.fenceValue(at))...)
+		c.exec = m.Sqlmock.ExpectExec(m.hclaimSQL).WithArgs(append(args, m.fenceValue(at))...)
+		c.folded = true
 	} else {
 		c.exec = m.Sqlmock.ExpectExec(m.claimSQL).WithArgs(args...)
 	}

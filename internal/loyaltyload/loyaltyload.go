@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/lib/pq"
 
@@ -220,6 +221,7 @@ func Variants() []Variant {
 		{Name: "effect", Label: "(a) effect alone, hand-written", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Effect(ctx, g) }},
 		{Name: "handwritten", Label: "(b) guide's claim + effect, hand-written", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.HandWritten(ctx, g) }},
 		{Name: "process", Label: "(c) Process, defaults", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Process(ctx, g) }},
+		{Name: "event", Label: "(c\") ProcessMessage with an event time (the retention horizon's fence)", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Event(ctx, g) }},
 		{Name: "guarded", Label: "(c') Process on a GuardConnector database", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Guarded(ctx, g) }},
 		{Name: "strict", Label: "(d) Process, WithStrictGuard", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Strict(ctx, g) }},
 		{Name: "batch10", Label: "(e) ProcessBatch, 10 per tx, set-wise effect", PerCall: 10, Run: batchOf(10)},
@@ -274,6 +276,18 @@ func (e *Env) HandWritten(ctx context.Context, g *Gen) error {
 // Process applies one message with the middleware's defaults.
 func (e *Env) Process(ctx context.Context, g *Gen) error {
 	return e.process(ctx, e.plain, g)
+}
+
+// Event applies one message with the middleware's defaults and an event
+// time, so that its claim is fenced by the claim table's retention horizon,
+// read in the claim statement itself.
+func (e *Env) Event(ctx context.Context, g *Gen) error {
+	m := g.Next()
+	out, err := e.plain.ProcessMessage(ctx, idempotent.Message{Key: m.Key(), EventTime: time.Now()}, func(ctx context.Context, tx *sql.Tx) error { return e.credit(ctx, tx, m) })
+	if err == nil && out != idempotent.Applied {
+		err = fmt.Errorf("message %d: %v, want applied", m.OrderID, out)
+	}
+	return err
 }
 
 // Strict applies one message with WithStrictGuard.

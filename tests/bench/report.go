@@ -124,6 +124,10 @@ func targets(w io.Writer, o options, groups []group, res results) {
 			v := f.rate() / c.rate()
 			row("(f)/(c) ≥ 2", g, v, "×", roundRange(f, c), v >= 2)
 		}
+		if ev, c := get("event"), get("process"); ev != nil && c != nil && ev.msgs > 0 && c.msgs > 0 {
+			v := float64(ev.writes)/float64(ev.msgs) - float64(c.writes)/float64(c.msgs)
+			row("writes/msg (c\") − (c) = 0 (the horizon costs no round trip)", g, v, "", "–", v < 0.01)
+		}
 		if c, b := get("process"), get("handwritten"); c != nil && b != nil {
 			v := float64(c.mallocs)/float64(c.msgs) - float64(b.mallocs)/float64(b.msgs)
 			row("allocs/msg (c) − (b) ≤ 4", g, v, "", "–", v <= 4)
