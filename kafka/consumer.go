@@ -61,8 +61,12 @@ type counters struct {
 // lock timeout (idempotent.WithLockTimeout), strict guard
 // (idempotent.WithStrictGuard) and observer; its duplicate pre-check
 // (idempotent.WithSeen) is never consulted (see the package documentation).
-// The offsets rows are keyed by mw's consumer name: give each consumer
-// group its own. NewConsumer sends nothing to the database or to Kafka; Run
+// Each record's event time comes from its adapter.EventTimeHeader header
+// unless WithEventTime, WithTransportEventTime or WithoutEventTime says
+// otherwise; a Middleware in partitioned mode refuses WithoutEventTime with
+// an error matching adapter.ErrNoProducerEventTime. The offsets rows are
+// keyed by mw's consumer name: give each consumer group its own.
+// NewConsumer sends nothing to the database or to Kafka; Run
 // does. Only Postgres is supported.
 func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
@@ -73,10 +77,10 @@ func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, 
 
 // NewBatchConsumer returns a Consumer that applies the records of each poll
 // for each partition together: one transaction claims them all (as
-// Middleware.ProcessMessages claims a batch, each record with its timestamp
-// as its event time unless WithoutEventTime, so a partitioned claim table
-// works too), runs h once for the new ones, and advances the partition's
-// offset once, past the last. It is the throughput path; see NewConsumer
+// Middleware.ProcessMessages claims a batch, each record with its event
+// time, see the package documentation, so a partitioned claim table works
+// too), runs h once for the new ones, and advances the partition's offset
+// once, past the last. It is the throughput path; see NewConsumer
 // for the other arguments, and for the Middleware options that apply.
 func NewBatchConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {

@@ -303,7 +303,9 @@ func TestBadEventTimeHeader(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bad := func(v string) kgo.RecordHeader { return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(v)} }
+			bad := func(v string) kgo.RecordHeader {
+				return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(v)}
+			}
 			if err := prod.ProduceSync(context.Background(),
 				paymentRecord(topic, "word", bad("yesterday")),
 				paymentRecord(topic, "millis", bad("1764547200000")),
