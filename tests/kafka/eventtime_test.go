@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -40,24 +41,12 @@ func (c *clock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// events is a kafka.Observer that keeps every event.
-type events struct {
-	mu  sync.Mutex
-	all []kafka.Event
-}
-
-func (o *events) Observe(_ context.Context, e kafka.Event) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.all = append(o.all, e)
-}
-
 // of returns the events of type typ.
-func (o *events) of(typ kafka.EventType) []kafka.Event {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+func (r *recorder) of(typ kafka.EventType) []kafka.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var out []kafka.Event
-	for _, e := range o.all {
+	for _, e := range r.events {
 		if e.Type == typ {
 			out = append(out, e)
 		}
@@ -83,6 +72,17 @@ var consumerModes = []consumerMode{
 			return applyPayments(ctx, tx, s, "m", rs)
 		}, append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
 	}},
+}
+
+// forEachMode runs f for each consumer mode, in parallel.
+func forEachMode(t *testing.T, f func(t *testing.T, mode consumerMode)) {
+	t.Parallel()
+	for _, mode := range consumerModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, mode)
+		})
+	}
 }
 
 // paymentRecord is a payment of 1 to "acct" with key id, and headers.
@@ -148,35 +148,31 @@ func setup(t *testing.T, topic string) (*sql.DB, string, *kgo.Client, []kgo.Opt)
 // event-time header of the first — is one Applied and one Duplicate, one
 // effect, in both consumers.
 func TestResendKeepsProducerEventTime(t *testing.T) {
-	t.Parallel()
-	for _, mode := range consumerModes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			const topic = "orders"
-			db, s, prod, client := setup(t, topic)
-			mw := newMiddleware(t, db, s, "resend", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
-			now := time.Now()
-			first := now.Add(-24 * time.Hour)
-			r1 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
-			r1.Timestamp = first
-			r2 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
-			r2.Timestamp = now // the re-send's own timestamp, another UTC day
-			if err := prod.ProduceSync(context.Background(), r1, r2).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			c, err := mode.make(db, mw, s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m := startMember(c, "m", client...)
-			waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "resend", topic)[0] == 2, nil })
-			m.stop(t)
-			st := c.Stats()
-			if n := ledgerRows(t, db, s); st.Applied != 1 || st.Duplicates != 1 || n != 1 {
-				t.Fatalf("%d applied, %d duplicates, %d ledger rows; want 1, 1 and 1", st.Applied, st.Duplicates, n)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "orders"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "resend", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
+		now := time.Now()
+		first := now.Add(-24 * time.Hour)
+		r1 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
+		r1.Timestamp = first
+		r2 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
+		r2.Timestamp = now // the re-send's own timestamp, another UTC day
+		if err := prod.ProduceSync(context.Background(), r1, r2).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		c, err := mode.make(db, mw, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "resend", topic)[0] == 2, nil })
+		m.stop(t)
+		st := c.Stats()
+		if n := ledgerRows(t, db, s); st.Applied != 1 || st.Duplicates != 1 || n != 1 {
+			t.Fatalf("%d applied, %d duplicates, %d ledger rows; want 1, 1 and 1", st.Applied, st.Duplicates, n)
+		}
+	})
 }
 
 // TestPartitionedNeedsProducerEventTime: a consumer that reads no
@@ -185,42 +181,38 @@ func TestResendKeepsProducerEventTime(t *testing.T) {
 // WithEventTime and the explicit WithTransportEventTime are accepted; and a
 // record without the header is dead-lettered there, nothing written.
 func TestPartitionedNeedsProducerEventTime(t *testing.T) {
-	t.Parallel()
-	for _, mode := range consumerModes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			const topic = "noevent"
-			db, s, prod, client := setup(t, topic)
-			mw := newMiddleware(t, db, s, "noevent", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
-			if _, err := mode.make(db, mw, s, kafka.WithoutEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
-				t.Fatalf("WithoutEventTime on a partitioned table: %v, want adapter.ErrNoProducerEventTime", err)
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "noevent"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "noevent", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
+		if _, err := mode.make(db, mw, s, kafka.WithoutEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+			t.Fatalf("WithoutEventTime on a partitioned table: %v, want adapter.ErrNoProducerEventTime", err)
+		}
+		for name, o := range map[string]kafka.Option{
+			"WithEventTime":          kafka.WithEventTime(func(*kgo.Record) (time.Time, error) { return time.Now(), nil }),
+			"WithTransportEventTime": kafka.WithTransportEventTime(),
+		} {
+			if _, err := mode.make(db, mw, s, o); err != nil {
+				t.Errorf("%s on a partitioned table: %v", name, err)
 			}
-			for name, o := range map[string]kafka.Option{
-				"WithEventTime":          kafka.WithEventTime(func(*kgo.Record) (time.Time, error) { return time.Now(), nil }),
-				"WithTransportEventTime": kafka.WithTransportEventTime(),
-			} {
-				if _, err := mode.make(db, mw, s, o); err != nil {
-					t.Errorf("%s on a partitioned table: %v", name, err)
-				}
-			}
-			ob := newOutbox(t, db, s, "noevent")
-			obs := &events{}
-			c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := prod.ProduceSync(context.Background(), paymentRecord(topic, "unstamped"), paymentRecord(topic, "stamped", eventTimeHeader(time.Now()))).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			m := startMember(c, "m", client...)
-			waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "noevent", topic)[0] == 2, nil })
-			m.stop(t)
-			dl := obs.of(kafka.EventDeadLettered)
-			if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || dl[0].Offset != 0 || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
-				t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered with ErrInvalidEventTime", n, dl)
-			}
-		})
-	}
+		}
+		ob := newOutbox(t, db, s, "noevent")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := prod.ProduceSync(context.Background(), paymentRecord(topic, "unstamped"), paymentRecord(topic, "stamped", eventTimeHeader(time.Now()))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "noevent", topic)[0] == 2, nil })
+		m.stop(t)
+		dl := obs.of(kafka.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || dl[0].Offset != 0 || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered with ErrInvalidEventTime", n, dl)
+		}
+	})
 }
 
 // TestFutureEventTime is issue 21 case 3: a record dated in the future
@@ -230,59 +222,59 @@ func TestPartitionedNeedsProducerEventTime(t *testing.T) {
 // dead-lettered exactly once, nothing written, and does not stall its
 // partition. Both consumers.
 func TestFutureEventTime(t *testing.T) {
-	t.Parallel()
-	for _, mode := range consumerModes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			const topic = "future"
-			db, s, prod, client := setup(t, topic)
-			clk := &clock{now: time.Now()}
-			mw := newMiddleware(t, db, s, "future", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
-			ob := newOutbox(t, db, s, "future")
-			obs := &events{}
-			c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs),
-				kafka.WithRetryDelay(5*time.Millisecond, 20*time.Millisecond))
-			if err != nil {
-				t.Fatal(err)
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "future"
+		db, s, prod, client := setup(t, topic)
+		clk := &clock{now: time.Now()}
+		mw := newMiddleware(t, db, s, "future", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
+		ob := newOutbox(t, db, s, "future")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs),
+			kafka.WithRetryDelay(5*time.Millisecond, 20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := clk.Now()
+		far, soon, past := now.Add(48*time.Hour), now.Add(30*time.Minute), now.Add(-time.Minute)
+		var recs []*kgo.Record
+		for _, x := range []struct {
+			id string
+			at time.Time
+		}{{"far", far}, {"soon", soon}, {"past", past}} {
+			r := paymentRecord(topic, x.id, eventTimeHeader(x.at))
+			r.Timestamp = x.at
+			recs = append(recs, r)
+		}
+		if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		defer m.stop(t)
+		waitFor(t, "the far record dead-lettered and the soon one requeued", func() (bool, error) {
+			stored := storedOffsets(t, db, s, "future", topic)[0]
+			if stored > 1 {
+				return false, fmt.Errorf("stored offset %d before the clock caught up: the record dated 30 minutes ahead was settled, not requeued", stored)
 			}
-			now := clk.Now()
-			far, soon, past := now.Add(48*time.Hour), now.Add(30*time.Minute), now.Add(-time.Minute)
-			var recs []*kgo.Record
-			for _, x := range []struct {
-				id string
-				at time.Time
-			}{{"far", far}, {"soon", soon}, {"past", past}} {
-				r := paymentRecord(topic, x.id, eventTimeHeader(x.at))
-				r.Timestamp = x.at
-				recs = append(recs, r)
-			}
-			if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			m := startMember(c, "m", client...)
-			defer m.stop(t)
-			waitFor(t, "the far record dead-lettered and the soon one requeued", func() (bool, error) {
-				return storedOffsets(t, db, s, "future", topic)[0] == 1 && len(obs.of(kafka.EventRetry)) >= 2, nil
-			})
-			if n := ledgerRows(t, db, s); n != 0 {
-				t.Fatalf("%d ledger rows before the clock caught up, want 0", n)
-			}
-			for _, e := range obs.of(kafka.EventRetry) {
-				if e.Offset != 1 || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 20*time.Millisecond {
-					t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
-				}
-			}
-			clk.advance(31 * time.Minute)
-			waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
-			dls := deadLetters(t, db, s)
-			if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
-				t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
-			}
-			if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 {
-				t.Fatalf("stats %+v, want 2 applied and 1 dead-lettered", st)
-			}
+			return stored == 1 && len(obs.of(kafka.EventRetry)) >= 2, nil
 		})
-	}
+		if n := ledgerRows(t, db, s); n != 0 {
+			t.Fatalf("%d ledger rows before the clock caught up, want 0", n)
+		}
+		for _, e := range obs.of(kafka.EventRetry) {
+			if e.Offset != 1 || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 20*time.Millisecond {
+				t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
+			}
+		}
+		clk.advance(31 * time.Minute)
+		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
+		dls := deadLetters(t, db, s)
+		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
+		}
+		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 {
+			t.Fatalf("stats %+v, want 2 applied and 1 dead-lettered", st)
+		}
+	})
 }
 
 // TestBadEventTimeHeader: a record whose event-time header is not an RFC
@@ -290,43 +282,39 @@ func TestFutureEventTime(t *testing.T) {
 // once with adapter.ErrBadEventTime, nothing written — and the records
 // behind it apply.
 func TestBadEventTimeHeader(t *testing.T) {
-	t.Parallel()
-	for _, mode := range consumerModes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			const topic = "badtime"
-			db, s, prod, client := setup(t, topic)
-			mw := newMiddleware(t, db, s, "badtime", idempotent.WithRetention(72*time.Hour))
-			ob := newOutbox(t, db, s, "badtime")
-			obs := &events{}
-			c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
-			if err != nil {
-				t.Fatal(err)
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "badtime"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "badtime", idempotent.WithRetention(72*time.Hour))
+		ob := newOutbox(t, db, s, "badtime")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := func(v string) kgo.RecordHeader {
+			return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(v)}
+		}
+		if err := prod.ProduceSync(context.Background(),
+			paymentRecord(topic, "word", bad("yesterday")),
+			paymentRecord(topic, "millis", bad("1764547200000")),
+			paymentRecord(topic, "good", eventTimeHeader(time.Now().Add(-time.Hour))),
+		).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "badtime", topic)[0] == 3, nil })
+		m.stop(t)
+		dl := obs.of(kafka.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 2 || len(deadLetters(t, db, s)) != 2 {
+			t.Fatalf("%d ledger rows, dead-letter events %+v; want 1 row and 2 dead letters", n, dl)
+		}
+		for _, e := range dl {
+			if !errors.Is(e.Err, adapter.ErrBadEventTime) || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) {
+				t.Errorf("dead letter at %d: %v, want adapter.ErrBadEventTime", e.Offset, e.Err)
 			}
-			bad := func(v string) kgo.RecordHeader {
-				return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(v)}
-			}
-			if err := prod.ProduceSync(context.Background(),
-				paymentRecord(topic, "word", bad("yesterday")),
-				paymentRecord(topic, "millis", bad("1764547200000")),
-				paymentRecord(topic, "good", eventTimeHeader(time.Now().Add(-time.Hour))),
-			).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			m := startMember(c, "m", client...)
-			waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "badtime", topic)[0] == 3, nil })
-			m.stop(t)
-			dl := obs.of(kafka.EventDeadLettered)
-			if n := ledgerRows(t, db, s); n != 1 || len(dl) != 2 || len(deadLetters(t, db, s)) != 2 {
-				t.Fatalf("%d ledger rows, dead-letter events %+v; want 1 row and 2 dead letters", n, dl)
-			}
-			for _, e := range dl {
-				if !errors.Is(e.Err, adapter.ErrBadEventTime) || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) {
-					t.Errorf("dead letter at %d: %v, want adapter.ErrBadEventTime", e.Offset, e.Err)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestDeadLetterSenderCarriesEventTime is the dead-letter half of issue
