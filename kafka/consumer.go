@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/claimfold"
 	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 )
@@ -35,6 +36,7 @@ type Consumer struct {
 	handle   Handler
 	batch    BatchHandler
 	cfg      config
+	rule     adapter.Rule // the one settle rule, with WithRetryDelay's backoff
 	q        kafkaoffsets.Statements
 	stats    counters
 
@@ -59,8 +61,12 @@ type counters struct {
 // lock timeout (idempotent.WithLockTimeout), strict guard
 // (idempotent.WithStrictGuard) and observer; its duplicate pre-check
 // (idempotent.WithSeen) is never consulted (see the package documentation).
-// The offsets rows are keyed by mw's consumer name: give each consumer
-// group its own. NewConsumer sends nothing to the database or to Kafka; Run
+// Each record's event time comes from its adapter.EventTimeHeader header
+// unless WithEventTime, WithTransportEventTime or WithoutEventTime says
+// otherwise; a Middleware in partitioned mode refuses WithoutEventTime with
+// an error matching adapter.ErrNoProducerEventTime. The offsets rows are
+// keyed by mw's consumer name: give each consumer group its own.
+// NewConsumer sends nothing to the database or to Kafka; Run
 // does. Only Postgres is supported.
 func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
@@ -71,10 +77,10 @@ func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, 
 
 // NewBatchConsumer returns a Consumer that applies the records of each poll
 // for each partition together: one transaction claims them all (as
-// Middleware.ProcessMessages claims a batch, each record with its timestamp
-// as its event time unless WithoutEventTime, so a partitioned claim table
-// works too), runs h once for the new ones, and advances the partition's
-// offset once, past the last. It is the throughput path; see NewConsumer
+// Middleware.ProcessMessages claims a batch, each record with its event
+// time, see the package documentation, so a partitioned claim table works
+// too), runs h once for the new ones, and advances the partition's offset
+// once, past the last. It is the throughput path; see NewConsumer
 // for the other arguments, and for the Middleware options that apply.
 func NewBatchConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {
@@ -112,14 +118,15 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 			return nil, err
 		}
 	}
-	if cfg.noEventTime && mw.Partitioned() {
-		return nil, fmt.Errorf("kafka: %s: WithoutEventTime, but the claim table %s is partitioned by event day: every record needs its event time there", fn, mw.Table())
+	if err := adapter.CheckEventTimeSource(mw, "kafka: "+fn, cfg.producerEventTime()); err != nil {
+		return nil, err
 	}
 	q, err := kafkaoffsets.New(cfg.offsetsTable)
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{db: db, mw: mw, path: path, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, q: q, fold: newFold(mw, q)}, nil
+	rule := adapter.RuleFor(mw, idempotent.RetryPolicy{InitialBackoff: cfg.retryInitial, MaxBackoff: cfg.retryMax})
+	return &Consumer{db: db, mw: mw, path: path, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, rule: rule, q: q, fold: newFold(mw, q)}, nil
 }
 
 // Stats returns the counts so far.
@@ -331,51 +338,6 @@ func (c *Consumer) observe(ctx context.Context, e Event) {
 // happened).
 func stops(err error) bool {
 	return errors.Is(err, ErrLogGap) || errors.Is(err, idempotent.ErrAutocommit)
-}
-
-func (c *Consumer) isPoison(err error) bool {
-	if errors.Is(err, ErrFenced) || stops(err) {
-		return false
-	}
-	if IsPoison(err) {
-		return true
-	}
-	for _, p := range c.cfg.poison {
-		if p(err) {
-			return true
-		}
-	}
-	return false
-}
-
-// recordKey returns r's message key, or a poison error.
-func (c *Consumer) recordKey(r *kgo.Record) (string, error) {
-	k, err := c.key(r)
-	if err != nil {
-		if errors.Is(err, idempotent.ErrInvalidKey) || errors.Is(err, ErrPoison) {
-			return "", err
-		}
-		return "", fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)
-	}
-	return k, nil
-}
-
-// message returns r's message: its key and, unless WithoutEventTime, its
-// timestamp as its event time.
-func (c *Consumer) message(key string, r *kgo.Record) idempotent.Message {
-	if c.cfg.noEventTime {
-		return idempotent.Message{Key: key}
-	}
-	return idempotent.Message{Key: key, EventTime: r.Timestamp}
-}
-
-// backoff is the wait after the given failed attempt (1-based).
-func (c *Consumer) backoff(attempt int) time.Duration {
-	d := c.cfg.retryInitial
-	for i := 1; i < attempt && d < c.cfg.retryMax; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.retryMax)
 }
 
 // startWithout is where a partition with no stored offset starts, given
@@ -803,7 +765,7 @@ func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Reco
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
-			typ, key, cause, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h)
+			typ, key, cause, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h, attempt)
 			if err == nil {
 				res.stored, res.advanced, res.epoch = r.Offset+1, true, r.LeaderEpoch
 				s.c.observe(ctx, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Lag: lag(f.hw, r), Err: cause})
@@ -824,10 +786,19 @@ func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Reco
 	return nil
 }
 
-// wait reports a failed attempt and sleeps before the next, or returns
-// errAbandoned when the shutdown or a rebalance is waiting.
+// wait reports a failed attempt, a *requeueError, and sleeps its delay
+// before the next — at most WithRetryDelay's max, so that a record waiting
+// for the clock looks at it again that often — or returns errAbandoned when
+// the shutdown or a rebalance is waiting.
 func (s *session) wait(ctx context.Context, e Event, attempt int, err error, stop, rebal <-chan struct{}) error {
-	e.Type, e.Attempt, e.Err, e.Delay = EventRetry, attempt, err, s.c.backoff(attempt)
+	var rq *requeueError
+	if !errors.As(err, &rq) {
+		// A failure of the transaction that dead-letters, say: the rule's
+		// backoff.
+		rq = &requeueError{err: err, delay: s.c.rule.Settle(idempotent.Message{}, err, attempt).Delay}
+	}
+	err, delay := rq.err, rq.delay
+	e.Type, e.Attempt, e.Err, e.Delay = EventRetry, attempt, err, min(delay, s.c.cfg.retryMax)
 	s.c.observe(ctx, e)
 	t := time.NewTimer(e.Delay)
 	defer t.Stop()
@@ -846,14 +817,17 @@ func (s *session) wait(ctx context.Context, e Event, attempt int, err error, sto
 // recordTx applies r in one transaction of the Middleware's claim path: the
 // offset advance from expected (storing topicID) and the claim, in one
 // statement where the dialect can fold them, then the handler if the claim
-// is new. A poison record is dead-lettered instead, in a transaction of its
-// own that advances the offset; cause is then why it was poison.
-func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler) (typ EventType, key string, cause, err error) {
-	key, cause = c.recordKey(r)
+// is new. What a failure comes to is settle's decision for this attempt
+// (attempt, from 1): a poison record is dead-lettered instead, in a
+// transaction of its own that advances the offset (cause is then why it was
+// poison); a record to requeue is a *requeueError, with its delay.
+func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler, attempt int) (typ EventType, key string, cause, err error) {
+	msg, cause := c.message(r)
+	key = msg.Key
 	if cause == nil {
 		stmt := c.foldStmt(ctx)
 		var applied bool
-		applied, err = c.path.Process(ctx, key, c.message(key, r).EventTime, func(ctx context.Context, a claimfold.Attempt) error {
+		applied, err = c.path.Process(ctx, key, msg.EventTime, func(ctx context.Context, a claimfold.Attempt) error {
 			claimed, err := c.advanceAndClaim(ctx, a, stmt, r, expected, topicID)
 			if err != nil || !claimed {
 				return err
@@ -863,17 +837,23 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 		if err != nil && stmt != nil {
 			err = c.foldError(ctx, err)
 		}
-		if err == nil || !c.isPoison(err) {
+		if err == nil {
 			typ = EventDuplicate
 			if applied {
 				typ = EventApplied
 			}
-			return typ, key, nil, err
+			return typ, key, nil, nil
+		}
+		if errors.Is(err, ErrFenced) || stops(err) {
+			return 0, key, nil, err
 		}
 		cause = err
 	}
+	if d := c.settle(msg, cause, attempt); d.Action != adapter.Poison {
+		return 0, key, nil, &requeueError{err: cause, delay: d.Delay}
+	}
 	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		return c.poisonTx(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1, topicID, []*kgo.Record{r}, []error{cause})
+		return c.poisonTx(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1, topicID, []*kgo.Record{r}, []error{cause}, []time.Time{msg.EventTime})
 	})
 	if err != nil {
 		return 0, key, nil, err
@@ -889,8 +869,9 @@ func (c *Consumer) poisonType() EventType {
 }
 
 // poisonTx advances the offset from expected to next (storing topicID) and
-// dead-letters the poison records.
-func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, topicID string, poison []*kgo.Record, causes []error) error {
+// dead-letters the poison records, each with the event time read from it
+// (ats, zero where none).
+func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, partition int32, expected, next int64, topicID string, poison []*kgo.Record, causes []error, ats []time.Time) error {
 	if err := c.advanceOffset(ctx, tx, topic, partition, expected, next, topicID); err != nil {
 		return err
 	}
@@ -898,7 +879,7 @@ func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, parti
 		return nil
 	}
 	for i, r := range poison {
-		if err := c.deadLetter(ctx, tx, r, causes[i]); err != nil {
+		if err := c.deadLetter(ctx, tx, r, causes[i], ats[i]); err != nil {
 			return err
 		}
 	}
@@ -911,20 +892,20 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 	recs := f.recs
 	for len(recs) > 0 {
 		chunk := recs[:min(len(recs), idempotent.MaxBatchSize)]
-		recs = recs[len(chunk):]
 		if waiting(stop, rebal) {
 			s.c.observe(ctx, Event{Type: EventAbandoned, Topic: chunk[0].Topic, Partition: chunk[0].Partition, Offset: chunk[0].Offset})
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
-			events, err := s.c.batchTx(ctx, chunk, res.stored, f.topicID)
+			events, n, err := s.c.batchTx(ctx, chunk, res.stored, f.topicID, attempt)
 			if err == nil {
-				last := chunk[len(chunk)-1]
+				last := chunk[n-1]
 				res.stored, res.advanced, res.epoch = last.Offset+1, true, last.LeaderEpoch
 				for _, e := range events {
-					e.Lag = lag(f.hw, chunk[len(chunk)-1]) + (last.Offset - e.Offset)
+					e.Lag = lag(f.hw, last) + (last.Offset - e.Offset)
 					s.c.observe(ctx, e)
 				}
+				chunk = chunk[:n]
 				break
 			}
 			if errors.Is(err, ErrFenced) {
@@ -934,8 +915,10 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 			if stops(err) {
 				return &stopError{err: err, offset: chunk[0].Offset}
 			}
-			if s.c.isPoison(err) {
-				// The handler found a poison record among the batch:
+			var rq *requeueError
+			if !errors.As(err, &rq) && s.c.settle(idempotent.Message{}, err, attempt).Action == adapter.Poison {
+				// The batch's error names no record it settles (the
+				// handler found a poison record among the batch, say):
 				// apply the chunk one record at a time, so that only that
 				// one is dead-lettered.
 				one := func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
@@ -950,6 +933,7 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				return err
 			}
 		}
+		recs = recs[len(chunk):]
 	}
 	return nil
 }
@@ -958,42 +942,63 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 // offset expected, in one transaction of the Middleware's claim path — the
 // offset advance (storing topicID) and the dead letters of its poison
 // records, then the claims of the others, then the handler for the new
-// ones — and returns one event per record. The Middleware's duplicate
-// pre-check is never consulted: a key it remembers may belong to a claim a
-// database restore took away, and the batch would then advance the offset
-// past a record it never applied.
-func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string) ([]Event, error) {
-	first, last := chunk[0], chunk[len(chunk)-1]
-	next := last.Offset + 1
+// ones — and returns one event per record and how many of chunk's records
+// it applied: all, or those before the first that settle requeues (a
+// record dated in the future, within the rule's bound), which waits, with
+// the records behind it, for the next attempt. When the first record is to
+// be requeued the error is a *requeueError. attempt counts the attempts at
+// chunk's first record, from 1. The Middleware's duplicate pre-check is
+// never consulted: a key it remembers may belong to a claim a database
+// restore took away, and the batch would then advance the offset past a
+// record it never applied.
+func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string, attempt int) ([]Event, int, error) {
 	var good, poison []*kgo.Record
-	var keys []string
-	var ats []time.Time
+	var msgs, poisonMsgs []idempotent.Message
 	var causes []error
-	for _, r := range chunk {
-		k, err := c.recordKey(r)
-		var msg idempotent.Message
+	for i, r := range chunk {
+		msg, err := c.message(r)
 		if err == nil {
 			// The Middleware's own checks, so that one record it would
-			// refuse (too old, dated in the future) is dead-lettered alone
+			// refuse (too old, dated in the future) is settled alone
 			// instead of refusing the batch.
-			msg = c.message(k, r)
 			if cerr := c.mw.CheckMessage(msg); cerr != nil {
 				err = fmt.Errorf("kafka: %s: %w", deadLetterKey(r), cerr)
 			}
 		}
 		if err != nil {
-			poison, causes = append(poison, r), append(causes, err)
+			n := 1 // a record behind the first is at its first attempt
+			if i == 0 {
+				n = attempt
+			}
+			if d := c.settle(msg, err, n); d.Action != adapter.Poison {
+				if i == 0 {
+					return nil, 0, &requeueError{err: err, delay: d.Delay}
+				}
+				chunk = chunk[:i] // the rest waits behind it
+				break
+			}
+			poison, poisonMsgs, causes = append(poison, r), append(poisonMsgs, msg), append(causes, err)
 			continue
 		}
-		good, keys, ats = append(good, r), append(keys, msg.Key), append(ats, msg.EventTime)
+		good, msgs = append(good, r), append(msgs, msg)
 	}
+	first, last := chunk[0], chunk[len(chunk)-1]
+	next := last.Offset + 1
 	companion := func(ctx context.Context, tx *sql.Tx) error {
-		return c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, topicID, poison, causes)
+		return c.poisonTx(ctx, tx, first.Topic, first.Partition, expected, next, topicID, poison, causes, eventTimes(poisonMsgs))
+	}
+	drop := func(i int, err error) {
+		poison, poisonMsgs, causes = append(poison, good[i]), append(poisonMsgs, msgs[i]), append(causes, err)
+		good, msgs = slices.Delete(good, i, i+1), slices.Delete(msgs, i, i+1)
 	}
 	for {
 		var applied []bool
 		var err error
 		if len(good) > 0 {
+			keys, ats := make([]string, len(msgs)), eventTimes(msgs)
+			for i, m := range msgs {
+				keys[i] = m.Key
+			}
 			applied, err = c.path.ProcessBatch(ctx, keys, ats, func(ctx context.Context, a claimfold.Attempt) error {
 				fresh, err := a.ClaimBatch(func() error { return companion(ctx, a.Tx()) })
 				if err != nil || len(fresh) == 0 {
@@ -1006,18 +1011,16 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 				return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return c.batch(ctx, tx, sel) })
 			})
 			var bke *idempotent.BatchKeyError
-			if errors.As(err, &bke) {
+			if errors.As(err, &bke) && c.settle(msgs[bke.Index], bke.Err, 1).Action == adapter.Poison {
 				// A key the batch cannot claim (the same key on two event
 				// days, in partitioned mode): that record is poison.
-				poison, causes = append(poison, good[bke.Index]), append(causes, bke.Err)
-				good, keys, ats = slices.Delete(good, bke.Index, bke.Index+1), slices.Delete(keys, bke.Index, bke.Index+1), slices.Delete(ats, bke.Index, bke.Index+1)
+				drop(bke.Index, bke.Err)
 				continue
 			}
 			var re *RecordError
-			if errors.As(err, &re) && c.isPoison(err) {
+			if errors.As(err, &re) && c.settle(idempotent.Message{}, err, 1).Action == adapter.Poison {
 				if i := slices.Index(good, re.Record); i >= 0 {
-					poison, causes = append(poison, good[i]), append(causes, err)
-					good, keys, ats = slices.Delete(good, i, i+1), slices.Delete(keys, i, i+1), slices.Delete(ats, i, i+1)
+					drop(i, err)
 					continue
 				}
 			}
@@ -1027,7 +1030,7 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			err = c.path.Tx(ctx, companion)
 		}
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		events := make([]Event, 0, len(chunk))
 		for i, r := range good {
@@ -1035,12 +1038,20 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			if applied[i] {
 				typ = EventApplied
 			}
-			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: keys[i]})
+			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: msgs[i].Key})
 		}
 		for i, r := range poison {
 			events = append(events, Event{Type: c.poisonType(), Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Err: causes[i]})
 		}
 		slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Offset, b.Offset) })
-		return events, nil
+		return events, len(chunk), nil
 	}
+}
+
+func eventTimes(msgs []idempotent.Message) []time.Time {
+	ats := make([]time.Time, len(msgs))
+	for i, m := range msgs {
+		ats[i] = m.EventTime
+	}
+	return ats
 }

@@ -21,11 +21,35 @@
 //
 // [NewBatchConsumer] is the throughput path: the records of one poll for one
 // partition are claimed together ([idempotent.Middleware.ProcessMessages],
-// with each record's timestamp as its event time, so a claim table
-// partitioned by event day works too), applied by one set-wise
-// [BatchHandler], and advance the offset once. A record the Middleware would
-// refuse (too old for the retention window, dated in the future) is
-// dead-lettered alone, and the rest of the batch applies.
+// each record with its event time, so a claim table partitioned by event day
+// works too), applied by one set-wise [BatchHandler], and advance the
+// offset once. A record the Middleware would refuse is settled alone (see
+// Settling a record): a poison one is dead-lettered and the rest of the
+// batch applies; one dated a little in the future ends the batch before it,
+// and waits.
+//
+// # The event time comes from the producer
+//
+// A record's event time — what the retention fence and a claim table's
+// daily partitions rest on — is read from its adapter.EventTimeHeader header
+// ("Idempotent-Event-Time", an RFC 3339 time: adapter.FormatEventTime
+// writes it), which the producer sets once and every re-send copies, like
+// the key. [WithEventTime] reads it with a function over the record instead.
+// A record without the header has no event time: on a plain claim table it
+// is claimed without one (the retention fence cannot refuse it); on a claim
+// table partitioned by event day it is poison (idempotent.ErrInvalidEventTime).
+// A header that is not an RFC 3339 time is poison (adapter.ErrBadEventTime).
+//
+// The Kafka record timestamp is not the event time unless
+// [WithTransportEventTime] says so: a re-send — an application retry, an
+// outbox relay after a lost acknowledgement, a replay from the dead-letter
+// topic — is a new record with a new timestamp, and after UTC midnight its
+// claim would go to another day's partition, which cannot see the first
+// claim, and apply a second time. [WithoutEventTime] reads none; a
+// Middleware in partitioned mode refuses it at construction
+// (adapter.ErrNoProducerEventTime, from adapter.CheckEventTimeSource).
+// [DeadLetterSender] carries the event time to the dead-letter topic in the
+// same header.
 //
 // # The message key
 //
@@ -44,8 +68,8 @@
 //     (consumer, topic, partition) → next_offset from the offset it read to
 //     the record's offset + 1 — a compare-and-set, forward only, that also
 //     stores the topic's Kafka topic ID — and claims the key, as
-//     idempotent's ClaimMessage does (with the record's timestamp as the
-//     event time, so a record older than the retention window is poison),
+//     idempotent's ClaimMessage does (with the record's event time, so a
+//     record older than the retention window is poison),
 //     both in one statement: a prepared statement of two data-modifying
 //     common table expressions, which reports whether the offset advanced
 //     and whether the claim is new;
@@ -60,17 +84,30 @@
 // the advance and the claim as two statements, whose errors name the
 // missing table: [ErrNoOffsetsTable] or [idempotent.ErrNoClaimTable].
 //
-// A duplicate (the claim existed) commits the offset advance alone. A poison
-// record — no key ([ErrNoKey]), an invalid key, an undecodable value
-// ([ErrUndecodable]), too old ([idempotent.ErrBeyondRetention]), or a
-// handler error marked with [Poison] — is rolled back and written instead,
-// in a transaction that advances its offset, as one outbox row
+// # Settling a record
+//
+// What a failed record comes to is decided in one place, adapter.Rule.Settle,
+// the rule every adapter of this module shares, after the handler's own
+// marks: an error matching [ErrPoison] ([Poison], [ErrUndecodable]) or a
+// [WithPoison] predicate is poison. A duplicate (the claim existed) commits
+// the offset advance alone. A poison record — no key ([ErrNoKey]), an
+// invalid key, an undecodable value, too old
+// ([idempotent.ErrBeyondRetention]), a bad event-time header, dated in the
+// future beyond the rule's bound (adapter.DefaultFutureBound, an hour past
+// the clock-skew margin: a seconds-for-milliseconds mix-up, say), or a
+// handler error marked poison — is rolled back and written instead, in a
+// transaction that advances its offset, as one outbox row
 // ([DeadLetterKind], see [WithDeadLetter]); an outbox Relay with
 // [DeadLetterSender] produces it to the dead-letter topic. As the row and
 // the offset advance commit together, each poison record is dead-lettered
-// exactly once. Any other failure rolls back and retries the same record in
-// place after a bounded backoff ([WithRetryDelay]); a record is never
-// skipped.
+// exactly once. Every other failure is a requeue: Kafka keeps a partition's
+// records in order, so the Consumer rolls back and tries the same record
+// again in place after the rule's delay — RetryPolicy.Backoff of
+// [WithRetryDelay]'s bounds — and a record is never skipped. A record dated
+// in the future within the bound waits so, with the records behind it,
+// until the Middleware's clock reaches its event time (less the clock-skew
+// margin), looking again at least every WithRetryDelay max; [EventRetry]
+// reports each wait.
 //
 // After the commit the offsets are also committed to Kafka, asynchronously,
 // for lag tools only.

@@ -68,14 +68,14 @@ func Poison(err error) error {
 }
 
 // IsPoison is the default poison predicate: it reports whether err matches
-// ErrPoison (which includes ErrUndecodable and errors marked with Poison),
-// idempotent.ErrInvalidKey (which includes ErrNoKey) or
-// idempotent.ErrBeyondRetention (a record older than the retention window,
-// whose claim may already be gone: applying it could double its effect). A
-// Consumer consults it first, then any predicates added with WithPoison.
+// ErrPoison, which includes ErrUndecodable and errors marked with Poison. A
+// Consumer consults it first, then any predicates added with WithPoison,
+// and settles every other error by adapter.Rule.Settle, the rule every
+// adapter shares: idempotent.ErrInvalidKey (which includes ErrNoKey), a
+// record older than the retention window (idempotent.ErrBeyondRetention)
+// and a bad event-time header are poison there too.
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
-		errors.Is(err, idempotent.ErrBeyondRetention)
+	return errors.Is(err, ErrPoison)
 }
 
 // fenceError is returned from inside a transaction whose offset advance

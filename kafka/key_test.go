@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 )
 
@@ -45,7 +46,7 @@ func TestKeyFuncs(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) || got != tt.want {
 				t.Fatalf("got %q, %v; want %q, %v", got, err, tt.want, tt.wantErr)
 			}
-			if err != nil && !kafka.IsPoison(err) {
+			if err != nil && !kafka.IsPoison(err) && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.Poison {
 				t.Errorf("%v is not poison", err)
 			}
 		})
@@ -66,12 +67,13 @@ func TestPoison(t *testing.T) {
 	if !errors.As(err, &re) || re.Record != r || !kafka.IsPoison(err) {
 		t.Errorf("PoisonRecord = %v", err)
 	}
-	for _, err := range []error{kafka.ErrNoKey, kafka.ErrUndecodable, idempotent.ErrBeyondRetention, idempotent.ErrInvalidKey} {
+	for _, err := range []error{kafka.ErrUndecodable, kafka.Poison(base)} {
 		if !kafka.IsPoison(err) {
 			t.Errorf("IsPoison(%v) = false", err)
 		}
 	}
-	for _, err := range []error{base, kafka.ErrFenced, idempotent.ErrClaimBusy} {
+	// The Middleware's errors are the settle rule's to decide, not IsPoison's.
+	for _, err := range []error{base, kafka.ErrFenced, idempotent.ErrClaimBusy, kafka.ErrNoKey, idempotent.ErrBeyondRetention, idempotent.ErrInvalidKey} {
 		if kafka.IsPoison(err) {
 			t.Errorf("IsPoison(%v) = true", err)
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -40,7 +42,8 @@ type config struct {
 	offsetsTable    string
 	deadLetter      *outbox.Outbox
 	deadTopic       string
-	noEventTime     bool
+	eventTime       eventTimeSource
+	eventTimeFn     EventTimeFunc
 	reset           ResetPosition
 	adopt           bool
 }
@@ -86,15 +89,18 @@ func WithMaxPollRecords(n int) Option {
 }
 
 // WithRetryDelay sets the backoff of a record (or batch) that failed with an
-// error that is not poison: the partition waits initial, then twice as long
-// after each further failure up to max, and tries the same record again —
-// it never skips it. Retries go on until the record succeeds, turns out
-// poison, or the partition is revoked or the Consumer stops (then nothing of
-// it was written, and it is read again from the stored offset). The
-// Middleware's own retries of serialization failures, deadlocks and lost
-// connections (its idempotent.WithRetry policy) happen inside each
-// attempt. Both must be positive, initial <= max <= MaxRetryDelay. Default
-// is 100ms to 5s.
+// error that adapter.Rule.Settle requeues: Kafka keeps a partition's records
+// in order, so the partition waits and tries the same record again — it
+// never skips it. The waits are idempotent.RetryPolicy{InitialBackoff:
+// initial, MaxBackoff: max}.Backoff(attempt), the rule's backoff. A record
+// dated in the future, within the rule's bound, waits until the clock
+// catches up, looking again at least every max. Retries go on until the
+// record succeeds, turns out poison, or the partition is revoked or the
+// Consumer stops (then nothing of it was written, and it is read again from
+// the stored offset). The Middleware's own retries of serialization
+// failures, deadlocks and lost connections (its idempotent.WithRetry
+// policy) happen inside each attempt. Both must be positive, initial <= max
+// <= MaxRetryDelay. Default is 100ms to 5s.
 func WithRetryDelay(initial, max time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if initial <= 0 || max < initial || max > MaxRetryDelay {
@@ -121,7 +127,9 @@ func WithShutdownTimeout(d time.Duration) Option {
 
 // WithPoison adds a poison predicate: a handler error for which it returns
 // true dead-letters the record instead of retrying it. A record is poison if
-// IsPoison or any added predicate says so. Default is IsPoison alone.
+// IsPoison or any added predicate says so, or else if adapter.Rule.Settle
+// does (an invalid key, a record too old or too far in the future, a bad
+// event-time header). Default is IsPoison alone.
 func WithPoison(isPoison func(error) bool) Option {
 	return optionFunc(func(c *config) error {
 		if isPoison == nil {
@@ -234,17 +242,68 @@ func WithAdoptGroupOffsets() Option {
 	})
 }
 
-// WithoutEventTime stops the Consumer from passing each record's timestamp
-// to the middleware as its event time. By default it does, so a record older
-// than the middleware's retention window — whose claim may already be
-// cleaned up — is poison (idempotent.ErrBeyondRetention) instead of being
-// applied a second time. Turn it off only when record timestamps are not the
-// time the message was first produced (a replay tool that rewrites them,
-// say). A Middleware whose claim table is partitioned by event day needs the
-// event times: NewConsumer and NewBatchConsumer refuse this option with it.
+// EventTimeFunc returns the event time of a record: the time its producer
+// gave the event, the same on every re-send. The zero time means the record
+// has none. An error makes the record poison when it matches
+// idempotent.ErrInvalidEventTime or ErrPoison (see adapter.Rule.Settle),
+// and retries it otherwise.
+type EventTimeFunc func(r *kgo.Record) (time.Time, error)
+
+// eventTimeSource is where a Consumer takes each record's event time from.
+type eventTimeSource int
+
+const (
+	eventTimeHeader    eventTimeSource = iota // adapter.EventTimeHeader, the default
+	eventTimeFunc                             // WithEventTime
+	eventTimeTransport                        // WithTransportEventTime
+	eventTimeNone                             // WithoutEventTime
+)
+
+// WithEventTime makes the Consumer take each record's event time from fn,
+// a function over the record (its value, say), instead of the
+// adapter.EventTimeHeader header. It is a producer's time source: a
+// Middleware whose claim table is partitioned by event day accepts it. The
+// last of WithEventTime, WithTransportEventTime and WithoutEventTime
+// given wins. Default is the header.
+func WithEventTime(fn EventTimeFunc) Option {
+	return optionFunc(func(c *config) error {
+		if fn == nil {
+			return errors.New("kafka: WithEventTime: nil function")
+		}
+		c.eventTime, c.eventTimeFn = eventTimeFunc, fn
+		return nil
+	})
+}
+
+// WithTransportEventTime makes the Consumer take each record's Kafka
+// timestamp as its event time, instead of the adapter.EventTimeHeader
+// header. Use it only where every producer sets the record timestamp
+// (CreateTime) to the event's time and every re-send copies it: a re-send
+// with a new timestamp — an application retry, an outbox relay resending
+// after a lost acknowledgement, a replay from a dead-letter topic, a topic
+// with LogAppendTime — is then a new event time. On a claim table
+// partitioned by event day a re-send after UTC midnight gets a new day, whose
+// partition cannot see the first claim, and is applied a second time; on a
+// plain table the retention fence reads a re-send's age from its new
+// timestamp, so a replay of a message whose claim cleanup already deleted is
+// applied again. Default is off: the event time comes from the header.
+func WithTransportEventTime() Option {
+	return optionFunc(func(c *config) error {
+		c.eventTime, c.eventTimeFn = eventTimeTransport, nil
+		return nil
+	})
+}
+
+// WithoutEventTime stops the Consumer from reading any event time: every
+// record is claimed without one, so the Middleware's retention fence never
+// refuses it (a record whose claim cleanup already deleted is applied
+// again). A Middleware whose claim table is partitioned by event day needs
+// every record's event time: NewConsumer and NewBatchConsumer refuse this
+// option with it (adapter.ErrNoProducerEventTime). Default is off: the
+// event time comes from the adapter.EventTimeHeader header.
 func WithoutEventTime() Option {
 	return optionFunc(func(c *config) error {
-		c.noEventTime = true
+		c.eventTime, c.eventTimeFn = eventTimeNone, nil
 		return nil
 	})
 }

@@ -18,8 +18,9 @@ import (
 )
 
 // TestBatchConsumerPartitioned runs the batch consumer on a claim table
-// partitioned by event day: each record's timestamp is its event time, so
-// its claim goes to its day's partition; producer duplicates apply once; a
+// partitioned by event day: each record's producer event time (its
+// Idempotent-Event-Time header) is its event time, so its claim goes to its
+// day's partition; producer duplicates apply once; a
 // record older than the retention window and one dated in the future are
 // dropped alone while the rest of their batches applies; and WithoutEventTime
 // is refused with such a table.
@@ -53,8 +54,8 @@ func TestBatchConsumerPartitioned(t *testing.T) {
 	yesterday := now.Add(-24 * time.Hour)
 	send := func(id string, at time.Time) {
 		v, _ := json.Marshal(payment{ID: id, Account: "acct", Amount: 1})
-		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: v, Timestamp: at,
-			Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(id)}}}).FirstErr(); err != nil {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: v,
+			Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(id)}, eventTimeHeader(at)}}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}

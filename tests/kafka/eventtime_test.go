@@ -1,0 +1,366 @@
+package kafkatests
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/kafka"
+	"github.com/txclaim/idempotent/outbox"
+)
+
+// eventTimeHeader is the producer's event-time header of a record at at.
+func eventTimeHeader(at time.Time) kgo.RecordHeader {
+	return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(at))}
+}
+
+// clock is a Middleware clock the test moves.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// of returns the events of type typ.
+func (r *recorder) of(typ kafka.EventType) []kafka.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []kafka.Event
+	for _, e := range r.events {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// consumerMode builds a per-record or a batch consumer that applies
+// payments to schema s.
+type consumerMode struct {
+	name string
+	make func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error)
+}
+
+var consumerModes = []consumerMode{
+	{"NewConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
+		return kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+			return applyPayment(ctx, tx, s, "m", p)
+		}), append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
+	}},
+	{"NewBatchConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
+		return kafka.NewBatchConsumer(db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+			return applyPayments(ctx, tx, s, "m", rs)
+		}, append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
+	}},
+}
+
+// forEachMode runs f for each consumer mode, in parallel.
+func forEachMode(t *testing.T, f func(t *testing.T, mode consumerMode)) {
+	t.Parallel()
+	for _, mode := range consumerModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, mode)
+		})
+	}
+}
+
+// paymentRecord is a payment of 1 to "acct" with key id, and headers.
+func paymentRecord(topic, id string, headers ...kgo.RecordHeader) *kgo.Record {
+	v, _ := json.Marshal(payment{ID: id, Account: "acct", Amount: 1})
+	return &kgo.Record{Topic: topic, Value: v, Headers: append([]kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(id)}}, headers...)}
+}
+
+// ledgerRows counts the ledger's rows in schema s.
+func ledgerRows(t *testing.T, db *sql.DB, s string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM ` + s + `.ledger`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// deadLetters returns the dead letters in schema s's outbox.
+func deadLetters(t *testing.T, db *sql.DB, s string) []kafka.DeadLetter {
+	t.Helper()
+	rows, err := db.Query(`SELECT payload FROM ` + s + `.outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []kafka.DeadLetter
+	for rows.Next() {
+		var p []byte
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		var d kafka.DeadLetter
+		if err := json.Unmarshal(p, &d); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// setup is a test's schema, with an account, a cluster with topic, and a
+// producer.
+func setup(t *testing.T, topic string) (*sql.DB, string, *kgo.Client, []kgo.Opt) {
+	t.Helper()
+	db := openDB(t, 4)
+	s := schema(t, db)
+	if _, err := db.Exec(`INSERT INTO ` + s + `.accounts (id) VALUES ('acct')`); err != nil {
+		t.Fatal(err)
+	}
+	cluster := newCluster(t, 1, topic)
+	client := []kgo.Opt{kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup(topic + "-group"), kgo.ConsumeTopics(topic),
+		kgo.FetchMaxWait(50 * time.Millisecond)}
+	return db, s, producer(t, cluster), client
+}
+
+// TestResendKeepsProducerEventTime is issue 21 case 1: on a claim table
+// partitioned by event day, key order-9912 produced at now−24h and re-sent
+// at now — a new record, with a new Kafka timestamp, and the producer's
+// event-time header of the first — is one Applied and one Duplicate, one
+// effect, in both consumers.
+func TestResendKeepsProducerEventTime(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "orders"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "resend", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
+		now := time.Now()
+		first := now.Add(-24 * time.Hour)
+		r1 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
+		r1.Timestamp = first
+		r2 := paymentRecord(topic, "order-9912", eventTimeHeader(first))
+		r2.Timestamp = now // the re-send's own timestamp, another UTC day
+		if err := prod.ProduceSync(context.Background(), r1, r2).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		c, err := mode.make(db, mw, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "resend", topic)[0] == 2, nil })
+		m.stop(t)
+		st := c.Stats()
+		if n := ledgerRows(t, db, s); st.Applied != 1 || st.Duplicates != 1 || n != 1 {
+			t.Fatalf("%d applied, %d duplicates, %d ledger rows; want 1, 1 and 1", st.Applied, st.Duplicates, n)
+		}
+	})
+}
+
+// TestPartitionedNeedsProducerEventTime: a consumer that reads no
+// producer event time (WithoutEventTime) is refused at construction on a
+// claim table partitioned by event day; the header (the default),
+// WithEventTime and the explicit WithTransportEventTime are accepted; and a
+// record without the header is dead-lettered there, nothing written.
+func TestPartitionedNeedsProducerEventTime(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "noevent"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "noevent", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2))
+		if _, err := mode.make(db, mw, s, kafka.WithoutEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+			t.Fatalf("WithoutEventTime on a partitioned table: %v, want adapter.ErrNoProducerEventTime", err)
+		}
+		for name, o := range map[string]kafka.Option{
+			"WithEventTime":          kafka.WithEventTime(func(*kgo.Record) (time.Time, error) { return time.Now(), nil }),
+			"WithTransportEventTime": kafka.WithTransportEventTime(),
+		} {
+			if _, err := mode.make(db, mw, s, o); err != nil {
+				t.Errorf("%s on a partitioned table: %v", name, err)
+			}
+		}
+		ob := newOutbox(t, db, s, "noevent")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := prod.ProduceSync(context.Background(), paymentRecord(topic, "unstamped"), paymentRecord(topic, "stamped", eventTimeHeader(time.Now()))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "noevent", topic)[0] == 2, nil })
+		m.stop(t)
+		dl := obs.of(kafka.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || dl[0].Offset != 0 || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered with ErrInvalidEventTime", n, dl)
+		}
+	})
+}
+
+// TestFutureEventTime is issue 21 case 3: a record dated in the future
+// within the settle rule's bound waits, in place and with the records
+// behind it, until the Middleware's clock catches up, then applies once; a
+// record dated beyond the bound (a seconds-for-milliseconds mix-up, say) is
+// dead-lettered exactly once, nothing written, and does not stall its
+// partition. Both consumers.
+func TestFutureEventTime(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "future"
+		db, s, prod, client := setup(t, topic)
+		clk := &clock{now: time.Now()}
+		mw := newMiddleware(t, db, s, "future", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
+		ob := newOutbox(t, db, s, "future")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs),
+			kafka.WithRetryDelay(5*time.Millisecond, 20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := clk.Now()
+		far, soon, past := now.Add(48*time.Hour), now.Add(30*time.Minute), now.Add(-time.Minute)
+		var recs []*kgo.Record
+		for _, x := range []struct {
+			id string
+			at time.Time
+		}{{"far", far}, {"soon", soon}, {"past", past}} {
+			r := paymentRecord(topic, x.id, eventTimeHeader(x.at))
+			r.Timestamp = x.at
+			recs = append(recs, r)
+		}
+		if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		defer m.stop(t)
+		waitFor(t, "the far record dead-lettered and the soon one requeued", func() (bool, error) {
+			stored := storedOffsets(t, db, s, "future", topic)[0]
+			if stored > 1 {
+				return false, fmt.Errorf("stored offset %d before the clock caught up: the record dated 30 minutes ahead was settled, not requeued", stored)
+			}
+			return stored == 1 && len(obs.of(kafka.EventRetry)) >= 2, nil
+		})
+		if n := ledgerRows(t, db, s); n != 0 {
+			t.Fatalf("%d ledger rows before the clock caught up, want 0", n)
+		}
+		for _, e := range obs.of(kafka.EventRetry) {
+			if e.Offset != 1 || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 20*time.Millisecond {
+				t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
+			}
+		}
+		clk.advance(31 * time.Minute)
+		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
+		dls := deadLetters(t, db, s)
+		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
+		}
+		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 {
+			t.Fatalf("stats %+v, want 2 applied and 1 dead-lettered", st)
+		}
+	})
+}
+
+// TestBadEventTimeHeader: a record whose event-time header is not an RFC
+// 3339 time (a day name, epoch milliseconds) is poison — dead-lettered
+// once with adapter.ErrBadEventTime, nothing written — and the records
+// behind it apply.
+func TestBadEventTimeHeader(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode consumerMode) {
+		const topic = "badtime"
+		db, s, prod, client := setup(t, topic)
+		mw := newMiddleware(t, db, s, "badtime", idempotent.WithRetention(72*time.Hour))
+		ob := newOutbox(t, db, s, "badtime")
+		obs := &recorder{}
+		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := func(v string) kgo.RecordHeader {
+			return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(v)}
+		}
+		if err := prod.ProduceSync(context.Background(),
+			paymentRecord(topic, "word", bad("yesterday")),
+			paymentRecord(topic, "millis", bad("1764547200000")),
+			paymentRecord(topic, "good", eventTimeHeader(time.Now().Add(-time.Hour))),
+		).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		m := startMember(c, "m", client...)
+		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "badtime", topic)[0] == 3, nil })
+		m.stop(t)
+		dl := obs.of(kafka.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 2 || len(deadLetters(t, db, s)) != 2 {
+			t.Fatalf("%d ledger rows, dead-letter events %+v; want 1 row and 2 dead letters", n, dl)
+		}
+		for _, e := range dl {
+			if !errors.Is(e.Err, adapter.ErrBadEventTime) || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) {
+				t.Errorf("dead letter at %d: %v, want adapter.ErrBadEventTime", e.Offset, e.Err)
+			}
+		}
+	})
+}
+
+// TestDeadLetterSenderCarriesEventTime is the dead-letter half of issue
+// 21 case 1: DeadLetterSender sets the event-time header on a dead letter
+// whose record had its event time from elsewhere, and keeps the one an
+// original had (once), so that a replay from the dead-letter topic is
+// claimed on its first day.
+func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
+	t.Parallel()
+	cluster := newCluster(t, 1, "dlq")
+	prod := producer(t, cluster)
+	at := time.Date(2026, 11, 29, 23, 59, 0, 0, time.UTC)
+	send := kafka.DeadLetterSender(prod)
+	for i, d := range []kafka.DeadLetter{
+		{Topic: "dlq", SourceTopic: "in", Offset: 1, Value: []byte("from timestamp"), Timestamp: at, EventTime: at},
+		{Topic: "dlq", SourceTopic: "in", Offset: 2, Value: []byte("from header"), Headers: []kgo.RecordHeader{eventTimeHeader(at)}, EventTime: at},
+	} {
+		p, _ := json.Marshal(d)
+		if err := send.Send(context.Background(), outbox.Message{ID: int64(i), IdempotencyKey: "k", Payload: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reader, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []*kgo.Record
+	for len(got) < 2 {
+		f := reader.PollFetches(ctx)
+		if err := f.Err0(); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, f.Records()...)
+	}
+	for _, r := range got {
+		var vals []string
+		for _, h := range r.Headers {
+			if h.Key == adapter.EventTimeHeader {
+				vals = append(vals, string(h.Value))
+			}
+		}
+		if len(vals) != 1 || vals[0] != adapter.FormatEventTime(at) {
+			t.Errorf("dead letter %q: event-time headers %q, want one, %q", r.Value, vals, adapter.FormatEventTime(at))
+		}
+	}
+}
