@@ -62,10 +62,11 @@
 //
 // Where the producer's event id is yours to choose, prefer a time-ordered
 // one (UUIDv7, ULID, a prefixed sequence): a random key such as a UUIDv4
-// lands on a random page of the claim table's index, which cost 6–8% of
-// Process's throughput in a plain table of 10⁶–10⁷ claims (and more than
-// half of a 100-message batch's at 10⁷), and about nothing in partitioned
-// mode (WithDailyPartitions). docs/performance.md has the measurement.
+// lands on a random page of the claim table's index, which costs
+// throughput in a plain table of millions of claims, most for batches, and
+// about nothing in partitioned mode (WithDailyPartitions). The figures are
+// in the repository's BENCHMARKS.md (claim table growth per key shape);
+// docs/performance.md says how they were measured and how to read them.
 //
 // # Entry points
 //
@@ -369,5 +370,6 @@
 // rabbitmq) are Go modules of their own, so importing this package and
 // postgres builds only lib/pq. The repository's README and
 // docs/ directory cover guarantees and how they are tested, operations,
-// dialects, the outbox and performance.
+// dialects, the outbox and performance; its BENCHMARKS.md holds the
+// measured figures.
 package idempotent

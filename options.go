@@ -114,7 +114,9 @@ func WithObserver(o Observer) Option {
 // after the claim and again before commit, and refuse to commit (returning
 // ErrAutocommit) if they differ: that catches an explicit COMMIT run inside
 // the handler, or a connection pooler that moved the session. It costs two
-// short queries per applied message (see the README for the measured cost).
+// short queries per applied message (the measured cost is variant (d)
+// against (c) in the repository's BENCHMARKS.md; docs/performance.md, "The
+// strict guard's cost", says how to read it).
 // When the handler fails, the id is read once more: if the session already
 // left the transaction (on MySQL and MariaDB, a statement that commits
 // implicitly, such as DDL, committed the claim with part of the effect), the

@@ -3,7 +3,9 @@
 // Queries.WithTx), and claims are taken on a *pgxpool.Pool.
 //
 //	m, err := idempgx.New(pool, "loyalty")
-//	outcome, err := m.Process(ctx, "order-completed:9912", func(ctx context.Context, tx pgx.Tx) error {
+//	…
+//	msg := idempotent.Message{Key: "order-completed:9912"}
+//	outcome, err := m.ProcessMessage(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
 //		return queries.WithTx(tx).AddPoints(ctx, arg)
 //	})
 //
@@ -62,7 +64,9 @@
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool
-// (through pgx's stdlib adapter) for Cleanup and MaintainPartitions.
+// (through pgx's stdlib adapter), whose ClaimTable runs Cleanup and
+// MaintainPartitions (or build one with idempotent.NewClaimTable).
 //
-// See docs/pgx.md for the measurements.
+// The measurements are in the repository's BENCHMARKS.md ("The pgx path");
+// docs/pgx.md describes the package and how they were made.
 package idempgx
