@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 )
 
 // Channel is the part of an AMQP channel a Consumer uses. *amqp091.Channel
@@ -46,11 +47,14 @@ const (
 	// Acked: the handler succeeded (the effect committed, or was found
 	// applied before), and the delivery was acked.
 	Acked Action = iota + 1
-	// Requeued: the handler failed with an error that is not poison; after
-	// the requeue delay the delivery was nacked with requeue.
+	// Requeued: the settle rule said requeue (the handler failed with an
+	// error that is not poison, or the message is dated ahead of the
+	// clock); after the rule's delay, at most the requeue delay, the
+	// delivery was nacked with requeue.
 	Requeued
-	// DeadLettered: the handler failed with a poison error; the delivery was
-	// rejected without requeue, for the queue's dead-letter exchange.
+	// DeadLettered: the settle rule, ErrPoison or a WithPoison predicate
+	// said poison; the delivery was rejected without requeue, for the
+	// queue's dead-letter exchange.
 	DeadLettered
 	// Released: the delivery arrived while Run was shutting down and was
 	// nacked with requeue without running the handler.
@@ -287,8 +291,9 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 	}
 	c.stats.delivered.Add(1)
 	outcome, err := c.handle(ctx, d)
-	switch {
-	case err == nil:
+	dec := c.decide(d, err)
+	switch dec.Action {
+	case adapter.Ack:
 		switch outcome {
 		case idempotent.Applied:
 			c.stats.applied.Add(1)
@@ -296,11 +301,14 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 			c.stats.duplicates.Add(1)
 		}
 		c.settle(ctx, Settlement{Delivery: d, Action: Acked, Outcome: outcome}, d.Ack(false))
-	case c.isPoison(err):
+	case adapter.Poison:
 		c.settle(ctx, Settlement{Delivery: d, Action: DeadLettered, Err: err}, d.Reject(false))
 	default:
-		if c.cfg.requeueDelay > 0 {
-			t := time.NewTimer(c.cfg.requeueDelay)
+		// The worker holds the delivery for the rule's delay, at most the
+		// requeue delay: a longer wait (a message dated ahead of the clock)
+		// is served by requeueing it again when it comes back.
+		if hold := min(dec.Delay, c.cfg.requeueDelay); hold > 0 {
+			t := time.NewTimer(hold)
 			select {
 			case <-t.C:
 			case <-stopping:
@@ -311,8 +319,49 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 	}
 }
 
-func (c *Consumer) isPoison(err error) bool {
-	if IsPoison(err) {
+// decide is how every delivery is settled: an error marked poison
+// (ErrPoison, a WithPoison predicate) is poison, everything else goes
+// through the one settle rule, with the message and Middleware clock a
+// Process or Decode Handler's error carries.
+func (c *Consumer) decide(d *amqp.Delivery, err error) adapter.Decision {
+	if err != nil && c.markedPoison(err) {
+		return adapter.Decision{Action: adapter.Poison, Err: err}
+	}
+	rule, msg := settleRule(err, c.cfg.backoff())
+	return rule.Settle(msg, err, attempt(d))
+}
+
+// settleRule returns the rule for a Handler's error and the message it
+// carries: the Middleware's clock and clock-skew margin for an error of a
+// Process or Decode Handler, the defaults otherwise.
+func settleRule(err error, backoff idempotent.RetryPolicy) (adapter.Rule, idempotent.Message) {
+	var he *handlerError
+	if errors.As(err, &he) {
+		return adapter.RuleFor(he.mw, backoff), he.msg
+	}
+	return adapter.Rule{Backoff: backoff}, idempotent.Message{}
+}
+
+// attempt counts d's deliveries from 1, for the backoff: a quorum queue's
+// x-delivery-count header plus one, else 2 for a redelivery and 1 for a
+// first delivery.
+func attempt(d *amqp.Delivery) int {
+	switch n := d.Headers["x-delivery-count"].(type) {
+	case int64:
+		return int(min(n, 1<<20)) + 1
+	case int32:
+		return int(n) + 1
+	case int:
+		return min(n, 1<<20) + 1
+	}
+	if d.Redelivered {
+		return 2
+	}
+	return 1
+}
+
+func (c *Consumer) markedPoison(err error) bool {
+	if errors.Is(err, ErrPoison) {
 		return true
 	}
 	for _, p := range c.cfg.poison {

@@ -5,24 +5,28 @@
 // [idempotent.Applied] and [idempotent.Duplicate] alike.
 //
 // A [Consumer] reads one queue with manual acks, a prefetch limit and a fixed
-// number of workers, and settles every delivery one of three ways:
+// number of workers, and settles every delivery through the one settle rule
+// of every adapter, [adapter.Rule.Settle]:
 //
 //   - the handler succeeded: ack;
-//   - the message is poison — it has no key ([ErrNoKey]), its key is invalid
-//     ([idempotent.ErrInvalidKey]), its body cannot be decoded
-//     ([ErrUndecodable]), it is older than the retention window
-//     ([idempotent.ErrBeyondRetention]) or its event time is zero or in the
-//     future ([idempotent.ErrInvalidEventTime]), or the handler marked the
-//     error with [Poison]:
+//   - the message is poison — an error marked with [Poison] (or
+//     [ErrUndecodable]), one a [WithPoison] predicate recognises, or one the
+//     rule calls poison: no key ([ErrNoKey]) or an invalid key
+//     ([idempotent.ErrInvalidKey]), older than the retention window
+//     ([idempotent.ErrBeyondRetention]), no event time where one is needed
+//     ([ErrNoEventTime]), a bad event-time header ([adapter.ErrBadEventTime]),
+//     or dated beyond [adapter.DefaultFutureBound] ahead of the clock:
 //     reject without requeue, so the broker moves it to the queue's
-//     dead-letter exchange (or drops it, if the queue has none). More poison
-//     errors can be added with [WithPoison];
+//     dead-letter exchange (or drops it, if the queue has none);
+//   - dated ahead of the Middleware's clock within the bound: hold it up to
+//     the requeue delay, then nack with requeue, until the clock has caught
+//     up;
 //   - any other failure: wait the requeue delay ([WithRequeueDelay], one
-//     second by default), then nack with requeue, so a failing message
-//     comes back without spinning. This includes what is not possible yet
-//     but will be: a day whose partition MaintainPartitions has not created
-//     yet ([idempotent.ErrNoPartition]), a claim held by another delivery
-//     ([idempotent.ErrClaimBusy]) and exhausted retries
+//     second by default, jittered), then nack with requeue, so a failing
+//     message comes back without spinning. This includes what is not
+//     possible yet: a day whose partition MaintainPartitions has not
+//     created yet ([idempotent.ErrNoPartition]), a claim held by another
+//     delivery ([idempotent.ErrClaimBusy]) and exhausted retries
 //     ([idempotent.ErrRetriesExhausted]).
 //
 // The message key must be an identity the producer assigned — the AMQP
@@ -31,18 +35,20 @@
 // delivery, nor any id a broker or relay reassigns when it republishes or
 // replays a dead-lettered message.
 //
-// In partitioned mode (idempotent.WithDailyPartitions), and wherever the
-// retention fence should apply, each delivery also needs its event time:
-// give [Process] or [Decode] the option [WithEventTime], usually with
-// [Timestamp] (the AMQP timestamp property the producer set in
-// amqp091.Publishing.Timestamp), and deliveries go through
-// idempotent.Middleware.ProcessMessage. A delivery whose event time cannot be
-// read ([ErrNoEventTime]) or is refused by the fence is poison; a day whose
-// partition does not exist yet is requeued. Like the key, the event time
-// must be the producer's and stable across republishes: a redelivery on a
-// later day then lands in the same partition and meets its claim. Process
-// and Decode panic when given a partitioned Middleware without
-// WithEventTime.
+// Event times come from the producer: [Process] and [Decode] read each
+// delivery's event time from the [adapter.EventTimeHeader] header
+// ("Idempotent-Event-Time", RFC 3339, as adapter.FormatEventTime writes it)
+// and run it through idempotent.Middleware.ProcessMessage, so the retention
+// fence applies and, in partitioned mode (idempotent.WithDailyPartitions),
+// the claim lands in the event day's partition. Like the key, the producer
+// sets it once and every re-send keeps it: a re-send on a later day meets
+// its claim. [WithEventTime] reads it with a function of yours instead.
+// [WithTransportEventTime] reads the AMQP timestamp property, which a
+// re-send stamps anew; Process and Decode refuse it for a partitioned
+// Middleware with an error matching [adapter.ErrNoProducerEventTime]. On a
+// plain table a delivery without the header has no event time and no
+// fence; in partitioned mode it is poison. The broker's dead-lettering keeps
+// the header, so a replay from the dead-letter queue carries it forward.
 //
 // [Consumer.Run] returns nil after a graceful shutdown (its context ended:
 // in-flight deliveries finished and were acked, prefetched ones handed back),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 )
 
 // Errors callers branch on; match them with errors.Is.
@@ -48,22 +49,28 @@ func Poison(err error) error {
 	return fmt.Errorf("%w: %w", ErrPoison, err)
 }
 
-// IsPoison is the default poison predicate: it reports whether err matches
-// ErrPoison (which includes ErrUndecodable and errors marked with Poison),
-// idempotent.ErrInvalidKey (which includes ErrNoKey),
-// idempotent.ErrBeyondRetention (a message older than the retention window,
-// whose claim may already be gone: applying it could double its effect) or
-// idempotent.ErrInvalidEventTime (an event time that is zero or in the
-// future beyond the clock-skew margin: a producer bug that redelivery cannot
-// fix). A Consumer consults it first, then any predicates added with
-// WithPoison.
+// IsPoison reports whether a Consumer without WithPoison predicates
+// dead-letters a delivery whose Handler returned err: err matches ErrPoison
+// (which includes ErrUndecodable and errors marked with Poison), or the one
+// settle rule, adapter.Rule.Settle, says poison — idempotent.ErrInvalidKey
+// (which includes ErrNoKey), idempotent.ErrBeyondRetention (a message older
+// than the retention window, whose claim may already be gone),
+// adapter.ErrBadEventTime, or idempotent.ErrInvalidEventTime for a message
+// with no event time or one dated beyond adapter.DefaultFutureBound ahead
+// of the clock.
 //
-// What is not yet possible is not poison, and is requeued after the requeue
-// delay: idempotent.ErrNoPartition (in partitioned mode, the event day's
-// partition is not created yet), idempotent.ErrClaimBusy (another delivery
-// holds the claim) and idempotent.ErrRetriesExhausted (the database kept
-// failing with retryable errors).
+// What is not yet possible is not poison, and is requeued: a message dated
+// ahead of the clock within the bound, idempotent.ErrNoPartition (the event
+// day's partition is not created yet), idempotent.ErrClaimBusy and
+// idempotent.ErrRetriesExhausted. The clock is the Middleware's for an error
+// of a Handler built by Process or Decode.
 func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison) || errors.Is(err, idempotent.ErrInvalidKey) ||
-		errors.Is(err, idempotent.ErrBeyondRetention) || errors.Is(err, idempotent.ErrInvalidEventTime)
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrPoison) {
+		return true
+	}
+	rule, msg := settleRule(err, idempotent.RetryPolicy{})
+	return rule.Settle(msg, err, 1).Action == adapter.Poison
 }

@@ -1,7 +1,6 @@
 package rabbitmq
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -9,10 +8,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 )
 
-// ErrNoEventTime reports a delivery that carries no event time where its
-// EventTimeFunc looks, such as a zero timestamp property. It matches
+// ErrNoEventTime reports a delivery that carries no event time where the
+// Handler must find one: in partitioned mode, no adapter.EventTimeHeader
+// header; with WithTransportEventTime, no timestamp property; with
+// WithEventTime, a function that returned the zero time. It matches
 // idempotent.ErrInvalidEventTime, so the delivery is poison.
 var ErrNoEventTime = fmt.Errorf("%w: delivery carries no event time", idempotent.ErrInvalidEventTime)
 
@@ -25,97 +27,132 @@ var ErrNoEventTime = fmt.Errorf("%w: delivery carries no event time", idempotent
 // ErrPoison.
 type EventTimeFunc func(d *amqp.Delivery) (time.Time, error)
 
-// Timestamp returns an EventTimeFunc that reads the AMQP timestamp
-// property, set by the producer in amqp091.Publishing.Timestamp (to the
-// second: AMQP timestamps carry no fraction). A delivery without one fails
-// with ErrNoEventTime. Do not let the broker stamp it on arrival (as
-// RabbitMQ's message-timestamp plugin can): a message republished from a
-// dead-letter queue would then carry a new time, and in partitioned mode
-// land on another day, where its claim is not.
-func Timestamp() EventTimeFunc {
-	return func(d *amqp.Delivery) (time.Time, error) {
-		if d.Timestamp.IsZero() {
-			return time.Time{}, fmt.Errorf("%w: the timestamp property is not set", ErrNoEventTime)
-		}
-		return d.Timestamp, nil
-	}
-}
-
 // A HandlerOption configures a Handler built by Process or Decode.
 type HandlerOption interface {
-	applyHandler(*handlerConfig)
+	applyHandler(*handlerConfig) error
 }
 
-type handlerOptionFunc func(*handlerConfig)
+type handlerOptionFunc func(*handlerConfig) error
 
-func (f handlerOptionFunc) applyHandler(c *handlerConfig) { f(c) }
+func (f handlerOptionFunc) applyHandler(c *handlerConfig) error { return f(c) }
+
+// eventSource is where a Handler reads each delivery's event time.
+type eventSource int
+
+const (
+	fromHeader    eventSource = iota // adapter.EventTimeHeader, the default
+	fromFunc                         // WithEventTime
+	fromTransport                    // WithTransportEventTime
+)
 
 type handlerConfig struct {
-	eventTimeSet bool
-	eventTimeFn  EventTimeFunc
+	source      eventSource
+	eventTimeFn EventTimeFunc
+	partitioned bool
 }
 
-// WithEventTime reads each delivery's event time with f (such as
-// [Timestamp]) and processes the delivery with
-// idempotent.Middleware.ProcessMessage instead of Process: a message older
-// than the retention window is refused with idempotent.ErrBeyondRetention
-// and dead-lettered instead of being applied a second time after its claim
-// was cleaned up; one whose event time cannot be read, is zero or lies in
-// the future is poison too; in partitioned mode the claim goes to the event
-// day's partition, and a day whose partition does not exist yet fails with
-// idempotent.ErrNoPartition, which requeues the delivery. Required when the
-// Middleware is in partitioned mode. Default is no event time
-// (Middleware.Process).
+// WithEventTime reads each delivery's event time with f, a function over
+// the delivery (its body, or a header of the producer's own), instead of
+// the adapter.EventTimeHeader header. f counts as a producer's event time:
+// it is accepted in partitioned mode. A delivery for which f fails or
+// returns the zero time is poison. Default is the header.
 func WithEventTime(f EventTimeFunc) HandlerOption {
-	return handlerOptionFunc(func(c *handlerConfig) {
-		c.eventTimeSet = true
-		c.eventTimeFn = f
+	return handlerOptionFunc(func(c *handlerConfig) error {
+		if f == nil {
+			return errors.New("WithEventTime: nil function")
+		}
+		if c.source != fromHeader {
+			return errors.New("WithEventTime: an event time source is already set")
+		}
+		c.source, c.eventTimeFn = fromFunc, f
+		return nil
 	})
 }
 
-// newHandlerConfig applies opts for the Handler constructor fn, panicking
-// on a mistake in the set-up.
-func newHandlerConfig(fn string, mw *idempotent.Middleware, opts []HandlerOption) handlerConfig {
-	var c handlerConfig
-	for _, o := range opts {
-		if o == nil {
-			panic("rabbitmq: " + fn + ": nil option")
+// WithTransportEventTime reads each delivery's event time from the AMQP
+// timestamp property (amqp091.Publishing.Timestamp, whole seconds) instead
+// of the adapter.EventTimeHeader header. That is a transport time: a
+// producer's re-send (an application retry, a relay resending after a lost
+// confirm) stamps it anew, and so does a broker plugin that stamps messages
+// on arrival. A re-send then gets a new event time — after midnight a new
+// day — and the retention fence judges it by that time, not the event's.
+// Because a re-send would land in another day's partition, where its first
+// claim cannot be seen, and apply again, a Handler with this option is
+// refused for a Middleware in partitioned mode (adapter.ErrNoProducerEventTime).
+// A delivery without a timestamp fails with ErrNoEventTime and is poison.
+// Default is the header.
+func WithTransportEventTime() HandlerOption {
+	return handlerOptionFunc(func(c *handlerConfig) error {
+		if c.source != fromHeader {
+			return errors.New("WithTransportEventTime: an event time source is already set")
 		}
-		o.applyHandler(&c)
-	}
-	if c.eventTimeSet && c.eventTimeFn == nil {
-		panic("rabbitmq: " + fn + ": WithEventTime: nil function")
-	}
-	if !c.eventTimeSet && mw.Partitioned() {
-		panic(fmt.Sprintf("rabbitmq: %s: the claim table %s is partitioned by event day, so every delivery needs its event time: add WithEventTime (for the AMQP timestamp property, WithEventTime(Timestamp()))", fn, mw.Table()))
-	}
-	return c
+		c.source = fromTransport
+		return nil
+	})
 }
 
-// eventTime returns d's event time, or zero when the Handler has no
-// EventTimeFunc.
-func (c *handlerConfig) eventTime(key string, d *amqp.Delivery) (time.Time, error) {
-	if c.eventTimeFn == nil {
-		return time.Time{}, nil
-	}
-	at, err := c.eventTimeFn(d)
-	if err != nil {
-		if errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, ErrPoison) {
-			return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w", key, err)
+// newHandlerConfig applies opts for the Handler constructor fn and checks
+// that a partitioned mw gets a producer's event time.
+func newHandlerConfig(fn string, mw *idempotent.Middleware, opts []HandlerOption) (handlerConfig, error) {
+	c := handlerConfig{partitioned: mw.Partitioned()}
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("rabbitmq: %s: nil option", fn)
 		}
-		return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: event time function: %w", key, idempotent.ErrInvalidEventTime, err)
+		if err := o.applyHandler(&c); err != nil {
+			return c, fmt.Errorf("rabbitmq: %s: %w", fn, err)
+		}
 	}
-	if at.IsZero() {
-		return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: the event time function returned the zero time", key, ErrNoEventTime)
+	if err := adapter.CheckEventTimeSource(mw, "rabbitmq: "+fn, c.source != fromTransport); err != nil {
+		return c, fmt.Errorf("%w; WithTransportEventTime reads the AMQP timestamp, which a re-send stamps anew", err)
+	}
+	return c, nil
+}
+
+// eventTime returns d's event time, or zero when it has none and need not.
+func (c *handlerConfig) eventTime(key string, d *amqp.Delivery) (time.Time, error) {
+	switch c.source {
+	case fromTransport:
+		if d.Timestamp.IsZero() {
+			return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: the timestamp property is not set", key, ErrNoEventTime)
+		}
+		return d.Timestamp, nil
+	case fromFunc:
+		at, err := c.eventTimeFn(d)
+		if err != nil {
+			if errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, ErrPoison) {
+				return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w", key, err)
+			}
+			return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: event time function: %w", key, idempotent.ErrInvalidEventTime, err)
+		}
+		if at.IsZero() {
+			return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: the event time function returned the zero time", key, ErrNoEventTime)
+		}
+		return at, nil
+	}
+	at, err := headerEventTime(d)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w", key, err)
+	}
+	if at.IsZero() && c.partitioned {
+		return time.Time{}, fmt.Errorf("rabbitmq: message %q: %w: no %s header, and the claim table is partitioned by event day", key, ErrNoEventTime, adapter.EventTimeHeader)
 	}
 	return at, nil
 }
 
-// process runs fn for key through mw: ProcessMessage with the event time when the Handler reads
-// event times, Process otherwise.
-func (c *handlerConfig) process(ctx context.Context, mw *idempotent.Middleware, key string, at time.Time, fn idempotent.TxFunc) (idempotent.Outcome, error) {
-	if c.eventTimeFn == nil {
-		return mw.Process(ctx, key, fn)
+// headerEventTime reads the adapter.EventTimeHeader header: zero when it is
+// absent, an error matching adapter.ErrBadEventTime when it is not an RFC
+// 3339 string.
+func headerEventTime(d *amqp.Delivery) (time.Time, error) {
+	v, ok := d.Headers[adapter.EventTimeHeader]
+	if !ok || v == nil {
+		return time.Time{}, nil
 	}
-	return mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, fn)
+	switch v := v.(type) {
+	case string:
+		return adapter.ParseEventTime(v)
+	case []byte:
+		return adapter.ParseEventTime(string(v))
+	}
+	return time.Time{}, fmt.Errorf("%w: a %T, want a string as adapter.FormatEventTime writes it", adapter.ErrBadEventTime, v)
 }

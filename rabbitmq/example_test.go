@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/rabbitmq"
@@ -52,8 +53,13 @@ func ExampleNewConsumer() {
 		}
 		return nil
 	}
-	consumer, err := rabbitmq.NewConsumer("loyalty.order-completed",
-		rabbitmq.Decode(mw, rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id")), rabbitmq.JSON[orderCompleted], credit),
+	// The event time comes from the Idempotent-Event-Time header
+	// (adapter.EventTimeHeader) the producer set, if it did.
+	handler, err := rabbitmq.Decode(mw, rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id")), rabbitmq.JSON[orderCompleted], credit)
+	if err != nil {
+		log.Fatal(err)
+	}
+	consumer, err := rabbitmq.NewConsumer("loyalty.order-completed", handler,
 		rabbitmq.WithWorkers(8),
 		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
 			if s.Action == rabbitmq.DeadLettered || s.SettleErr != nil {
@@ -127,10 +133,12 @@ func ExampleWithPoison() {
 	_ = consumer // Run it as in the NewConsumer example
 }
 
-// The adapter in partitioned mode: the event time comes from the AMQP
-// timestamp property, and the claim lands in the event day's partition.
-// (The database is go-sqlmock, scripted by the mocks package.)
-func ExampleWithEventTime() {
+// The adapter in partitioned mode: the event time comes from the
+// Idempotent-Event-Time header (adapter.EventTimeHeader) the producer set,
+// and the claim lands in the event day's partition. A re-send with a new
+// AMQP timestamp but the same header meets the same claim. (The database
+// is go-sqlmock, scripted by the mocks package.)
+func ExampleProcess_partitioned() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -140,20 +148,26 @@ func ExampleWithEventTime() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	credit := rabbitmq.Process(mw, rabbitmq.MessageID(), func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+	credit, err := rabbitmq.Process(mw, rabbitmq.MessageID(), func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
 		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + 50 WHERE customer_id = 7")
 		return err
-	}, rabbitmq.WithEventTime(rabbitmq.Timestamp()))
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	at := time.Now().Add(-time.Hour).Truncate(time.Second) // set by the producer
+	at := time.Now().Add(-time.Hour) // set by the producer
 	m := mocks.ForMiddleware(mock, mw)
 	m.ExpectAppliedAt("order-completed:9912", at) // the claim in at's day
 	m.ExpectExec("UPDATE balances SET points = points + 50 WHERE customer_id = 7").WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
 
-	outcome, err := credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9912", Timestamp: at})
+	outcome, err := credit(context.Background(), &amqp.Delivery{
+		MessageId: "order-completed:9912",
+		Headers:   amqp.Table{adapter.EventTimeHeader: adapter.FormatEventTime(at)},
+	})
 	fmt.Println(outcome, err)
-	_, err = credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9913"}) // no timestamp
+	_, err = credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9913"}) // no header
 	fmt.Println(rabbitmq.IsPoison(err), errors.Is(err, rabbitmq.ErrNoEventTime))
 	fmt.Println(mock.ExpectationsWereMet())
 	// Output:

@@ -15,76 +15,81 @@ import (
 // A Handler processes one delivery and reports how it ended. It must not
 // ack, nack or reject the delivery: the Consumer does, from the result. A nil
 // error means the effect is durable (committed now, or found applied before),
-// and the delivery is acked; an error that a poison predicate recognises
-// dead-letters it; any other error requeues it.
+// and the delivery is acked; any other error is settled by the one settle
+// rule, adapter.Rule.Settle (see the package documentation).
 //
 // Process and Decode build Handlers that run each delivery through an
-// idempotent.Middleware. A Handler of your own may do anything, as long as
-// it returns nil only once its effect has committed.
+// idempotent.Middleware; their errors carry the message's event time and
+// the Middleware's clock to the rule. A Handler of your own may do
+// anything, as long as it returns nil only once its effect has committed;
+// the rule then reads its errors with time.Now and no event time, so an
+// idempotent.ErrInvalidEventTime of its own is poison, never requeued.
 type Handler func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error)
 
 // Process returns a Handler that applies fn's effect for each delivery
-// exactly once: it takes the message key from key, then calls mw.Process,
-// which runs fn inside the claim's transaction if the key is new. A key
-// error makes the delivery poison (it is wrapped with
+// exactly once: it takes the message key from key and the event time from
+// the adapter.EventTimeHeader header (see [WithEventTime] and
+// [WithTransportEventTime] for other sources), then calls
+// mw.ProcessMessage, which runs fn inside the claim's transaction if the key
+// is new. A key error makes the delivery poison (it is wrapped with
 // idempotent.ErrInvalidKey unless it already matches it or ErrPoison).
 //
-// With [WithEventTime], each delivery's event time is read too, and the
-// delivery goes through mw.ProcessMessage: the retention fence applies, and in
-// partitioned mode the claim lands in the event day's partition. A
-// Middleware in partitioned mode (idempotent.WithDailyPartitions) needs
-// WithEventTime.
+// A delivery with an event time meets the retention fence, and in
+// partitioned mode its claim lands in the event day's partition. Without
+// one — the producer set no header — the fence cannot apply, and in
+// partitioned mode (idempotent.WithDailyPartitions) the delivery is poison
+// (ErrNoEventTime). A header that is not an RFC 3339 time is poison
+// (adapter.ErrBadEventTime).
 //
-// Process panics if an argument or option is nil, or if mw is in
-// partitioned mode and no WithEventTime is given: mistakes in the program's
-// set-up, which no delivery could get past.
-func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error, opts ...HandlerOption) Handler {
+// Process returns an error, and no Handler, if an argument or option is nil
+// or if mw is in partitioned mode and the event time would come from the
+// transport (WithTransportEventTime): an error matching
+// adapter.ErrNoProducerEventTime.
+func Process(mw *idempotent.Middleware, key KeyFunc, fn func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error, opts ...HandlerOption) (Handler, error) {
 	if mw == nil || key == nil || fn == nil {
-		panic("rabbitmq: Process: nil middleware, key function or handler")
+		return nil, errors.New("rabbitmq: Process: nil middleware, key function or handler")
 	}
-	cfg := newHandlerConfig("Process", mw, opts)
+	cfg, err := newHandlerConfig("Process", mw, opts)
+	if err != nil {
+		return nil, err
+	}
 	return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		k, err := deliveryKey(key, d)
+		msg, err := cfg.message(key, d)
 		if err != nil {
-			return 0, err
+			return 0, &handlerError{msg: msg, mw: mw, err: err}
 		}
-		at, err := cfg.eventTime(k, d)
-		if err != nil {
-			return 0, err
-		}
-		return cfg.process(ctx, mw, k, at, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, d) })
-	}
+		return cfg.process(ctx, mw, msg, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, d) })
+	}, nil
 }
 
 // Decode returns a Handler that decodes each delivery's body into an M with
-// decode and applies h's effect for it exactly once, keyed by key. A key
-// error or a decode error (wrapped with ErrUndecodable) makes the delivery
-// poison; neither opens a transaction. [JSON] is a ready-made decode
-// function. With [WithEventTime] the delivery goes through
-// mw.ProcessMessage, as with Process. Decode panics as Process does.
-func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []byte) (M, error), h idempotent.Handler[M], opts ...HandlerOption) Handler {
+// decode and applies h's effect for it exactly once, keyed by key, with the
+// event time read as Process reads it. A key error, an event-time error or
+// a decode error (wrapped with ErrUndecodable) makes the delivery poison;
+// none opens a transaction. [JSON] is a ready-made decode function. Decode
+// returns an error as Process does.
+func Decode[M any](mw *idempotent.Middleware, key KeyFunc, decode func(body []byte) (M, error), h idempotent.Handler[M], opts ...HandlerOption) (Handler, error) {
 	if mw == nil || key == nil || decode == nil || h == nil {
-		panic("rabbitmq: Decode: nil middleware, key function, decode function or handler")
+		return nil, errors.New("rabbitmq: Decode: nil middleware, key function, decode function or handler")
 	}
-	cfg := newHandlerConfig("Decode", mw, opts)
+	cfg, err := newHandlerConfig("Decode", mw, opts)
+	if err != nil {
+		return nil, err
+	}
 	return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		k, err := deliveryKey(key, d)
+		msg, err := cfg.message(key, d)
 		if err != nil {
-			return 0, err
+			return 0, &handlerError{msg: msg, mw: mw, err: err}
 		}
-		at, err := cfg.eventTime(k, d)
+		m, err := decode(d.Body)
 		if err != nil {
-			return 0, err
-		}
-		msg, err := decode(d.Body)
-		if err != nil {
-			if errors.Is(err, ErrUndecodable) {
-				return 0, fmt.Errorf("rabbitmq: message %q: %w", k, err)
+			if !errors.Is(err, ErrUndecodable) {
+				err = fmt.Errorf("%w: %w", ErrUndecodable, err)
 			}
-			return 0, fmt.Errorf("rabbitmq: message %q: %w: %w", k, ErrUndecodable, err)
+			return 0, &handlerError{msg: msg, mw: mw, err: fmt.Errorf("rabbitmq: message %q: %w", msg.Key, err)}
 		}
-		return cfg.process(ctx, mw, k, at, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
-	}
+		return cfg.process(ctx, mw, msg, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, m) })
+	}, nil
 }
 
 // JSON decodes a JSON body into an M, for use with Decode. Fields of the
@@ -109,3 +114,38 @@ func deliveryKey(key KeyFunc, d *amqp.Delivery) (string, error) {
 	}
 	return k, nil
 }
+
+// message reads d's key and event time.
+func (c *handlerConfig) message(key KeyFunc, d *amqp.Delivery) (idempotent.Message, error) {
+	k, err := deliveryKey(key, d)
+	if err != nil {
+		return idempotent.Message{}, err
+	}
+	at, err := c.eventTime(k, d)
+	if err != nil {
+		return idempotent.Message{Key: k}, err
+	}
+	return idempotent.Message{Key: k, EventTime: at}, nil
+}
+
+// process runs fn for msg through mw. An error carries msg and mw to the
+// Consumer's settle rule.
+func (c *handlerConfig) process(ctx context.Context, mw *idempotent.Middleware, msg idempotent.Message, fn idempotent.TxFunc) (idempotent.Outcome, error) {
+	out, err := mw.ProcessMessage(ctx, msg, fn)
+	if err != nil {
+		return out, &handlerError{msg: msg, mw: mw, err: err}
+	}
+	return out, nil
+}
+
+// handlerError is an error of a Handler built by Process or Decode: it
+// carries the message (its event time, for a future-dated one) and the
+// Middleware (its clock and clock-skew margin) to the settle rule.
+type handlerError struct {
+	msg idempotent.Message
+	mw  *idempotent.Middleware
+	err error
+}
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }

@@ -119,14 +119,14 @@ func TestHandlersRejectPoisonBeforeTheDatabase(t *testing.T) {
 		d       amqp.Delivery
 		want    error
 	}{
-		{"Process, no key", rabbitmq.Process(mw, rabbitmq.MessageID(), fn), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
-		{"Process, key with NUL", rabbitmq.Process(mw, rabbitmq.MessageID(), fn), amqp.Delivery{MessageId: "a\x00b"}, idempotent.ErrInvalidKey},
-		{"Process, failing key function", rabbitmq.Process(mw, failingKey, fn), amqp.Delivery{MessageId: "m"}, idempotent.ErrInvalidKey},
-		{"Decode, no key", rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
-		{"Decode, bad JSON", rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h), amqp.Delivery{MessageId: "m", Body: []byte(`{"order_id": "x"}`)}, rabbitmq.ErrUndecodable},
-		{"Decode, own decoder", rabbitmq.Decode(mw, rabbitmq.MessageID(), func([]byte) (orderCompleted, error) {
+		{"Process, no key", must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn)), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
+		{"Process, key with NUL", must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn)), amqp.Delivery{MessageId: "a\x00b"}, idempotent.ErrInvalidKey},
+		{"Process, failing key function", must(t)(rabbitmq.Process(mw, failingKey, fn)), amqp.Delivery{MessageId: "m"}, idempotent.ErrInvalidKey},
+		{"Decode, no key", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h)), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
+		{"Decode, bad JSON", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h)), amqp.Delivery{MessageId: "m", Body: []byte(`{"order_id": "x"}`)}, rabbitmq.ErrUndecodable},
+		{"Decode, own decoder", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), func([]byte) (orderCompleted, error) {
 			return orderCompleted{}, errors.New("unsupported schema version")
-		}, h), amqp.Delivery{MessageId: "m"}, rabbitmq.ErrUndecodable},
+		}, h)), amqp.Delivery{MessageId: "m"}, rabbitmq.ErrUndecodable},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,7 +140,7 @@ func TestHandlersRejectPoisonBeforeTheDatabase(t *testing.T) {
 		t.Fatal("a handler ran for a poison delivery")
 	}
 	// A valid delivery does reach the database, and that failure is not poison.
-	_, err := rabbitmq.Process(mw, rabbitmq.MessageID(), fn)(context.Background(), &amqp.Delivery{MessageId: "m"})
+	_, err := must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn))(context.Background(), &amqp.Delivery{MessageId: "m"})
 	if err == nil || rabbitmq.IsPoison(err) {
 		t.Fatalf("unreachable database: %v, want an error that is not poison", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent"
 )
 
 // An Option configures a Consumer. Options are checked by NewConsumer: a bad
@@ -37,6 +39,11 @@ type config struct {
 	onSettle        func(context.Context, Settlement)
 	deliveryContext func(context.Context, *amqp.Delivery) context.Context
 	tagPrefix       string
+}
+
+// backoff is the settle rule's backoff policy: the requeue delay.
+func (c *config) backoff() idempotent.RetryPolicy {
+	return idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.requeueDelay, MaxBackoff: c.requeueDelay}
 }
 
 func defaultConfig() config {
@@ -75,11 +82,14 @@ func WithPrefetch(n int) Option {
 	})
 }
 
-// WithRequeueDelay sets how long a worker waits, holding the delivery,
-// before it nacks a failed (not poison) delivery with requeue. The delay
-// keeps a failing message from spinning between the broker and the
-// consumer; it is cut short when Run is shutting down. 0 requeues at once.
-// It must be 0 to MaxRequeueDelay. Default is one second.
+// WithRequeueDelay sets the requeue delay: the backoff of the settle rule
+// (adapter.Rule.Backoff, jittered between d/2 and d) and the longest a
+// worker holds a delivery, before it nacks it with requeue. The delay keeps
+// a failing message from spinning between the broker and the consumer; it
+// is cut short when Run is shutting down. A message dated ahead of the
+// clock is held at most d too, and requeued again each time it comes back
+// until the clock has caught up. 0 requeues at once. It must be 0 to
+// MaxRequeueDelay. Default is one second.
 //
 // The delay bounds the retry rate, not the number of retries: to
 // dead-letter a message after N failed deliveries, use a quorum queue with
@@ -110,9 +120,9 @@ func WithShutdownTimeout(d time.Duration) Option {
 
 // WithPoison adds a poison predicate: a handler error for which it returns
 // true dead-letters the delivery instead of requeueing it. A delivery is
-// poison if IsPoison or any added predicate says so. Use it for errors that
-// no redelivery can fix, such as a retention error for a message older than
-// the claims kept. Default is IsPoison alone.
+// poison if it matches ErrPoison, an added predicate says so, or the settle
+// rule does (see IsPoison). Use it for another package's errors that no
+// redelivery can fix. Default is none.
 func WithPoison(isPoison func(error) bool) Option {
 	return optionFunc(func(c *config) error {
 		if isPoison == nil {

@@ -23,13 +23,12 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
 	msg := orderCompleted{OrderID: 1603, CustomerID: 16, TotalCents: 3100}
-	pub := orderMessage(t, msg)
-	pub.Timestamp = clock.Now().Add(-time.Hour) // the producer's event time
+	pub := eventOrderMessage(t, msg, clock.Now().Add(-time.Hour)) // the producer's event time
 	newPublisher(t, admin, top.queue).publish(t, pub)
 
 	// The adapter in partitioned mode: key from message_id, event time
-	// from the timestamp property.
-	credit := l.eventOrderHandler()
+	// from the Idempotent-Event-Time header.
+	credit := l.eventOrderHandler(t)
 	settled := make(chan rabbitmq.Settlement)
 	stop := make(chan struct{})
 	defer close(stop)

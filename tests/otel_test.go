@@ -202,7 +202,7 @@ func TestOTelRabbitMQContinuesTheProducersTrace(t *testing.T) {
 	}
 	newPublisher(t, admin, top.queue).publish(t, m, orderMessage(t, untraced))
 
-	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(), rabbitmq.WithWorkers(1),
+	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(t), rabbitmq.WithWorkers(1),
 		rabbitmq.WithDeliveryContext(func(ctx context.Context, d *amqp.Delivery) context.Context {
 			return otelmetrics.ContextFromHeaders(ctx, d.Headers)
 		}))

@@ -11,22 +11,24 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
 // eventOrderHandler is the loyalty consumer with the adapter in partitioned
-// mode: key from the producer's message_id, event time from its timestamp
-// property.
-func (l *loyalty) eventOrderHandler() rabbitmq.Handler {
-	return rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit,
-		rabbitmq.WithEventTime(rabbitmq.Timestamp()))
+// mode: key from the producer's message_id, event time from its
+// Idempotent-Event-Time header (the default).
+func (l *loyalty) eventOrderHandler(t testing.TB) rabbitmq.Handler {
+	t.Helper()
+	return mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit))
 }
 
-// eventOrderMessage is orderMessage stamped with the producer's event time.
+// eventOrderMessage is orderMessage with the producer's event time in the
+// adapter.EventTimeHeader header.
 func eventOrderMessage(t testing.TB, o orderCompleted, at time.Time) amqp.Publishing {
 	t.Helper()
 	m := orderMessage(t, o)
-	m.Timestamp = at
+	m.Headers = amqp.Table{adapter.EventTimeHeader: adapter.FormatEventTime(at)}
 	return m
 }
 
@@ -75,7 +77,7 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(), p.crash), rabbitmq.WithWorkers(1))
+	first, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(t), p.crash), rabbitmq.WithWorkers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,7 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	}
 
 	clock.Add(24 * time.Hour) // the redelivery is processed on 15 March
-	second, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(), func() {}), rabbitmq.WithWorkers(1))
+	second, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(t), func() {}), rabbitmq.WithWorkers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +136,7 @@ func TestRabbitMQPartitionedFenceDeadLetters(t *testing.T) {
 		eventOrderMessage(t, good, now.Add(-time.Minute)))
 
 	var dead sync.Map // message_id -> error
-	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(t), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
 		if s.Action == rabbitmq.DeadLettered {
 			dead.Store(s.Delivery.MessageId, s.Err)
 		}

@@ -21,8 +21,21 @@ import (
 // orderHandler is the loyalty consumer as users write it with the adapter:
 // key from the producer's message_id, JSON body, credit in the claim's
 // transaction.
-func (l *loyalty) orderHandler() rabbitmq.Handler {
-	return rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit)
+func (l *loyalty) orderHandler(t testing.TB) rabbitmq.Handler {
+	t.Helper()
+	return mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit))
+}
+
+// mustHandler returns a function that fails t on a Handler constructor's
+// error.
+func mustHandler(t testing.TB) func(rabbitmq.Handler, error) rabbitmq.Handler {
+	return func(h rabbitmq.Handler, err error) rabbitmq.Handler {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
 }
 
 // runUntil runs c on a new channel of conn until cond holds, then shuts it
@@ -92,7 +105,7 @@ func TestRabbitMQCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(), p.crash), rabbitmq.WithWorkers(1))
+	first, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(t), p.crash), rabbitmq.WithWorkers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +117,7 @@ func TestRabbitMQCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T)
 	}
 
 	// The broker redelivers to the next consumer, which finds the claim.
-	second, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(), func() {}), rabbitmq.WithWorkers(1))
+	second, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(t), func() {}), rabbitmq.WithWorkers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +160,7 @@ func TestRabbitMQPoisonGoesToTheDeadLetterQueue(t *testing.T) {
 	newPublisher(t, admin, top.queue).publish(t, noKey, badBody, orderMessage(t, good), nulKey)
 
 	var dead sync.Map // message_id -> error
-	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(t), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
 		if s.Action == rabbitmq.DeadLettered {
 			dead.Store(s.Delivery.MessageId, s.Err)
 		}
@@ -229,7 +242,7 @@ func TestRabbitMQFailedDeliveryIsRequeuedThenApplied(t *testing.T) {
 	// lookup timing out): the claim rolls back with the effect.
 	var attempts atomic.Int32
 	var redelivered atomic.Bool
-	h := rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+	h := mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
 		if err := l.credit(ctx, tx, o); err != nil {
 			return err
 		}
@@ -237,7 +250,7 @@ func TestRabbitMQFailedDeliveryIsRequeuedThenApplied(t *testing.T) {
 			return errors.New("pricing service timed out")
 		}
 		return nil
-	})
+	}))
 	c, err := rabbitmq.NewConsumer(top.queue, func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		if attempts.Load() == 2 {
 			redelivered.Store(d.Redelivered)
@@ -283,7 +296,7 @@ func TestRabbitMQShutdownLosesNothingInFlight(t *testing.T) {
 		time.Sleep(3 * time.Millisecond)
 		return l.credit(ctx, tx, o)
 	}
-	h := rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], slow)
+	h := mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], slow))
 	first, err := rabbitmq.NewConsumer(top.queue, h, rabbitmq.WithWorkers(4), rabbitmq.WithPrefetch(20))
 	if err != nil {
 		t.Fatal(err)
@@ -405,7 +418,7 @@ func TestRabbitMQFiveThousandWithCrashes(t *testing.T) {
 					return
 				}
 				live.Store(p, struct{}{})
-				base := l.orderHandler()
+				base := l.orderHandler(t)
 				h := func(hctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 					out, err := base(hctx, d)
 					prngMu.Lock()

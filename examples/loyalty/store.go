@@ -243,7 +243,10 @@ func (s *store) libraryHandler(ctx context.Context, customers int) (rabbitmq.Han
 	// The key is the order id from the body: a natural key that survives
 	// a replay tool assigning new message ids.
 	key := rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id"))
-	apply := rabbitmq.Decode(mw, key, rabbitmq.JSON[orderCompleted], credit)
+	apply, err := rabbitmq.Decode(mw, key, rabbitmq.JSON[orderCompleted], credit)
+	if err != nil {
+		return nil, nil, err
+	}
 	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
 		// The same price lookup, before the transaction, as the guide
 		// advises: keep slow calls out of it.
