@@ -330,10 +330,13 @@ var scenarios = []scenario{
 		e.waitSettled(inFlight.Key(), adapter.Ack, 1)
 		e.waitSettled(later.Key(), adapter.Ack, 1)
 		e.stopAll()
-		if a, _ := e.rec.count(inFlight.Key()); a != 1 {
-			t.Errorf("the in-flight message applied %d times, want 1", a)
+		// A transport that replays to a new subscriber may deliver
+		// either again: duplicates, applied once.
+		for _, o := range []order{inFlight, later} {
+			if a, _ := e.rec.count(o.Key()); a != 1 {
+				t.Errorf("%s applied %d times, want 1", o.Key(), a)
+			}
 		}
-		e.want(later.Key(), 1, 0)
 		e.audit(inFlight, later)
 	}},
 	{name: "KillMidHandler", needs: func(f Features, batch bool) string {
@@ -387,8 +390,8 @@ var scenarios = []scenario{
 		e.start(e.config())
 		e.waitFor("the delivery refused", func() bool { return len(e.rec.of(o.Key(), 0, 0)) >= 1 })
 		e.stopAll()
-		for _, st := range e.rec.of(o.Key(), 0, 0) {
-			if released(st) {
+		for i, st := range e.rec.of(o.Key(), 0, 0) {
+			if i > 0 && released(st) {
 				continue
 			}
 			if st.Action == adapter.Ack || !errors.Is(st.Err, idempotent.ErrAutocommit) {
@@ -426,9 +429,12 @@ var scenarios = []scenario{
 	}},
 }
 
-// released reports a requeue without an error: a delivery handed back
-// without running the handler (one that arrived during a shutdown).
-func released(st Settlement) bool { return st.Action == adapter.Requeue && st.Err == nil }
+// released reports a requeue that a shutdown made: a delivery handed back
+// without running the handler (no error), or one whose transaction the
+// shutdown cancelled (context.Canceled).
+func released(st Settlement) bool {
+	return st.Action == adapter.Requeue && (st.Err == nil || errors.Is(st.Err, context.Canceled))
+}
 
 // wantOnlyPoison checks key was settled exactly once, as poison with an
 // error matching want.
