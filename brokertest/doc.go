@@ -1,0 +1,60 @@
+// Package brokertest is the conformance suite for broker adapters of
+// github.com/txclaim/idempotent — this module's (rabbitmq, kafka, nats,
+// watermill) and a third party's — as dialect/dialecttest is for dialects:
+// the checks every adapter must pass, in every mode it has, for the
+// Middleware's promise to hold through the broker.
+//
+// An adapter's test hands [Run] a [Harness]: its [Features] and a way to
+// open a fresh [Transport] (a topic, stream or queue of the scenario's own)
+// that publishes a [Message] (key, headers — the producer's event time in
+// adapter.EventTimeHeader among them —, body) and builds a [Consumer] over
+// a [ConsumerConfig] the suite gives: the *idempotent.Middleware (the
+// suite's, on a claim table in a schema of the scenario's own, with a
+// clock the suite sets through idempotent.WithClock), the effect, the mode,
+// and a callback the consumer reports each [Settlement] to (ack, requeue,
+// poison, by key). The suite then runs, against the real test Postgres and
+// the adapter's real broker, each as a subtest skipped where the features
+// say it does not apply:
+//
+//   - Redelivery: one key sent twice → one Applied, one Duplicate, two
+//     acks, one effect;
+//   - CrashAfterCommit (Features.LoseAck): the first ack is lost after the
+//     commit → the redelivery is a Duplicate, one effect;
+//   - HandlerErrorThenSuccess: the handler writes half its effect and
+//     fails → requeued with its error, then applied once, balances exact;
+//   - ConcurrentDuplicates: eight copies, four workers → one effect;
+//   - PoisonHeader: an event-time header that is not RFC 3339 → poison
+//     exactly once (adapter.ErrBadEventTime), nothing written, the good
+//     message beside it applied;
+//   - Partitioned/RefusedWithoutEventTime: on a day-partitioned table a
+//     consumer without a producer event time is refused at construction
+//     (adapter.ErrNoProducerEventTime);
+//   - Partitioned/ResendAcrossMidnight: produced at 23:30, re-sent at
+//     00:30 with a later transport time and the same header → Duplicate,
+//     the claim on the event's day;
+//   - TooOld: older than the retention window → poison
+//     (idempotent.ErrBeyondRetention), nothing written;
+//   - FutureDated: beyond adapter.DefaultFutureBound → poison; within it →
+//     requeued (with the delay until the clock catches up, where the
+//     adapter reports delays), nothing written — checked on the
+//     settlement, never by waiting for the clock;
+//   - GracefulShutdownMidHandler: Stop while a handler runs → the message
+//     is finished (or redelivered to the next consumer, Features.Restart)
+//     and applied once, and one published meanwhile is not lost;
+//   - KillMidHandler (Features.Kill): a crash while the handler runs, the
+//     handler then committing → the next consumer's delivery applies it
+//     exactly once;
+//   - StrictGuard: a handler that runs COMMIT on the claim's transaction
+//     is refused (idempotent.ErrAutocommit), never acked, nothing commits;
+//   - TxOptions: idempotent.WithTxOptions reaches the handler's
+//     transaction.
+//
+// With Features.Batch every scenario about a mode runs again as
+// "batch/<scenario>" with the adapter's batch consumer, which must settle
+// each message of a batch on its own.
+//
+// Each scenario audits its effects exactly: one ledger row per applied
+// message, one claim each, every balance equal to the sum of the messages
+// applied. Waits are bounded polls on the settlements reported, never
+// sleeps. docs/adapters.md shows a harness.
+package brokertest

@@ -1,0 +1,183 @@
+package nats_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/brokertest"
+	"github.com/txclaim/idempotent/internal/testenv"
+	idnats "github.com/txclaim/idempotent/nats"
+)
+
+// TestBrokertest runs the adapters' conformance suite on JetStream: a
+// stream and a durable of each scenario's own on the local nats-server,
+// per message and in batches.
+func TestBrokertest(t *testing.T) {
+	brokertest.Run(t, natsHarness{url: testenv.Getenv("IDEMPOTENT_NATS_URL", "nats://127.0.0.1:4222")})
+}
+
+type natsHarness struct{ url string }
+
+func (natsHarness) Features() brokertest.Features {
+	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, RequeueDelay: true}
+}
+
+// Open creates a stream and a durable with a 2s AckWait, so that what a
+// killed consumer did not ack comes back soon.
+func (h natsHarness) Open(t *testing.T) brokertest.Transport {
+	js := newJS(t, connect(t, h.url, natsgo.MaxReconnects(0)))
+	s, stream := newStream(t, js, 1)
+	newConsumer(t, s, "brokertest", 2*time.Second)
+	return &natsTransport{t: t, url: h.url, js: js, stream: stream}
+}
+
+type natsTransport struct {
+	t      *testing.T
+	url    string
+	js     jetstream.JetStream
+	stream string
+}
+
+// Publish sends m keyed by the Order-Key header (no Nats-Msg-Id, so the
+// stream keeps a re-send as a new message). JetStream stamps its own time.
+func (tr *natsTransport) Publish(ctx context.Context, m brokertest.Message) error {
+	msg := natsgo.NewMsg(tr.stream + ".orders")
+	msg.Data = m.Body
+	msg.Header.Set("Order-Key", m.Key)
+	for k, v := range m.Headers {
+		msg.Header.Set(k, v)
+	}
+	_, err := tr.js.PublishMsg(ctx, msg)
+	return err
+}
+
+func (tr *natsTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
+	var hopts []idnats.HandlerOption
+	if cfg.NoEventTime {
+		hopts = append(hopts, idnats.WithoutEventTime())
+	}
+	raw := func(b []byte) ([]byte, error) { return b, nil }
+	actions := map[idnats.Action]adapter.Action{idnats.Acked: adapter.Ack, idnats.Naked: adapter.Requeue, idnats.Released: adapter.Requeue, idnats.Terminated: adapter.Poison}
+	opts := []idnats.Option{idnats.WithWorkers(cfg.Workers), idnats.WithFetchWait(50 * time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, 50*time.Millisecond),
+		idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
+			cfg.OnSettle(brokertest.Settlement{Key: s.Msg.Headers().Get("Order-Key"), Action: actions[s.Action], Err: s.Err, Delay: s.Delay})
+		})}
+	c := &natsConsumer{tr: tr, lose: cfg.LoseAck}
+	var err error
+	if cfg.Batch {
+		var h idnats.BatchHandler
+		if h, err = idnats.DecodeBatch(cfg.Middleware, orderKey, raw, idempotent.BatchHandler[[]byte](cfg.BatchHandler), hopts...); err == nil {
+			c.c, err = idnats.NewBatchConsumer(cfg.BatchSize, h, opts...)
+		}
+	} else {
+		var h idnats.Handler
+		if h, err = idnats.Decode(cfg.Middleware, orderKey, raw, idempotent.Handler[[]byte](cfg.Handler), hopts...); err == nil {
+			c.c, err = idnats.NewConsumer(h, opts...)
+		}
+	}
+	return c, err
+}
+
+// natsConsumer is a consumer process: a connection of its own and a Run.
+type natsConsumer struct {
+	tr     *natsTransport
+	c      *idnats.Consumer
+	lose   func(key string) bool
+	mu     sync.Mutex
+	nc     *natsgo.Conn
+	cancel context.CancelFunc
+	done   chan error
+	killed bool
+}
+
+func (c *natsConsumer) Start(context.Context) error {
+	c.nc = connect(c.tr.t, c.tr.url, natsgo.MaxReconnects(0))
+	var cons jetstream.Consumer = bindConsumer(c.tr.t, newJS(c.tr.t, c.nc), c.tr.stream, "brokertest")
+	if c.lose != nil {
+		cons = lossyConsumer{cons, c.lose}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel, c.done = cancel, make(chan error, 1)
+	go func() { c.done <- c.c.Run(ctx, cons) }()
+	return nil
+}
+
+func (c *natsConsumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		return nil
+	}
+	c.cancel()
+	var err error
+	select {
+	case err = <-c.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.done = nil
+	c.nc.Close()
+	if c.killed {
+		return nil
+	}
+	return err
+}
+
+// Kill closes the connection under Run, as a crash does: the acks of
+// in-flight messages are lost.
+func (c *natsConsumer) Kill() error {
+	c.mu.Lock()
+	c.killed = true
+	c.mu.Unlock()
+	c.nc.Close()
+	return nil
+}
+
+// lossyConsumer hands Run messages whose DoubleAck, when lose says so,
+// naks instead: the server delivers the message again as it would after
+// a crash between commit and ack.
+type lossyConsumer struct {
+	jetstream.Consumer
+	lose func(key string) bool
+}
+
+func (l lossyConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := l.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return b, err
+	}
+	out := lossyBatch{MessageBatch: b, msgs: make(chan jetstream.Msg)}
+	go func() {
+		defer close(out.msgs)
+		for m := range b.Messages() {
+			out.msgs <- lossyMsg{m, l.lose}
+		}
+	}()
+	return out, nil
+}
+
+type lossyBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b lossyBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+
+type lossyMsg struct {
+	jetstream.Msg
+	lose func(key string) bool
+}
+
+func (m lossyMsg) DoubleAck(ctx context.Context) error {
+	if m.lose(m.Headers().Get("Order-Key")) {
+		return m.Msg.Nak()
+	}
+	return m.Msg.DoubleAck(ctx)
+}
