@@ -54,6 +54,7 @@ func TestSettle(t *testing.T) {
 		{"applied or duplicate", msg(now), nil, 1, adapter.Ack, 0},
 		{"too old", msg(now.AddDate(0, -2, 0)), wrap(idempotent.ErrBeyondRetention), 1, adapter.Poison, 0},
 		{"bad key", msg(now), wrap(idempotent.ErrInvalidKey), 1, adapter.Poison, 0},
+		{"a handler that ends the claim's transaction", msg(now), wrap(idempotent.ErrAutocommit), 1, adapter.Poison, 0},
 		{"bad header", msg(time.Time{}), wrap(adapter.ErrBadEventTime), 1, adapter.Poison, 0},
 		{"no event time where one is required", msg(time.Time{}), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Poison, 0},
 		{"ahead within the bound", msg(now.Add(25 * time.Minute)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Requeue, 20 * time.Minute},

@@ -28,6 +28,8 @@
 //	  ErrClaimBusy, ErrNoPartition, other errors → Requeue after RetryPolicy.Backoff
 //	ErrBeyondRetention (too old)                → Poison
 //	ErrInvalidKey, a bad event-time header      → Poison
+//	ErrAutocommit (the handler left the claim's
+//	  transaction: every delivery would again)  → Poison
 //	ErrInvalidEventTime, dated in the future:
 //	  within Rule.FutureBound                   → Requeue until the clock catches up
 //	  beyond it, or zero where one is required  → Poison

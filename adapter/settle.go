@@ -85,7 +85,8 @@ func (r Rule) Settle(msg idempotent.Message, err error, attempt int) Decision {
 	switch {
 	case errors.Is(err, idempotent.ErrBeyondRetention),
 		errors.Is(err, idempotent.ErrInvalidKey),
-		errors.Is(err, idempotent.ErrBatchTooLarge):
+		errors.Is(err, idempotent.ErrBatchTooLarge),
+		errors.Is(err, idempotent.ErrAutocommit):
 		return Decision{Action: Poison, Err: err}
 	case errors.Is(err, idempotent.ErrInvalidEventTime):
 		now := r.now()

@@ -286,7 +286,9 @@ func WithEventTime(fn EventTimeFunc) Option {
 // partition cannot see the first claim, and is applied a second time; on a
 // plain table the retention fence reads a re-send's age from its new
 // timestamp, so a replay of a message whose claim cleanup already deleted is
-// applied again. Default is off: the event time comes from the header.
+// applied again. A Middleware partitioned by event day is therefore refused
+// with it (adapter.ErrNoProducerEventTime), as by every adapter. Default is
+// off: the event time comes from the header.
 func WithTransportEventTime() Option {
 	return optionFunc(func(c *config) error {
 		c.eventTime, c.eventTimeFn = eventTimeTransport, nil

@@ -13,9 +13,12 @@ import (
 
 // producerEventTime reports whether the configured event-time source is a
 // producer's (the header, the default, or WithEventTime), for
-// adapter.CheckEventTimeSource. WithTransportEventTime counts as one: it is
-// an explicit choice whose cost its doc states.
-func (c config) producerEventTime() bool { return c.eventTime != eventTimeNone }
+// adapter.CheckEventTimeSource. The record timestamp (WithTransportEventTime)
+// is not: a re-send gets a new one, which on a day-partitioned table is
+// another day's partition, so every adapter refuses it there.
+func (c config) producerEventTime() bool {
+	return c.eventTime != eventTimeNone && c.eventTime != eventTimeTransport
+}
 
 // eventTime returns r's event time from the configured source: the zero
 // time when it has none.

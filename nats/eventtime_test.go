@@ -208,10 +208,12 @@ func TestPartitionedTableWithoutEventTimeIsRefusedAtConstruction(t *testing.T) {
 				t.Fatalf("partitioned, WithoutEventTime: %v, want adapter.ErrNoProducerEventTime", err)
 			}
 			t.Logf("refused: %v", err)
+			if err := f(l, idnats.WithTransportEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+				t.Fatalf("partitioned, WithTransportEventTime (the stream's time, no producer's): %v, want adapter.ErrNoProducerEventTime", err)
+			}
 			for what, opts := range map[string][]idnats.HandlerOption{
-				"the header (default)":   nil,
-				"WithEventTime":          {idnats.WithEventTime(idnats.TimeHeader("Event-Time"))},
-				"WithTransportEventTime": {idnats.WithTransportEventTime()},
+				"the header (default)": nil,
+				"WithEventTime":        {idnats.WithEventTime(idnats.TimeHeader("Event-Time"))},
 			} {
 				if err := f(l, opts...); err != nil {
 					t.Errorf("partitioned, %s: %v", what, err)

@@ -93,8 +93,10 @@ func WithEventTime(at TimeFunc) HandlerOption {
 // new one, so on a day-partitioned claim table a re-send after UTC midnight
 // lands in another day's partition, where its first claim cannot be seen,
 // and is applied again; and the retention fence cannot recognise an old
-// message republished. Use it only where every message is published once.
-// Default is the adapter.EventTimeHeader header.
+// message republished. Use it only where every message is published once;
+// a Middleware partitioned by event day is refused with it
+// (adapter.ErrNoProducerEventTime), as by every adapter. Default is the
+// adapter.EventTimeHeader header.
 func WithTransportEventTime() HandlerOption {
 	return handlerOptionFunc(func(c *handlerConfig) error { return c.choose("WithTransportEventTime", fromTransport) })
 }
@@ -120,7 +122,9 @@ func handlerOptions(who string, mw *idempotent.Middleware, opts []HandlerOption)
 			return c, err
 		}
 	}
-	if err := adapter.CheckEventTimeSource(mw, "nats: "+who, c.source != fromNothing); err != nil {
+	// The stream's timestamp is no producer's time: refused for a
+	// partitioned table, as by every adapter.
+	if err := adapter.CheckEventTimeSource(mw, "nats: "+who, c.source != fromNothing && c.source != fromTransport); err != nil {
 		return c, err
 	}
 	return c, nil
