@@ -121,7 +121,7 @@ func TestSettlesFailuresByKind(t *testing.T) {
 		{"database down", errors.New("dial tcp: connection refused"), "nack 1 requeue"},
 		{"retries exhausted", &idempotent.RetriesExhaustedError{Attempts: 10, Err: errors.New("40001")}, "nack 1 requeue"},
 		{"claim busy", fmt.Errorf("x: %w", idempotent.ErrClaimBusy), "nack 1 requeue"},
-		{"autocommit bug", fmt.Errorf("x: %w", idempotent.ErrAutocommit), "nack 1 requeue"},
+		{"autocommit bug", fmt.Errorf("x: %w", idempotent.ErrAutocommit), "reject 1"}, // every delivery would leave the transaction again
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
