@@ -151,7 +151,16 @@ func (c *Consumer) advanceStmt(ctx context.Context) (*sql.Stmt, error) {
 	if c.prepared != nil {
 		return c.prepared, nil
 	}
-	stmt, err := c.db.PrepareContext(ctx, c.q.Advance(1))
+	// Prepared on the pool, outside the transaction ctx belongs to: a
+	// context with ctx's cancellation but none of its values, so that a
+	// guarded database (idempotent.GuardConnector), which refuses a
+	// statement sent with a handler's context outside its transaction,
+	// lets it through.
+	pctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	stmt, err := c.db.PrepareContext(pctx, c.q.Advance(1))
 	if err != nil {
 		return nil, err
 	}

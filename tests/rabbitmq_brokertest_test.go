@@ -1,0 +1,230 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/brokertest"
+	"github.com/txclaim/idempotent/rabbitmq"
+)
+
+// TestRabbitMQBrokertest runs the adapters' conformance suite on the local
+// RabbitMQ: a queue of each scenario's own with a dead-letter exchange,
+// consumed by rabbitmq.NewConsumer over a Decode Handler.
+func TestRabbitMQBrokertest(t *testing.T) {
+	brokertest.Run(t, rabbitHarness{})
+}
+
+// rabbitKeyHeader is the AMQP header the harness puts the message key in.
+const rabbitKeyHeader = "Order-Key"
+
+type rabbitHarness struct{}
+
+// Features: a killed connection's unacked deliveries are requeued (Kill),
+// a queue keeps what a stopped consumer left (Restart), a closed channel
+// loses the acks it had not sent (LoseAck), poison is rejected to the
+// queue's dead-letter exchange (DeadLetter), and the harness stamps the
+// AMQP timestamp (TransportTime). A Settlement carries no requeue delay.
+func (rabbitHarness) Features() brokertest.Features {
+	return brokertest.Features{Kill: true, Restart: true, LoseAck: true, DeadLetter: true, TransportTime: true}
+}
+
+func (rabbitHarness) Open(t *testing.T) brokertest.Transport {
+	url := amqpURL(t)
+	top := declareTopology(t, url)
+	return &rabbitTransport{t: t, url: url, top: top, pub: newPublisher(t, dialTest(t, url), top.queue)}
+}
+
+type rabbitTransport struct {
+	t   *testing.T
+	url string
+	top topology
+	mu  sync.Mutex // the publisher's channel
+	pub *publisher
+}
+
+// Publish sends m to the queue with publisher confirms: the key and
+// m.Headers as AMQP headers, m.TransportTime as the AMQP timestamp.
+func (tr *rabbitTransport) Publish(ctx context.Context, m brokertest.Message) error {
+	h := amqp.Table{rabbitKeyHeader: m.Key}
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	p := amqp.Publishing{Headers: h, Body: m.Body, Timestamp: m.TransportTime, DeliveryMode: amqp.Persistent}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	dc, err := tr.pub.ch.PublishWithDeferredConfirmWithContext(ctx, "", tr.top.queue, true, false, p)
+	if err != nil {
+		return err
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		return errors.Join(errors.New("rabbitmq: publish not confirmed"), err)
+	}
+	return nil
+}
+
+// NewConsumer builds rabbitmq.NewConsumer over rabbitmq.Decode. Without a
+// producer event time means the AMQP timestamp (WithTransportEventTime):
+// the adapter has no source that reads none.
+func (tr *rabbitTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
+	var hopts []rabbitmq.HandlerOption
+	if cfg.NoEventTime {
+		hopts = append(hopts, rabbitmq.WithTransportEventTime())
+	}
+	raw := func(b []byte) ([]byte, error) { return b, nil }
+	h, err := rabbitmq.Decode(cfg.Middleware, rabbitmq.Header(rabbitKeyHeader), raw, idempotent.Handler[[]byte](cfg.Handler), hopts...)
+	if err != nil {
+		return nil, err
+	}
+	actions := map[rabbitmq.Action]adapter.Action{rabbitmq.Acked: adapter.Ack, rabbitmq.Requeued: adapter.Requeue, rabbitmq.Released: adapter.Requeue, rabbitmq.DeadLettered: adapter.Poison}
+	c, err := rabbitmq.NewConsumer(tr.top.queue, h, rabbitmq.WithWorkers(cfg.Workers), rabbitmq.WithRequeueDelay(10*time.Millisecond),
+		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+			key, _ := s.Delivery.Headers[rabbitKeyHeader].(string)
+			cfg.OnSettle(brokertest.Settlement{Key: key, Action: actions[s.Action], Err: s.Err})
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return &rabbitConsumer{tr: tr, c: c, lose: cfg.LoseAck}, nil
+}
+
+// rabbitConsumer is a consumer process: a connection of its own, and Run
+// on a new channel each time one closes under it (as after a lost ack),
+// until it is stopped or killed.
+type rabbitConsumer struct {
+	tr     *rabbitTransport
+	c      *rabbitmq.Consumer
+	lose   func(key string) bool
+	mu     sync.Mutex
+	p      *process
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (c *rabbitConsumer) Start(ctx context.Context) error {
+	p, err := dialProcess(c.tr.url)
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	c.mu.Lock()
+	c.p, c.cancel, c.done = p, cancel, done
+	c.mu.Unlock()
+	go func() {
+		var once sync.Once
+		for {
+			ch, err := p.conn.Channel()
+			if err != nil {
+				done <- c.ended(err)
+				return
+			}
+			err = c.c.Run(runCtx, &rabbitChannel{Channel: ch, lose: c.lose, ready: func() { once.Do(func() { close(ready) }) }})
+			_ = ch.Close()
+			if runCtx.Err() != nil || p.crashed.Load() || !errors.Is(err, rabbitmq.ErrChannelClosed) {
+				done <- c.ended(err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-ready:
+		return nil
+	case err := <-done:
+		done <- err
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ended is Run's final error: none after a kill.
+func (c *rabbitConsumer) ended(err error) error {
+	if c.p.crashed.Load() {
+		return nil
+	}
+	return err
+}
+
+// Stop cancels Run, which lets in-flight deliveries finish and settle.
+func (c *rabbitConsumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		return nil
+	}
+	c.cancel()
+	var err error
+	select {
+	case err = <-c.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.done = nil
+	if !c.p.crashed.Load() {
+		_ = c.p.conn.Close()
+	}
+	return err
+}
+
+// Kill drops the connection's socket, as a crash does: the broker requeues
+// what was not acked; a handler in flight finishes, and its ack fails.
+func (c *rabbitConsumer) Kill() error {
+	c.mu.Lock()
+	p := c.p
+	c.mu.Unlock()
+	p.crash()
+	return nil
+}
+
+// rabbitChannel is the Channel Run consumes on: it reports when Consume
+// has registered, and makes each delivery's ack, when lose says so, close
+// the channel instead, as a process that dies between the commit and the
+// ack does.
+type rabbitChannel struct {
+	*amqp.Channel
+	lose  func(key string) bool
+	ready func()
+}
+
+func (ch *rabbitChannel) Consume(queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args amqp.Table) (<-chan amqp.Delivery, error) {
+	in, err := ch.Channel.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
+	if err != nil {
+		return nil, err
+	}
+	defer ch.ready()
+	if ch.lose == nil {
+		return in, nil
+	}
+	out := make(chan amqp.Delivery)
+	go func() {
+		defer close(out)
+		for d := range in {
+			key, _ := d.Headers[rabbitKeyHeader].(string)
+			d.Acknowledger = losingAck{Acknowledger: d.Acknowledger, ch: ch.Channel, lose: func() bool { return ch.lose(key) }}
+			out <- d
+		}
+	}()
+	return out, nil
+}
+
+type losingAck struct {
+	amqp.Acknowledger
+	ch   *amqp.Channel
+	lose func() bool
+}
+
+func (a losingAck) Ack(tag uint64, multiple bool) error {
+	if a.lose() {
+		_ = a.ch.Close()
+		return errors.New("the ack lost: the channel closed after the commit")
+	}
+	return a.Acknowledger.Ack(tag, multiple)
+}
