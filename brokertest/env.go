@@ -202,7 +202,7 @@ func (e *env) batchHandler(ctx context.Context, tx *sql.Tx, bodies [][]byte) err
 // batches of up to 10 in batch mode.
 func (e *env) config() ConsumerConfig {
 	return ConsumerConfig{
-		Middleware: e.mw, Handler: e.handler,
+		Middleware: e.mw, DB: e.s.db, Handler: e.handler,
 		Batch: e.s.batch, BatchSize: 10, BatchHandler: e.batchHandler,
 		Workers: 1,
 	}

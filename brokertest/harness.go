@@ -86,6 +86,10 @@ type ConsumerConfig struct {
 	// Middleware is the idempotent.Middleware the consumer claims with.
 	// The suite owns it: its table, clock and observer.
 	Middleware *idempotent.Middleware
+	// DB is the Middleware's database (a guarded one: OpenGuarded), for an
+	// adapter whose constructor takes it too or that keeps tables of its own
+	// beside the claim table (the scenario's schema is the claim table's).
+	DB *sql.DB
 	// Handler is the effect, for a per-message consumer.
 	Handler Handler
 	// Batch asks for a batch consumer (Features.Batch) of batches of at

@@ -15,7 +15,6 @@ import (
 
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/brokertest"
-	"github.com/txclaim/idempotent/internal/claimfold"
 	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/kafka"
 )
@@ -99,11 +98,7 @@ var errKilled = errors.New("brokertest harness: the consumer was killed before t
 // in the scenario's schema (the claim table's), and maps the observer's
 // record events to settlements.
 func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
-	path, ok := claimfold.NewPath(cfg.Middleware)
-	if !ok {
-		tr.t.Fatal("the suite's Middleware has no claim path")
-	}
-	db := path.DB()
+	db := cfg.DB
 	schema, _, _ := strings.Cut(cfg.Middleware.Table(), ".")
 	if err := kafka.EnsureSchema(context.Background(), db, schema+".kafka_offsets"); err != nil {
 		tr.t.Fatal(err)
