@@ -11,7 +11,9 @@ import (
 	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
-// Outcome is how a delivery ended when it did not fail.
+// Outcome is how a delivery ended when it did not fail. A delivery that
+// failed returns the zero Outcome with its error; the zero Outcome prints
+// as "none".
 type Outcome int
 
 const (
@@ -23,9 +25,12 @@ const (
 	Duplicate
 )
 
-// String returns "applied" or "duplicate".
+// String returns "applied", "duplicate", or "none" for the zero Outcome (a
+// failed delivery's).
 func (o Outcome) String() string {
 	switch o {
+	case 0:
+		return "none"
 	case Applied:
 		return "applied"
 	case Duplicate:

@@ -95,7 +95,7 @@ func TestOutcomeString(t *testing.T) {
 	for o, want := range map[idempotent.Outcome]string{
 		idempotent.Applied:   "applied",
 		idempotent.Duplicate: "duplicate",
-		0:                    "Outcome(0)",
+		0:                    "none", // a failed delivery's
 		7:                    "Outcome(7)",
 	} {
 		if got := o.String(); got != want {

@@ -22,8 +22,9 @@ import (
 	"github.com/txclaim/idempotent/sqlite"
 )
 
-// connectTimeout bounds the first contact with the database.
-const connectTimeout = 10 * time.Second
+// connectTimeout bounds the first contact with the database (a variable
+// for the tests).
+var connectTimeout = 10 * time.Second
 
 // redacted is what a password is printed as.
 const redacted = "xxxxx"
@@ -267,6 +268,7 @@ type database struct {
 	target  target
 	shown   string // the DSN with the password redacted
 	secrets []string
+	probe   *probe // the dialer of its connections
 }
 
 // clean wraps err so that its text carries no password.
@@ -309,7 +311,8 @@ func (c *command) open(create bool) (*database, error) {
 			return nil, d.clean(fmt.Errorf("no SQLite database at %s: %w", t.path, err))
 		}
 	}
-	db, err := sql.Open(t.driver, t.dsn)
+	d.probe = &probe{}
+	db, err := openDB(t, d.probe)
 	if err != nil {
 		return nil, usageError{d.clean(fmt.Errorf("bad connection string %s: %w", d.shown, err)).Error()}
 	}
@@ -318,12 +321,27 @@ func (c *command) open(create bool) (*database, error) {
 	return d, nil
 }
 
-// ping checks that the database answers within connectTimeout.
+// ping checks that the database answers within connectTimeout, and names
+// the problem when it does not. A driver that does not watch the context
+// while it connects (lib/pq waits for a startup answer as long as the
+// server stays silent) is left behind when the time is up or the command
+// is interrupted: the command is about to exit.
 func (d *database) ping(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	if err := d.db.PingContext(pctx); err != nil {
-		return d.clean(fmt.Errorf("cannot reach the database at %s: %w", d.shown, err))
+	done := make(chan error, 1)
+	go func() { done <- d.db.PingContext(pctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-pctx.Done():
+		err = pctx.Err()
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", errNoAnswer, err)
+		}
+	}
+	if err != nil {
+		return d.clean(d.pingError(err))
 	}
 	return nil
 }

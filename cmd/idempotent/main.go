@@ -10,6 +10,7 @@
 //	idempotent stats      [-dsn DSN] [-table T]
 //	idempotent kafka-offsets list  [-dsn DSN] [-table T] [-consumer C] [-topic T]
 //	idempotent kafka-offsets reset [-dsn DSN] -table T -consumer C -topic T -partition N -offset M
+//	idempotent version
 //
 // The database comes from -dsn or, without it, the DATABASE_URL environment
 // variable, and the connection string names the database:
@@ -26,23 +27,44 @@
 // Postgres only. Durations take Go's units (90m, 36h) and days (30d,
 // 1d12h). "idempotent COMMAND -h" lists a command's flags.
 //
+// An error is one line on standard error, "idempotent COMMAND: " and what
+// went wrong. A database that does not answer is named for the reason:
+// "authentication failed" (SQLSTATE 28P01 or 28000, MySQL error 1045), "no
+// such database" (3D000, 1049), "not a Postgres server" or "not a MySQL or
+// MariaDB server" (the connection opened but the server answered in another
+// protocol, or not at all within 10 seconds), "cannot reach the database"
+// (no connection opened: refused, no route, no such host), or "cannot
+// connect to the database" with the driver's words for anything else.
+//
+// "idempotent version" (or -version, --version) prints the command's module
+// version and the Go version it was built with.
+//
 // Exit status: 0 on success (including a cleanup that found another one
 // running), 1 when the work failed or the database could not be reached, 2
-// for bad flags or arguments. Errors are one line on standard error.
+// for bad flags or arguments.
 package main
 
 import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal the default comes back: a second one ends the
+	// process even while a driver ignores the cancelled context.
+	context.AfterFunc(ctx, stop)
+	// The MySQL driver logs what it also returns; a command's error is one
+	// line.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
 	code := run(ctx, os.Args[1:], env{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr, terminal: isTerminal(os.Stdout)})
 	stop()
 	os.Exit(code)
@@ -74,6 +96,7 @@ Commands:
   stats       claims per consumer, oldest and newest claim, sizes, partitions
   kafka-offsets list|reset
               the kafka consumer's stored offsets: list them, or reset one partition's deliberately
+  version     the command's version and the Go version it was built with
 
 The database is -dsn, or $DATABASE_URL: postgres://… or host=…, mysql://… or user:pass@tcp(host:3306)/db,
 sqlite:PATH or PATH.db. Run "idempotent COMMAND -h" for a command's flags.
@@ -96,15 +119,19 @@ func run(ctx context.Context, args []string, e env) int {
 		"partitions":    cmdPartitions,
 		"stats":         cmdStats,
 		"kafka-offsets": cmdKafkaOffsets,
+		"version":       cmdVersion,
 	}
 	name := args[0]
+	if name == "-version" || name == "--version" {
+		name = "version"
+	}
 	if name == "-h" || name == "-help" || name == "--help" || name == "help" {
 		fmt.Fprint(e.stdout, usage)
 		return 0
 	}
 	cmd, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats or kafka-offsets; run idempotent -h)\n", name)
+		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats, kafka-offsets or version; run idempotent -h)\n", name)
 		return 2
 	}
 	err := cmd(ctx, args[1:], e)
@@ -112,13 +139,19 @@ func run(ctx context.Context, args []string, e env) int {
 	case nil:
 		return 0
 	case usageError:
-		fmt.Fprintf(e.stderr, "idempotent %s: %s (run idempotent %s -h)\n", name, oneLine(err.Error()), name)
+		fmt.Fprintf(e.stderr, "idempotent %s: %s (run idempotent %s -h)\n", name, message(err), name)
 		return 2
 	case helpShown:
 		return 0
 	}
-	fmt.Fprintf(e.stderr, "idempotent %s: %s\n", name, oneLine(err.Error()))
+	fmt.Fprintf(e.stderr, "idempotent %s: %s\n", name, message(err))
 	return 1
+}
+
+// message is err's text on one line, without the library's own
+// "idempotent: " prefix: the line already starts "idempotent COMMAND: ".
+func message(err error) string {
+	return strings.TrimPrefix(oneLine(err.Error()), "idempotent: ")
 }
 
 // oneLine folds a multi-line message onto one line.

@@ -11,6 +11,14 @@
 //
 //	go run ./examples/loyalty
 //
+// The first go run compiles the demo and its drivers and brokers' clients
+// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS): on a cold build cache
+// that takes a minute or two in which nothing is printed, as the go command
+// prints nothing while it compiles; go run -v ./examples/loyalty names each
+// package as it is compiled, and later runs start at once. The demo itself
+// prints its first line as soon as it starts, a progress line per run
+// (redrawn on a terminal, every 5 s otherwise), then the audit.
+//
 // With no flags it needs nothing installed: an embedded SQLite database in a
 // temporary directory and an in-process broker with RabbitMQ's at-least-once
 // redelivery. -db and -amqp run the same scenario on real servers:

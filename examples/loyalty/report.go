@@ -17,8 +17,13 @@ type (
 	creditedT = func(context.Context) (int64, error)
 )
 
-// progressPrinter draws one line per run: redrawn in place on a terminal,
-// printed once when the run ends otherwise.
+// pipedEvery is how often a run's line is printed when the output is not a
+// terminal, so that a slow run (a real broker) is not silent.
+const pipedEvery = 5 * time.Second
+
+// progressPrinter draws one line per run: redrawn in place on a terminal;
+// otherwise printed every pipedEvery while the run lasts and once when it
+// ends.
 type progressPrinter struct {
 	out   io.Writer
 	tty   bool
@@ -34,13 +39,17 @@ func newProgressPrinter(out io.Writer) *progressPrinter {
 			tty = true
 		}
 	}
-	return &progressPrinter{out: out, tty: tty}
+	return &progressPrinter{out: out, tty: tty, last: time.Now()}
 }
 
 func (p *progressPrinter) report(s progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !s.done && (!p.tty || time.Since(p.last) < 100*time.Millisecond) {
+	every := 100 * time.Millisecond
+	if !p.tty {
+		every = pipedEvery
+	}
+	if !s.done && time.Since(p.last) < every {
 		return
 	}
 	p.last = time.Now()
@@ -55,6 +64,8 @@ func (p *progressPrinter) report(s progress) {
 	if p.tty {
 		fmt.Fprint(p.out, "\r"+line)
 		p.drawn = true
+	} else if !s.done {
+		fmt.Fprintln(p.out, line)
 	}
 	if s.done {
 		if !p.tty {

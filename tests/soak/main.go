@@ -26,7 +26,10 @@
 // order has exactly one ledger row and one claim (nothing lost, nothing
 // doubled); no consumer reported a connection in use at exit, and no client
 // backend is left on the cluster. It exits non-zero if the audit fails or
-// a fault type was never injected, printing the seed to replay:
+// a fault type was never injected, printing the seed to replay. Every
+// -progress (5 s) it prints a line of the orders published, the deliveries
+// processed and the faults injected so far, and while it drains, the
+// deliveries left. To replay a seed:
 //
 //	go run ./tests/soak -duration 60s -seed 42
 package main
@@ -54,6 +57,7 @@ func main() {
 	flag.IntVar(&cfg.Rate, "rate", cfg.Rate, "new orders per second per isolation level")
 	flag.IntVar(&cfg.Customers, "customers", cfg.Customers, "customers (fewer means hotter balance rows)")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", cfg.FaultEvery, "mean time between injected faults")
+	flag.DurationVar(&cfg.Progress, "progress", cfg.Progress, "time between progress lines (orders, deliveries, faults so far); 0 prints none")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the throwaway cluster's directory (log and data) after the run")
 	flag.Parse()
 	if cfg.Seed == 0 {

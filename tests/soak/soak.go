@@ -35,6 +35,7 @@ type soakConfig struct {
 	FaultEvery   time.Duration // mean time between extra faults
 	Lease        time.Duration // how long a leased delivery is hidden from other consumers
 	DrainTimeout time.Duration
+	Progress     time.Duration // between progress lines; 0 prints none
 	Keep         bool
 }
 
@@ -42,6 +43,7 @@ func defaultSoakConfig() soakConfig {
 	return soakConfig{
 		Duration: 60 * time.Second, Consumers: 2, Workers: 3, DupShare: 0.3, Rate: 120,
 		Customers: 25, FaultEvery: time.Second, Lease: 2 * time.Second, DrainTimeout: 90 * time.Second,
+		Progress: 5 * time.Second,
 	}
 }
 
@@ -57,6 +59,8 @@ func (c soakConfig) validate() error {
 		return errors.New("-rate and -customers must be at least 1")
 	case c.FaultEvery <= 0:
 		return errors.New("-fault-every must be positive")
+	case c.Progress < 0:
+		return errors.New("-progress must not be negative")
 	}
 	return nil
 }
@@ -296,6 +300,12 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 			s.produce(ctx, l, rng, stopProduce)
 		}()
 	}
+	stopProgress := make(chan struct{})
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		s.reportProgress(start, stopProgress)
+	}()
 	sched := schedule(newRand(s.cfg.Seed, 0), s.cfg)
 	injErr := s.inject(ctx, start, sched)
 	if wait := s.cfg.Duration - time.Since(start); wait > 0 && injErr == nil {
@@ -306,6 +316,8 @@ func (s *soak) run(ctx context.Context) (*result, error) {
 	}
 	close(stopProduce)
 	producers.Wait()
+	close(stopProgress)
+	<-progressDone
 	if injErr != nil {
 		return nil, injErr
 	}
@@ -699,7 +711,9 @@ func (s *soak) waitSyncStandby(ctx context.Context) error {
 // drain waits until every lane's inbox is empty and returns how many
 // deliveries are left.
 func (s *soak) drain(ctx context.Context) (int64, error) {
-	deadline := time.Now().Add(s.cfg.DrainTimeout)
+	start := time.Now()
+	deadline := start.Add(s.cfg.DrainTimeout)
+	lastLine := start
 	for {
 		var left int64
 		var err error
@@ -715,6 +729,10 @@ func (s *soak) drain(ctx context.Context) (int64, error) {
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return left, err
+		}
+		if s.cfg.Progress > 0 && time.Since(lastLine) >= s.cfg.Progress && err == nil {
+			lastLine = time.Now()
+			fmt.Fprintf(s.out, "soak: draining for %v: %d deliveries left in the inbox\n", time.Since(start).Round(time.Second), left)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
