@@ -21,27 +21,6 @@ type order = testenv.Order
 // waitWithin bounds every wait for a settlement.
 const waitWithin = 20 * time.Second
 
-// clock is the Middleware's clock: time.Now until a scenario fixes it.
-type clock struct {
-	mu sync.Mutex
-	at time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.at.IsZero() {
-		return time.Now()
-	}
-	return c.at
-}
-
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	c.at = t
-	c.mu.Unlock()
-}
-
 // settled is one settlement and the consumer (by start order, from 1)
 // that made it.
 type settled struct {
@@ -114,7 +93,7 @@ type env struct {
 	mw        *idempotent.Middleware
 	tr        Transport
 	rec       *record
-	clock     *clock
+	clock     *testenv.Clock
 	consumers []Consumer
 
 	mu sync.Mutex
@@ -127,7 +106,7 @@ type env struct {
 // own (table, observer, clock).
 func (s *suite) newEnv(t *testing.T, opts ...idempotent.Option) *env {
 	t.Helper()
-	e := &env{t: t, s: s, clock: &clock{}, rec: &record{outcomes: map[string][]idempotent.Outcome{}, settlements: map[string][]settled{}}}
+	e := &env{t: t, s: s, clock: testenv.NewClock(time.Time{}), rec: &record{outcomes: map[string][]idempotent.Outcome{}, settlements: map[string][]settled{}}}
 	e.schema = testenv.LoyaltySchema(t, s.db, "brokertest")
 	base := []idempotent.Option{idempotent.WithTable(e.schema + ".processed_messages"), idempotent.WithObserver(e.rec), idempotent.WithClock(e.clock.Now)}
 	mw, err := idempotent.New(s.db, postgres.New(), "brokertest", append(base, opts...)...)

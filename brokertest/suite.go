@@ -218,7 +218,7 @@ var scenarios = []scenario{
 		// transport time but the same header: one partition, Duplicate.
 		e := s.newEnv(t, idempotent.WithDailyPartitions(1), idempotent.WithRetention(72*time.Hour))
 		now := time.Date(2031, 3, 15, 0, 30, 0, 0, time.UTC)
-		e.clock.set(now)
+		e.clock.Set(now)
 		e.ensureSchema()
 		o := newOrder(7)
 		produced := now.Add(-time.Hour)
@@ -239,7 +239,7 @@ var scenarios = []scenario{
 		// (ErrBeyondRetention), nothing written.
 		e := s.newEnv(t, idempotent.WithRetention(48*time.Hour))
 		now := time.Date(2031, 3, 15, 12, 0, 0, 0, time.UTC)
-		e.clock.set(now)
+		e.clock.Set(now)
 		e.ensureSchema()
 		old, fresh := newOrder(8), newOrder(9)
 		e.publish(old, now.Add(-72*time.Hour), time.Time{}, nil)
@@ -259,7 +259,7 @@ var scenarios = []scenario{
 		// for the clock). Nothing written.
 		e := s.newEnv(t)
 		now := time.Date(2031, 3, 15, 12, 0, 0, 0, time.UTC)
-		e.clock.set(now)
+		e.clock.Set(now)
 		e.ensureSchema()
 		far, soon := newOrder(10), newOrder(11)
 		skew := e.mw.ClockSkew()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -136,7 +137,7 @@ func TestClaimTableMaintainPartitionsAsTheMiddlewareDid(t *testing.T) {
 	db := openDB(t)
 	schema := tempSchema(t, db)
 	ctx := context.Background()
-	clock := newRetClock(time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC))
+	clock := testenv.NewClock(time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC))
 	opts := []idempotent.Option{idempotent.WithDailyPartitions(3), idempotent.WithClock(clock.Now)}
 	tab := newTable(t, db, schema+".bytable", opts...)
 	mw := retMiddleware(t, db, schema+".bymw", "loyalty", opts...)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/sqlite"
@@ -233,7 +234,7 @@ func TestFutureEventTimeIsRefused(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			var l *loyalty
-			var clock *retClock
+			var clock *testenv.Clock
 			if mode == "plain" {
 				l, clock = fenceFixture(t)
 				clock.Set(now)

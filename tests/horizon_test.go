@@ -13,13 +13,14 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
 const day = 24 * time.Hour
 
 // horizonTable is a ClaimTable on l's claim table with clock and opts.
-func horizonTable(t testing.TB, l *loyalty, clock *retClock, opts ...idempotent.Option) *idempotent.ClaimTable {
+func horizonTable(t testing.TB, l *loyalty, clock *testenv.Clock, opts ...idempotent.Option) *idempotent.ClaimTable {
 	t.Helper()
 	tab, err := idempotent.NewClaimTable(l.db, postgres.New(), append([]idempotent.Option{
 		idempotent.WithTable(l.schema + ".processed_messages"), idempotent.WithClock(clock.Now)}, opts...)...)
@@ -30,7 +31,7 @@ func horizonTable(t testing.TB, l *loyalty, clock *retClock, opts ...idempotent.
 }
 
 // horizonMiddleware is another Middleware of l's consumer on l's table.
-func horizonMiddleware(t testing.TB, l *loyalty, clock *retClock, opts ...idempotent.Option) *idempotent.Middleware {
+func horizonMiddleware(t testing.TB, l *loyalty, clock *testenv.Clock, opts ...idempotent.Option) *idempotent.Middleware {
 	t.Helper()
 	mw, err := idempotent.New(l.db, postgres.New(), "loyalty", append([]idempotent.Option{
 		idempotent.WithTable(l.schema + ".processed_messages"), idempotent.WithClock(clock.Now)}, opts...)...)

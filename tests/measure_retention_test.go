@@ -11,6 +11,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -135,7 +136,7 @@ func TestMeasurePartitionDrop(t *testing.T) {
 	ctx := context.Background()
 	table := tempSchema(t, db) + ".processed_messages"
 	d1 := time.Date(2031, 3, 1, 0, 0, 0, 0, time.UTC)
-	clock := newRetClock(d1.Add(36 * time.Hour)) // the window starts on d1
+	clock := testenv.NewClock(d1.Add(36 * time.Hour)) // the window starts on d1
 	opts := []idempotent.Option{idempotent.WithRetention(24 * time.Hour), idempotent.WithClockSkew(0), idempotent.WithClock(clock.Now)}
 	// Make the days ahead first, so the measured runs only drop.
 	retMiddleware(t, db, table, "loyalty", append(opts, idempotent.WithDailyPartitions(10))...)

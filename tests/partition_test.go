@@ -14,6 +14,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -41,9 +42,9 @@ func dayNames(first, last time.Time) []string {
 
 // partitionedLoyalty is the loyalty service on a partitioned claim table,
 // with a clock at now.
-func partitionedLoyalty(t *testing.T, now time.Time, lead int) (*loyalty, *retClock) {
+func partitionedLoyalty(t *testing.T, now time.Time, lead int) (*loyalty, *testenv.Clock) {
 	t.Helper()
-	clock := newRetClock(now)
+	clock := testenv.NewClock(now)
 	return newLoyalty(t, openDB(t), idempotent.WithDailyPartitions(lead), idempotent.WithClock(clock.Now)), clock
 }
 
@@ -407,7 +408,7 @@ func TestMaintainPartitionsConcurrently(t *testing.T) {
 	db := openDB(t)
 	table := tempSchema(t, db) + ".processed_messages"
 	start := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
-	clock := newRetClock(start)
+	clock := testenv.NewClock(start)
 	retMiddleware(t, db, table, "loyalty", idempotent.WithDailyPartitions(3), idempotent.WithClock(clock.Now))
 	clock.Add(10 * 24 * time.Hour)
 

@@ -15,34 +15,9 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
-
-// retClock is a controllable clock for WithClock.
-type retClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newRetClock(t time.Time) *retClock { return &retClock{now: t} }
-
-func (c *retClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *retClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
-func (c *retClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // retMiddleware returns a Middleware for consumer on table (schema.name),
 // with the schema made by EnsureSchema.
@@ -159,7 +134,7 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	db := openDB(t)
 	table := tempSchema(t, db) + ".claims"
 	now := time.Now().UTC().Truncate(time.Second)
-	clock := newRetClock(now)
+	clock := testenv.NewClock(now)
 	const window, skew = 30 * 24 * time.Hour, 5 * time.Minute
 	mw := retMiddleware(t, db, table, "loyalty", idempotent.WithClock(clock.Now))
 	if mw.Retention() != window {
@@ -442,10 +417,10 @@ func TestCleanupRejectsBadInput(t *testing.T) {
 }
 
 // fenceFixture is the loyalty service with a controllable clock.
-func fenceFixture(t *testing.T, opts ...idempotent.Option) (*loyalty, *retClock) {
+func fenceFixture(t *testing.T, opts ...idempotent.Option) (*loyalty, *testenv.Clock) {
 	t.Helper()
 	db := openDB(t)
-	clock := newRetClock(time.Now())
+	clock := testenv.NewClock(time.Now())
 	l := newLoyalty(t, db, append([]idempotent.Option{idempotent.WithClock(clock.Now)}, opts...)...)
 	return l, clock
 }

@@ -17,29 +17,11 @@ import (
 	idwm "github.com/txclaim/idempotent/watermill"
 )
 
-// clock is a Middleware clock (idempotent.WithClock) a test moves.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // partitionedLedger is newLedger on a claim table partitioned by event day,
 // its Middleware on a clock the test moves.
-func partitionedLedger(t testing.TB, now time.Time) (*ledger, *clock) {
+func partitionedLedger(t testing.TB, now time.Time) (*ledger, *testenv.Clock) {
 	t.Helper()
-	c := &clock{now: now}
+	c := testenv.NewClock(now)
 	return newLedger(t, testenv.OpenPostgres(t, 4), "loyalty", idempotent.WithDailyPartitions(2), idempotent.WithClock(c.Now)), c
 }
 
@@ -196,7 +178,7 @@ func TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison(t *testing.T) {
 	for _, partitioned := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "partitioned"}[partitioned], func(t *testing.T) {
 			t.Parallel()
-			c := &clock{now: now}
+			c := testenv.NewClock(now)
 			opts := []idempotent.Option{idempotent.WithClock(c.Now)}
 			if partitioned {
 				opts = append(opts, idempotent.WithDailyPartitions(2))
@@ -223,7 +205,7 @@ func TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison(t *testing.T) {
 			if l.counts.Applied() != 0 || d != 25*time.Minute {
 				t.Fatalf("30m ahead: applied %d, requeue delay %v; want 0 and 25m (30m less the 5m clock-skew margin)", l.counts.Applied(), d)
 			}
-			c.advance(30 * time.Minute)
+			c.Add(30 * time.Minute)
 			waitFor(t, 30*time.Second, "the future-dated message applied once the clock caught up", func() (bool, error) { return s.acked.Load() == 2, nil })
 			if p, _, _ := v.of(far.Key()); p != 1 || l.counts.Applied() != 1 {
 				t.Fatalf("3h ahead poisoned %d times, %d applied: want 1 and 1", p, l.counts.Applied())

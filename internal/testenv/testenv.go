@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,4 +69,42 @@ func OpenPostgres(t testing.TB, maxConns int) *sql.DB {
 	db.SetMaxIdleConns(maxConns)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// Clock is a clock a test moves, for idempotent.WithClock: the real time
+// until Set, then the time it was set to, moved by Add. It is safe for
+// concurrent use.
+type Clock struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+// NewClock returns a Clock set to at (the real time when at is zero).
+func NewClock(at time.Time) *Clock { return &Clock{at: at} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		return time.Now()
+	}
+	return c.at
+}
+
+// Set sets the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at = t
+}
+
+// Add moves the clock by d (from the real time, if it was never set).
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		c.at = time.Now()
+	}
+	c.at = c.at.Add(d)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 )
@@ -21,24 +21,6 @@ import (
 // eventTimeHeader is the producer's event-time header of a record at at.
 func eventTimeHeader(at time.Time) kgo.RecordHeader {
 	return kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(at))}
-}
-
-// clock is a Middleware clock the test moves.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }
 
 // of returns the events of type typ.
@@ -224,7 +206,7 @@ func TestFutureEventTime(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode consumerMode) {
 		const topic = "future"
 		db, s, prod, client := setup(t, topic)
-		clk := &clock{now: time.Now()}
+		clk := testenv.NewClock(time.Now())
 		mw := newMiddleware(t, db, s, "future", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
 		ob := newOutbox(t, db, s, "future")
 		obs := &recorder{}
@@ -264,7 +246,7 @@ func TestFutureEventTime(t *testing.T) {
 				t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
 			}
 		}
-		clk.advance(31 * time.Minute)
+		clk.Add(31 * time.Minute)
 		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
 		dls := deadLetters(t, db, s)
 		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
