@@ -159,6 +159,19 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
+// setupError is err, a failure setting up the consumer on ch, made to match
+// ErrChannelClosed too when the channel or its connection is gone — a
+// connection dropped while Run set up is one the caller reconnects after,
+// like one dropped mid-stream — and returned as it is otherwise (a queue
+// that does not exist).
+func (c *Consumer) setupError(ch Channel, err error) error {
+	var ae *amqp.Error
+	if ch.IsClosed() || errors.Is(err, amqp.ErrClosed) || (errors.As(err, &ae) && (ae.Code == amqp.FrameError || ae.Code == amqp.ChannelError)) {
+		return fmt.Errorf("%w while setting up: %w", ErrChannelClosed, err)
+	}
+	return err
+}
+
 // Run consumes the queue on ch until ctx ends or the channel closes. It sets
 // the channel's prefetch, registers a consumer with manual acks, and runs the
 // configured number of workers, each settling a delivery before taking the
@@ -176,7 +189,9 @@ func (c *Consumer) Stats() Stats {
 // and returns an error matching ErrChannelClosed. If the broker cancels the
 // consumer, the error matches ErrConsumerCancelled. Errors setting up the
 // consumer (a queue that does not exist, for one) are returned as the
-// broker reported them. A panic in the handler is not recovered.
+// broker reported them; one that comes of the channel or its connection
+// closing while Run sets up matches ErrChannelClosed too. A panic in the
+// handler is not recovered.
 //
 // Use ch for this consumer alone, with amqp091's automatic recovery off:
 // after an error, open a new channel and call Run again.
@@ -189,7 +204,7 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if err := ch.Qos(c.cfg.prefetch, 0, false); err != nil {
-		return fmt.Errorf("rabbitmq: queue %q: set prefetch %d: %w", c.queue, c.cfg.prefetch, err)
+		return c.setupError(ch, fmt.Errorf("rabbitmq: queue %q: set prefetch %d: %w", c.queue, c.cfg.prefetch, err))
 	}
 	tag, err := c.newTag()
 	if err != nil {
@@ -197,7 +212,7 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 	}
 	deliveries, err := ch.Consume(c.queue, tag, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: consume queue %q: %w", c.queue, err)
+		return c.setupError(ch, fmt.Errorf("rabbitmq: consume queue %q: %w", c.queue, err))
 	}
 
 	// Handlers run with a context that outlives ctx, so that a shutdown

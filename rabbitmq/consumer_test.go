@@ -369,13 +369,21 @@ func TestRunReportsSetupErrors(t *testing.T) {
 	f.consumeErr = notFound
 	c := newConsumer(t, func(context.Context, *amqp.Delivery) (idempotent.Outcome, error) { return idempotent.Applied, nil })
 	err := c.Run(context.Background(), f)
-	if !errors.Is(err, notFound) || !strings.Contains(err.Error(), `consume queue "orders"`) {
-		t.Fatalf("Run: %v, want the broker's NOT_FOUND naming the queue", err)
+	if !errors.Is(err, notFound) || !strings.Contains(err.Error(), `consume queue "orders"`) || errors.Is(err, rabbitmq.ErrChannelClosed) {
+		t.Fatalf("Run: %v, want the broker's NOT_FOUND naming the queue, not ErrChannelClosed", err)
 	}
+	// A channel already closed, or a connection dropped while Run sets up,
+	// is one to reconnect after, as when it drops mid-stream.
 	closed := newFakeChannel()
 	closed.closeWith(nil)
-	if err := c.Run(context.Background(), closed); !errors.Is(err, amqp.ErrClosed) {
-		t.Fatalf("Run on a closed channel: %v, want amqp.ErrClosed", err)
+	if err := c.Run(context.Background(), closed); !errors.Is(err, amqp.ErrClosed) || !errors.Is(err, rabbitmq.ErrChannelClosed) {
+		t.Fatalf("Run on a closed channel: %v, want amqp.ErrClosed matching ErrChannelClosed", err)
+	}
+	dropped := newFakeChannel()
+	frame := &amqp.Error{Code: amqp.FrameError, Reason: "read tcp 127.0.0.1:36180->127.0.0.1:5672: use of closed network connection"}
+	dropped.consumeErr = frame
+	if err := c.Run(context.Background(), dropped); !errors.Is(err, frame) || !errors.Is(err, rabbitmq.ErrChannelClosed) {
+		t.Fatalf("Run whose connection dropped at basic.consume: %v, want the frame error matching ErrChannelClosed", err)
 	}
 	if err := c.Run(context.Background(), nil); err == nil {
 		t.Fatal("Run with a nil channel: no error")
