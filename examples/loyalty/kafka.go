@@ -142,6 +142,12 @@ type kafkaTopic struct {
 	mu     sync.Mutex
 	copies map[[2]int64]int64 // (partition, offset) → copy id
 	group  string             // the consumer group of the run's consumers
+	// stored, when set, sums the next offsets the run's consumers store in
+	// the database: where the library's consumers resume, and so what is
+	// still pending. Kafka's committed offsets are for lag tools only: a
+	// member that takes over a partition whose records were all applied
+	// before a crash has nothing to commit, so Kafka's lag would stay.
+	stored func(context.Context) (int64, error)
 }
 
 func (t *kafkaTopic) describe() string  { return t.c.desc }
@@ -229,6 +235,16 @@ func (t *kafkaTopic) pending(ctx context.Context) (int, error) {
 			}
 			n += rp.Offset
 		}
+	}
+	t.mu.Lock()
+	stored := t.stored
+	t.mu.Unlock()
+	if stored != nil {
+		s, err := stored(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("stored offsets of %s: %w", t.name, err)
+		}
+		return int(n - s), nil
 	}
 	if group == "" {
 		return int(n), nil
@@ -419,6 +435,13 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
 		conn, t := bc.(*kafkaConn), sc.b.(*kafkaTopic)
+		t.mu.Lock()
+		t.stored = func(ctx context.Context) (int64, error) {
+			var n int64
+			err := s.db.QueryRowContext(ctx, "SELECT coalesce(sum(next_offset), 0)::bigint FROM "+offsets+" WHERE consumer = $1 AND topic = $2", mw.Consumer(), t.name).Scan(&n)
+			return n, err
+		}
+		t.mu.Unlock()
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		var crashed atomic.Bool
