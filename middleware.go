@@ -199,21 +199,27 @@ func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed
 	return m.ClaimMessage(ctx, tx, Message{Key: key})
 }
 
-// claimKey claims one key on tx through claimWith.
+// claimKey claims one key on tx through claimWith: with the horizon folded
+// into the claim statement where the dialect can (dialect.HorizonClaimer)
+// and the message has an event time — no horizon refuses a message without
+// one, and the plain claim is cheaper for the server — else the plain
+// claim. The horizon is read in tx only where it decides: after a fenced
+// claim that inserted nothing (a duplicate, or refused: the horizon only
+// rises, so a read now that does not refuse the message shows the statement
+// did not either), or after a new claim on a dialect that cannot fence in
+// the statement.
 func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time) (bool, error) {
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
-		if m.hclaimSQL != "" && !at.IsZero() {
-			// A message without an event time is never refused by the
-			// horizon: the plain claim is cheaper for the server.
-			return m.horizonClaim(ctx, tx, key, at)
+		fenced := m.hclaimSQL != "" && !at.IsZero()
+		q, args := m.claimSQL, make([]any, 0, 4)
+		args = append(args, m.consumerArg, key)
+		if m.ret.part != nil {
+			args = append(args, eventDay(at).Format(time.DateOnly))
 		}
-		var res sql.Result
-		var err error
-		if m.ret.part == nil {
-			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key)
-		} else {
-			res, err = tx.ExecContext(ctx, m.claimSQL, m.consumerArg, key, eventDay(at).Format(time.DateOnly))
+		if fenced {
+			q, args = m.hclaimSQL, append(args, m.ret.fence(at))
 		}
+		res, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
 			if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
 				return false, rerr
@@ -224,45 +230,13 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 		if err != nil {
 			return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
 		}
-		if n == 1 && m.hk != nil && !at.IsZero() {
+		if (fenced && n == 0) || (!fenced && n == 1 && m.hk != nil && !at.IsZero()) {
 			if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
 				return false, err
 			}
 		}
 		return n == 1, nil
 	})
-}
-
-// horizonClaim runs the claim statement with the horizon folded in
-// (dialect.HorizonClaimer): it inserts only when the message is not older
-// than the horizon. When it inserted nothing, the horizon is read in tx to
-// tell a duplicate from a refusal: it only rises, so a read now that does
-// not refuse the message shows the statement did not either.
-func (m *Middleware) horizonClaim(ctx context.Context, tx *sql.Tx, key string, at time.Time) (bool, error) {
-	args := make([]any, 0, 4)
-	args = append(args, m.consumerArg, key)
-	if m.ret.part != nil {
-		args = append(args, eventDay(at).Format(time.DateOnly))
-	}
-	args = append(args, m.ret.fence(at))
-	res, err := tx.ExecContext(ctx, m.hclaimSQL, args...)
-	if err != nil {
-		if rerr := m.retentionClaimError(ctx, tx, err, nil, at); rerr != nil {
-			return false, rerr
-		}
-		return false, m.claimError(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
-	}
-	if n == 1 {
-		return true, nil
-	}
-	if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
-		return false, err
-	}
-	return false, nil
 }
 
 // claimWith is the one claim path: every entry point that claims (the
