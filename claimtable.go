@@ -156,7 +156,7 @@ func (t *ClaimTable) ensureSchema(ctx context.Context, probe func(context.Contex
 	if !ok {
 		return t.ensureSchemaBlind(ctx, probe)
 	}
-	objs := t.withHorizon(insp.SchemaObjects(t.table, t.ret.part != nil))
+	objs := dialect.ClaimTableObjects(t.d, insp, t.table, t.ret.part != nil)
 	missing, err := t.checkSchema(ctx, insp, objs, probe)
 	if err != nil {
 		return fmt.Errorf("idempotent: ensure schema of %s: %w", t.table, err)
@@ -201,25 +201,6 @@ func txQuery(tx *sql.Tx) dialect.QueryFunc {
 		err := tx.QueryRowContext(ctx, query, args...).Scan(&s)
 		return s.String, err
 	}
-}
-
-// withHorizon adds the horizon table (dialect.HorizonKeeper) to objs, the
-// dialect's own objects, unless they name it already.
-func (t *ClaimTable) withHorizon(objs []dialect.SchemaObject) []dialect.SchemaObject {
-	if t.hk == nil {
-		return objs
-	}
-	ht := t.hk.HorizonTable(t.table)
-	for _, o := range objs {
-		if o.Table == ht {
-			return objs
-		}
-	}
-	objs = objs[:len(objs):len(objs)]
-	for _, stmt := range t.hk.HorizonSchemaSQL(t.table) {
-		objs = append(objs, dialect.SchemaObject{Kind: dialect.ObjectTable, Table: ht, CreateSQL: stmt})
-	}
-	return objs
 }
 
 // schemaSQL returns the statements EnsureSchema runs for the mode.

@@ -99,3 +99,26 @@ type SchemaInspector interface {
 	// gave up.
 	IsDDLLockTimeout(err error) bool
 }
+
+// ClaimTableObjects returns what EnsureSchema looks for and creates for
+// claim table t: insp's SchemaObjects and, where d keeps a retention
+// horizon (HorizonKeeper) and insp does not list its table, the horizon
+// table, once for each of its HorizonSchemaSQL statements.
+func ClaimTableObjects(d Dialect, insp SchemaInspector, t Table, partitioned bool) []SchemaObject {
+	objs := insp.SchemaObjects(t, partitioned)
+	hk, ok := d.(HorizonKeeper)
+	if !ok {
+		return objs
+	}
+	ht := hk.HorizonTable(t)
+	for _, o := range objs {
+		if o.Table == ht {
+			return objs
+		}
+	}
+	objs = objs[:len(objs):len(objs)]
+	for _, stmt := range hk.HorizonSchemaSQL(t) {
+		objs = append(objs, SchemaObject{Kind: ObjectTable, Table: ht, CreateSQL: stmt})
+	}
+	return objs
+}

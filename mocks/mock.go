@@ -617,7 +617,7 @@ func (m *Mock) ExpectEnsureSchema(answers ...string) {
 	m.Sqlmock.ExpectBegin()
 	m.expectServerCheck(answers)
 	if insp, ok := m.d.(dialect.SchemaInspector); ok {
-		for _, o := range m.schemaObjects(insp) {
+		for _, o := range dialect.ClaimTableObjects(m.d, insp, m.table, false) {
 			q, args := insp.ObjectExistsSQL(o)
 			e := m.Sqlmock.ExpectQuery(q).WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
 			if len(args) > 0 {
@@ -698,24 +698,4 @@ func (m *Mock) expectServerCheck(answers []string) {
 			e.WithoutArgs()
 		}
 	}
-}
-
-// schemaObjects is what EnsureSchema looks for: the dialect's objects and,
-// where the dialect keeps a horizon and does not list its table, the
-// horizon table once for each of its statements.
-func (m *Mock) schemaObjects(insp dialect.SchemaInspector) []dialect.SchemaObject {
-	objs := insp.SchemaObjects(m.table, false)
-	if m.hk == nil {
-		return objs
-	}
-	ht := m.hk.HorizonTable(m.table)
-	for _, o := range objs {
-		if o.Table == ht {
-			return objs
-		}
-	}
-	for _, stmt := range m.hk.HorizonSchemaSQL(m.table) {
-		objs = append(objs, dialect.SchemaObject{Kind: dialect.ObjectTable, Table: ht, CreateSQL: stmt})
-	}
-	return objs
 }
