@@ -52,15 +52,15 @@ func TestSettle(t *testing.T) {
 		delay time.Duration
 	}{
 		{"applied or duplicate", msg(now), nil, 1, adapter.Ack, 0},
-		{"too old", msg(now.AddDate(0, -2, 0)), wrap(idempotent.ErrBeyondRetention), 1, adapter.Poison, 0},
-		{"bad key", msg(now), wrap(idempotent.ErrInvalidKey), 1, adapter.Poison, 0},
-		{"a handler that ends the claim's transaction", msg(now), wrap(idempotent.ErrAutocommit), 1, adapter.Poison, 0},
-		{"bad header", msg(time.Time{}), wrap(adapter.ErrBadEventTime), 1, adapter.Poison, 0},
-		{"no event time where one is required", msg(time.Time{}), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Poison, 0},
+		{"too old", msg(now.AddDate(0, -2, 0)), wrap(idempotent.ErrBeyondRetention), 1, adapter.DeadLetter, 0},
+		{"bad key", msg(now), wrap(idempotent.ErrInvalidKey), 1, adapter.DeadLetter, 0},
+		{"a handler that ends the claim's transaction", msg(now), wrap(idempotent.ErrAutocommit), 1, adapter.DeadLetter, 0},
+		{"bad header", msg(time.Time{}), wrap(adapter.ErrBadEventTime), 1, adapter.DeadLetter, 0},
+		{"no event time where one is required", msg(time.Time{}), wrap(idempotent.ErrInvalidEventTime), 1, adapter.DeadLetter, 0},
 		{"ahead within the bound", msg(now.Add(25 * time.Minute)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Requeue, 20 * time.Minute},
 		{"just ahead: at least the backoff", msg(now.Add(5*time.Minute + time.Millisecond)), wrap(idempotent.ErrInvalidEventTime), 3, adapter.Requeue, 400 * time.Millisecond},
-		{"ahead beyond the bound", msg(now.Add(2 * time.Hour)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Poison, 0},
-		{"seconds read as milliseconds", msg(time.UnixMilli(now.Unix() * 1000 * 1000)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.Poison, 0},
+		{"ahead beyond the bound", msg(now.Add(2 * time.Hour)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.DeadLetter, 0},
+		{"seconds read as milliseconds", msg(time.UnixMilli(now.Unix() * 1000 * 1000)), wrap(idempotent.ErrInvalidEventTime), 1, adapter.DeadLetter, 0},
 		{"missing partition", msg(now), wrap(idempotent.ErrNoPartition), 2, adapter.Requeue, 200 * time.Millisecond},
 		{"claim busy", msg(now), wrap(idempotent.ErrClaimBusy), 1, adapter.Requeue, 100 * time.Millisecond},
 		{"retries exhausted", msg(now), wrap(idempotent.ErrRetriesExhausted), 9, adapter.Requeue, time.Second},
@@ -81,7 +81,7 @@ func TestSettle(t *testing.T) {
 	if d.Action != adapter.Requeue || d.Delay < 24*time.Minute || d.Delay > 25*time.Minute {
 		t.Fatalf("zero Rule, 30 minutes ahead: %v after %v, want requeue after about 25m", d.Action, d.Delay)
 	}
-	if s := fmt.Sprint(adapter.Ack, adapter.Requeue, adapter.Poison, adapter.Action(0)); s != "ack requeue poison none" {
+	if s := fmt.Sprint(adapter.Ack, adapter.Requeue, adapter.DeadLetter, adapter.Action(0)); s != "ack requeue dead-letter none" {
 		t.Fatalf("Action strings: %s", s)
 	}
 }

@@ -26,15 +26,16 @@
 //	Applied, Duplicate                          → Ack
 //	the transaction's retryable failures,
 //	  ErrClaimBusy, ErrNoPartition, other errors → Requeue after RetryPolicy.Backoff
-//	ErrBeyondRetention (too old)                → Poison
-//	ErrInvalidKey, a bad event-time header      → Poison
+//	ErrBeyondRetention (too old)                → DeadLetter
+//	ErrInvalidKey, a bad event-time header,
+//	  ErrPoison (Poison, ErrUndecodable)         → DeadLetter
 //	ErrAutocommit (the handler left the claim's
-//	  transaction: every delivery would again)  → Poison
+//	  transaction: every delivery would again)  → DeadLetter
 //	ErrInvalidEventTime, dated in the future:
 //	  within Rule.FutureBound                   → Requeue until the clock catches up
-//	  beyond it, or zero where one is required  → Poison
+//	  beyond it, or zero where one is required  → DeadLetter
 //
-// Poison means: dead-letter (or terminate) exactly once, nothing written.
+// DeadLetter means: dead-letter (or terminate) exactly once, nothing written.
 // An adapter that bounds redeliveries turns a Requeue past its bound into
-// Poison itself.
+// DeadLetter itself.
 package adapter

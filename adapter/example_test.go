@@ -21,7 +21,7 @@ func ExampleRule_Settle() {
 	fmt.Println(rule.Settle(ahead, nil, 1).Action)
 	// Output:
 	// requeue 15m0s
-	// poison
+	// dead-letter
 	// ack
 }
 

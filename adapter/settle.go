@@ -17,20 +17,21 @@ const (
 	// Requeue hands the delivery back to the broker to be delivered again
 	// after Decision.Delay, nothing written.
 	Requeue
-	// Poison dead-letters (or terminates) the delivery, exactly once,
-	// nothing written: delivering it again cannot succeed.
-	Poison
+	// DeadLetter dead-letters (or terminates) the delivery, exactly once,
+	// nothing written: it is poison, and delivering it again cannot
+	// succeed.
+	DeadLetter
 )
 
-// String returns "ack", "requeue" or "poison".
+// String returns "ack", "requeue" or "dead-letter".
 func (a Action) String() string {
 	switch a {
 	case Ack:
 		return "ack"
 	case Requeue:
 		return "requeue"
-	case Poison:
-		return "poison"
+	case DeadLetter:
+		return "dead-letter"
 	}
 	return "none"
 }
@@ -67,6 +68,9 @@ type Rule struct {
 	ClockSkew time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// IsPoison, when set, marks more of a handler's errors as poison,
+	// besides those matching ErrPoison.
+	IsPoison func(error) bool
 }
 
 // RuleFor returns the Rule for mw: its clock-skew margin and clock, and
@@ -83,16 +87,17 @@ func (r Rule) Settle(msg idempotent.Message, err error, attempt int) Decision {
 		return Decision{Action: Ack}
 	}
 	switch {
-	case errors.Is(err, idempotent.ErrBeyondRetention),
+	case IsPoison(err), r.IsPoison != nil && r.IsPoison(err),
+		errors.Is(err, idempotent.ErrBeyondRetention),
 		errors.Is(err, idempotent.ErrInvalidKey),
 		errors.Is(err, idempotent.ErrBatchTooLarge),
 		errors.Is(err, idempotent.ErrAutocommit):
-		return Decision{Action: Poison, Err: err}
+		return Decision{Action: DeadLetter, Err: err}
 	case errors.Is(err, idempotent.ErrInvalidEventTime):
 		now := r.now()
 		ahead := msg.EventTime.Sub(now) - r.skew()
-		if msg.EventTime.IsZero() || errors.Is(err, ErrBadEventTime) || ahead > r.futureBound() {
-			return Decision{Action: Poison, Err: err}
+		if msg.EventTime.IsZero() || errors.Is(err, ErrBadEventTime) || errors.Is(err, ErrNoEventTime) || ahead > r.futureBound() {
+			return Decision{Action: DeadLetter, Err: err}
 		}
 		// Dated ahead of the clock, within the bound: give it again when
 		// the clock has caught up.

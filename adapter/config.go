@@ -1,0 +1,303 @@
+package adapter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txclaim/idempotent"
+)
+
+// Transport describes, for Config, what a transport's deliveries of type
+// T carry. An adapter fills it in once.
+type Transport[T any] struct {
+	// Name names the adapter in errors, such as "rabbitmq".
+	Name string
+	// DefaultKey is the key function when none is given: the transport's
+	// producer-set message id (an AMQP message-id, a Nats-Msg-Id, a
+	// Watermill UUID; for Kafka, which has none, a header).
+	DefaultKey KeyFunc[T]
+	// Header returns the value of the delivery's header (message
+	// attribute, metadata field) name, and whether it has one. The event
+	// time is read from EventTimeHeader through it.
+	Header func(msg T, name string) (string, bool)
+	// Time returns the delivery's transport time (zero when it has none),
+	// for WithTransportEventTime; nil when the transport has none.
+	Time func(msg T) time.Time
+	// TimeName names the transport time in docs and errors, such as "the
+	// AMQP timestamp property".
+	TimeName string
+}
+
+// timeSource is where a Config reads each delivery's event time.
+type timeSource int
+
+const (
+	fromHeader    timeSource = iota // EventTimeHeader, the default
+	fromFunc                        // SetEventTime
+	fromTransport                   // SetTransportEventTime
+	fromNone                        // SetNoEventTime
+)
+
+// Config is the configuration every adapter shares: the key function, the
+// event-time source, the observer, the retry delays, the future bound, the
+// workers, the shutdown timeout and the poison predicate. An adapter keeps
+// one in its own configuration; its options of the same names (WithKey,
+// WithEventTime, WithTransportEventTime, WithoutEventTime, WithObserver,
+// WithRetryDelay, WithFutureBound, WithWorkers, WithShutdownTimeout,
+// WithPoison) call the setters, which check their arguments, and its
+// constructor calls Check. Create one with NewConfig.
+type Config[T any] struct {
+	tr Transport[T]
+
+	key       KeyFunc[T]
+	source    timeSource
+	timeFn    func(msg T) (time.Time, error)
+	observer  Observer
+	retryInit time.Duration
+	retryMax  time.Duration
+	future    time.Duration
+	workers   int
+	shutdown  time.Duration
+	isPoison  func(error) bool
+	checked   *idempotent.Middleware
+	partition bool
+}
+
+// Default values of Config.
+const (
+	// DefaultWorkers is how many deliveries a consumer handles at once
+	// unless told otherwise.
+	DefaultWorkers = 1
+	// MaxWorkers bounds SetWorkers.
+	MaxWorkers = 1024
+	// DefaultShutdownTimeout is how long a consumer waits, once its
+	// context ended, for the handlers in flight to finish.
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// NewConfig returns the defaults for transport tr: the default key, the
+// event time from EventTimeHeader, the Middleware's default retry policy
+// for delays, DefaultFutureBound, DefaultWorkers and
+// DefaultShutdownTimeout.
+func NewConfig[T any](tr Transport[T]) Config[T] {
+	return Config[T]{tr: tr, key: tr.DefaultKey, workers: DefaultWorkers, shutdown: DefaultShutdownTimeout}
+}
+
+// SetKey sets the key function (the WithKey option).
+func (c *Config[T]) SetKey(k KeyFunc[T]) error {
+	if k == nil {
+		return errors.New("WithKey: nil KeyFunc")
+	}
+	c.key = k
+	return nil
+}
+
+// SetEventTime reads each delivery's event time with fn, a function over
+// the delivery (its payload, or a header of the producer's own), instead of
+// EventTimeHeader (the WithEventTime option). fn counts as a producer's
+// event time: it is accepted in partitioned mode. A delivery for which fn
+// fails or returns the zero time is poison.
+func (c *Config[T]) SetEventTime(fn func(msg T) (time.Time, error)) error {
+	if fn == nil {
+		return errors.New("WithEventTime: nil function")
+	}
+	if c.source != fromHeader {
+		return errors.New("WithEventTime: an event time source is already set")
+	}
+	c.source, c.timeFn = fromFunc, fn
+	return nil
+}
+
+// SetTransportEventTime reads each delivery's event time from the
+// transport (the WithTransportEventTime option). That time is new on every
+// re-send, so a re-send after midnight would land in another day's
+// partition and apply again: Check refuses it for a Middleware in
+// partitioned mode. A delivery without one is poison (ErrNoEventTime).
+func (c *Config[T]) SetTransportEventTime() error {
+	if c.tr.Time == nil {
+		return fmt.Errorf("WithTransportEventTime: %s deliveries carry no transport time", c.tr.Name)
+	}
+	if c.source != fromHeader {
+		return errors.New("WithTransportEventTime: an event time source is already set")
+	}
+	c.source = fromTransport
+	return nil
+}
+
+// SetNoEventTime reads no event time (the WithoutEventTime option): the
+// retention fence cannot apply to the deliveries, and Check refuses it for
+// a Middleware in partitioned mode.
+func (c *Config[T]) SetNoEventTime() error {
+	if c.source != fromHeader {
+		return errors.New("WithoutEventTime: an event time source is already set")
+	}
+	c.source = fromNone
+	return nil
+}
+
+// SetObserver sets the Observer (the WithObserver option).
+func (c *Config[T]) SetObserver(o Observer) error {
+	if o == nil {
+		return errors.New("WithObserver: nil Observer")
+	}
+	c.observer = o
+	return nil
+}
+
+// SetRetryDelay sets the delays of requeued deliveries (the WithRetryDelay
+// option): initial for a delivery's first failure, doubling with jitter
+// for each further attempt up to max, as idempotent.RetryPolicy.Backoff
+// computes them. The default is idempotent.DefaultRetryPolicy's.
+func (c *Config[T]) SetRetryDelay(initial, max time.Duration) error {
+	if initial <= 0 || max < initial {
+		return fmt.Errorf("WithRetryDelay: want 0 < initial <= max, got initial %v, max %v", initial, max)
+	}
+	c.retryInit, c.retryMax = initial, max
+	return nil
+}
+
+// SetFutureBound sets how far ahead of the clock (past the Middleware's
+// clock-skew margin) an event time may be and be requeued until the clock
+// catches up; further ahead is poison (the WithFutureBound option).
+// Default DefaultFutureBound.
+func (c *Config[T]) SetFutureBound(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("WithFutureBound: want a positive bound, got %v", d)
+	}
+	c.future = d
+	return nil
+}
+
+// SetWorkers sets how many deliveries are handled at once (the
+// WithWorkers option), from 1 to MaxWorkers.
+func (c *Config[T]) SetWorkers(n int) error {
+	if n < 1 || n > MaxWorkers {
+		return fmt.Errorf("WithWorkers: want 1 to %d workers, got %d", MaxWorkers, n)
+	}
+	c.workers = n
+	return nil
+}
+
+// SetShutdownTimeout sets how long a consumer waits, once its context
+// ended, for the handlers in flight (the WithShutdownTimeout option).
+func (c *Config[T]) SetShutdownTimeout(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("WithShutdownTimeout: want a positive timeout, got %v", d)
+	}
+	c.shutdown = d
+	return nil
+}
+
+// SetPoison marks more of a handler's errors as poison, besides those
+// matching ErrPoison (the WithPoison option).
+func (c *Config[T]) SetPoison(isPoison func(error) bool) error {
+	if isPoison == nil {
+		return errors.New("WithPoison: nil function")
+	}
+	c.isPoison = isPoison
+	return nil
+}
+
+// Check is what every adapter's constructor runs once its options are
+// applied: mw must be given, and a Middleware in partitioned mode
+// (idempotent.WithDailyPartitions) needs every delivery's producer event
+// time, so a Config reading none (WithoutEventTime) or the transport's
+// (WithTransportEventTime) is refused with an error matching
+// ErrNoProducerEventTime, before any delivery.
+func (c *Config[T]) Check(mw *idempotent.Middleware) error {
+	if mw == nil {
+		return fmt.Errorf("%s: nil Middleware", c.tr.Name)
+	}
+	if c.key == nil {
+		return fmt.Errorf("%s: no KeyFunc: give one with WithKey", c.tr.Name)
+	}
+	if c.tr.Header == nil && c.source == fromHeader {
+		return fmt.Errorf("%s: deliveries carry no headers: give an event time with WithEventTime or WithoutEventTime", c.tr.Name)
+	}
+	switch c.source {
+	case fromTransport:
+		if err := CheckEventTimeSource(mw, c.tr.Name, false); err != nil {
+			return fmt.Errorf("%w; WithTransportEventTime reads %s, which a re-send stamps anew", err, c.tr.TimeName)
+		}
+	case fromNone:
+		if err := CheckEventTimeSource(mw, c.tr.Name, false); err != nil {
+			return fmt.Errorf("%w; WithoutEventTime reads none", err)
+		}
+	}
+	c.checked, c.partition = mw, mw.Partitioned()
+	return nil
+}
+
+// Workers is the number of deliveries to handle at once.
+func (c *Config[T]) Workers() int { return c.workers }
+
+// ShutdownTimeout is how long to wait for the handlers in flight.
+func (c *Config[T]) ShutdownTimeout() time.Duration { return c.shutdown }
+
+// Observer is the Observer set, or nil.
+func (c *Config[T]) Observer() Observer { return c.observer }
+
+// Rule is the settle rule for the Middleware Check was given: its clock
+// and clock-skew margin, the retry delays, the future bound and the poison
+// predicate.
+func (c *Config[T]) Rule() Rule {
+	r := Rule{FutureBound: c.future, IsPoison: c.isPoison}
+	if c.retryInit > 0 {
+		r.Backoff = idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.retryInit, MaxBackoff: c.retryMax}
+	}
+	if c.checked != nil {
+		r.ClockSkew, r.Now = c.checked.ClockSkew(), c.checked.Now
+	}
+	return r
+}
+
+// Message reads a delivery's key and event time into an idempotent
+// Message. A key error is wrapped with idempotent.ErrInvalidKey unless it
+// already matches it or ErrPoison; an event-time error with
+// idempotent.ErrInvalidEventTime likewise; a delivery without the
+// EventTimeHeader header has no event time, which is an error
+// (ErrNoEventTime) only in partitioned mode. Every error is poison for
+// Rule.Settle and names the adapter and, when known, the key.
+func (c *Config[T]) Message(msg T) (idempotent.Message, error) {
+	key, err := c.key(msg)
+	if err != nil {
+		if errors.Is(err, idempotent.ErrInvalidKey) || errors.Is(err, ErrPoison) {
+			return idempotent.Message{}, fmt.Errorf("%s: %w", c.tr.Name, err)
+		}
+		return idempotent.Message{}, fmt.Errorf("%s: %w: key function: %w", c.tr.Name, idempotent.ErrInvalidKey, err)
+	}
+	m := idempotent.Message{Key: key}
+	switch c.source {
+	case fromNone:
+		return m, nil
+	case fromTransport:
+		if m.EventTime = c.tr.Time(msg); m.EventTime.IsZero() {
+			return m, fmt.Errorf("%s: message %q: %w: %s is not set", c.tr.Name, key, ErrNoEventTime, c.tr.TimeName)
+		}
+		return m, nil
+	case fromFunc:
+		at, err := c.timeFn(msg)
+		if err != nil {
+			if errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, ErrPoison) {
+				return m, fmt.Errorf("%s: message %q: %w", c.tr.Name, key, err)
+			}
+			return m, fmt.Errorf("%s: message %q: %w: event time function: %w", c.tr.Name, key, idempotent.ErrInvalidEventTime, err)
+		}
+		if at.IsZero() {
+			return m, fmt.Errorf("%s: message %q: %w: the event time function returned the zero time", c.tr.Name, key, ErrNoEventTime)
+		}
+		m.EventTime = at
+		return m, nil
+	}
+	v, _ := c.tr.Header(msg, EventTimeHeader)
+	at, err := ParseEventTime(v)
+	if err != nil {
+		return m, fmt.Errorf("%s: message %q: %w", c.tr.Name, key, err)
+	}
+	if at.IsZero() && c.partition {
+		return m, fmt.Errorf("%s: message %q: %w: no %s header, and the claim table is partitioned by event day", c.tr.Name, key, ErrNoEventTime, EventTimeHeader)
+	}
+	m.EventTime = at
+	return m, nil
+}
