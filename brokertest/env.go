@@ -47,12 +47,25 @@ func (r *record) Outcome(_ context.Context, e idempotent.Event) {
 
 func (r *record) Retry(context.Context, idempotent.RetryEvent) {}
 
-func (r *record) settle(by int) func(Settlement) {
-	return func(s Settlement) {
+// observer returns the Observer of consumer by: it records each
+// delivery's settlement from the adapter's events.
+func (r *record) observer(by int) adapter.Observer {
+	return adapter.ObserverFunc(func(_ context.Context, ev adapter.Event) {
+		s := Settlement{Key: ev.Message.Key, Err: ev.Err, Delay: ev.Delay}
+		switch ev.Type {
+		case adapter.EventApplied, adapter.EventDuplicate:
+			s.Action = adapter.Ack
+		case adapter.EventRequeued, adapter.EventReleased:
+			s.Action = adapter.Requeue
+		case adapter.EventDeadLettered:
+			s.Action = adapter.DeadLetter
+		default:
+			return
+		}
 		r.mu.Lock()
 		r.settlements[s.Key] = append(r.settlements[s.Key], settled{s, by})
 		r.mu.Unlock()
-	}
+	})
 }
 
 // of returns key's settlements with action a (any action for 0), by any
@@ -187,12 +200,12 @@ func (e *env) config() ConsumerConfig {
 	}
 }
 
-// start builds and starts a consumer of cfg (OnSettle set by the suite),
+// start builds and starts a consumer of cfg (Observer set by the suite),
 // stopped in Cleanup.
 func (e *env) start(cfg ConsumerConfig) Consumer {
 	e.t.Helper()
 	by := len(e.consumers) + 1
-	cfg.OnSettle = e.rec.settle(by)
+	cfg.Observer = e.rec.observer(by)
 	c, err := e.tr.NewConsumer(cfg)
 	if err != nil {
 		e.t.Fatalf("NewConsumer: %v", err)

@@ -110,18 +110,23 @@ type ConsumerConfig struct {
 	// transport (the settlement is still reported), so the message comes
 	// again. The suite returns true at most once per key.
 	LoseAck func(key string) bool
-	// OnSettle must be called once per settlement the consumer makes, from
-	// any goroutine.
-	OnSettle func(Settlement)
+	// Observer must be given to the adapter's WithObserver: the suite
+	// reads the consumer's settlements from its events. Exactly one of
+	// EventApplied, EventDuplicate, EventRequeued, EventReleased and
+	// EventDeadLettered must be reported per delivery, with the delivery's
+	// key in Event.Message.Key.
+	Observer adapter.Observer
 }
 
-// Settlement is how the consumer settled one delivery.
+// Settlement is how the consumer settled one delivery, as the suite reads
+// it from the adapter's events: EventApplied and EventDuplicate are Ack,
+// EventRequeued and EventReleased Requeue, EventDeadLettered DeadLetter.
 type Settlement struct {
 	// Key is the message key (Message.Key).
 	Key string
 	// Action is what the consumer told the transport: adapter.Ack,
 	// adapter.Requeue (nack, nak, a message released at shutdown), or
-	// adapter.Poison (dead-lettered or terminated).
+	// adapter.DeadLetter (dead-lettered or terminated).
 	Action adapter.Action
 	// Err is the error that requeued or poisoned the delivery. A Requeue
 	// with a nil Err is a delivery handed back without running the

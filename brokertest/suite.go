@@ -154,7 +154,7 @@ var scenarios = []scenario{
 		if len(rq) == 0 || !errors.Is(rq[0].Err, errFailOnce) {
 			t.Errorf("requeues %+v, want the handler's error first", rq)
 		}
-		if p := e.rec.of(o.Key(), adapter.Poison, 0); len(p) != 0 {
+		if p := e.rec.of(o.Key(), adapter.DeadLetter, 0); len(p) != 0 {
 			t.Errorf("poisoned %+v", p)
 		}
 		e.want(o.Key(), 1, 0)
@@ -189,12 +189,47 @@ var scenarios = []scenario{
 		e.publish(good, time.Now(), time.Time{}, nil)
 		e.publish(good, time.Now(), time.Time{}, nil)
 		e.start(e.config())
-		e.waitSettled(bad.Key(), adapter.Poison, 1)
+		e.waitSettled(bad.Key(), adapter.DeadLetter, 1)
 		e.waitSettled(good.Key(), adapter.Ack, 2)
 		e.stopAll()
 		wantOnlyPoison(t, e, bad.Key(), adapter.ErrBadEventTime)
 		e.want(good.Key(), 1, 1)
 		e.audit(good)
+	}},
+	{name: "PreCheck", run: func(s *suite, t *testing.T) {
+		// With the duplicate pre-check on (idempotent.WithSeen), a
+		// redelivery of an applied message is a Duplicate, and one whose
+		// first attempt failed is not taken as seen: each is applied
+		// exactly once, whichever copy comes first.
+		lru, err := idempotent.NewSeenLRU(1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := s.newEnv(t, idempotent.WithSeen(lru))
+		e.ensureSchema()
+		o, p := newOrder(30), newOrder(31)
+		var failed atomic.Bool
+		e.setHook(func(_ context.Context, _ *sql.Tx, got order) error {
+			if got.Key() != p.Key() || failed.Swap(true) {
+				return nil
+			}
+			return errFailOnce
+		})
+		at := time.Now().Add(-time.Minute)
+		for range 2 {
+			e.publish(o, at, time.Time{}, nil)
+			e.publish(p, at, time.Time{}, nil)
+		}
+		e.start(e.config())
+		e.waitSettled(o.Key(), adapter.Ack, 2)
+		e.waitSettled(p.Key(), adapter.Ack, 2)
+		e.stopAll()
+		if !failed.Load() {
+			t.Errorf("the handler of %s never failed", p.Key())
+		}
+		e.want(o.Key(), 1, 1)
+		e.want(p.Key(), 1, 1)
+		e.audit(o, p)
 	}},
 	{name: "Partitioned/RefusedWithoutEventTime", run: func(s *suite, t *testing.T) {
 		// A consumer that reads no producer event time is refused at
@@ -202,7 +237,7 @@ var scenarios = []scenario{
 		// message later; the default (the header) is accepted.
 		e := s.newEnv(t, idempotent.WithDailyPartitions(1), idempotent.WithRetention(48*time.Hour))
 		cfg := e.config()
-		cfg.OnSettle = func(Settlement) {}
+		cfg.Observer = adapter.ObserverFunc(func(context.Context, adapter.Event) {})
 		if _, err := e.tr.NewConsumer(cfg); err != nil {
 			t.Fatalf("partitioned, the default event time: %v", err)
 		}
@@ -245,7 +280,7 @@ var scenarios = []scenario{
 		e.publish(old, now.Add(-72*time.Hour), time.Time{}, nil)
 		e.publish(fresh, now.Add(-time.Hour), time.Time{}, nil)
 		e.start(e.config())
-		e.waitSettled(old.Key(), adapter.Poison, 1)
+		e.waitSettled(old.Key(), adapter.DeadLetter, 1)
 		e.waitSettled(fresh.Key(), adapter.Ack, 1)
 		e.stopAll()
 		wantOnlyPoison(t, e, old.Key(), idempotent.ErrBeyondRetention)
@@ -266,7 +301,7 @@ var scenarios = []scenario{
 		e.publish(far, now.Add(skew+adapter.DefaultFutureBound+time.Hour), time.Time{}, nil)
 		e.publish(soon, now.Add(skew+30*time.Minute), time.Time{}, nil)
 		e.start(e.config())
-		e.waitSettled(far.Key(), adapter.Poison, 1)
+		e.waitSettled(far.Key(), adapter.DeadLetter, 1)
 		e.waitSettled(soon.Key(), adapter.Requeue, 1)
 		e.stopAll()
 		wantOnlyPoison(t, e, far.Key(), idempotent.ErrInvalidEventTime)
@@ -441,7 +476,7 @@ func released(st Settlement) bool {
 func wantOnlyPoison(t *testing.T, e *env, key string, want error) {
 	t.Helper()
 	all := e.rec.of(key, 0, 0)
-	if len(all) != 1 || all[0].Action != adapter.Poison || !errors.Is(all[0].Err, want) {
+	if len(all) != 1 || all[0].Action != adapter.DeadLetter || !errors.Is(all[0].Err, want) {
 		t.Errorf("%s settled %+v, want poison exactly once, matching %v", key, all, want)
 		return
 	}
