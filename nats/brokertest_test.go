@@ -64,7 +64,7 @@ func (tr *natsTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.
 		hopts = append(hopts, idnats.WithoutEventTime())
 	}
 	raw := func(b []byte) ([]byte, error) { return b, nil }
-	actions := map[idnats.Action]adapter.Action{idnats.Acked: adapter.Ack, idnats.Naked: adapter.Requeue, idnats.Released: adapter.Requeue, idnats.Terminated: adapter.Poison}
+	actions := map[idnats.Action]adapter.Action{idnats.Acked: adapter.Ack, idnats.Naked: adapter.Requeue, idnats.Released: adapter.Requeue, idnats.Terminated: adapter.DeadLetter}
 	opts := []idnats.Option{idnats.WithWorkers(cfg.Workers), idnats.WithFetchWait(50 * time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, 50*time.Millisecond),
 		idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
 			cfg.OnSettle(brokertest.Settlement{Key: s.Msg.Headers().Get("Order-Key"), Action: actions[s.Action], Err: s.Err, Delay: s.Delay})

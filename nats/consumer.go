@@ -457,7 +457,7 @@ func (c *Consumer) settleResult(ctx context.Context, m jetstream.Msg, outcome id
 			c.stats.duplicates.Add(1)
 		}
 		c.settle(ctx, Settlement{Msg: m, Action: Acked, Outcome: outcome}, m.DoubleAck(ctx))
-	case adapter.Poison:
+	case adapter.DeadLetter:
 		c.settle(ctx, Settlement{Msg: m, Action: Terminated, Err: err}, m.Term())
 	default:
 		c.settle(ctx, Settlement{Msg: m, Action: Naked, Err: err, Delay: d.Delay}, m.NakWithDelay(d.Delay))
@@ -480,7 +480,7 @@ func (c *Consumer) decide(m jetstream.Msg, err error) adapter.Decision {
 	}
 	d := rule.Settle(msg, err, attempt)
 	if d.Action == adapter.Requeue && c.isPoison(err) {
-		d = adapter.Decision{Action: adapter.Poison, Err: err}
+		d = adapter.Decision{Action: adapter.DeadLetter, Err: err}
 	}
 	return d
 }

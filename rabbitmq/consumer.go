@@ -316,7 +316,7 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 			c.stats.duplicates.Add(1)
 		}
 		c.settle(ctx, Settlement{Delivery: d, Action: Acked, Outcome: outcome}, d.Ack(false))
-	case adapter.Poison:
+	case adapter.DeadLetter:
 		c.settle(ctx, Settlement{Delivery: d, Action: DeadLettered, Err: err}, d.Reject(false))
 	default:
 		// The worker holds the delivery for the rule's delay, at most the
@@ -340,7 +340,7 @@ func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan s
 // Process or Decode Handler's error carries.
 func (c *Consumer) decide(d *amqp.Delivery, err error) adapter.Decision {
 	if err != nil && c.markedPoison(err) {
-		return adapter.Decision{Action: adapter.Poison, Err: err}
+		return adapter.Decision{Action: adapter.DeadLetter, Err: err}
 	}
 	rule, msg := settleRule(err, c.cfg.backoff())
 	return rule.Settle(msg, err, attempt(d))

@@ -72,5 +72,5 @@ func IsPoison(err error) bool {
 		return true
 	}
 	rule, msg := settleRule(err, idempotent.RetryPolicy{})
-	return rule.Settle(msg, err, 1).Action == adapter.Poison
+	return rule.Settle(msg, err, 1).Action == adapter.DeadLetter
 }

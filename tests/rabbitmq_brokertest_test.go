@@ -83,7 +83,7 @@ func (tr *rabbitTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertes
 	if err != nil {
 		return nil, err
 	}
-	actions := map[rabbitmq.Action]adapter.Action{rabbitmq.Acked: adapter.Ack, rabbitmq.Requeued: adapter.Requeue, rabbitmq.Released: adapter.Requeue, rabbitmq.DeadLettered: adapter.Poison}
+	actions := map[rabbitmq.Action]adapter.Action{rabbitmq.Acked: adapter.Ack, rabbitmq.Requeued: adapter.Requeue, rabbitmq.Released: adapter.Requeue, rabbitmq.DeadLettered: adapter.DeadLetter}
 	c, err := rabbitmq.NewConsumer(tr.top.queue, h, rabbitmq.WithWorkers(cfg.Workers), rabbitmq.WithRequeueDelay(10*time.Millisecond),
 		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
 			key, _ := s.Delivery.Headers[rabbitKeyHeader].(string)

@@ -85,7 +85,7 @@ func (tr *wmTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Co
 			var re *idwm.RequeueError
 			switch {
 			case idwm.IsPoison(err):
-				s.Action = adapter.Poison
+				s.Action = adapter.DeadLetter
 			case errors.As(err, &re):
 				s.Action, s.Delay = adapter.Requeue, re.Delay
 			case err != nil:

@@ -57,7 +57,7 @@ func (c *config) settle(m idempotent.Message, err error) error {
 	switch d.Action {
 	case adapter.Ack:
 		return nil
-	case adapter.Poison:
+	case adapter.DeadLetter:
 		return Poison(err)
 	}
 	return &RequeueError{Delay: d.Delay, Err: err}
