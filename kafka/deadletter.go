@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -57,12 +56,6 @@ type DeadLetter struct {
 	Error string `json:"error"`
 }
 
-// deadLetterKey is the outbox message key of a poison record: its position,
-// the one identity every record has (a poison record may have no key).
-func deadLetterKey(r *kgo.Record) string {
-	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
-}
-
 // deadLetter writes the poison record r, whose event time was read as at
 // (zero if none), into the dead-letter outbox in tx.
 func (c *Consumer) deadLetter(ctx context.Context, tx *sql.Tx, r *kgo.Record, cause error, at time.Time) error {
@@ -71,10 +64,10 @@ func (c *Consumer) deadLetter(ctx context.Context, tx *sql.Tx, r *kgo.Record, ca
 		Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, EventTime: at, Error: cause.Error(),
 	})
 	if err != nil {
-		return fmt.Errorf("kafka: dead letter %s: %w", deadLetterKey(r), err)
+		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
-	if _, err := c.cfg.deadLetter.Enqueue(ctx, tx, deadLetterKey(r), DeadLetterKind, payload); err != nil && !errors.Is(err, outbox.ErrDuplicateKey) {
-		return fmt.Errorf("kafka: dead letter %s: %w", deadLetterKey(r), err)
+	if _, err := c.cfg.deadLetter.Enqueue(ctx, tx, position(r), DeadLetterKind, payload); err != nil && !errors.Is(err, outbox.ErrDuplicateKey) {
+		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
 	return nil
 }
@@ -87,7 +80,8 @@ func (c *Consumer) deadLetter(ctx context.Context, tx *sql.Tx, r *kgo.Record, ca
 // event time from elsewhere (WithEventTime, WithTransportEventTime) gets
 // the header set to it, so that a replay from the dead-letter topic is
 // claimed on the day of the first delivery. The record timestamp is not
-// copied: the dead-letter topic's time-based retention would count from it. A relay may produce a dead letter more than once
+// copied: the dead-letter topic's time-based retention would count from
+// it. A relay may produce a dead letter more than once
 // (after a lost acknowledgement); each copy carries the same
 // DeadLetterIDHeader. A payload that is not a DeadLetter fails permanently.
 func DeadLetterSender(cl *kgo.Client) outbox.Sender {
@@ -103,7 +97,7 @@ func DeadLetterSender(cl *kgo.Client) outbox.Sender {
 		}
 		rec.Headers = append(rec.Headers,
 			kgo.RecordHeader{Key: DeadLetterIDHeader, Value: []byte(m.IdempotencyKey)},
-			kgo.RecordHeader{Key: DeadLetterSourceHeader, Value: []byte(d.SourceTopic + "/" + strconv.FormatInt(int64(d.Partition), 10) + "/" + strconv.FormatInt(d.Offset, 10))},
+			kgo.RecordHeader{Key: DeadLetterSourceHeader, Value: []byte(partitionSource(d.SourceTopic, d.Partition, d.Offset))},
 			kgo.RecordHeader{Key: DeadLetterErrorHeader, Value: []byte(d.Error)},
 		)
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {

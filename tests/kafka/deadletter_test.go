@@ -37,7 +37,7 @@ func TestDeadLetterRelay(t *testing.T) {
 	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+	c, err := kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 		return applyPayment(ctx, tx, s, "m", p)
 	}), kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithDeadLetter(ob, "in-dlq"))
 	if err != nil {

@@ -24,10 +24,10 @@ func eventTimeHeader(at time.Time) kgo.RecordHeader {
 }
 
 // of returns the events of type typ.
-func (r *recorder) of(typ kafka.EventType) []kafka.Event {
+func (r *recorder) of(typ adapter.EventType) []adapter.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []kafka.Event
+	var out []adapter.Event
 	for _, e := range r.events {
 		if e.Type == typ {
 			out = append(out, e)
@@ -45,12 +45,12 @@ type consumerMode struct {
 
 var consumerModes = []consumerMode{
 	{"NewConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
-		return kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+		return kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 			return applyPayment(ctx, tx, s, "m", p)
 		}), append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
 	}},
 	{"NewBatchConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
-		return kafka.NewBatchConsumer(db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+		return kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 			return applyPayments(ctx, tx, s, "m", rs)
 		}, append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
 	}},
@@ -189,19 +189,20 @@ func TestPartitionedNeedsProducerEventTime(t *testing.T) {
 		m := startMember(c, "m", client...)
 		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "noevent", topic)[0] == 2, nil })
 		m.stop(t)
-		dl := obs.of(kafka.EventDeadLettered)
-		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || dl[0].Offset != 0 || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
-			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered with ErrInvalidEventTime", n, dl)
+		dl := obs.of(adapter.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || whereOf(t, dl[0]).offset != 0 || dl[0].Message.Key != "unstamped" || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered, with its key, with ErrInvalidEventTime", n, dl)
 		}
 	})
 }
 
 // TestFutureEventTime is issue 21 case 3: a record dated in the future
 // within the settle rule's bound waits, in place and with the records
-// behind it, until the Middleware's clock catches up, then applies once; a
-// record dated beyond the bound (a seconds-for-milliseconds mix-up, say) is
-// dead-lettered exactly once, nothing written, and does not stall its
-// partition. Both consumers.
+// behind it, for the rule's delay — until the Middleware's clock catches up
+// — and is applied once by a member that runs when it has; a record dated
+// beyond the bound (a seconds-for-milliseconds mix-up, say) is
+// dead-lettered exactly once, with its key and event time, nothing
+// written, and does not stall its partition. Both consumers.
 func TestFutureEventTime(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode consumerMode) {
 		const topic = "future"
@@ -230,30 +231,46 @@ func TestFutureEventTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := startMember(c, "m", client...)
-		defer m.stop(t)
 		waitFor(t, "the far record dead-lettered and the soon one requeued", func() (bool, error) {
 			stored := storedOffsets(t, db, s, "future", topic)[0]
 			if stored > 1 {
 				return false, fmt.Errorf("stored offset %d before the clock caught up: the record dated 30 minutes ahead was settled, not requeued", stored)
 			}
-			return stored == 1 && len(obs.of(kafka.EventRetry)) >= 2, nil
+			return stored == 1 && len(obs.of(adapter.EventRequeued)) >= 1, nil
 		})
+		m.stop(t)
 		if n := ledgerRows(t, db, s); n != 0 {
 			t.Fatalf("%d ledger rows before the clock caught up, want 0", n)
 		}
-		for _, e := range obs.of(kafka.EventRetry) {
-			if e.Offset != 1 || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 20*time.Millisecond {
-				t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
+		// The rule's delay: until the clock reaches the event time, less the
+		// clock-skew margin.
+		wait := soon.Sub(now) - mw.ClockSkew()
+		rq := obs.of(adapter.EventRequeued)
+		for _, e := range rq {
+			if whereOf(t, e).offset != 1 || e.Message.Key != "soon" || !e.Message.EventTime.Equal(soon) || e.Attempt != 1 ||
+				!errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay != wait {
+				t.Fatalf("requeued %+v: want soon's at offset 1, attempt 1, with ErrInvalidEventTime, after the rule's %v", e, wait)
 			}
 		}
+		if len(rq) != 1 {
+			t.Fatalf("%d requeues before the clock moved, want 1 (the record waits the rule's delay)", len(rq))
+		}
+		if rel := obs.of(adapter.EventReleased); len(rel) < 1 || rel[0].Message.Key != "soon" || rel[0].Err != nil {
+			t.Fatalf("released %+v at the stop, want soon first, with no error", rel)
+		}
 		clk.Add(31 * time.Minute)
+		m = startMember(c, "m", client...)
 		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
+		m.stop(t)
 		dls := deadLetters(t, db, s)
 		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
 			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
 		}
-		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 {
-			t.Fatalf("stats %+v, want 2 applied and 1 dead-lettered", st)
+		if dl := obs.of(adapter.EventDeadLettered); len(dl) != 1 || dl[0].Message.Key != "far" || recordOf(dl[0]) == nil || recordOf(dl[0]).Offset != 0 {
+			t.Fatalf("dead-lettered %+v, want far's, with its key and record", dl)
+		}
+		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 || st.Requeued != 1 {
+			t.Fatalf("stats %+v, want 2 applied, 1 dead-lettered, 1 requeued", st)
 		}
 	})
 }
@@ -286,13 +303,16 @@ func TestBadEventTimeHeader(t *testing.T) {
 		m := startMember(c, "m", client...)
 		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "badtime", topic)[0] == 3, nil })
 		m.stop(t)
-		dl := obs.of(kafka.EventDeadLettered)
+		dl := obs.of(adapter.EventDeadLettered)
 		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 2 || len(deadLetters(t, db, s)) != 2 {
 			t.Fatalf("%d ledger rows, dead-letter events %+v; want 1 row and 2 dead letters", n, dl)
 		}
-		for _, e := range dl {
+		for i, e := range dl {
 			if !errors.Is(e.Err, adapter.ErrBadEventTime) || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) {
-				t.Errorf("dead letter at %d: %v, want adapter.ErrBadEventTime", e.Offset, e.Err)
+				t.Errorf("dead letter at %s: %v, want adapter.ErrBadEventTime", e.Source, e.Err)
+			}
+			if want := []string{"word", "millis"}[i]; e.Message.Key != want {
+				t.Errorf("dead letter at %s: key %q, want %q", e.Source, e.Message.Key, want)
 			}
 		}
 	})
