@@ -52,8 +52,9 @@
 // claim would go to another day's partition, which cannot see the first
 // claim, and apply a second time. [WithoutEventTime] reads none; a
 // Middleware in partitioned mode refuses both at construction
-// (adapter.ErrNoProducerEventTime). [DeadLetterSender] carries the event
-// time to the dead-letter topic in the same header.
+// (adapter.ErrNoProducerEventTime). A dead letter's outbox row holds the
+// record's event time (outbox.WithEventTime), and [DeadLetterSender]
+// carries it to the dead-letter topic in the same header.
 //
 // # The message key
 //

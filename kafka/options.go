@@ -232,6 +232,7 @@ func WithOffsetsTable(name string) Option {
 
 // WithDeadLetter sends poison records to the Kafka topic deadTopic through
 // ob: each poison record becomes one outbox row of kind DeadLetterKind,
+// with the record's event time (outbox.WithEventTime) where it had one,
 // written in the transaction that advances the record's offset, so the row
 // exists exactly once per poison record whatever crashes or rebalances
 // happen. A Relay with DeadLetterSender produces the rows to Kafka. Without

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -83,24 +84,33 @@ func ledgerRows(t *testing.T, db *sql.DB, s string) int {
 	return n
 }
 
+// deadLetterRow is a dead letter in the outbox: its payload and the event
+// time the row was enqueued with (zero when none).
+type deadLetterRow struct {
+	kafka.DeadLetter
+	EventTime time.Time
+}
+
 // deadLetters returns the dead letters in schema s's outbox.
-func deadLetters(t *testing.T, db *sql.DB, s string) []kafka.DeadLetter {
+func deadLetters(t *testing.T, db *sql.DB, s string) []deadLetterRow {
 	t.Helper()
-	rows, err := db.Query(`SELECT payload FROM ` + s + `.outbox ORDER BY id`)
+	rows, err := db.Query(`SELECT payload, event_time FROM ` + s + `.outbox ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	var out []kafka.DeadLetter
+	var out []deadLetterRow
 	for rows.Next() {
 		var p []byte
-		if err := rows.Scan(&p); err != nil {
+		var at sql.NullTime
+		if err := rows.Scan(&p, &at); err != nil {
 			t.Fatal(err)
 		}
-		var d kafka.DeadLetter
-		if err := json.Unmarshal(p, &d); err != nil {
+		var d deadLetterRow
+		if err := json.Unmarshal(p, &d.DeadLetter); err != nil {
 			t.Fatal(err)
 		}
+		d.EventTime = at.Time
 		out = append(out, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -263,8 +273,8 @@ func TestFutureEventTime(t *testing.T) {
 		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
 		m.stop(t)
 		dls := deadLetters(t, db, s)
-		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
-			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
+		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || dls[0].EventTime.Sub(far).Abs() >= time.Microsecond {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time (to the microsecond, as Postgres keeps it)", n, dls)
 		}
 		if dl := obs.of(adapter.EventDeadLettered); len(dl) != 1 || dl[0].Message.Key != "far" || recordOf(dl[0]) == nil || recordOf(dl[0]).Offset != 0 {
 			t.Fatalf("dead-lettered %+v, want far's, with its key and record", dl)
@@ -319,24 +329,35 @@ func TestBadEventTimeHeader(t *testing.T) {
 }
 
 // TestDeadLetterSenderCarriesEventTime is the dead-letter half of issue
-// 21 case 1: DeadLetterSender sets the event-time header on a dead letter
-// whose record had its event time from elsewhere, and keeps the one an
-// original had (once), so that a replay from the dead-letter topic is
-// claimed on its first day.
+// 21 case 1: DeadLetterSender sets the event-time header from the outbox
+// row's event time — on a dead letter whose record had its event time from
+// elsewhere, in place of the one an original had (once) — and keeps the
+// original's headers as they were when the row has none, so that a replay
+// from the dead-letter topic is claimed on its first day.
 func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 	t.Parallel()
 	cluster := newCluster(t, 1, "dlq")
 	prod := producer(t, cluster)
 	at := time.Date(2026, 11, 29, 23, 59, 0, 0, time.UTC)
 	send := kafka.DeadLetterSender(prod)
-	for i, d := range []kafka.DeadLetter{
-		{Topic: "dlq", SourceTopic: "in", Offset: 1, Value: []byte("from timestamp"), Timestamp: at, EventTime: at},
-		{Topic: "dlq", SourceTopic: "in", Offset: 2, Value: []byte("from header"), Headers: []kgo.RecordHeader{eventTimeHeader(at)}, EventTime: at},
+	bad := kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte("yesterday")}
+	want := map[string][]string{}
+	for i, c := range []struct {
+		value   string
+		headers []kgo.RecordHeader
+		at      time.Time
+		want    []string
+	}{
+		{"from the timestamp", nil, at, []string{adapter.FormatEventTime(at)}},
+		{"from the header", []kgo.RecordHeader{eventTimeHeader(at)}, at, []string{adapter.FormatEventTime(at)}},
+		{"from a function, another header", []kgo.RecordHeader{eventTimeHeader(at.Add(time.Hour))}, at, []string{adapter.FormatEventTime(at)}},
+		{"none: a bad header kept", []kgo.RecordHeader{bad}, time.Time{}, []string{"yesterday"}},
 	} {
-		p, _ := json.Marshal(d)
-		if err := send.Send(context.Background(), outbox.Message{ID: int64(i), IdempotencyKey: "k", Payload: p}); err != nil {
+		p, _ := json.Marshal(kafka.DeadLetter{Topic: "dlq", SourceTopic: "in", Offset: int64(i), Value: []byte(c.value), Headers: c.headers, Timestamp: at})
+		if err := send.Send(context.Background(), outbox.Message{ID: int64(i), IdempotencyKey: "k", Payload: p, EventTime: c.at}); err != nil {
 			t.Fatal(err)
 		}
+		want[c.value] = c.want
 	}
 	reader, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
@@ -346,7 +367,7 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []*kgo.Record
-	for len(got) < 2 {
+	for len(got) < len(want) {
 		f := reader.PollFetches(ctx)
 		if err := f.Err0(); err != nil {
 			t.Fatal(err)
@@ -360,8 +381,8 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 				vals = append(vals, string(h.Value))
 			}
 		}
-		if len(vals) != 1 || vals[0] != adapter.FormatEventTime(at) {
-			t.Errorf("dead letter %q: event-time headers %q, want one, %q", r.Value, vals, adapter.FormatEventTime(at))
+		if !slices.Equal(vals, want[string(r.Value)]) {
+			t.Errorf("dead letter %q: event-time headers %q, want %q", r.Value, vals, want[string(r.Value)])
 		}
 	}
 }
