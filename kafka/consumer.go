@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/internal/claimfold"
 	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 )
 
@@ -30,86 +27,63 @@ import (
 type Consumer struct {
 	db       *sql.DB
 	mw       *idempotent.Middleware
-	path     claimfold.Path // the Middleware's own transaction path
+	path     *adapter.Path // the Middleware's own delivery path
 	consumer string
-	key      KeyFunc
 	handle   Handler
 	batch    BatchHandler
 	cfg      config
 	rule     adapter.Rule // the one settle rule, with WithRetryDelay's backoff
 	q        kafkaoffsets.Statements
-	stats    counters
+	events   adapter.Counter // counts, then tells the Observer
 
-	fold *claimfold.Fold // the claim folded with the offset advance; nil: cannot
+	fold *adapter.Fold // the claim folded with the offset advance; nil: cannot
 
 	prepMu   sync.Mutex
 	prepared *sql.Stmt // the offset advance, prepared on first use
 	folded   *sql.Stmt // the fold, prepared on first use
 }
 
-type counters struct {
-	applied, duplicates, deadLettered, dropped, retries, fenced, rebalances, stopped atomic.Int64
-}
-
 // NewConsumer returns a Consumer that applies each record with h, one
-// transaction per record. key reads each record's message key; nil means
-// Header(DefaultKeyHeader). db must be the *sql.DB mw was created with (the
-// offsets table must be in that database too): the offset advances in the
-// claim's own transaction. Each record's transaction runs on mw's own claim
-// path, so mw's options apply to it as they do to Process: its transaction
-// options (idempotent.WithTxOptions), retry policy (idempotent.WithRetry),
-// lock timeout (idempotent.WithLockTimeout), strict guard
+// transaction per record, on mw's own delivery path: the offset advances in
+// the claim's own transaction, on the database mw was created with (the
+// offsets table must be in that database too), so mw's options apply to
+// it as they do to ProcessMessage: its transaction options
+// (idempotent.WithTxOptions), retry policy (idempotent.WithRetry), lock
+// timeout (idempotent.WithLockTimeout), strict guard
 // (idempotent.WithStrictGuard) and observer; its duplicate pre-check
 // (idempotent.WithSeen) is never consulted (see the package documentation).
-// Each record's event time comes from its adapter.EventTimeHeader header
-// unless WithEventTime, WithTransportEventTime or WithoutEventTime says
-// otherwise; a Middleware in partitioned mode refuses WithoutEventTime with
-// an error matching adapter.ErrNoProducerEventTime. The offsets rows are
-// keyed by mw's consumer name: give each consumer group its own.
-// NewConsumer sends nothing to the database or to Kafka; Run
-// does. Only Postgres is supported.
-func NewConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, opts ...Option) (*Consumer, error) {
+// Each record's key comes from its DefaultKeyHeader header unless WithKey
+// says otherwise, and its event time from its adapter.EventTimeHeader
+// header unless WithEventTime, WithTransportEventTime or WithoutEventTime
+// says otherwise; a Middleware in partitioned mode refuses the last two
+// with an error matching adapter.ErrNoProducerEventTime. The offsets rows
+// are keyed by mw's consumer name: give each consumer group its own.
+// NewConsumer sends nothing to the database or to Kafka; Run does. Only
+// Postgres is supported.
+func NewConsumer(mw *idempotent.Middleware, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("kafka: NewConsumer: nil handler")
 	}
-	return newConsumer("NewConsumer", db, mw, key, h, nil, opts)
+	return newConsumer("NewConsumer", mw, h, nil, opts)
 }
 
 // NewBatchConsumer returns a Consumer that applies the records of each poll
-// for each partition together: one transaction claims them all (as
-// Middleware.ProcessMessages claims a batch, each record with its event
-// time, see the package documentation, so a partitioned claim table works
-// too), runs h once for the new ones, and advances the partition's offset
-// once, past the last. It is the throughput path; see NewConsumer
-// for the other arguments, and for the Middleware options that apply.
-func NewBatchConsumer(db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h BatchHandler, opts ...Option) (*Consumer, error) {
+// for each partition in batches (of at most WithBatchSize records): one
+// transaction claims a batch's records (as Middleware.ProcessMessages
+// claims a batch, each record with its event time, see the package
+// documentation, so a partitioned claim table works too), runs h once for
+// the new ones, and advances the partition's offset once, past the last.
+// It is the throughput path; see NewConsumer for the arguments, and for
+// the Middleware options that apply.
+func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("kafka: NewBatchConsumer: nil handler")
 	}
-	return newConsumer("NewBatchConsumer", db, mw, key, nil, h, opts)
+	return newConsumer("NewBatchConsumer", mw, nil, h, opts)
 }
 
-func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, h Handler, bh BatchHandler, opts []Option) (*Consumer, error) {
-	if db == nil {
-		return nil, fmt.Errorf("kafka: %s: nil *sql.DB", fn)
-	}
-	if mw == nil {
-		return nil, fmt.Errorf("kafka: %s: nil middleware", fn)
-	}
-	if name := mw.Dialect().Name(); name != "postgres" {
-		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
-	}
-	path, ok := claimfold.NewPath(mw)
-	if !ok {
-		return nil, fmt.Errorf("kafka: %s: the middleware has no claim path", fn)
-	}
-	if path.DB() != db {
-		return nil, fmt.Errorf("kafka: %s: db is not the *sql.DB the middleware was created with: the offset must advance in the claim's own transaction", fn)
-	}
-	if key == nil {
-		key = Header(DefaultKeyHeader)
-	}
-	cfg := defaultConfig()
+func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandler, opts []Option) (*Consumer, error) {
+	cfg := defaultConfig(bh != nil)
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("kafka: %s: nil option", fn)
@@ -118,26 +92,32 @@ func newConsumer(fn string, db *sql.DB, mw *idempotent.Middleware, key KeyFunc, 
 			return nil, err
 		}
 	}
-	if err := adapter.CheckEventTimeSource(mw, "kafka: "+fn, cfg.producerEventTime()); err != nil {
+	if err := cfg.ac.Check(mw); err != nil {
 		return nil, err
+	}
+	if name := mw.Dialect().Name(); name != "postgres" {
+		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
+	}
+	path, err := adapter.NewPath(mw)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %s: %w", fn, err)
 	}
 	q, err := kafkaoffsets.New(cfg.offsetsTable)
 	if err != nil {
 		return nil, err
 	}
-	rule := adapter.RuleFor(mw, idempotent.RetryPolicy{InitialBackoff: cfg.retryInitial, MaxBackoff: cfg.retryMax})
-	return &Consumer{db: db, mw: mw, path: path, consumer: mw.Consumer(), key: key, handle: h, batch: bh, cfg: cfg, rule: rule, q: q, fold: newFold(mw, q)}, nil
+	c := &Consumer{db: path.DB(), mw: mw, path: path, consumer: mw.Consumer(), handle: h, batch: bh, cfg: cfg,
+		rule: cfg.ac.Rule(), q: q, fold: newFold(mw, q)}
+	c.events.Next = cfg.ac.Observer()
+	return c, nil
 }
 
-// Stats returns the counts so far.
-func (c *Consumer) Stats() Stats {
-	s := &c.stats
-	return Stats{
-		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), DeadLettered: s.deadLettered.Load(),
-		Dropped: s.dropped.Load(), Retries: s.retries.Load(), Fenced: s.fenced.Load(), Rebalances: s.rebalances.Load(),
-		Stopped: s.stopped.Load(),
-	}
-}
+// Stats returns the counts of the Consumer's events so far, over all its
+// Runs: every record it finished is in exactly one of Applied, Duplicates
+// and DeadLettered (dropped ones too); Requeued counts in-place retries,
+// Released records given up unapplied (to a rebalance, a shutdown, a
+// stopped partition), Assigned the assignments received.
+func (c *Consumer) Stats() adapter.Stats { return c.events.Stats() }
 
 // Run joins the consumer group configured in clientOpts (kgo.ConsumerGroup
 // and kgo.ConsumeTopics are required, with the seed brokers) and consumes
@@ -153,7 +133,8 @@ func (c *Consumer) Stats() Stats {
 // transactions are never applied, nor those of transactions still open)
 // and kgo.ConsumeResetOffset(kgo.NoResetOffset()) (the client never moves a
 // partition on its own when its offset falls out of the log: the Consumer
-// stops the partition instead, see EventStopped). Any balancer works.
+// stops the partition instead, see adapter.EventStopped). Any balancer
+// works.
 //
 // Each poll's records are split by partition; partitions are processed
 // concurrently by up to WithWorkers goroutines, the records of one partition
@@ -163,9 +144,9 @@ func (c *Consumer) Stats() Stats {
 // neither the high watermark nor the first record fetched below it — and
 // otherwise stops the partition (ErrLogGap). The group cannot rebalance
 // until the poll's work is done: when a rebalance is waiting, records not
-// yet started are abandoned (and read again, by whichever member owns the
-// partition next, from the stored offset) while transactions in flight
-// finish. After the database commits, the offsets are also committed to
+// yet started are released (adapter.EventReleased: read again, by whichever
+// member owns the partition next, from the stored offset) while
+// transactions in flight finish. After the database commits, the offsets are also committed to
 // Kafka, asynchronously, for lag tools only.
 //
 // When ctx ends Run shuts down gracefully: transactions in flight finish
@@ -185,8 +166,10 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),
 		kgo.AdjustFetchOffsetsFn(s.adjust),
-		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.drop(ctx, cl, EventRevoked, m) }),
-		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.drop(ctx, cl, EventLost, m) }),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			s.drop(ctx, cl, adapter.EventRevoked, m)
+		}),
+		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) { s.drop(ctx, cl, adapter.EventLost, m) }),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { s.rebalanceWaiting() }),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
@@ -221,7 +204,7 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 		select {
 		case <-ctx.Done():
 			close(stop)
-			t := time.AfterFunc(c.cfg.shutdownTimeout, hcancel)
+			t := time.AfterFunc(c.cfg.ac.ShutdownTimeout(), hcancel)
 			<-hctx.Done()
 			t.Stop()
 		case <-hctx.Done():
@@ -263,7 +246,7 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 		break
 	}
 	if final := s.lastCommits(); len(final) > 0 && runErr == nil {
-		cctx, cancel := context.WithTimeout(hctx, c.cfg.shutdownTimeout)
+		cctx, cancel := context.WithTimeout(hctx, c.cfg.ac.ShutdownTimeout())
 		cl.CommitOffsetsSync(cctx, final, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 			s.commitDone(hctx, resp, err)
 		})
@@ -293,7 +276,7 @@ func (s *session) fetchErrors(ctx context.Context, cl *kgo.Client, fetches kgo.F
 			if !s.stopLost(ctx, cl, tp{fe.Topic, fe.Partition}, fe.Err) {
 				// Not this member's partition (any more): its next owner
 				// checks the log itself.
-				s.c.observe(ctx, Event{Type: EventFetchError, Topic: fe.Topic, Partition: fe.Partition, Err: fe.Err})
+				s.c.observe(ctx, adapter.Event{Type: adapter.EventFetchError, Source: fetchSource(fe.Topic, fe.Partition), Err: fe.Err})
 			}
 			continue
 		}
@@ -302,34 +285,12 @@ func (s *session) fetchErrors(ctx context.Context, cl *kgo.Client, fetches kgo.F
 		if errors.As(fe.Err, &ke) && !ke.Retriable && !errors.As(fe.Err, &gs) {
 			return fmt.Errorf("%w: topic %q partition %d: %w", ErrClient, fe.Topic, fe.Partition, fe.Err)
 		}
-		s.c.observe(ctx, Event{Type: EventFetchError, Topic: fe.Topic, Partition: fe.Partition, Err: fe.Err})
+		s.c.observe(ctx, adapter.Event{Type: adapter.EventFetchError, Source: fetchSource(fe.Topic, fe.Partition), Err: fe.Err})
 	}
 	return nil
 }
 
-func (c *Consumer) observe(ctx context.Context, e Event) {
-	switch e.Type {
-	case EventApplied:
-		c.stats.applied.Add(1)
-	case EventDuplicate:
-		c.stats.duplicates.Add(1)
-	case EventDeadLettered:
-		c.stats.deadLettered.Add(1)
-	case EventDropped:
-		c.stats.dropped.Add(1)
-	case EventRetry:
-		c.stats.retries.Add(1)
-	case EventFenced:
-		c.stats.fenced.Add(1)
-	case EventAssigned:
-		c.stats.rebalances.Add(1)
-	case EventStopped:
-		c.stats.stopped.Add(1)
-	}
-	if c.cfg.observer != nil {
-		c.cfg.observer.Observe(ctx, e)
-	}
-}
+func (c *Consumer) observe(ctx context.Context, e adapter.Event) { c.events.Observe(ctx, e) }
 
 // stops reports whether err stops the partition instead of being retried:
 // its log does not continue from the stored offset, or a handler ended the
@@ -407,13 +368,13 @@ func (s *session) adjust(ctx context.Context, offsets map[string]map[int32]kgo.O
 	s.mu.Lock()
 	maps.Copy(s.owned, states)
 	s.mu.Unlock()
-	s.c.observe(ctx, Event{Type: EventAssigned, Partitions: parts, Offsets: stored})
+	s.c.observe(ctx, adapter.Event{Type: adapter.EventAssigned, Detail: Rebalance{Partitions: parts, Offsets: stored}})
 	return offsets, nil
 }
 
 // drop forgets revoked or lost partitions, and lets the client fetch again
 // those it stopped, for whenever they are assigned next.
-func (s *session) drop(ctx context.Context, cl *kgo.Client, typ EventType, m map[string][]int32) {
+func (s *session) drop(ctx context.Context, cl *kgo.Client, typ adapter.EventType, m map[string][]int32) {
 	if len(m) == 0 {
 		return
 	}
@@ -431,7 +392,11 @@ func (s *session) drop(ctx context.Context, cl *kgo.Client, typ EventType, m map
 	if len(resume) > 0 {
 		cl.ResumeFetchPartitions(resume)
 	}
-	s.c.observe(ctx, Event{Type: typ, Partitions: m})
+	parts := make(map[string][]int32, len(m))
+	for topic, ps := range m {
+		parts[topic] = slices.Sorted(slices.Values(ps))
+	}
+	s.c.observe(ctx, adapter.Event{Type: typ, Detail: Rebalance{Partitions: parts}})
 }
 
 func (s *session) rebalanceWaiting() {
@@ -468,8 +433,9 @@ func (s *session) setStored(p tp, o int64, epoch int32, topicID string) {
 
 // stop stops p, if the session owns it and it is not stopped yet: nothing
 // more of it is applied, and the loop pauses its fetching. The observer is
-// told, with offset and key.
-func (s *session) stop(ctx context.Context, p tp, offset int64, key string, err error) {
+// told, with e's message and record when the stop concerns one, and the
+// offset as the Source.
+func (s *session) stop(ctx context.Context, p tp, offset int64, e adapter.Event, err error) {
 	s.mu.Lock()
 	st, ok := s.owned[p]
 	if !ok || st.stopped {
@@ -482,7 +448,8 @@ func (s *session) stop(ctx context.Context, p tp, offset int64, key string, err 
 	}
 	s.pauses[p.topic] = append(s.pauses[p.topic], p.partition)
 	s.mu.Unlock()
-	s.c.observe(ctx, Event{Type: EventStopped, Topic: p.topic, Partition: p.partition, Offset: offset, Key: key, Err: err})
+	e.Type, e.Source, e.Err = adapter.EventStopped, partitionSource(p.topic, p.partition, offset), err
+	s.c.observe(ctx, e)
 }
 
 // stopLost stops p after the client reported lost records (cause), with
@@ -494,7 +461,7 @@ func (s *session) stopLost(ctx context.Context, cl *kgo.Client, p tp, cause erro
 		return false
 	}
 	start, end := logBounds(ctx, cl, p)
-	s.stop(ctx, p, st.stored, "", &LogGapError{Topic: p.topic, Partition: p.partition, Stored: st.stored, LogStart: start, HighWatermark: end, First: -1, StoredTopicID: st.topicID, Err: cause})
+	s.stop(ctx, p, st.stored, adapter.Event{}, &LogGapError{Topic: p.topic, Partition: p.partition, Stored: st.stored, LogStart: start, HighWatermark: end, First: -1, StoredTopicID: st.topicID, Err: cause})
 	return true
 }
 
@@ -558,7 +525,7 @@ func (s *session) lastCommits() map[string]map[int32]kgo.EpochOffset {
 
 func (s *session) commitDone(ctx context.Context, resp *kmsg.OffsetCommitResponse, err error) {
 	if err != nil {
-		s.c.observe(ctx, Event{Type: EventCommitFailed, Err: err})
+		s.c.observe(ctx, adapter.Event{Type: adapter.EventCommitFailed, Err: err})
 		return
 	}
 	if resp == nil {
@@ -567,7 +534,7 @@ func (s *session) commitDone(ctx context.Context, resp *kmsg.OffsetCommitRespons
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
 			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				s.c.observe(ctx, Event{Type: EventCommitFailed, Topic: t.Topic, Partition: p.Partition, Err: err})
+				s.c.observe(ctx, adapter.Event{Type: adapter.EventCommitFailed, Source: fetchSource(t.Topic, p.Partition), Err: err})
 			}
 		}
 	}
@@ -586,6 +553,7 @@ type partFetch struct {
 // partResult is what one partition's work in a poll came to.
 type partResult struct {
 	p        tp
+	done     int   // how many of the fetch's records were settled, in order
 	advanced bool  // the stored offset moved
 	stored   int64 // the stored offset now
 	epoch    int32
@@ -625,7 +593,7 @@ func (s *session) round(ctx context.Context, fetches kgo.Fetches, stop <-chan st
 		})
 	})
 	results := make([]partResult, len(order))
-	sem := make(chan struct{}, s.c.cfg.workers)
+	sem := make(chan struct{}, s.c.cfg.ac.Workers())
 	var wg sync.WaitGroup
 	for i, p := range order {
 		sem <- struct{}{}
@@ -677,28 +645,35 @@ func checkLog(p tp, st partState, f *partFetch) *LogGapError {
 		First: first, StoredTopicID: st.topicID, TopicID: f.topicID}
 }
 
+// errAbandoned ends a partition's work of a poll because the shutdown or a
+// rebalance is waiting; the records left are released.
 var errAbandoned = errors.New("kafka: abandoned")
 
 // stopError carries an error that stops the partition (see stops) out of
-// records and batches, with the record it concerns.
+// records and batches, with the event of the record it concerns.
 type stopError struct {
 	err    error
 	offset int64
-	key    string
+	event  adapter.Event
 }
 
 func (e *stopError) Error() string { return e.err.Error() }
 func (e *stopError) Unwrap() error { return e.err }
 
-// partition applies one partition's records of a poll.
+// partition applies one partition's records of a poll. Every record of the
+// fetch ends in one event: applied, duplicate or dead-lettered when it was
+// settled, released when it was not (the partition is not owned or is
+// stopped, or was fenced, or the shutdown or a rebalance is waiting).
 func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal <-chan struct{}) partResult {
 	st, ok := s.state(p)
 	res := partResult{p: p, stored: st.stored, epoch: -1}
 	if !ok || st.stopped {
+		s.release(ctx, f.recs, nil)
 		return res
 	}
 	if gap := checkLog(p, st, f); gap != nil {
-		s.stop(ctx, p, st.stored, "", gap)
+		s.stop(ctx, p, st.stored, adapter.Event{}, gap)
+		s.release(ctx, f.recs, nil)
 		return res
 	}
 	var err error
@@ -716,12 +691,18 @@ func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal
 		if errors.As(se.err, &gap) {
 			offset = gap.Stored
 		}
-		s.stop(ctx, p, offset, se.key, se.err)
+		s.release(ctx, f.recs[res.done:], se.err)
+		s.stop(ctx, p, offset, se.event, se.err)
 	default:
 		// Fetch the partition again from the stored offset: the client's
 		// position is past records that were not applied. With no stored
 		// offset, nothing of the partition was ever applied, so every
 		// record fetched so far was given up: start from this poll's first.
+		cause := err
+		if errors.Is(err, errAbandoned) {
+			cause = nil
+		}
+		s.release(ctx, f.recs[res.done:], cause)
 		res.rewind, res.rewindTo = true, res.stored
 		var fe *fenceError
 		if errors.As(err, &fe) {
@@ -737,11 +718,19 @@ func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal
 	return res
 }
 
-func lag(hw int64, r *kgo.Record) int64 {
-	if hw < 0 {
-		return -1
+// release reports recs as released: given up unapplied, nothing of them
+// written, to be read again from the stored offset by the partition's next
+// owner. The first, the one in flight, is told why (cause; nil when none
+// was in flight).
+func (s *session) release(ctx context.Context, recs []*kgo.Record, cause error) {
+	for i, r := range recs {
+		e := s.c.delivery(r)
+		e.Type = adapter.EventReleased
+		if i == 0 {
+			e.Err = cause
+		}
+		s.c.observe(ctx, e)
 	}
-	return max(hw-r.Offset-1, 0)
 }
 
 func waiting(stop, rebal <-chan struct{}) bool {
@@ -761,24 +750,25 @@ func waiting(stop, rebal <-chan struct{}) bool {
 func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Record, f *partFetch, h Handler, stop, rebal <-chan struct{}) error {
 	for _, r := range recs {
 		if waiting(stop, rebal) {
-			s.c.observe(ctx, Event{Type: EventAbandoned, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset})
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
-			typ, key, cause, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h, attempt)
+			e, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h, attempt)
 			if err == nil {
 				res.stored, res.advanced, res.epoch = r.Offset+1, true, r.LeaderEpoch
-				s.c.observe(ctx, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Lag: lag(f.hw, r), Err: cause})
+				res.done++
+				s.c.observe(ctx, e)
 				break
 			}
 			if errors.Is(err, ErrFenced) {
-				s.c.observe(ctx, Event{Type: EventFenced, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key, Err: err})
+				e.Type, e.Err = adapter.EventFenced, err
+				s.c.observe(ctx, e)
 				return err
 			}
 			if stops(err) {
-				return &stopError{err: err, offset: r.Offset, key: key}
+				return &stopError{err: err, offset: r.Offset, event: e}
 			}
-			if err := s.wait(ctx, Event{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: key}, attempt, err, stop, rebal); err != nil {
+			if err := s.wait(ctx, []adapter.Event{e}, attempt, s.c.requeue(e.Message, err, attempt), stop, rebal); err != nil {
 				return err
 			}
 		}
@@ -786,21 +776,16 @@ func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Reco
 	return nil
 }
 
-// wait reports a failed attempt, a *requeueError, and sleeps its delay
-// before the next — at most WithRetryDelay's max, so that a record waiting
-// for the clock looks at it again that often — or returns errAbandoned when
-// the shutdown or a rebalance is waiting.
-func (s *session) wait(ctx context.Context, e Event, attempt int, err error, stop, rebal <-chan struct{}) error {
-	var rq *requeueError
-	if !errors.As(err, &rq) {
-		// A failure of the transaction that dead-letters, say: the rule's
-		// backoff.
-		rq = &requeueError{err: err, delay: s.c.rule.Settle(idempotent.Message{}, err, attempt).Delay}
+// wait reports a failed attempt of the records of events as requeued, with
+// rq's error and delay, the settle rule's, and sleeps the delay before the
+// next attempt, or returns errAbandoned when the shutdown or a rebalance
+// is waiting.
+func (s *session) wait(ctx context.Context, events []adapter.Event, attempt int, rq *requeueError, stop, rebal <-chan struct{}) error {
+	for _, e := range events {
+		e.Type, e.Attempt, e.Err, e.Delay = adapter.EventRequeued, attempt, rq.err, rq.delay
+		s.c.observe(ctx, e)
 	}
-	err, delay := rq.err, rq.delay
-	e.Type, e.Attempt, e.Err, e.Delay = EventRetry, attempt, err, min(delay, s.c.cfg.retryMax)
-	s.c.observe(ctx, e)
-	t := time.NewTimer(e.Delay)
+	t := time.NewTimer(rq.delay)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -809,25 +794,24 @@ func (s *session) wait(ctx context.Context, e Event, attempt int, err error, sto
 	case <-rebal:
 	case <-ctx.Done():
 	}
-	e.Type, e.Err = EventAbandoned, nil
-	s.c.observe(ctx, e)
 	return errAbandoned
 }
 
-// recordTx applies r in one transaction of the Middleware's claim path: the
-// offset advance from expected (storing topicID) and the claim, in one
+// recordTx applies r in one transaction of the Middleware's delivery path:
+// the offset advance from expected (storing topicID) and the claim, in one
 // statement where the dialect can fold them, then the handler if the claim
-// is new. What a failure comes to is settle's decision for this attempt
-// (attempt, from 1): a poison record is dead-lettered instead, in a
-// transaction of its own that advances the offset (cause is then why it was
-// poison); a record to requeue is a *requeueError, with its delay.
-func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler, attempt int) (typ EventType, key string, cause, err error) {
-	msg, cause := c.message(r)
-	key = msg.Key
+// is new. It returns the record's event, its type set when the record was
+// settled. What a failure comes to is the settle rule's decision for this
+// attempt (attempt, from 1): a poison record is dead-lettered instead, in a
+// transaction of its own that advances the offset (the event's Err is then
+// why it was poison); a record to requeue is a *requeueError, with the
+// rule's delay.
+func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler, attempt int) (adapter.Event, error) {
+	msg, cause := c.cfg.ac.Message(r)
+	e := adapter.Event{Message: msg, Source: position(r), Detail: r, Attempt: attempt}
 	if cause == nil {
 		stmt := c.foldStmt(ctx)
-		var applied bool
-		applied, err = c.path.Process(ctx, key, msg.EventTime, func(ctx context.Context, a claimfold.Attempt) error {
+		applied, err := c.path.Process(ctx, msg, func(ctx context.Context, a *adapter.Attempt) error {
 			claimed, err := c.advanceAndClaim(ctx, a, stmt, r, expected, topicID)
 			if err != nil || !claimed {
 				return err
@@ -838,34 +822,38 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 			err = c.foldError(ctx, err)
 		}
 		if err == nil {
-			typ = EventDuplicate
+			e.Type = adapter.EventDuplicate
 			if applied {
-				typ = EventApplied
+				e.Type = adapter.EventApplied
 			}
-			return typ, key, nil, nil
+			return e, nil
 		}
 		if errors.Is(err, ErrFenced) || stops(err) {
-			return 0, key, nil, err
+			return e, err
 		}
 		cause = err
 	}
-	if d := c.settle(msg, cause, attempt); d.Action != adapter.DeadLetter {
-		return 0, key, nil, &requeueError{err: cause, delay: d.Delay}
+	if d := c.rule.Settle(msg, cause, attempt); d.Action != adapter.DeadLetter {
+		return e, &requeueError{err: cause, delay: d.Delay}
 	}
-	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		return c.poisonTx(ctx, tx, r.Topic, r.Partition, expected, r.Offset+1, topicID, []*kgo.Record{r}, []error{cause}, []time.Time{msg.EventTime})
 	})
 	if err != nil {
-		return 0, key, nil, err
+		return e, err
 	}
-	return c.poisonType(), key, cause, nil
+	return c.poisoned(e, r, cause), nil
 }
 
-func (c *Consumer) poisonType() EventType {
+// poisoned returns e, the event of the poison record r, as dead-lettered
+// for cause: its Detail is r, or a Dropped when there is no dead-letter
+// outbox.
+func (c *Consumer) poisoned(e adapter.Event, r *kgo.Record, cause error) adapter.Event {
+	e.Type, e.Err, e.Detail = adapter.EventDeadLettered, cause, r
 	if c.cfg.deadLetter == nil {
-		return EventDropped
+		e.Detail = Dropped{Record: r}
 	}
-	return EventDeadLettered
+	return e
 }
 
 // poisonTx advances the offset from expected to next (storing topicID) and
@@ -886,14 +874,13 @@ func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, parti
 	return nil
 }
 
-// batches applies the records of f in batches of at most
-// idempotent.MaxBatchSize, one transaction and one offset advance each.
+// batches applies the records of f in batches of at most WithBatchSize,
+// one transaction and one offset advance each.
 func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, stop, rebal <-chan struct{}) error {
 	recs := f.recs
 	for len(recs) > 0 {
-		chunk := recs[:min(len(recs), idempotent.MaxBatchSize)]
+		chunk := recs[:min(len(recs), s.c.cfg.batchSize)]
 		if waiting(stop, rebal) {
-			s.c.observe(ctx, Event{Type: EventAbandoned, Topic: chunk[0].Topic, Partition: chunk[0].Partition, Offset: chunk[0].Offset})
 			return errAbandoned
 		}
 		for attempt := 1; ; attempt++ {
@@ -901,22 +888,32 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 			if err == nil {
 				last := chunk[n-1]
 				res.stored, res.advanced, res.epoch = last.Offset+1, true, last.LeaderEpoch
+				res.done += n
 				for _, e := range events {
-					e.Lag = lag(f.hw, last) + (last.Offset - e.Offset)
 					s.c.observe(ctx, e)
 				}
 				chunk = chunk[:n]
 				break
 			}
 			if errors.Is(err, ErrFenced) {
-				s.c.observe(ctx, Event{Type: EventFenced, Topic: chunk[0].Topic, Partition: chunk[0].Partition, Offset: chunk[0].Offset, Err: err})
+				e := s.c.delivery(chunk[0])
+				e.Type, e.Err = adapter.EventFenced, err
+				s.c.observe(ctx, e)
 				return err
 			}
 			if stops(err) {
-				return &stopError{err: err, offset: chunk[0].Offset}
+				return &stopError{err: err, offset: chunk[0].Offset, event: s.c.delivery(chunk[0])}
 			}
 			var rq *requeueError
-			if !errors.As(err, &rq) && s.c.settle(idempotent.Message{}, err, attempt).Action == adapter.DeadLetter {
+			if errors.As(err, &rq) {
+				// The first record waits (dated in the future, within the
+				// rule's bound), and the rest behind it.
+				if err := s.wait(ctx, []adapter.Event{s.c.delivery(chunk[0])}, attempt, rq, stop, rebal); err != nil {
+					return err
+				}
+				continue
+			}
+			if s.c.rule.Settle(idempotent.Message{}, err, attempt).Action == adapter.DeadLetter {
 				// The batch's error names no record it settles (the
 				// handler found a poison record among the batch, say):
 				// apply the chunk one record at a time, so that only that
@@ -929,7 +926,13 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				}
 				break
 			}
-			if err := s.wait(ctx, Event{Topic: chunk[0].Topic, Partition: chunk[0].Partition, Offset: chunk[0].Offset}, attempt, err, stop, rebal); err != nil {
+			// The batch's transaction failed: every record of it is
+			// requeued, and the batch tried again.
+			failed := make([]adapter.Event, len(chunk))
+			for i, r := range chunk {
+				failed[i] = s.c.delivery(r)
+			}
+			if err := s.wait(ctx, failed, attempt, s.c.requeue(idempotent.Message{}, err, attempt), stop, rebal); err != nil {
 				return err
 			}
 		}
@@ -939,30 +942,30 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 }
 
 // batchTx applies chunk, whose first record is at or after the stored
-// offset expected, in one transaction of the Middleware's claim path — the
-// offset advance (storing topicID) and the dead letters of its poison
+// offset expected, in one transaction of the Middleware's delivery path —
+// the offset advance (storing topicID) and the dead letters of its poison
 // records, then the claims of the others, then the handler for the new
-// ones — and returns one event per record and how many of chunk's records
-// it applied: all, or those before the first that settle requeues (a
-// record dated in the future, within the rule's bound), which waits, with
-// the records behind it, for the next attempt. When the first record is to
-// be requeued the error is a *requeueError. attempt counts the attempts at
-// chunk's first record, from 1. The Middleware's duplicate pre-check is
-// never consulted: a key it remembers may belong to a claim a database
-// restore took away, and the batch would then advance the offset past a
-// record it never applied.
-func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string, attempt int) ([]Event, int, error) {
+// ones — and returns one event per record, in offset order, and how many
+// of chunk's records it applied: all, or those before the first that the
+// rule requeues (a record dated in the future, within the rule's bound),
+// which waits, with the records behind it, for the next attempt. When the
+// first record is to be requeued the error is a *requeueError. attempt
+// counts the attempts at chunk's first record, from 1. The Middleware's
+// duplicate pre-check is never consulted: a key it remembers may belong to
+// a claim a database restore took away, and the batch would then advance
+// the offset past a record it never applied.
+func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string, attempt int) ([]adapter.Event, int, error) {
 	var good, poison []*kgo.Record
 	var msgs, poisonMsgs []idempotent.Message
 	var causes []error
 	for i, r := range chunk {
-		msg, err := c.message(r)
+		msg, err := c.cfg.ac.Message(r)
 		if err == nil {
 			// The Middleware's own checks, so that one record it would
 			// refuse (too old, dated in the future) is settled alone
 			// instead of refusing the batch.
 			if cerr := c.mw.CheckMessage(msg); cerr != nil {
-				err = fmt.Errorf("kafka: %s: %w", deadLetterKey(r), cerr)
+				err = fmt.Errorf("kafka: %s: %w", position(r), cerr)
 			}
 		}
 		if err != nil {
@@ -970,7 +973,7 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			if i == 0 {
 				n = attempt
 			}
-			if d := c.settle(msg, err, n); d.Action != adapter.DeadLetter {
+			if d := c.rule.Settle(msg, err, n); d.Action != adapter.DeadLetter {
 				if i == 0 {
 					return nil, 0, &requeueError{err: err, delay: d.Delay}
 				}
@@ -995,31 +998,29 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 		var applied []bool
 		var err error
 		if len(good) > 0 {
-			keys, ats := make([]string, len(msgs)), eventTimes(msgs)
-			for i, m := range msgs {
-				keys[i] = m.Key
-			}
-			applied, err = c.path.ProcessBatch(ctx, keys, ats, func(ctx context.Context, a claimfold.Attempt) error {
+			var sel []*kgo.Record // the handler's slice, for an *adapter.ItemError
+			applied, err = c.path.ProcessBatch(ctx, msgs, func(ctx context.Context, a *adapter.Attempt) error {
+				sel = nil
 				fresh, err := a.ClaimBatch(func() error { return companion(ctx, a.Tx()) })
 				if err != nil || len(fresh) == 0 {
 					return err
 				}
-				sel := make([]*kgo.Record, len(fresh))
+				sel = make([]*kgo.Record, len(fresh))
 				for j, i := range fresh {
 					sel[j] = good[i]
 				}
 				return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return c.batch(ctx, tx, sel) })
 			})
 			var bke *idempotent.BatchKeyError
-			if errors.As(err, &bke) && c.settle(msgs[bke.Index], bke.Err, 1).Action == adapter.DeadLetter {
+			if errors.As(err, &bke) && c.rule.Settle(msgs[bke.Index], bke.Err, 1).Action == adapter.DeadLetter {
 				// A key the batch cannot claim (the same key on two event
 				// days, in partitioned mode): that record is poison.
 				drop(bke.Index, bke.Err)
 				continue
 			}
-			var re *RecordError
-			if errors.As(err, &re) && c.settle(idempotent.Message{}, err, 1).Action == adapter.DeadLetter {
-				if i := slices.Index(good, re.Record); i >= 0 {
+			var ie *adapter.ItemError
+			if errors.As(err, &ie) && ie.Index >= 0 && ie.Index < len(sel) {
+				if i := slices.Index(good, sel[ie.Index]); i >= 0 && c.rule.Settle(msgs[i], err, 1).Action == adapter.DeadLetter {
 					drop(i, err)
 					continue
 				}
@@ -1032,18 +1033,21 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 		if err != nil {
 			return nil, 0, err
 		}
-		events := make([]Event, 0, len(chunk))
+		byRecord := make(map[*kgo.Record]adapter.Event, len(chunk))
 		for i, r := range good {
-			typ := EventDuplicate
+			e := adapter.Event{Type: adapter.EventDuplicate, Message: msgs[i], Source: position(r), Detail: r, Attempt: attempt}
 			if applied[i] {
-				typ = EventApplied
+				e.Type = adapter.EventApplied
 			}
-			events = append(events, Event{Type: typ, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: msgs[i].Key})
+			byRecord[r] = e
 		}
 		for i, r := range poison {
-			events = append(events, Event{Type: c.poisonType(), Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Err: causes[i]})
+			byRecord[r] = c.poisoned(adapter.Event{Message: poisonMsgs[i], Source: position(r), Attempt: attempt}, r, causes[i])
 		}
-		slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Offset, b.Offset) })
+		events := make([]adapter.Event, len(chunk))
+		for i, r := range chunk {
+			events[i] = byRecord[r]
+		}
 		return events, len(chunk), nil
 	}
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -49,47 +47,48 @@ type DeadLetter struct {
 	Headers []kgo.RecordHeader `json:"headers,omitempty"`
 	// Timestamp is the record's timestamp.
 	Timestamp time.Time `json:"timestamp"`
-	// EventTime is the record's event time as the Consumer read it (its
-	// adapter.EventTimeHeader, WithEventTime's function, or its timestamp
-	// with WithTransportEventTime); zero when it had none.
-	EventTime time.Time `json:"event_time,omitzero"`
 	// Error is the error that made the record poison.
 	Error string `json:"error"`
 }
 
-// deadLetterKey is the outbox message key of a poison record: its position,
-// the one identity every record has (a poison record may have no key).
-func deadLetterKey(r *kgo.Record) string {
-	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
-}
-
 // deadLetter writes the poison record r, whose event time was read as at
-// (zero if none), into the dead-letter outbox in tx.
+// (zero if none), into the dead-letter outbox in tx, under the record's
+// position (the one identity every record has: a poison record may have no
+// key), with the event time.
 func (c *Consumer) deadLetter(ctx context.Context, tx *sql.Tx, r *kgo.Record, cause error, at time.Time) error {
 	payload, err := json.Marshal(DeadLetter{
 		Topic: c.cfg.deadTopic, SourceTopic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-		Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, EventTime: at, Error: cause.Error(),
+		Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Error: cause.Error(),
 	})
 	if err != nil {
-		return fmt.Errorf("kafka: dead letter %s: %w", deadLetterKey(r), err)
+		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
-	if _, err := c.cfg.deadLetter.Enqueue(ctx, tx, deadLetterKey(r), DeadLetterKind, payload); err != nil && !errors.Is(err, outbox.ErrDuplicateKey) {
-		return fmt.Errorf("kafka: dead letter %s: %w", deadLetterKey(r), err)
+	var opts []outbox.EnqueueOption
+	if !at.IsZero() {
+		opts = append(opts, outbox.WithEventTime(at))
+	}
+	if _, err := c.cfg.deadLetter.Enqueue(ctx, tx, position(r), DeadLetterKind, payload, opts...); err != nil && !errors.Is(err, outbox.ErrDuplicateKey) {
+		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
 	return nil
 }
 
 // DeadLetterSender returns the outbox Sender that produces dead letters to
-// their dead-letter topic with cl, synchronously: the original record's key,
-// value and headers, plus DeadLetterIDHeader, DeadLetterSourceHeader and
-// DeadLetterErrorHeader. The event time travels with it: the original's
-// adapter.EventTimeHeader is among its headers, and a record that had an
-// event time from elsewhere (WithEventTime, WithTransportEventTime) gets
-// the header set to it, so that a replay from the dead-letter topic is
-// claimed on the day of the first delivery. The record timestamp is not
-// copied: the dead-letter topic's time-based retention would count from it. A relay may produce a dead letter more than once
-// (after a lost acknowledgement); each copy carries the same
-// DeadLetterIDHeader. A payload that is not a DeadLetter fails permanently.
+// their dead-letter topic with cl, synchronously: the original record's
+// key, value and headers, plus DeadLetterIDHeader, DeadLetterSourceHeader
+// and DeadLetterErrorHeader. The event time travels with it: the outbox row
+// holds the record's event time as the Consumer read it (its
+// adapter.EventTimeHeader, WithEventTime's function, or its timestamp with
+// WithTransportEventTime), and the dead letter carries it in the
+// adapter.EventTimeHeader header, in place of the original's, so that a
+// replay from the dead-letter topic is claimed under the original event
+// time — the same day's partition, the same retention fence. A record that
+// had none keeps its headers as they were (a malformed event-time header
+// among them). The record timestamp is not copied: the dead-letter topic's
+// time-based retention would count from it. A relay may produce a dead
+// letter more than once (after a lost acknowledgement); each copy carries
+// the same DeadLetterIDHeader. A payload that is not a DeadLetter fails
+// permanently.
 func DeadLetterSender(cl *kgo.Client) outbox.Sender {
 	return outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
 		var d DeadLetter
@@ -97,13 +96,18 @@ func DeadLetterSender(cl *kgo.Client) outbox.Sender {
 			return outbox.Permanent(fmt.Errorf("kafka: outbox row %d is not a dead letter: %v", m.ID, err))
 		}
 		rec := &kgo.Record{Topic: d.Topic, Key: d.Key, Value: d.Value}
-		rec.Headers = append(rec.Headers, d.Headers...)
-		if !d.EventTime.IsZero() && !slices.ContainsFunc(d.Headers, func(h kgo.RecordHeader) bool { return h.Key == adapter.EventTimeHeader }) {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(d.EventTime))})
+		for _, h := range d.Headers {
+			if !m.EventTime.IsZero() && h.Key == adapter.EventTimeHeader {
+				continue
+			}
+			rec.Headers = append(rec.Headers, h)
+		}
+		if !m.EventTime.IsZero() {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(m.EventTime))})
 		}
 		rec.Headers = append(rec.Headers,
 			kgo.RecordHeader{Key: DeadLetterIDHeader, Value: []byte(m.IdempotencyKey)},
-			kgo.RecordHeader{Key: DeadLetterSourceHeader, Value: []byte(d.SourceTopic + "/" + strconv.FormatInt(int64(d.Partition), 10) + "/" + strconv.FormatInt(d.Offset, 10))},
+			kgo.RecordHeader{Key: DeadLetterSourceHeader, Value: []byte(partitionSource(d.SourceTopic, d.Partition, d.Offset))},
 			kgo.RecordHeader{Key: DeadLetterErrorHeader, Value: []byte(d.Error)},
 		)
 		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {

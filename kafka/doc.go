@@ -11,19 +11,23 @@
 //	_ = mw.EnsureSchema(ctx)
 //	_ = kafka.EnsureSchema(ctx, db, kafka.DefaultOffsetsTable)
 //
-//	c, _ := kafka.NewConsumer(db, mw, nil, // nil: the "idempotency-key" header
-//		kafka.Decode(kafka.JSON[Payment], func(ctx context.Context, tx *sql.Tx, p Payment) error {
+//	c, _ := kafka.NewConsumer(mw, // the key: the "idempotency-key" header
+//		kafka.Decode(kafka.JSON[Payment], func(ctx context.Context, tx *sql.Tx, p Payment, r *kgo.Record) error {
 //			_, err := tx.ExecContext(ctx, `UPDATE accounts SET balance = balance + $2 WHERE id = $1`, p.Account, p.Amount)
 //			return err
 //		}))
 //	err := c.Run(ctx, kgo.SeedBrokers("localhost:9092"),
 //		kgo.ConsumerGroup("payments"), kgo.ConsumeTopics("payments"))
 //
+// The Consumer's transactions run on the database the Middleware was
+// created with ([adapter.Path]): the offsets table lives beside the claim
+// table.
+//
 // [NewBatchConsumer] is the throughput path: the records of one poll for one
-// partition are claimed together ([idempotent.Middleware.ProcessMessages],
-// each record with its event time, so a claim table partitioned by event day
-// works too), applied by one set-wise [BatchHandler], and advance the
-// offset once. A record the Middleware would refuse is settled alone (see
+// partition are claimed together, in batches of at most [WithBatchSize]
+// ([idempotent.Middleware.ProcessMessages], each record with its event
+// time, so a claim table partitioned by event day works too), applied by
+// one set-wise [BatchHandler], and advance the offset once per batch. A record the Middleware would refuse is settled alone (see
 // Settling a record): a poison one is dead-lettered and the rest of the
 // batch applies; one dated a little in the future ends the batch before it,
 // and waits.
@@ -34,7 +38,8 @@
 // daily partitions rest on — is read from its adapter.EventTimeHeader header
 // ("Idempotent-Event-Time", an RFC 3339 time: adapter.FormatEventTime
 // writes it), which the producer sets once and every re-send copies, like
-// the key. [WithEventTime] reads it with a function over the record instead.
+// the key. [WithEventTime] reads it with a function over the record instead
+// ([TimeHeader] reads a header of the producer's own).
 // A record without the header has no event time: on a plain claim table it
 // is claimed without one (the retention fence cannot refuse it); on a claim
 // table partitioned by event day it is poison (idempotent.ErrInvalidEventTime).
@@ -46,19 +51,21 @@
 // topic — is a new record with a new timestamp, and after UTC midnight its
 // claim would go to another day's partition, which cannot see the first
 // claim, and apply a second time. [WithoutEventTime] reads none; a
-// Middleware in partitioned mode refuses it at construction
-// (adapter.ErrNoProducerEventTime, from adapter.CheckEventTimeSource).
-// [DeadLetterSender] carries the event time to the dead-letter topic in the
-// same header.
+// Middleware in partitioned mode refuses both at construction
+// (adapter.ErrNoProducerEventTime). A dead letter's outbox row holds the
+// record's event time (outbox.WithEventTime), and [DeadLetterSender]
+// carries it to the dead-letter topic in the same header.
 //
 // # The message key
 //
 // The claim key is an identity the producer assigned: by default the
-// [DefaultKeyHeader] header ("idempotency-key"); [CloudEventsID] reads a
-// CloudEvent's ce_id; [BodyField] a field of a JSON value; any [KeyFunc]
-// will do. It is never the topic, partition or offset: a producer retry, or
-// a replay to another topic, gives the same message a new offset. A record
-// without a key is poison.
+// [DefaultKeyHeader] header ("idempotency-key"), as Kafka records carry no
+// producer-set message id; [WithKey] takes another: [Header],
+// [CloudEventsID] (a CloudEvent's ce_id), [BodyField] (a field of a JSON
+// value), [Prefixed], or any [KeyFunc]. It is never the topic, partition
+// or offset: a producer retry, or a replay to another topic, gives the same
+// message a new offset. A record without a key is poison
+// (adapter.ErrNoKey).
 //
 // # One transaction per record (or per batch)
 //
@@ -87,10 +94,10 @@
 // # Settling a record
 //
 // What a failed record comes to is decided in one place, adapter.Rule.Settle,
-// the rule every adapter of this module shares, after the handler's own
-// marks: an error matching [ErrPoison] ([Poison], [ErrUndecodable]) or a
+// the rule every adapter of this module shares: an error matching
+// adapter.ErrPoison (adapter.Poison, adapter.ErrUndecodable) or a
 // [WithPoison] predicate is poison. A duplicate (the claim existed) commits
-// the offset advance alone. A poison record — no key ([ErrNoKey]), an
+// the offset advance alone. A poison record — no key (adapter.ErrNoKey), an
 // invalid key, an undecodable value, too old
 // ([idempotent.ErrBeyondRetention]), a bad event-time header, dated in the
 // future beyond the rule's bound (adapter.DefaultFutureBound, an hour past
@@ -103,11 +110,16 @@
 // exactly once. Every other failure is a requeue: Kafka keeps a partition's
 // records in order, so the Consumer rolls back and tries the same record
 // again in place after the rule's delay — RetryPolicy.Backoff of
-// [WithRetryDelay]'s bounds — and a record is never skipped. A record dated
-// in the future within the bound waits so, with the records behind it,
-// until the Middleware's clock reaches its event time (less the clock-skew
-// margin), looking again at least every WithRetryDelay max; [EventRetry]
-// reports each wait.
+// [WithRetryDelay]'s bounds, for the attempt — and a record is never
+// skipped. A record dated in the future within the bound waits so, with
+// the records behind it, until the Middleware's clock reaches its event
+// time (less the clock-skew margin): that is the rule's delay then.
+// adapter.EventRequeued reports each wait, with the attempt and the delay;
+// a rebalance or the shutdown ends the wait (the record is then released,
+// and read again by the partition's next owner). A poll's records are
+// finished before the next poll, so while one partition waits the member
+// fetches nothing new for its other partitions either: keep WithRetryDelay's
+// max and [WithFutureBound] to what the topic can afford to wait.
 //
 // After the commit the offsets are also committed to Kafka, asynchronously,
 // for lag tools only.
@@ -130,9 +142,10 @@
 // as Process catches it ([idempotent.ErrAutocommit]): the claim and the
 // offset advance committed without the whole effect, so the record cannot
 // be retried (its offset has moved) and must not be passed over in silence.
-// The Consumer stops the partition ([EventStopped], Err matching
-// idempotent.ErrAutocommit, Offset the record's): repair the effect by
-// hand, then restart the member.
+// The Consumer stops the partition (adapter.EventStopped, Err matching
+// idempotent.ErrAutocommit, Source and Detail the record), after reporting
+// the record released with that error: repair the effect by hand, then
+// restart the member.
 //
 // The Middleware's duplicate pre-check (idempotent.WithSeen) is never
 // consulted, nor fed: a key it remembers may belong to a claim a database
@@ -181,7 +194,7 @@
 // A first record above the stored offset is not a loss by itself:
 // transaction markers, aborted records and compaction leave offsets with no
 // record to read. A stopped partition applies nothing more and moves no
-// offset; the Observer is told ([EventStopped], whose Err is a
+// offset; the Observer is told (adapter.EventStopped, whose Err is a
 // [*LogGapError] naming the topic, the partition and the offsets, matching
 // [ErrLogGap]) and the member stops fetching it. Nothing is skipped: decide
 // where to go on, set it with the CLI ("idempotent kafka-offsets reset
@@ -225,12 +238,12 @@
 //
 // Run uses kgo's BlockRebalanceOnPoll: the group cannot take a partition
 // away while a poll's records are being applied. When a rebalance is
-// waiting, each partition finishes the transaction in flight and abandons
+// waiting, each partition finishes the transaction in flight and releases
 // the rest of the poll (nothing of them was written); then the member lets
 // the rebalance proceed, and the next owner seeks to the stored offset:
 //
 //	member A: applying 100..149 of p0; B joins; rebalance waits
-//	member A: commits 117, abandons 118..149, allows the rebalance
+//	member A: commits 117, releases 118..149, allows the rebalance
 //	database: next_offset = 118
 //	member B: assigned p0 → seeks to 118 → applies 118, 119, …
 //
@@ -240,8 +253,27 @@
 // it read, finds the new owner's instead, and fails — the transaction rolls
 // back before the handler runs, so the zombie applies nothing, dead-letters
 // nothing, and never moves the offset backwards ([ErrFenced], reported as
-// [EventFenced]). It then re-reads the partition from the stored offset if
-// it still owns it.
+// adapter.EventFenced). It then re-reads the partition from the stored
+// offset if it still owns it.
+//
+// # Events
+//
+// The Observer ([WithObserver]) hears the events every adapter reports
+// (adapter.Event), and [Consumer.Stats] counts them. Every record fetched
+// ends in exactly one of adapter.EventApplied, EventDuplicate,
+// EventDeadLettered (its Err says why it was poison) and EventReleased
+// (given up unapplied: a rebalance or the shutdown was waiting, the
+// partition was fenced or stopped), after any number of EventRequeued (an
+// attempt failed and is retried in place after Delay; Attempt counts the
+// attempts). Each carries the record's key and event time in Message where
+// they could be read, its position "topic/partition/offset" in Source, and
+// the *kgo.Record as Detail — except a poison record dropped for want of a
+// dead-letter outbox, whose Detail is a [Dropped]. EventFenced and
+// EventStopped name the record concerned the same way (a stop for a log
+// gap concerns none: its Source is the stored offset's position);
+// EventAssigned, EventRevoked and EventLost have a [Rebalance] as Detail;
+// EventFetchError and EventCommitFailed name the partition
+// ("topic/partition") in Source where the client says which.
 //
 // # Order and concurrency
 //

@@ -3,38 +3,18 @@ package kafka
 import (
 	"errors"
 	"fmt"
-
-	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/txclaim/idempotent"
 )
 
 // Errors callers branch on; match them with errors.Is.
 var (
-	// ErrPoison marks an error as poison: fetching the record again would
-	// fail the same way, so the consumer dead-letters it (see
-	// WithDeadLetter) and moves the partition on. Mark a handler's own
-	// errors with [Poison].
-	ErrPoison = errors.New("kafka: poison record")
-
-	// ErrUndecodable reports a record value that the decode function of
-	// [Decode] (or the JSON parsing of [BodyField]) could not decode. It
-	// matches ErrPoison.
-	ErrUndecodable = fmt.Errorf("%w: undecodable value", ErrPoison)
-
-	// ErrNoKey reports a record that carries no message key where its
-	// KeyFunc looks: a missing or empty header, a missing value field. It
-	// matches idempotent.ErrInvalidKey, so the record is poison.
-	ErrNoKey = fmt.Errorf("%w: record carries no message key", idempotent.ErrInvalidKey)
-
 	// ErrFenced reports that a partition's stored offset was not where this
 	// member expected it when it tried to advance it: another member, which
 	// the group gave the partition, advanced it first (or this member's own
 	// commit landed although its acknowledgement was lost). The transaction
 	// was rolled back — no claim, effect, dead letter or offset of it was
 	// written — and the member re-reads the partition from the stored
-	// offset if it still owns it. It is reported to the Observer, never
-	// returned by Run.
+	// offset if it still owns it. It is reported to the Observer
+	// (adapter.EventFenced), never returned by Run.
 	ErrFenced = errors.New("kafka: partition offset advanced by another owner")
 
 	// ErrClient is returned by Consumer.Run when the Kafka client could
@@ -52,31 +32,10 @@ var (
 	// deleted before they were applied, or the log moved backwards under
 	// it (the topic was deleted and re-created, or an unclean leader
 	// election truncated it). The errors are *LogGapError; the partition
-	// stops (EventStopped) instead of skipping what it cannot read.
+	// stops (adapter.EventStopped) instead of skipping what it cannot
+	// read.
 	ErrLogGap = errors.New("kafka: the partition's log does not continue from the stored offset")
 )
-
-// Poison marks err as poison, so that the consumer dead-letters the record
-// instead of retrying it: return Poison(err) from a handler for a record
-// that can never be applied, such as one naming a customer that does not
-// exist. The result matches both ErrPoison and err. Poison(nil) is nil.
-func Poison(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPoison, err)
-}
-
-// IsPoison is the default poison predicate: it reports whether err matches
-// ErrPoison, which includes ErrUndecodable and errors marked with Poison. A
-// Consumer consults it first, then any predicates added with WithPoison,
-// and settles every other error by adapter.Rule.Settle, the rule every
-// adapter shares: idempotent.ErrInvalidKey (which includes ErrNoKey), a
-// record older than the retention window (idempotent.ErrBeyondRetention)
-// and a bad event-time header are poison there too.
-func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison)
-}
 
 // fenceError is returned from inside a transaction whose offset advance
 // found the stored offset elsewhere; it rolls the transaction back.
@@ -95,40 +54,12 @@ func (e *fenceError) Error() string {
 
 func (e *fenceError) Unwrap() error { return ErrFenced }
 
-// RecordError names the record of a batch that made a BatchHandler fail.
-// Return one (built with PoisonRecord) when a set-wise handler finds a
-// poison record: the Consumer dead-letters that record and runs the batch
-// again without it, instead of falling back to one record at a time.
-type RecordError struct {
-	// Record is the record, one of the slice given to the BatchHandler.
-	Record *kgo.Record
-	// Err is what is wrong with it.
-	Err error
-}
-
-// Error describes the failure.
-func (e *RecordError) Error() string {
-	return fmt.Sprintf("kafka: record %s/%d@%d: %v", e.Record.Topic, e.Record.Partition, e.Record.Offset, e.Err)
-}
-
-// Unwrap returns Err.
-func (e *RecordError) Unwrap() error { return e.Err }
-
-// PoisonRecord returns a *RecordError for r that matches ErrPoison and
-// err, for a BatchHandler to return when r can never be applied.
-func PoisonRecord(r *kgo.Record, err error) error {
-	if !IsPoison(err) {
-		err = Poison(err)
-	}
-	return &RecordError{Record: r, Err: err}
-}
-
 // LogGapError describes a partition whose log no longer continues from the
 // offset stored in the database, as a fetch (or the client) showed it. The
 // Consumer stops the partition — it applies nothing more of it and moves
-// no offset — and tells the Observer (EventStopped with this error): what
-// the stored offset stood for is gone, and only an operator can say where
-// to go on. Reset the stored offset deliberately with the CLI
+// no offset — and tells the Observer (adapter.EventStopped with this
+// error): what the stored offset stood for is gone, and only an operator
+// can say where to go on. Reset the stored offset deliberately with the CLI
 // ("idempotent kafka-offsets reset"), then restart the member. It matches
 // ErrLogGap.
 type LogGapError struct {

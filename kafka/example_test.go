@@ -3,11 +3,14 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"log"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
@@ -35,11 +38,12 @@ func ExampleNewConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := kafka.NewConsumer(db, mw, kafka.Header(kafka.DefaultKeyHeader),
-		kafka.Decode(kafka.JSON[Payment], func(ctx context.Context, tx *sql.Tx, p Payment) error {
+	c, err := kafka.NewConsumer(mw,
+		kafka.Decode(kafka.JSON[Payment], func(ctx context.Context, tx *sql.Tx, p Payment, _ *kgo.Record) error {
 			_, err := tx.ExecContext(ctx, `UPDATE accounts SET balance = balance + $2 WHERE id = $1`, p.Account, p.Amount)
 			return err
 		}),
+		kafka.WithKey(kafka.Header(kafka.DefaultKeyHeader)),
 		kafka.WithDeadLetter(ob, "payments-dlq"),
 		kafka.WithWorkers(8),
 	)
@@ -54,23 +58,65 @@ func ExampleNewConsumer() {
 }
 
 // A batch consumer: the records of one poll for one partition are claimed
-// together and applied by one set-wise statement.
+// together, up to 500 a transaction, and applied by one set-wise
+// statement; a record whose value cannot be decoded is dead-lettered alone.
 func ExampleNewBatchConsumer() {
-	var db *sql.DB
-	var mw *idempotent.Middleware
-	c, err := kafka.NewBatchConsumer(db, mw, kafka.CloudEventsID(), func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+	var mw *idempotent.Middleware // idempotent.New(db, postgres.New(), "payments")
+	c, err := kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 		ids := make([]string, 0, len(rs))
-		for _, r := range rs {
+		for i, r := range rs {
 			p, err := kafka.JSON[Payment](r.Value)
 			if err != nil {
-				return kafka.PoisonRecord(r, err) // dead-letter r, run the rest
+				return adapter.PoisonItem(i, err) // dead-letter rs[i], run the rest
 			}
 			ids = append(ids, p.ID)
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO seen (id) SELECT unnest($1::text[])`, ids)
 		return err
-	})
+	}, kafka.WithKey(kafka.CloudEventsID()), kafka.WithBatchSize(500))
 	_, _ = c, err
+}
+
+// A claim table partitioned by event day needs every record's producer
+// event time: a consumer that reads none is refused before any record.
+func ExampleNewConsumer_partitioned() {
+	db, err := sql.Open("postgres", "postgres://localhost/app") // not connected yet
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "payments", idempotent.WithDailyPartitions(7))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := func(context.Context, *sql.Tx, *kgo.Record) error { return nil }
+	_, err = kafka.NewConsumer(mw, h, kafka.WithoutEventTime())
+	fmt.Println(errors.Is(err, adapter.ErrNoProducerEventTime))
+	_, err = kafka.NewConsumer(mw, h) // the Idempotent-Event-Time header
+	fmt.Println(err)
+	// Output:
+	// true
+	// <nil>
+}
+
+// Keys and event times are read from the record: here the key from a
+// JSON field, prefixed by the message type, and the event time from a
+// header of the producer's own.
+func ExampleBodyField() {
+	r := &kgo.Record{
+		Value:   []byte(`{"order_id": 9912, "points": 40}`),
+		Headers: []kgo.RecordHeader{{Key: "occurred-at", Value: []byte("2026-12-01T09:30:00Z")}},
+	}
+	key, err := kafka.Prefixed("order-completed:", kafka.BodyField("order_id"))(r)
+	fmt.Println(key, err)
+	at, err := kafka.TimeHeader("occurred-at")(r)
+	fmt.Println(at, err)
+	_, err = kafka.Header(kafka.DefaultKeyHeader)(r)
+	fmt.Println(errors.Is(err, adapter.ErrNoKey))
+	// Output:
+	// order-completed:9912 <nil>
+	// 2026-12-01 09:30:00 +0000 UTC <nil>
+	// true
 }
 
 // The offsets table's DDL, for a migration tool.

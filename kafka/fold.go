@@ -9,15 +9,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/internal/claimfold"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 )
 
 // newFold folds the Middleware's claim with the offset advance, when its
 // dialect can (the Postgres dialect does): the record transaction then
 // sends one statement where it would send two. nil means it cannot.
-func newFold(mw *idempotent.Middleware, q kafkaoffsets.Statements) *claimfold.Fold {
-	f, ok := claimfold.New(mw, q.Advance)
+func newFold(mw *idempotent.Middleware, q kafkaoffsets.Statements) *adapter.Fold {
+	f, ok := adapter.NewFold(mw, q.Advance)
 	if !ok {
 		return nil
 	}
@@ -31,7 +31,7 @@ func newFold(mw *idempotent.Middleware, q kafkaoffsets.Statements) *claimfold.Fo
 // elsewhere, a *LogGapError when it belongs to another topic ID. With stmt,
 // the prepared fold (foldStmt), the advance and the claim are one
 // statement; without, two.
-func (c *Consumer) advanceAndClaim(ctx context.Context, a claimfold.Attempt, stmt *sql.Stmt, r *kgo.Record, expected int64, topicID string) (bool, error) {
+func (c *Consumer) advanceAndClaim(ctx context.Context, a *adapter.Attempt, stmt *sql.Stmt, r *kgo.Record, expected int64, topicID string) (bool, error) {
 	next := r.Offset + 1
 	if stmt == nil {
 		return a.ClaimAfter(func() error {
@@ -63,7 +63,7 @@ func (c *Consumer) foldStmt(ctx context.Context) *sql.Stmt {
 	if c.folded != nil {
 		return c.folded
 	}
-	stmt, err := c.db.PrepareContext(ctx, c.fold.SQL)
+	stmt, err := c.db.PrepareContext(ctx, c.fold.SQL())
 	if err != nil {
 		return nil
 	}

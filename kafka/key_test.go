@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -29,16 +30,16 @@ func TestKeyFuncs(t *testing.T) {
 	}{
 		{"header", kafka.Header(kafka.DefaultKeyHeader), rec("", "idempotency-key", "order:1"), "order:1", nil},
 		{"first header of several", kafka.Header("k"), rec("", "k", "a", "k", "b"), "a", nil},
-		{"missing header", kafka.Header(kafka.DefaultKeyHeader), rec("", "other", "x"), "", kafka.ErrNoKey},
-		{"empty header", kafka.Header("k"), rec("", "k", ""), "", kafka.ErrNoKey},
+		{"missing header", kafka.Header(kafka.DefaultKeyHeader), rec("", "other", "x"), "", adapter.ErrNoKey},
+		{"empty header", kafka.Header("k"), rec("", "k", ""), "", adapter.ErrNoKey},
 		{"cloudevents id", kafka.CloudEventsID(), rec("", "ce_id", "evt-9"), "evt-9", nil},
 		{"body field", kafka.BodyField("order", "id"), rec(`{"order":{"id":9912}}`), "9912", nil},
 		{"body string field", kafka.BodyField("id"), rec(`{"id":"a"}`), "a", nil},
-		{"body missing field", kafka.BodyField("id"), rec(`{"x":1}`), "", kafka.ErrNoKey},
-		{"body not json", kafka.BodyField("id"), rec(`nope`), "", kafka.ErrUndecodable},
-		{"body not an object", kafka.BodyField("id"), rec(`[1]`), "", kafka.ErrUndecodable},
+		{"body missing field", kafka.BodyField("id"), rec(`{"x":1}`), "", adapter.ErrNoKey},
+		{"body not json", kafka.BodyField("id"), rec(`nope`), "", adapter.ErrUndecodable},
+		{"body not an object", kafka.BodyField("id"), rec(`[1]`), "", adapter.ErrUndecodable},
 		{"prefixed", kafka.Prefixed("pay:", kafka.Header("k")), rec("", "k", "1"), "pay:1", nil},
-		{"prefixed error", kafka.Prefixed("pay:", kafka.Header("k")), rec(""), "", kafka.ErrNoKey},
+		{"prefixed error", kafka.Prefixed("pay:", kafka.Header("k")), rec(""), "", adapter.ErrNoKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,37 +47,43 @@ func TestKeyFuncs(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) || got != tt.want {
 				t.Fatalf("got %q, %v; want %q, %v", got, err, tt.want, tt.wantErr)
 			}
-			if err != nil && !kafka.IsPoison(err) && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.DeadLetter {
+			if err != nil && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.DeadLetter {
 				t.Errorf("%v is not poison", err)
 			}
 		})
 	}
 }
 
-func TestPoison(t *testing.T) {
-	base := errors.New("no such customer")
-	if err := kafka.Poison(base); !errors.Is(err, kafka.ErrPoison) || !errors.Is(err, base) || !kafka.IsPoison(err) {
-		t.Errorf("Poison(%v) = %v", base, err)
-	}
-	if kafka.Poison(nil) != nil {
-		t.Error("Poison(nil) != nil")
-	}
-	r := &kgo.Record{Topic: "t", Offset: 3}
-	err := kafka.PoisonRecord(r, base)
-	var re *kafka.RecordError
-	if !errors.As(err, &re) || re.Record != r || !kafka.IsPoison(err) {
-		t.Errorf("PoisonRecord = %v", err)
-	}
-	for _, err := range []error{kafka.ErrUndecodable, kafka.Poison(base)} {
-		if !kafka.IsPoison(err) {
-			t.Errorf("IsPoison(%v) = false", err)
+func TestTimeHeader(t *testing.T) {
+	rec := func(v ...string) *kgo.Record {
+		r := &kgo.Record{}
+		for _, x := range v {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: "at", Value: []byte(x)})
 		}
+		return r
 	}
-	// The Middleware's errors are the settle rule's to decide, not IsPoison's.
-	for _, err := range []error{base, kafka.ErrFenced, idempotent.ErrClaimBusy, kafka.ErrNoKey, idempotent.ErrBeyondRetention, idempotent.ErrInvalidKey} {
-		if kafka.IsPoison(err) {
-			t.Errorf("IsPoison(%v) = true", err)
-		}
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		rec  *kgo.Record
+		want time.Time
+		err  error
+	}{
+		{"RFC 3339", rec("2026-12-01T10:30:00+01:00"), at, nil},
+		{"the first of several", rec("2026-12-01T09:30:00Z", "2027-01-01T00:00:00Z"), at, nil},
+		{"missing", rec(), time.Time{}, adapter.ErrNoEventTime},
+		{"empty", rec(" "), time.Time{}, adapter.ErrNoEventTime},
+		{"epoch seconds", rec("1764581400"), time.Time{}, adapter.ErrBadEventTime},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := kafka.TimeHeader("at")(c.rec)
+			if !errors.Is(err, c.err) || !got.Equal(c.want) {
+				t.Fatalf("TimeHeader = (%v, %v), want (%v, %v)", got, err, c.want, c.err)
+			}
+			if err != nil && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.DeadLetter {
+				t.Errorf("%v is not poison", err)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -21,63 +23,174 @@ type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
 
-// Limits on option values.
+// Limits and defaults of option values.
 const (
-	// MaxWorkers is the largest number of workers WithWorkers accepts.
-	MaxWorkers = 1024
-	// MaxRetryDelay is the longest retry delay WithRetryDelay accepts.
-	MaxRetryDelay = time.Minute
+	// DefaultWorkers is how many partitions a Consumer applies at once
+	// unless WithWorkers says otherwise.
+	DefaultWorkers = 4
 	// MaxPollRecords is the most records WithMaxPollRecords accepts.
 	MaxPollRecords = 100000
+	// DefaultPollRecords is how many records one poll returns at most
+	// unless WithMaxPollRecords says otherwise.
+	DefaultPollRecords = 1000
 )
 
+// transport is what a Kafka record carries, for the configuration every
+// adapter shares: the key in the DefaultKeyHeader header by default, the
+// event time in the adapter.EventTimeHeader header, and the record
+// timestamp as the transport's time (WithTransportEventTime only).
+var transport = adapter.Transport[*kgo.Record]{
+	Name:       "kafka",
+	DefaultKey: Header(DefaultKeyHeader),
+	Header:     header,
+	Time:       func(r *kgo.Record) time.Time { return r.Timestamp },
+	TimeName:   "the Kafka record timestamp",
+}
+
 type config struct {
-	workers         int
-	maxPoll         int
-	retryInitial    time.Duration
-	retryMax        time.Duration
-	shutdownTimeout time.Duration
-	poison          []func(error) bool
-	observer        Observer
-	offsetsTable    string
-	deadLetter      *outbox.Outbox
-	deadTopic       string
-	eventTime       eventTimeSource
-	eventTimeFn     EventTimeFunc
-	reset           ResetPosition
-	adopt           bool
+	ac           adapter.Config[*kgo.Record]
+	batch        bool // NewBatchConsumer's: WithBatchSize applies
+	maxPoll      int
+	batchSize    int
+	offsetsTable string
+	deadLetter   *outbox.Outbox
+	deadTopic    string
+	reset        ResetPosition
+	adopt        bool
 }
 
-func defaultConfig() config {
-	return config{
-		workers:         4,
-		maxPoll:         1000,
-		retryInitial:    100 * time.Millisecond,
-		retryMax:        5 * time.Second,
-		shutdownTimeout: 30 * time.Second,
-		offsetsTable:    DefaultOffsetsTable,
+func defaultConfig(batch bool) config {
+	c := config{
+		ac:           adapter.NewConfig(transport),
+		batch:        batch,
+		maxPoll:      DefaultPollRecords,
+		batchSize:    idempotent.MaxBatchSize,
+		offsetsTable: DefaultOffsetsTable,
 	}
+	_ = c.ac.SetWorkers(DefaultWorkers) // within bounds
+	return c
 }
 
-// WithWorkers sets how many partitions are processed at once, each by its
+// shared wraps an error of a setter of adapter.Config, which names the
+// option, with the package's name.
+func shared(err error) error {
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	return nil
+}
+
+// WithKey sets how each record's message key is read: Header, BodyField,
+// CloudEventsID, Prefixed or a KeyFunc of your own. A record whose key
+// cannot be read is poison. Default is Header(DefaultKeyHeader).
+func WithKey(k KeyFunc) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetKey(k)) })
+}
+
+// WithEventTime makes the Consumer read each record's event time with fn, a
+// function over the record (its value, or a header of the producer's own:
+// see TimeHeader), instead of the adapter.EventTimeHeader header. It is a
+// producer's time: a Middleware whose claim table is partitioned by event
+// day accepts it. A record for which fn fails or returns the zero time is
+// poison. Only one of WithEventTime, WithTransportEventTime and
+// WithoutEventTime may be given. Default is the header.
+func WithEventTime(fn EventTimeFunc) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetEventTime(fn)) })
+}
+
+// WithTransportEventTime makes the Consumer take each record's Kafka
+// timestamp as its event time, instead of the adapter.EventTimeHeader
+// header. Use it only where every producer sets the record timestamp
+// (CreateTime) to the event's time and every re-send copies it: a re-send
+// with a new timestamp — an application retry, an outbox relay resending
+// after a lost acknowledgement, a replay from a dead-letter topic, a topic
+// with LogAppendTime — is then a new event time. On a claim table
+// partitioned by event day a re-send after UTC midnight gets a new day,
+// whose partition cannot see the first claim, and is applied a second time;
+// on a plain table the retention fence reads a re-send's age from its new
+// timestamp, so a replay of a message whose claim cleanup already deleted
+// is applied again. A Middleware partitioned by event day is therefore
+// refused with it (adapter.ErrNoProducerEventTime), as by every adapter.
+// Default is off: the event time comes from the header.
+func WithTransportEventTime() Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetTransportEventTime()) })
+}
+
+// WithoutEventTime stops the Consumer from reading any event time: every
+// record is claimed without one, so the Middleware's retention fence never
+// refuses it (a record whose claim cleanup already deleted is applied
+// again). A Middleware whose claim table is partitioned by event day needs
+// every record's event time: NewConsumer and NewBatchConsumer refuse this
+// option with it (adapter.ErrNoProducerEventTime). Default is off: the
+// event time comes from the adapter.EventTimeHeader header.
+func WithoutEventTime() Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetNoEventTime()) })
+}
+
+// WithObserver sets the observer told of every record's outcome, requeue,
+// release, fence, stop and rebalance (see the package documentation for
+// each event's Detail). Default is none; Consumer.Stats counts the events
+// either way.
+func WithObserver(o adapter.Observer) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetObserver(o)) })
+}
+
+// WithRetryDelay sets the wait of a record (or batch) that failed with an
+// error that adapter.Rule.Settle requeues: Kafka keeps a partition's
+// records in order, so the partition waits and tries the same record again
+// in place — it never skips it. The wait before attempt n+1 is the rule's:
+// idempotent.RetryPolicy{InitialBackoff: initial, MaxBackoff:
+// max}.Backoff(n), or, for a record dated in the future within the rule's
+// bound, the time until the Middleware's clock reaches its event time (less
+// the clock-skew margin) when that is longer. Retries go on until the
+// record succeeds, turns out poison, or the partition is revoked or the
+// Consumer stops (then nothing of it was written, and it is read again from
+// the stored offset). The Middleware's own retries of serialization
+// failures, deadlocks and lost connections (its idempotent.WithRetry
+// policy) happen inside each attempt. Want 0 < initial <= max. Default is
+// idempotent.DefaultRetryPolicy's bounds (5ms to 1s).
+func WithRetryDelay(initial, max time.Duration) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetRetryDelay(initial, max)) })
+}
+
+// WithFutureBound sets how far ahead of the Middleware's clock (past its
+// clock-skew margin) a record's event time may be and wait in place until
+// the clock catches up; a record dated further ahead is poison. It must be
+// positive. Default is adapter.DefaultFutureBound (an hour).
+func WithFutureBound(d time.Duration) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetFutureBound(d)) })
+}
+
+// WithWorkers sets how many partitions are applied at once, each by its
 // own goroutine (and its own database connection: size the pool for it).
 // Records of one partition are always applied one after another, in offset
-// order. It must be 1 to MaxWorkers. Default is 4.
+// order. It must be 1 to adapter.MaxWorkers. Default is DefaultWorkers (4).
 func WithWorkers(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n < 1 || n > MaxWorkers {
-			return fmt.Errorf("kafka: WithWorkers: %d workers, want 1 to %d", n, MaxWorkers)
-		}
-		c.workers = n
-		return nil
-	})
+	return optionFunc(func(c *config) error { return shared(c.ac.SetWorkers(n)) })
+}
+
+// WithShutdownTimeout bounds how long Run waits, after its context ends, for
+// in-flight transactions to finish. When it runs out their contexts are
+// cancelled: they roll back, and their records are read again by the next
+// owner from the stored offset. It must be positive. Default is
+// adapter.DefaultShutdownTimeout (30 seconds).
+func WithShutdownTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetShutdownTimeout(d)) })
+}
+
+// WithPoison marks more of a handler's errors as poison: an error for which
+// isPoison returns true dead-letters the record instead of retrying it. A
+// record is poison if its error matches adapter.ErrPoison, if isPoison
+// says so, or if adapter.Rule.Settle does (an invalid key, a record too old
+// or too far in the future, a bad event-time header). Default is none.
+func WithPoison(isPoison func(error) bool) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetPoison(isPoison)) })
 }
 
 // WithMaxPollRecords bounds how many records one poll returns, over all
-// partitions; a poll's records are finished before the group may rebalance,
-// so this bounds how long a rebalance waits. In batch mode one poll's
-// records of one partition form a batch, split at idempotent.MaxBatchSize.
-// It must be 1 to MaxPollRecords. Default is 1000.
+// partitions. A poll's records are finished (or released) before the group
+// may rebalance, so this bounds how long a rebalance waits. It must be 1 to
+// MaxPollRecords. Default is DefaultPollRecords (1000).
 func WithMaxPollRecords(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 || n > MaxPollRecords {
@@ -88,66 +201,21 @@ func WithMaxPollRecords(n int) Option {
 	})
 }
 
-// WithRetryDelay sets the backoff of a record (or batch) that failed with an
-// error that adapter.Rule.Settle requeues: Kafka keeps a partition's records
-// in order, so the partition waits and tries the same record again — it
-// never skips it. The waits are idempotent.RetryPolicy{InitialBackoff:
-// initial, MaxBackoff: max}.Backoff(attempt), the rule's backoff. A record
-// dated in the future, within the rule's bound, waits until the clock
-// catches up, looking again at least every max. Retries go on until the
-// record succeeds, turns out poison, or the partition is revoked or the
-// Consumer stops (then nothing of it was written, and it is read again from
-// the stored offset). The Middleware's own retries of serialization
-// failures, deadlocks and lost connections (its idempotent.WithRetry
-// policy) happen inside each attempt. Both must be positive, initial <= max
-// <= MaxRetryDelay. Default is 100ms to 5s.
-func WithRetryDelay(initial, max time.Duration) Option {
+// WithBatchSize bounds, for NewBatchConsumer, how many records one
+// transaction claims: a poll's records of one partition are applied in
+// batches of at most n, in offset order, each advancing the stored offset
+// once. It must be 1 to idempotent.MaxBatchSize; NewConsumer refuses it.
+// A batch is never larger than a poll's records of its partition (see
+// WithMaxPollRecords). Default is idempotent.MaxBatchSize.
+func WithBatchSize(n int) Option {
 	return optionFunc(func(c *config) error {
-		if initial <= 0 || max < initial || max > MaxRetryDelay {
-			return fmt.Errorf("kafka: WithRetryDelay: %v to %v, want 0 < initial <= max <= %v", initial, max, MaxRetryDelay)
+		if !c.batch {
+			return errors.New("kafka: WithBatchSize: for NewBatchConsumer only")
 		}
-		c.retryInitial, c.retryMax = initial, max
-		return nil
-	})
-}
-
-// WithShutdownTimeout bounds how long Run waits, after its context ends, for
-// in-flight transactions to finish. When it runs out their contexts are
-// cancelled: they roll back, and their records are read again by the next
-// owner from the stored offset. It must be positive. Default is 30 seconds.
-func WithShutdownTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("kafka: WithShutdownTimeout: %v is not a positive duration", d)
+		if n < 1 || n > idempotent.MaxBatchSize {
+			return fmt.Errorf("kafka: WithBatchSize: %d, want 1 to %d", n, idempotent.MaxBatchSize)
 		}
-		c.shutdownTimeout = d
-		return nil
-	})
-}
-
-// WithPoison adds a poison predicate: a handler error for which it returns
-// true dead-letters the record instead of retrying it. A record is poison if
-// IsPoison or any added predicate says so, or else if adapter.Rule.Settle
-// does (an invalid key, a record too old or too far in the future, a bad
-// event-time header). Default is IsPoison alone.
-func WithPoison(isPoison func(error) bool) Option {
-	return optionFunc(func(c *config) error {
-		if isPoison == nil {
-			return errors.New("kafka: WithPoison: nil predicate")
-		}
-		c.poison = append(c.poison, isPoison)
-		return nil
-	})
-}
-
-// WithObserver sets the observer told of every record's outcome, retry,
-// fence and rebalance. Default is none.
-func WithObserver(o Observer) Option {
-	return optionFunc(func(c *config) error {
-		if o == nil {
-			return errors.New("kafka: WithObserver: nil observer")
-		}
-		c.observer = o
+		c.batchSize = n
 		return nil
 	})
 }
@@ -164,11 +232,13 @@ func WithOffsetsTable(name string) Option {
 
 // WithDeadLetter sends poison records to the Kafka topic deadTopic through
 // ob: each poison record becomes one outbox row of kind DeadLetterKind,
+// with the record's event time (outbox.WithEventTime) where it had one,
 // written in the transaction that advances the record's offset, so the row
 // exists exactly once per poison record whatever crashes or rebalances
 // happen. A Relay with DeadLetterSender produces the rows to Kafka. Without
-// this option a poison record is dropped: its offset advances, nothing else
-// is written, and the Observer is told (EventDropped). Default is none.
+// this option a poison record is dropped: its offset advances, nothing
+// else is written, and the Observer is told (adapter.EventDeadLettered
+// whose Detail is a Dropped). Default is none.
 func WithDeadLetter(ob *outbox.Outbox, deadTopic string) Option {
 	return optionFunc(func(c *config) error {
 		if ob == nil {
@@ -238,74 +308,6 @@ func WithResetPosition(p ResetPosition) Option {
 func WithAdoptGroupOffsets() Option {
 	return optionFunc(func(c *config) error {
 		c.adopt = true
-		return nil
-	})
-}
-
-// EventTimeFunc returns the event time of a record: the time its producer
-// gave the event, the same on every re-send. The zero time means the record
-// has none. An error makes the record poison when it matches
-// idempotent.ErrInvalidEventTime or ErrPoison (see adapter.Rule.Settle),
-// and retries it otherwise.
-type EventTimeFunc func(r *kgo.Record) (time.Time, error)
-
-// eventTimeSource is where a Consumer takes each record's event time from.
-type eventTimeSource int
-
-const (
-	eventTimeHeader    eventTimeSource = iota // adapter.EventTimeHeader, the default
-	eventTimeFunc                             // WithEventTime
-	eventTimeTransport                        // WithTransportEventTime
-	eventTimeNone                             // WithoutEventTime
-)
-
-// WithEventTime makes the Consumer take each record's event time from fn,
-// a function over the record (its value, say), instead of the
-// adapter.EventTimeHeader header. It is a producer's time source: a
-// Middleware whose claim table is partitioned by event day accepts it. The
-// last of WithEventTime, WithTransportEventTime and WithoutEventTime
-// given wins. Default is the header.
-func WithEventTime(fn EventTimeFunc) Option {
-	return optionFunc(func(c *config) error {
-		if fn == nil {
-			return errors.New("kafka: WithEventTime: nil function")
-		}
-		c.eventTime, c.eventTimeFn = eventTimeFunc, fn
-		return nil
-	})
-}
-
-// WithTransportEventTime makes the Consumer take each record's Kafka
-// timestamp as its event time, instead of the adapter.EventTimeHeader
-// header. Use it only where every producer sets the record timestamp
-// (CreateTime) to the event's time and every re-send copies it: a re-send
-// with a new timestamp — an application retry, an outbox relay resending
-// after a lost acknowledgement, a replay from a dead-letter topic, a topic
-// with LogAppendTime — is then a new event time. On a claim table
-// partitioned by event day a re-send after UTC midnight gets a new day, whose
-// partition cannot see the first claim, and is applied a second time; on a
-// plain table the retention fence reads a re-send's age from its new
-// timestamp, so a replay of a message whose claim cleanup already deleted is
-// applied again. A Middleware partitioned by event day is therefore refused
-// with it (adapter.ErrNoProducerEventTime), as by every adapter. Default is
-// off: the event time comes from the header.
-func WithTransportEventTime() Option {
-	return optionFunc(func(c *config) error {
-		c.eventTime, c.eventTimeFn = eventTimeTransport, nil
-		return nil
-	})
-}
-
-// WithoutEventTime stops the Consumer from reading any event time: every
-// record is claimed without one, so the Middleware's retention fence never
-// refuses it (a record whose claim cleanup already deleted is applied
-// again). A Middleware whose claim table is partitioned by event day needs
-// every record's event time: NewConsumer and NewBatchConsumer refuse this
-// option with it (adapter.ErrNoProducerEventTime). Default is off: the
-// event time comes from the adapter.EventTimeHeader header.
-func WithoutEventTime() Option {
-	return optionFunc(func(c *config) error {
-		c.eventTime, c.eventTimeFn = eventTimeNone, nil
 		return nil
 	})
 }

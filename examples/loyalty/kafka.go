@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
@@ -427,7 +428,7 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 	// The key is the order id from the value: a natural key that survives
 	// a replay tool assigning new message ids (the idempotency-key header).
 	key := kafka.Prefixed("order-completed:", kafka.BodyField("order_id"))
-	h := kafka.Decode(kafka.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+	h := kafka.Decode(kafka.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *kgo.Record) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
 		priceLookup()
@@ -445,16 +446,17 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		var crashed atomic.Bool
-		obs := kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
-			if e.Type != kafka.EventApplied && e.Type != kafka.EventDuplicate {
+		obs := adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+			if e.Type != adapter.EventApplied && e.Type != adapter.EventDuplicate {
 				return
 			}
 			// The record's transaction committed.
 			n := sc.deliveries.Add(1)
-			if e.Type == kafka.EventDuplicate {
+			if e.Type == adapter.EventDuplicate {
 				sc.duplicates.Add(1)
 			}
-			sc.settle(t.copyAt(e.Partition, e.Offset))
+			r := e.Detail.(*kgo.Record) // a record event's Detail
+			sc.settle(t.copyAt(r.Partition, r.Offset))
 			if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 && !crashed.Swap(true) {
 				// The process dies: its sockets close, and the
 				// transactions in flight roll back (a shutdown timeout
@@ -464,7 +466,7 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 				cancel()
 			}
 		})
-		c, err := kafka.NewConsumer(s.db, mw, key, h, kafka.WithWorkers(sc.workers), kafka.WithOffsetsTable(offsets),
+		c, err := kafka.NewConsumer(mw, h, kafka.WithKey(key), kafka.WithWorkers(sc.workers), kafka.WithOffsetsTable(offsets),
 			kafka.WithObserver(obs), kafka.WithShutdownTimeout(time.Millisecond), kafka.WithRetryDelay(10*time.Millisecond, time.Second))
 		if err != nil {
 			return err

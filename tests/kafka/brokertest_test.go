@@ -31,17 +31,17 @@ type kafkaHarness struct{}
 
 // Features: a batch consumer (Batch); a member started after another
 // stopped or was killed reads on from the offset stored in the database
-// (Kill, Restart); poison goes to the dead-letter outbox (DeadLetter); the
-// harness sets the record timestamp (TransportTime).
+// (Kill, Restart); poison goes to the dead-letter outbox (DeadLetter); a
+// requeued record waits in place the settle rule's delay, which its
+// EventRequeued reports (RequeueDelay); the harness sets the record
+// timestamp (TransportTime).
 //
 // No LoseAck: the offset advances in the claim's own transaction, so there
 // is no moment between the commit and the "ack" for a crash to fall in
 // (the offset commit to Kafka is for lag tools only; skipping it
-// redelivers nothing). No RequeueDelay: a record dated ahead of the clock
-// waits in place, looking again every WithRetryDelay max, and EventRetry's
-// Delay is that wait, not the time until the clock catches up.
+// redelivers nothing).
 func (kafkaHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, Kill: true, Restart: true, DeadLetter: true, TransportTime: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true}
 }
 
 const brokertestTopic = "orders"
@@ -52,7 +52,7 @@ func (kafkaHarness) Open(t *testing.T) brokertest.Transport {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return &kafkaTransport{t: t, cluster: c, prod: producer(t, c), group: testenv.UniqueName("brokertest"), keys: map[int64]string{}}
+	return &kafkaTransport{t: t, cluster: c, prod: producer(t, c), group: testenv.UniqueName("brokertest")}
 }
 
 type kafkaTransport struct {
@@ -60,15 +60,6 @@ type kafkaTransport struct {
 	cluster *kfake.Cluster
 	prod    *kgo.Client
 	group   string
-	mu      sync.Mutex
-	keys    map[int64]string // by offset
-}
-
-// keyAt returns the key of the record published at offset.
-func (tr *kafkaTransport) keyAt(offset int64) string {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	return tr.keys[offset]
 }
 
 // Publish produces m to partition 0: the key as the record key and the
@@ -80,13 +71,7 @@ func (tr *kafkaTransport) Publish(ctx context.Context, m brokertest.Message) err
 	for k, v := range m.Headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	if err := tr.prod.ProduceSync(ctx, r).FirstErr(); err != nil {
-		return err
-	}
-	tr.mu.Lock()
-	tr.keys[r.Offset] = m.Key
-	tr.mu.Unlock()
-	return nil
+	return tr.prod.ProduceSync(ctx, r).FirstErr()
 }
 
 // errKilled fails the transaction of a record in flight when its consumer
@@ -95,8 +80,8 @@ var errKilled = errors.New("brokertest harness: the consumer was killed before t
 
 // NewConsumer builds kafka.NewConsumer or kafka.NewBatchConsumer (the key
 // in the default header) with the offsets table and the dead-letter outbox
-// in the scenario's schema (the claim table's), and maps the observer's
-// record events to settlements.
+// in the scenario's schema (the claim table's), and the suite's observer,
+// which reads the settlements from the events.
 func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
 	db := cfg.DB
 	schema, _, _ := strings.Cut(cfg.Middleware.Table(), ".")
@@ -108,15 +93,20 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 		kafka.WithWorkers(cfg.Workers), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
 		kafka.WithOffsetsTable(schema + ".kafka_offsets"),
 		kafka.WithDeadLetter(newOutbox(tr.t, db, schema, cfg.Middleware.Consumer()), "orders.dead"),
-		kafka.WithObserver(kafka.ObserverFunc(func(_ context.Context, e kafka.Event) { c.observe(cfg.OnSettle, e) })),
+		kafka.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
+			if d, ok := e.Detail.(kafka.Rebalance); ok && e.Type == adapter.EventAssigned && len(d.Partitions[brokertestTopic]) > 0 {
+				c.once.Do(func() { close(c.assigned) })
+			}
+			cfg.Observer.Observe(ctx, e)
+		})),
 	}
 	if cfg.NoEventTime {
 		opts = append(opts, kafka.WithoutEventTime())
 	}
 	var err error
 	if cfg.Batch {
-		opts = append(opts, kafka.WithMaxPollRecords(cfg.BatchSize))
-		c.c, err = kafka.NewBatchConsumer(db, cfg.Middleware, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+		opts = append(opts, kafka.WithBatchSize(cfg.BatchSize))
+		c.c, err = kafka.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 			bodies := make([][]byte, len(rs))
 			for i, r := range rs {
 				bodies[i] = r.Value
@@ -124,7 +114,7 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 			return c.unlessKilled(cfg.BatchHandler(ctx, tx, bodies))
 		}, opts...)
 	} else {
-		c.c, err = kafka.NewConsumer(db, cfg.Middleware, nil, func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
+		c.c, err = kafka.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
 			return c.unlessKilled(cfg.Handler(ctx, tx, r.Value))
 		}, opts...)
 	}
@@ -148,39 +138,6 @@ func (c *kafkaConsumer) unlessKilled(err error) error {
 		return errKilled
 	}
 	return err
-}
-
-// observe reports record events as settlements: applied and duplicate as
-// Ack; retry, fenced and stopped (a handler that ended the transaction) as
-// Requeue; dead-lettered and dropped as Poison; abandoned records (left at
-// a shutdown, read again by the next member) as a Requeue without error.
-func (c *kafkaConsumer) observe(settle func(brokertest.Settlement), e kafka.Event) {
-	s := brokertest.Settlement{Key: e.Key, Err: e.Err}
-	if s.Key == "" {
-		// The batch consumer's retry names the batch by its first
-		// record's offset, and its dead-lettered events carry no key.
-		s.Key = c.tr.keyAt(e.Offset)
-	}
-	switch e.Type {
-	case kafka.EventAssigned:
-		if len(e.Partitions[brokertestTopic]) > 0 {
-			c.once.Do(func() { close(c.assigned) })
-		}
-		return
-	case kafka.EventApplied, kafka.EventDuplicate:
-		s.Action = adapter.Ack
-	case kafka.EventRetry:
-		s.Action, s.Delay = adapter.Requeue, e.Delay
-	case kafka.EventFenced, kafka.EventStopped, kafka.EventAbandoned:
-		s.Action = adapter.Requeue
-	case kafka.EventDeadLettered, kafka.EventDropped:
-		s.Action = adapter.DeadLetter
-	default:
-		return
-	}
-	if s.Key != "" {
-		settle(s)
-	}
 }
 
 // Start runs the member and returns once the group assigned it the

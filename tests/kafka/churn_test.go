@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 )
@@ -134,7 +135,7 @@ func applyPayment(ctx context.Context, tx *sql.Tx, s, member string, p payment) 
 func applyPayments(ctx context.Context, tx *sql.Tx, s, member string, rs []*kgo.Record) error {
 	var ids, accts []string
 	var amounts []int64
-	for _, r := range rs {
+	for i, r := range rs {
 		p, err := kafka.JSON[payment](r.Value)
 		if err != nil {
 			if r.Offset%10 == 0 {
@@ -142,7 +143,7 @@ func applyPayments(ctx context.Context, tx *sql.Tx, s, member string, rs []*kgo.
 				// record at a time for this batch.
 				return err
 			}
-			return kafka.PoisonRecord(r, err)
+			return adapter.PoisonItem(i, err)
 		}
 		ids, accts, amounts = append(ids, p.ID), append(accts, p.Account), append(amounts, p.Amount)
 	}
@@ -212,11 +213,11 @@ func testChurn(t *testing.T, mode string, churnRecords int) {
 		var c *kafka.Consumer
 		var err error
 		if mode == "batch" {
-			c, err = kafka.NewBatchConsumer(db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+			c, err = kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 				return applyPayments(ctx, tx, s, name, rs)
 			}, opts...)
 		} else {
-			c, err = kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+			c, err = kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 				return applyPayment(ctx, tx, s, name, p)
 			}), opts...)
 		}
@@ -364,9 +365,9 @@ func testChurn(t *testing.T, mode string, churnRecords int) {
 	if applied != int64(len(w.unique)) || deadLettered != int64(len(w.poison)) {
 		t.Errorf("stats: %d applied, %d dead-lettered; want %d and %d", applied, deadLettered, len(w.unique), len(w.poison))
 	}
-	t.Logf("%s mode: %d records sent (%d producer duplicates, %d poison) to %d partitions; %d ids applied once, %d duplicates seen, %d dead-lettered; %d retries, %d fenced, %d assignments, %d abandoned",
+	t.Logf("%s mode: %d records sent (%d producer duplicates, %d poison) to %d partitions; %d ids applied once, %d duplicates seen, %d dead-lettered; %d requeued, %d fenced, %d assignments, %d released",
 		mode, w.sent, w.dups, len(w.poison), churnPartitions, applied, dups, deadLettered,
-		obs.get(kafka.EventRetry), obs.get(kafka.EventFenced), obs.get(kafka.EventAssigned), obs.get(kafka.EventAbandoned))
+		obs.get(adapter.EventRequeued), obs.get(adapter.EventFenced), obs.get(adapter.EventAssigned), obs.get(adapter.EventReleased))
 	_ = idempotent.Applied
 	_ = outbox.DefaultTable
 }

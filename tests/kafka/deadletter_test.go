@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 )
@@ -16,7 +17,9 @@ import (
 // TestDeadLetterRelay: a consumer dead-letters the poison records of a
 // topic into the outbox, and an outbox Relay with DeadLetterSender produces
 // each to the dead-letter topic — byte for byte, with the headers that say
-// where it came from, why, and the id its readers drop repeats by.
+// where it came from, why, and the id its readers drop repeats by, and
+// with the event time the consumer read (here from a header of the
+// producer's own) in the adapter.EventTimeHeader header.
 func TestDeadLetterRelay(t *testing.T) {
 	t.Parallel()
 	db := openDB(t, 8)
@@ -29,17 +32,19 @@ func TestDeadLetterRelay(t *testing.T) {
 	cluster := newCluster(t, 1, "in", "in-dlq")
 	prod := producer(t, cluster)
 	good, _ := json.Marshal(payment{ID: "p-1", Account: "acct", Amount: 5})
+	at := time.Now().Add(-time.Hour).Truncate(time.Second).UTC()
+	occurred := kgo.RecordHeader{Key: "occurred-at", Value: []byte(at.Format(time.RFC3339))}
 	recs := []*kgo.Record{
-		{Topic: "in", Value: good, Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte("p-1")}}},
-		{Topic: "in", Key: []byte("k"), Value: []byte("no key header"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("t-1")}}},
-		{Topic: "in", Value: []byte("{not json"), Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte("p-2")}}},
+		{Topic: "in", Value: good, Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte("p-1")}, occurred}},
+		{Topic: "in", Key: []byte("k"), Value: []byte("no key header"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("t-1")}, occurred}},
+		{Topic: "in", Value: []byte("{not json"), Headers: []kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte("p-2")}, occurred}},
 	}
 	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+	c, err := kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 		return applyPayment(ctx, tx, s, "m", p)
-	}), kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithDeadLetter(ob, "in-dlq"))
+	}), kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithDeadLetter(ob, "in-dlq"), kafka.WithEventTime(kafka.TimeHeader("occurred-at")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +97,8 @@ func TestDeadLetterRelay(t *testing.T) {
 	for i, want := range []struct {
 		src   *kgo.Record
 		where string
-	}{{recs[1], "in/0/1"}, {recs[2], "in/0/2"}} {
+		at    string // the event-time header: none for a record whose key could not be read
+	}{{recs[1], "in/0/1", ""}, {recs[2], "in/0/2", adapter.FormatEventTime(at)}} {
 		r := bySource[want.where]
 		if r == nil {
 			t.Errorf("no dead letter from %s among %d", want.where, len(got))
@@ -109,6 +115,9 @@ func TestDeadLetterRelay(t *testing.T) {
 			if h[x.Key] != string(x.Value) {
 				t.Errorf("dead letter %d lost header %s=%s: %v", i, x.Key, x.Value, h)
 			}
+		}
+		if h[adapter.EventTimeHeader] != want.at {
+			t.Errorf("dead letter %d: event-time header %q, want %q", i, h[adapter.EventTimeHeader], want.at)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/kafkaoffsets"
 	"github.com/txclaim/idempotent/kafka"
 )
@@ -28,20 +29,20 @@ import (
 // Middleware's own claim path (transaction options, strict guard) without
 // the duplicate pre-check.
 
-// recorder is a kafka.Observer that keeps every event.
+// recorder is an adapter.Observer that keeps every event.
 type recorder struct {
 	mu     sync.Mutex
-	events []kafka.Event
+	events []adapter.Event
 }
 
-func (r *recorder) Observe(_ context.Context, e kafka.Event) {
+func (r *recorder) Observe(_ context.Context, e adapter.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
 }
 
 // first returns the first event of type typ.
-func (r *recorder) first(typ kafka.EventType) (kafka.Event, bool) {
+func (r *recorder) first(typ adapter.EventType) (adapter.Event, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.events {
@@ -49,7 +50,7 @@ func (r *recorder) first(typ kafka.EventType) (kafka.Event, bool) {
 			return e, true
 		}
 	}
-	return kafka.Event{}, false
+	return adapter.Event{}, false
 }
 
 // summary lists the events other than assignments and revocations, for a
@@ -60,10 +61,10 @@ func (r *recorder) summary() string {
 	var out []string
 	for _, e := range r.events {
 		switch e.Type {
-		case kafka.EventAssigned, kafka.EventRevoked, kafka.EventLost:
+		case adapter.EventAssigned, adapter.EventRevoked, adapter.EventLost:
 			continue
 		}
-		s := fmt.Sprintf("%v@%d", e.Type, e.Offset)
+		s := fmt.Sprintf("%v %s", e.Type, e.Source)
 		if e.Err != nil {
 			s += fmt.Sprintf(" (%v)", e.Err)
 		}
@@ -130,7 +131,8 @@ func (d *durable) clientOpts(group string) []kgo.Opt {
 }
 
 // newConsumer returns a record consumer of mw (or, batch, a batch consumer
-// that runs one on each record of its batch): one is d.pay when nil.
+// that runs one on each record of its batch, a poison error naming the
+// record's index): one is d.pay when nil.
 func (d *durable) newConsumer(mw *idempotent.Middleware, batch bool, one kafka.Handler, opts ...kafka.Option) *kafka.Consumer {
 	d.t.Helper()
 	if one == nil {
@@ -140,16 +142,19 @@ func (d *durable) newConsumer(mw *idempotent.Middleware, batch bool, one kafka.H
 	var c *kafka.Consumer
 	var err error
 	if batch {
-		c, err = kafka.NewBatchConsumer(d.db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
-			for _, r := range rs {
+		c, err = kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+			for i, r := range rs {
 				if err := one(ctx, tx, r); err != nil {
+					if adapter.IsPoison(err) {
+						return adapter.PoisonItem(i, err)
+					}
 					return err
 				}
 			}
 			return nil
 		}, opts...)
 	} else {
-		c, err = kafka.NewConsumer(d.db, mw, nil, one, opts...)
+		c, err = kafka.NewConsumer(mw, one, opts...)
 	}
 	if err != nil {
 		d.t.Fatal(err)
@@ -161,7 +166,7 @@ func (d *durable) newConsumer(mw *idempotent.Middleware, batch bool, one kafka.H
 func (d *durable) pay(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
 	p, err := kafka.JSON[payment](r.Value)
 	if err != nil {
-		return kafka.PoisonRecord(r, err)
+		return err // poison: adapter.ErrUndecodable
 	}
 	return applyPayment(ctx, tx, d.s, "m", p)
 }
@@ -243,14 +248,14 @@ func (d *durable) run(c *kafka.Consumer, group, what string, cond func() bool) {
 // stored offset moves from stored, and fails unless it stopped with a
 // *kafka.LogGapError at stored (why says what happened to the log), the
 // stored offset unchanged.
-func (d *durable) runUntilStopped(mw *idempotent.Middleware, batch bool, stored int64, why string) (kafka.Event, *kafka.LogGapError) {
+func (d *durable) runUntilStopped(mw *idempotent.Middleware, batch bool, stored int64, why string) (adapter.Event, *kafka.LogGapError) {
 	d.t.Helper()
 	obs := &recorder{}
 	d.run(d.newConsumer(mw, batch, nil, kafka.WithObserver(obs)), d.consumer, "the partition to stop, or its offset to move", func() bool {
-		_, stopped := obs.first(kafka.EventStopped)
+		_, stopped := obs.first(adapter.EventStopped)
 		return stopped || d.stored() != stored
 	})
-	e, ok := obs.first(kafka.EventStopped)
+	e, ok := obs.first(adapter.EventStopped)
 	if !ok {
 		d.t.Fatalf("no EventStopped after %s: stored offset %d, applied %v; events: %s", why, d.stored(), d.applied(), obs.summary())
 	}
@@ -263,14 +268,14 @@ func (d *durable) runUntilStopped(mw *idempotent.Middleware, batch bool, stored 
 
 // wantGap fails unless e is an EventStopped of partition 0 whose error is a
 // *kafka.LogGapError with the stored offset stored, and returns the error.
-func (d *durable) wantGap(e kafka.Event, stored int64) *kafka.LogGapError {
+func (d *durable) wantGap(e adapter.Event, stored int64) *kafka.LogGapError {
 	d.t.Helper()
 	var gap *kafka.LogGapError
 	if !errors.As(e.Err, &gap) || !errors.Is(e.Err, kafka.ErrLogGap) {
 		d.t.Fatalf("EventStopped with %v, want a *kafka.LogGapError", e.Err)
 	}
-	if e.Topic != d.topic || e.Partition != 0 || e.Offset != stored || gap.Topic != d.topic || gap.Partition != 0 || gap.Stored != stored {
-		d.t.Fatalf("EventStopped %s/%d@%d with %+v, want %s/0 at the stored offset %d", e.Topic, e.Partition, e.Offset, gap, d.topic, stored)
+	if at := whereOf(d.t, e); at != (where{d.topic, 0, stored}) || gap.Topic != d.topic || gap.Partition != 0 || gap.Stored != stored {
+		d.t.Fatalf("EventStopped at %s with %+v, want %s/0 at the stored offset %d", e.Source, gap, d.topic, stored)
 	}
 	msg := e.Err.Error()
 	for _, want := range []string{fmt.Sprintf("%q", d.topic), "partition 0", fmt.Sprintf("stored offset %d", stored)} {
@@ -382,7 +387,7 @@ func TestAbortedTransactionNotApplied(t *testing.T) {
 		last := d.send("c-1")
 		waitFor(t, "c-1 applied", func() (bool, error) { return d.stored() == last+1, nil })
 		m.stop(t)
-		if _, stopped := obs.first(kafka.EventStopped); stopped {
+		if _, stopped := obs.first(adapter.EventStopped); stopped {
 			t.Fatalf("the partition stopped; events: %s", obs.summary())
 		}
 		d.wantApplied("after an aborted transaction", []string{"c-0", "c-1"})
@@ -420,8 +425,8 @@ func firstFetch(t *testing.T, cluster *kfake.Cluster, topic string) (kafka.Optio
 		})
 	}
 	// The observer runs in the client's assignment, before it fetches.
-	return kafka.WithObserver(kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
-		if e.Type == kafka.EventAssigned {
+	return kafka.WithObserver(adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+		if e.Type == adapter.EventAssigned {
 			once.Do(arm)
 		}
 	})), ch
@@ -556,7 +561,7 @@ func TestStrictGuardThroughKafka(t *testing.T) {
 		d.send("k-0")
 		var next sync.Once
 		d.run(c, "strict", "the partition to stop, or the offset to move past k-0 and k-1", func() bool {
-			if _, stopped := obs.first(kafka.EventStopped); stopped {
+			if _, stopped := obs.first(adapter.EventStopped); stopped {
 				return true
 			}
 			if d.stored() == 1 {
@@ -564,14 +569,17 @@ func TestStrictGuardThroughKafka(t *testing.T) {
 			}
 			return d.stored() == 2
 		})
-		e, ok := obs.first(kafka.EventStopped)
+		e, ok := obs.first(adapter.EventStopped)
 		if !ok {
 			t.Fatalf("no EventStopped: the consumer went on past k-0 (stored offset %d, applied %v); events: %s", d.stored(), d.applied(), obs.summary())
 		}
-		if !errors.Is(e.Err, idempotent.ErrAutocommit) || e.Topic != d.topic || e.Partition != 0 || e.Offset != 0 {
-			t.Fatalf("EventStopped %s/%d@%d with %v, want k-0's, matching idempotent.ErrAutocommit", e.Topic, e.Partition, e.Offset, e.Err)
+		if r := recordOf(e); !errors.Is(e.Err, idempotent.ErrAutocommit) || whereOf(t, e) != (where{d.topic, 0, 0}) || r == nil || r.Offset != 0 || e.Message.Key != "k-0" {
+			t.Fatalf("EventStopped at %s (key %q) with %v, want k-0's, matching idempotent.ErrAutocommit", e.Source, e.Message.Key, e.Err)
 		}
-		if _, retried := obs.first(kafka.EventRetry); retried {
+		if rel, ok := obs.first(adapter.EventReleased); !ok || rel.Message.Key != "k-0" || !errors.Is(rel.Err, idempotent.ErrAutocommit) {
+			t.Fatalf("k-0 not reported released with its error: %+v; events: %s", rel, obs.summary())
+		}
+		if _, retried := obs.first(adapter.EventRequeued); retried {
 			t.Errorf("k-0 was retried; events: %s", obs.summary())
 		}
 		d.wantApplied("after the handler's COMMIT", nil)

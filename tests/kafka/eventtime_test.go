@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -24,10 +25,10 @@ func eventTimeHeader(at time.Time) kgo.RecordHeader {
 }
 
 // of returns the events of type typ.
-func (r *recorder) of(typ kafka.EventType) []kafka.Event {
+func (r *recorder) of(typ adapter.EventType) []adapter.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []kafka.Event
+	var out []adapter.Event
 	for _, e := range r.events {
 		if e.Type == typ {
 			out = append(out, e)
@@ -45,12 +46,12 @@ type consumerMode struct {
 
 var consumerModes = []consumerMode{
 	{"NewConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
-		return kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+		return kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 			return applyPayment(ctx, tx, s, "m", p)
 		}), append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
 	}},
 	{"NewBatchConsumer", func(db *sql.DB, mw *idempotent.Middleware, s string, opts ...kafka.Option) (*kafka.Consumer, error) {
-		return kafka.NewBatchConsumer(db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+		return kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 			return applyPayments(ctx, tx, s, "m", rs)
 		}, append([]kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets")}, opts...)...)
 	}},
@@ -83,24 +84,33 @@ func ledgerRows(t *testing.T, db *sql.DB, s string) int {
 	return n
 }
 
+// deadLetterRow is a dead letter in the outbox: its payload and the event
+// time the row was enqueued with (zero when none).
+type deadLetterRow struct {
+	kafka.DeadLetter
+	EventTime time.Time
+}
+
 // deadLetters returns the dead letters in schema s's outbox.
-func deadLetters(t *testing.T, db *sql.DB, s string) []kafka.DeadLetter {
+func deadLetters(t *testing.T, db *sql.DB, s string) []deadLetterRow {
 	t.Helper()
-	rows, err := db.Query(`SELECT payload FROM ` + s + `.outbox ORDER BY id`)
+	rows, err := db.Query(`SELECT payload, event_time FROM ` + s + `.outbox ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	var out []kafka.DeadLetter
+	var out []deadLetterRow
 	for rows.Next() {
 		var p []byte
-		if err := rows.Scan(&p); err != nil {
+		var at sql.NullTime
+		if err := rows.Scan(&p, &at); err != nil {
 			t.Fatal(err)
 		}
-		var d kafka.DeadLetter
-		if err := json.Unmarshal(p, &d); err != nil {
+		var d deadLetterRow
+		if err := json.Unmarshal(p, &d.DeadLetter); err != nil {
 			t.Fatal(err)
 		}
+		d.EventTime = at.Time
 		out = append(out, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -189,19 +199,20 @@ func TestPartitionedNeedsProducerEventTime(t *testing.T) {
 		m := startMember(c, "m", client...)
 		waitFor(t, "both records consumed", func() (bool, error) { return storedOffsets(t, db, s, "noevent", topic)[0] == 2, nil })
 		m.stop(t)
-		dl := obs.of(kafka.EventDeadLettered)
-		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || dl[0].Offset != 0 || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
-			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered with ErrInvalidEventTime", n, dl)
+		dl := obs.of(adapter.EventDeadLettered)
+		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 1 || whereOf(t, dl[0]).offset != 0 || dl[0].Message.Key != "unstamped" || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 1 row and the unstamped record dead-lettered, with its key, with ErrInvalidEventTime", n, dl)
 		}
 	})
 }
 
 // TestFutureEventTime is issue 21 case 3: a record dated in the future
 // within the settle rule's bound waits, in place and with the records
-// behind it, until the Middleware's clock catches up, then applies once; a
-// record dated beyond the bound (a seconds-for-milliseconds mix-up, say) is
-// dead-lettered exactly once, nothing written, and does not stall its
-// partition. Both consumers.
+// behind it, for the rule's delay — until the Middleware's clock catches up
+// — and is applied once by a member that runs when it has; a record dated
+// beyond the bound (a seconds-for-milliseconds mix-up, say) is
+// dead-lettered exactly once, with its key and event time, nothing
+// written, and does not stall its partition. Both consumers.
 func TestFutureEventTime(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode consumerMode) {
 		const topic = "future"
@@ -230,30 +241,46 @@ func TestFutureEventTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := startMember(c, "m", client...)
-		defer m.stop(t)
 		waitFor(t, "the far record dead-lettered and the soon one requeued", func() (bool, error) {
 			stored := storedOffsets(t, db, s, "future", topic)[0]
 			if stored > 1 {
 				return false, fmt.Errorf("stored offset %d before the clock caught up: the record dated 30 minutes ahead was settled, not requeued", stored)
 			}
-			return stored == 1 && len(obs.of(kafka.EventRetry)) >= 2, nil
+			return stored == 1 && len(obs.of(adapter.EventRequeued)) >= 1, nil
 		})
+		m.stop(t)
 		if n := ledgerRows(t, db, s); n != 0 {
 			t.Fatalf("%d ledger rows before the clock caught up, want 0", n)
 		}
-		for _, e := range obs.of(kafka.EventRetry) {
-			if e.Offset != 1 || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 20*time.Millisecond {
-				t.Fatalf("retry %+v: want offset 1, ErrInvalidEventTime, a delay within the retry delay", e)
+		// The rule's delay: until the clock reaches the event time, less the
+		// clock-skew margin.
+		wait := soon.Sub(now) - mw.ClockSkew()
+		rq := obs.of(adapter.EventRequeued)
+		for _, e := range rq {
+			if whereOf(t, e).offset != 1 || e.Message.Key != "soon" || !e.Message.EventTime.Equal(soon) || e.Attempt != 1 ||
+				!errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay != wait {
+				t.Fatalf("requeued %+v: want soon's at offset 1, attempt 1, with ErrInvalidEventTime, after the rule's %v", e, wait)
 			}
 		}
-		clk.Add(31 * time.Minute)
-		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
-		dls := deadLetters(t, db, s)
-		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || !dls[0].EventTime.Equal(far) {
-			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time", n, dls)
+		if len(rq) != 1 {
+			t.Fatalf("%d requeues before the clock moved, want 1 (the record waits the rule's delay)", len(rq))
 		}
-		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 {
-			t.Fatalf("stats %+v, want 2 applied and 1 dead-lettered", st)
+		if rel := obs.of(adapter.EventReleased); len(rel) < 1 || rel[0].Message.Key != "soon" || rel[0].Err != nil {
+			t.Fatalf("released %+v at the stop, want soon first, with no error", rel)
+		}
+		clk.Add(31 * time.Minute)
+		m = startMember(c, "m", client...)
+		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "future", topic)[0] == 3, nil })
+		m.stop(t)
+		dls := deadLetters(t, db, s)
+		if n := ledgerRows(t, db, s); n != 2 || len(dls) != 1 || dls[0].Offset != 0 || dls[0].EventTime.Sub(far).Abs() >= time.Microsecond {
+			t.Fatalf("%d ledger rows, dead letters %+v; want 2 rows and one dead letter, of the far record with its event time (to the microsecond, as Postgres keeps it)", n, dls)
+		}
+		if dl := obs.of(adapter.EventDeadLettered); len(dl) != 1 || dl[0].Message.Key != "far" || recordOf(dl[0]) == nil || recordOf(dl[0]).Offset != 0 {
+			t.Fatalf("dead-lettered %+v, want far's, with its key and record", dl)
+		}
+		if st := c.Stats(); st.Applied != 2 || st.DeadLettered != 1 || st.Requeued != 1 {
+			t.Fatalf("stats %+v, want 2 applied, 1 dead-lettered, 1 requeued", st)
 		}
 	})
 }
@@ -286,37 +313,51 @@ func TestBadEventTimeHeader(t *testing.T) {
 		m := startMember(c, "m", client...)
 		waitFor(t, "every record consumed", func() (bool, error) { return storedOffsets(t, db, s, "badtime", topic)[0] == 3, nil })
 		m.stop(t)
-		dl := obs.of(kafka.EventDeadLettered)
+		dl := obs.of(adapter.EventDeadLettered)
 		if n := ledgerRows(t, db, s); n != 1 || len(dl) != 2 || len(deadLetters(t, db, s)) != 2 {
 			t.Fatalf("%d ledger rows, dead-letter events %+v; want 1 row and 2 dead letters", n, dl)
 		}
-		for _, e := range dl {
+		for i, e := range dl {
 			if !errors.Is(e.Err, adapter.ErrBadEventTime) || !errors.Is(e.Err, idempotent.ErrInvalidEventTime) {
-				t.Errorf("dead letter at %d: %v, want adapter.ErrBadEventTime", e.Offset, e.Err)
+				t.Errorf("dead letter at %s: %v, want adapter.ErrBadEventTime", e.Source, e.Err)
+			}
+			if want := []string{"word", "millis"}[i]; e.Message.Key != want {
+				t.Errorf("dead letter at %s: key %q, want %q", e.Source, e.Message.Key, want)
 			}
 		}
 	})
 }
 
 // TestDeadLetterSenderCarriesEventTime is the dead-letter half of issue
-// 21 case 1: DeadLetterSender sets the event-time header on a dead letter
-// whose record had its event time from elsewhere, and keeps the one an
-// original had (once), so that a replay from the dead-letter topic is
-// claimed on its first day.
+// 21 case 1: DeadLetterSender sets the event-time header from the outbox
+// row's event time — on a dead letter whose record had its event time from
+// elsewhere, in place of the one an original had (once) — and keeps the
+// original's headers as they were when the row has none, so that a replay
+// from the dead-letter topic is claimed on its first day.
 func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 	t.Parallel()
 	cluster := newCluster(t, 1, "dlq")
 	prod := producer(t, cluster)
 	at := time.Date(2026, 11, 29, 23, 59, 0, 0, time.UTC)
 	send := kafka.DeadLetterSender(prod)
-	for i, d := range []kafka.DeadLetter{
-		{Topic: "dlq", SourceTopic: "in", Offset: 1, Value: []byte("from timestamp"), Timestamp: at, EventTime: at},
-		{Topic: "dlq", SourceTopic: "in", Offset: 2, Value: []byte("from header"), Headers: []kgo.RecordHeader{eventTimeHeader(at)}, EventTime: at},
+	bad := kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte("yesterday")}
+	want := map[string][]string{}
+	for i, c := range []struct {
+		value   string
+		headers []kgo.RecordHeader
+		at      time.Time
+		want    []string
+	}{
+		{"from the timestamp", nil, at, []string{adapter.FormatEventTime(at)}},
+		{"from the header", []kgo.RecordHeader{eventTimeHeader(at)}, at, []string{adapter.FormatEventTime(at)}},
+		{"from a function, another header", []kgo.RecordHeader{eventTimeHeader(at.Add(time.Hour))}, at, []string{adapter.FormatEventTime(at)}},
+		{"none: a bad header kept", []kgo.RecordHeader{bad}, time.Time{}, []string{"yesterday"}},
 	} {
-		p, _ := json.Marshal(d)
-		if err := send.Send(context.Background(), outbox.Message{ID: int64(i), IdempotencyKey: "k", Payload: p}); err != nil {
+		p, _ := json.Marshal(kafka.DeadLetter{Topic: "dlq", SourceTopic: "in", Offset: int64(i), Value: []byte(c.value), Headers: c.headers, Timestamp: at})
+		if err := send.Send(context.Background(), outbox.Message{ID: int64(i), IdempotencyKey: "k", Payload: p, EventTime: c.at}); err != nil {
 			t.Fatal(err)
 		}
+		want[c.value] = c.want
 	}
 	reader, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
@@ -326,7 +367,7 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []*kgo.Record
-	for len(got) < 2 {
+	for len(got) < len(want) {
 		f := reader.PollFetches(ctx)
 		if err := f.Err0(); err != nil {
 			t.Fatal(err)
@@ -340,8 +381,8 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 				vals = append(vals, string(h.Value))
 			}
 		}
-		if len(vals) != 1 || vals[0] != adapter.FormatEventTime(at) {
-			t.Errorf("dead letter %q: event-time headers %q, want one, %q", r.Value, vals, adapter.FormatEventTime(at))
+		if !slices.Equal(vals, want[string(r.Value)]) {
+			t.Errorf("dead letter %q: event-time headers %q, want %q", r.Value, vals, want[string(r.Value)])
 		}
 	}
 }

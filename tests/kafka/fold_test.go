@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/internal/claimfold"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -21,15 +21,15 @@ import (
 // foldTo folds mw's claim with a companion that credits an account — one
 // row affected when the account exists, none otherwise, as the offset
 // advance affects one row when it advances — and prepares it on db.
-func foldTo(t *testing.T, db *sql.DB, mw *idempotent.Middleware, s string) (*claimfold.Fold, *sql.Stmt) {
+func foldTo(t *testing.T, db *sql.DB, mw *idempotent.Middleware, s string) (*adapter.Fold, *sql.Stmt) {
 	t.Helper()
-	f, ok := claimfold.New(mw, func(first int) string {
+	f, ok := adapter.NewFold(mw, func(first int) string {
 		return `UPDATE ` + s + `.accounts SET balance = balance + $` + strconv.Itoa(first) + ` WHERE id = $` + strconv.Itoa(first+1)
 	})
 	if !ok {
 		t.Fatal("the Postgres dialect did not fold the claim")
 	}
-	stmt, err := db.Prepare(f.SQL)
+	stmt, err := db.Prepare(f.SQL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func foldTo(t *testing.T, db *sql.DB, mw *idempotent.Middleware, s string) (*cla
 
 // foldOnce runs the fold for key and at in a transaction of its own,
 // crediting account, and commits when it did not fail.
-func foldOnce(t *testing.T, db *sql.DB, f *claimfold.Fold, stmt *sql.Stmt, key string, at time.Time, account string) (int64, bool, error) {
+func foldOnce(t *testing.T, db *sql.DB, f *adapter.Fold, stmt *sql.Stmt, key string, at time.Time, account string) (int64, bool, error) {
 	t.Helper()
 	tx, err := db.Begin()
 	if err != nil {
@@ -50,7 +50,7 @@ func foldOnce(t *testing.T, db *sql.DB, f *claimfold.Fold, stmt *sql.Stmt, key s
 	// the test rather than hangs it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, claimed, err := f.Claim(ctx, tx, stmt, key, at, 1, account)
+	n, claimed, err := f.Claim(ctx, tx, stmt, idempotent.Message{Key: key, EventTime: at}, 1, account)
 	if err != nil {
 		return n, claimed, err
 	}
@@ -157,7 +157,7 @@ func TestFoldKeepsClaimSemantics(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = holder.Rollback() }()
-		if claimed, err := mw.Claim(context.Background(), holder, "busy"); err != nil || !claimed {
+		if claimed, err := mw.ClaimMessage(context.Background(), holder, idempotent.Message{Key: "busy"}); err != nil || !claimed {
 			t.Fatalf("holder's Claim = (%v, %v)", claimed, err)
 		}
 		_, _, err = foldOnce(t, db, f, stmt, "busy", time.Time{}, "acct")
@@ -181,23 +181,23 @@ func TestFoldKeepsClaimSemantics(t *testing.T) {
 	})
 }
 
-// errorsSeen is a counter that also keeps the errors of retry events.
+// errorsSeen is a counter that also keeps the errors of requeue events.
 type errorsSeen struct {
 	counter
 	mu   sync.Mutex
 	errs []error
 }
 
-func (o *errorsSeen) Observe(ctx context.Context, e kafka.Event) {
+func (o *errorsSeen) Observe(ctx context.Context, e adapter.Event) {
 	o.counter.Observe(ctx, e)
-	if e.Type == kafka.EventRetry {
+	if e.Type == adapter.EventRequeued {
 		o.mu.Lock()
 		o.errs = append(o.errs, e.Err)
 		o.mu.Unlock()
 	}
 }
 
-// matching returns the retry errors seen so far that match target; all of
+// matching returns the requeue errors seen so far that match target; all of
 // them when target is nil.
 func (o *errorsSeen) matching(target error) []error {
 	o.mu.Lock()
@@ -212,7 +212,7 @@ func (o *errorsSeen) matching(target error) []error {
 }
 
 // applied returns how many records were applied.
-func (o *errorsSeen) applied() int { return o.get(kafka.EventApplied) }
+func (o *errorsSeen) applied() int { return o.get(adapter.EventApplied) }
 
 // TestConsumerNamesTheMissingTable drops the offsets table, then the claim
 // table, under a running Consumer whose claim and offset advance are one
@@ -237,7 +237,7 @@ func TestConsumerNamesTheMissingTable(t *testing.T) {
 		}
 	}
 	obs := &errorsSeen{}
-	c, err := kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+	c, err := kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 		return applyPayment(ctx, tx, s, "missing", p)
 	}), kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithObserver(obs), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond))
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 )
 
@@ -49,7 +50,7 @@ func TestZombieMidTransaction(t *testing.T) {
 	stalled, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	handler := func(member string) kafka.Handler {
-		return kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+		return kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 			if member == "A" && p.ID == fmt.Sprintf("h-%d", stallAt) {
 				once.Do(func() {
 					close(stalled)
@@ -61,11 +62,11 @@ func TestZombieMidTransaction(t *testing.T) {
 	}
 	obsB := &counter{}
 	opts := []kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets"), kafka.WithRetryDelay(10*time.Millisecond, 100*time.Millisecond)}
-	a, err := kafka.NewConsumer(db, mw, nil, handler("A"), opts...)
+	a, err := kafka.NewConsumer(mw, handler("A"), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := kafka.NewConsumer(db, mw, nil, handler("B"), append(opts, kafka.WithObserver(obsB))...)
+	b, err := kafka.NewConsumer(mw, handler("B"), append(opts, kafka.WithObserver(obsB))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestZombieMidTransaction(t *testing.T) {
 	if by[fmt.Sprintf("h-%d", stallAt)] != "A" {
 		t.Errorf("h-%d applied by %s, want A, whose transaction B waited for", stallAt, by[fmt.Sprintf("h-%d", stallAt)])
 	}
-	if obsB.get(kafka.EventFenced) != 1 {
-		t.Errorf("B was fenced %d times, want once: its advance of h-%d found A's", obsB.get(kafka.EventFenced), stallAt)
+	if obsB.get(adapter.EventFenced) != 1 {
+		t.Errorf("B was fenced %d times, want once: its advance of h-%d found A's", obsB.get(adapter.EventFenced), stallAt)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
@@ -214,23 +216,62 @@ func storedOffsets(t testing.TB, db *sql.DB, s, consumer, topic string) map[int3
 	return out
 }
 
-// counter is a kafka.Observer that counts events by type.
+// counter is an adapter.Observer that counts events by type.
 type counter struct {
 	mu sync.Mutex
-	n  map[kafka.EventType]int
+	n  map[adapter.EventType]int
 }
 
-func (c *counter) Observe(_ context.Context, e kafka.Event) {
+func (c *counter) Observe(_ context.Context, e adapter.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
-		c.n = map[kafka.EventType]int{}
+		c.n = map[adapter.EventType]int{}
 	}
 	c.n[e.Type]++
 }
 
-func (c *counter) get(t kafka.EventType) int {
+func (c *counter) get(t adapter.EventType) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[t]
+}
+
+// where is the place of an event of the kafka Consumer, from its Source
+// ("topic/partition/offset"); offset is -1 when the Source names none.
+type where struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func whereOf(t testing.TB, e adapter.Event) where {
+	t.Helper()
+	parts := strings.Split(e.Source, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		t.Fatalf("%v event with Source %q, want topic/partition[/offset]", e.Type, e.Source)
+	}
+	p, err := strconv.ParseInt(parts[1], 10, 32)
+	if err != nil {
+		t.Fatalf("%v event with Source %q: %v", e.Type, e.Source, err)
+	}
+	at := where{topic: parts[0], partition: int32(p), offset: -1}
+	if len(parts) == 3 {
+		if at.offset, err = strconv.ParseInt(parts[2], 10, 64); err != nil {
+			t.Fatalf("%v event with Source %q: %v", e.Type, e.Source, err)
+		}
+	}
+	return at
+}
+
+// recordOf returns the record of a record event: its Detail, or a
+// kafka.Dropped's record; nil for any other event.
+func recordOf(e adapter.Event) *kgo.Record {
+	switch d := e.Detail.(type) {
+	case *kgo.Record:
+		return d
+	case kafka.Dropped:
+		return d.Record
+	}
+	return nil
 }

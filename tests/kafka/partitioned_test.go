@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -43,7 +45,7 @@ func TestBatchConsumerPartitioned(t *testing.T) {
 	handler := func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 		return applyPayments(ctx, tx, s, "m", rs)
 	}
-	if _, err := kafka.NewBatchConsumer(db, mw, nil, handler, kafka.WithoutEventTime()); err == nil {
+	if _, err := kafka.NewBatchConsumer(mw, handler, kafka.WithoutEventTime()); err == nil {
 		t.Fatal("WithoutEventTime accepted with a partitioned claim table")
 	}
 
@@ -73,7 +75,7 @@ func TestBatchConsumerPartitioned(t *testing.T) {
 	const records = 10
 
 	events := &dropped{}
-	c, err := kafka.NewBatchConsumer(db, mw, nil, handler, kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithObserver(events))
+	c, err := kafka.NewBatchConsumer(mw, handler, kafka.WithOffsetsTable(s+".kafka_offsets"), kafka.WithObserver(events))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,20 +109,26 @@ func TestBatchConsumerPartitioned(t *testing.T) {
 	if len(events.errs) != 2 || !errors.Is(events.errs[0], idempotent.ErrBeyondRetention) || !errors.Is(events.errs[1], idempotent.ErrInvalidEventTime) {
 		t.Errorf("dropped: %v; want the record beyond retention, then the one dated in the future", errors.Join(events.errs...))
 	}
+	if !slices.Equal(events.keys, []string{"too-old", "future"}) {
+		t.Errorf("dropped keys %q, want too-old and future: every event carries the record's key", events.keys)
+	}
 }
 
-// dropped is a kafka.Observer that keeps the errors of dropped records, in
-// the order of their events.
+// dropped is an adapter.Observer that keeps the errors and keys of dropped
+// records (dead-lettered with a kafka.Dropped Detail), in the order of
+// their events.
 type dropped struct {
 	mu   sync.Mutex
 	errs []error
+	keys []string
 }
 
-func (d *dropped) Observe(_ context.Context, e kafka.Event) {
-	if e.Type != kafka.EventDropped {
+func (d *dropped) Observe(_ context.Context, e adapter.Event) {
+	if _, ok := e.Detail.(kafka.Dropped); !ok || e.Type != adapter.EventDeadLettered {
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.errs = append(d.errs, e.Err)
+	d.keys = append(d.keys, e.Message.Key)
 }

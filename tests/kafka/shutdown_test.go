@@ -36,7 +36,7 @@ func TestGracefulShutdown(t *testing.T) {
 		}
 	}
 	inFlight, finish := make(chan struct{}), make(chan struct{})
-	c, err := kafka.NewConsumer(db, mw, nil, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+	c, err := kafka.NewConsumer(mw, kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 		if p.ID == fmt.Sprintf("s-%d", blockAt) {
 			close(inFlight)
 			<-finish

@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 )
 
@@ -57,7 +58,7 @@ func TestZombie(t *testing.T) {
 		}
 	}
 	handler := func(member string) kafka.Handler {
-		return kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment) error {
+		return kafka.Decode(kafka.JSON[payment], func(ctx context.Context, tx *sql.Tx, p payment, _ *kgo.Record) error {
 			return applyPayment(ctx, tx, s, member, p)
 		})
 	}
@@ -74,22 +75,22 @@ func TestZombie(t *testing.T) {
 		return kafka.Header(kafka.DefaultKeyHeader)(r)
 	}
 	// What A did with the record it stalled on.
-	woke := make(chan kafka.Event, 4)
-	obsA := kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
+	woke := make(chan adapter.Event, 4)
+	obsA := adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
 		switch e.Type {
-		case kafka.EventFenced, kafka.EventApplied, kafka.EventDuplicate, kafka.EventDeadLettered:
-			if e.Offset == stallAt {
+		case adapter.EventFenced, adapter.EventApplied, adapter.EventDuplicate, adapter.EventDeadLettered:
+			if r := recordOf(e); r != nil && r.Offset == stallAt {
 				woke <- e
 			}
 		}
 	})
 	common := []kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets"), kafka.WithDeadLetter(ob, "zombie-dlq"),
 		kafka.WithRetryDelay(10*time.Millisecond, 100*time.Millisecond), kafka.WithShutdownTimeout(5 * time.Second)}
-	a, err := kafka.NewConsumer(db, mw, stallKey, handler("A"), append(common, kafka.WithObserver(obsA))...)
+	a, err := kafka.NewConsumer(mw, handler("A"), append(common, kafka.WithKey(stallKey), kafka.WithObserver(obsA))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := kafka.NewConsumer(db, mw, nil, handler("B"), common...)
+	b, err := kafka.NewConsumer(mw, handler("B"), common...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func TestZombie(t *testing.T) {
 	close(release)
 	select {
 	case e := <-woke:
-		if e.Type != kafka.EventFenced {
+		if e.Type != adapter.EventFenced {
 			t.Errorf("A's record at offset %d ended %v after A woke, want fenced", stallAt, e.Type)
 		}
 	case <-time.After(time.Minute):

@@ -40,6 +40,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -310,8 +311,8 @@ func (b *bench) ours(ctx context.Context, batch bool, applied func()) (time.Dura
 	mw := b.newMW(name)
 	var done atomic.Int64
 	finished := make(chan struct{})
-	obs := kafka.ObserverFunc(func(_ context.Context, e kafka.Event) {
-		if e.Type != kafka.EventApplied {
+	obs := adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+		if e.Type != adapter.EventApplied {
 			return
 		}
 		if applied != nil {
@@ -325,7 +326,7 @@ func (b *bench) ours(ctx context.Context, batch bool, applied func()) (time.Dura
 	var c *kafka.Consumer
 	var err error
 	if batch {
-		c, err = kafka.NewBatchConsumer(b.db, mw, nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+		c, err = kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
 			ids := make([]string, len(rs))
 			for i, r := range rs {
 				ids[i] = string(r.Value)
@@ -335,7 +336,7 @@ func (b *bench) ours(ctx context.Context, batch bool, applied func()) (time.Dura
 		}, kopts...)
 	} else {
 		insert := b.insertSQL()
-		c, err = kafka.NewConsumer(b.db, mw, nil, func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
+		c, err = kafka.NewConsumer(mw, func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
 			_, err := tx.ExecContext(ctx, insert, string(r.Value), name)
 			return err
 		}, kopts...)
