@@ -849,7 +849,7 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 		}
 		cause = err
 	}
-	if d := c.settle(msg, cause, attempt); d.Action != adapter.Poison {
+	if d := c.settle(msg, cause, attempt); d.Action != adapter.DeadLetter {
 		return 0, key, nil, &requeueError{err: cause, delay: d.Delay}
 	}
 	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -916,7 +916,7 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				return &stopError{err: err, offset: chunk[0].Offset}
 			}
 			var rq *requeueError
-			if !errors.As(err, &rq) && s.c.settle(idempotent.Message{}, err, attempt).Action == adapter.Poison {
+			if !errors.As(err, &rq) && s.c.settle(idempotent.Message{}, err, attempt).Action == adapter.DeadLetter {
 				// The batch's error names no record it settles (the
 				// handler found a poison record among the batch, say):
 				// apply the chunk one record at a time, so that only that
@@ -970,7 +970,7 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			if i == 0 {
 				n = attempt
 			}
-			if d := c.settle(msg, err, n); d.Action != adapter.Poison {
+			if d := c.settle(msg, err, n); d.Action != adapter.DeadLetter {
 				if i == 0 {
 					return nil, 0, &requeueError{err: err, delay: d.Delay}
 				}
@@ -1011,14 +1011,14 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 				return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return c.batch(ctx, tx, sel) })
 			})
 			var bke *idempotent.BatchKeyError
-			if errors.As(err, &bke) && c.settle(msgs[bke.Index], bke.Err, 1).Action == adapter.Poison {
+			if errors.As(err, &bke) && c.settle(msgs[bke.Index], bke.Err, 1).Action == adapter.DeadLetter {
 				// A key the batch cannot claim (the same key on two event
 				// days, in partitioned mode): that record is poison.
 				drop(bke.Index, bke.Err)
 				continue
 			}
 			var re *RecordError
-			if errors.As(err, &re) && c.settle(idempotent.Message{}, err, 1).Action == adapter.Poison {
+			if errors.As(err, &re) && c.settle(idempotent.Message{}, err, 1).Action == adapter.DeadLetter {
 				if i := slices.Index(good, re.Record); i >= 0 {
 					drop(i, err)
 					continue

@@ -46,7 +46,7 @@ func TestKeyFuncs(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) || got != tt.want {
 				t.Fatalf("got %q, %v; want %q, %v", got, err, tt.want, tt.wantErr)
 			}
-			if err != nil && !kafka.IsPoison(err) && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.Poison {
+			if err != nil && !kafka.IsPoison(err) && (adapter.Rule{}).Settle(idempotent.Message{}, err, 1).Action != adapter.DeadLetter {
 				t.Errorf("%v is not poison", err)
 			}
 		})

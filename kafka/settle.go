@@ -65,11 +65,11 @@ func (c *Consumer) message(r *kgo.Record) (msg idempotent.Message, err error) {
 // first.
 func (c *Consumer) settle(msg idempotent.Message, err error, attempt int) adapter.Decision {
 	if IsPoison(err) {
-		return adapter.Decision{Action: adapter.Poison, Err: err}
+		return adapter.Decision{Action: adapter.DeadLetter, Err: err}
 	}
 	for _, p := range c.cfg.poison {
 		if p(err) {
-			return adapter.Decision{Action: adapter.Poison, Err: err}
+			return adapter.Decision{Action: adapter.DeadLetter, Err: err}
 		}
 	}
 	return c.rule.Settle(msg, err, attempt)

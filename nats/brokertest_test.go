@@ -2,6 +2,7 @@ package nats_test
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 	"testing"
 	"time"
@@ -9,8 +10,6 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/brokertest"
 	"github.com/txclaim/idempotent/internal/testenv"
 	idnats "github.com/txclaim/idempotent/nats"
@@ -58,29 +57,28 @@ func (tr *natsTransport) Publish(ctx context.Context, m brokertest.Message) erro
 	return err
 }
 
+// NewConsumer builds the adapter's consumer of cfg's mode, keyed by the
+// Order-Key header, with the event time from the default header.
 func (tr *natsTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
-	var hopts []idnats.HandlerOption
+	opts := []idnats.Option{idnats.WithKey(orderKey), idnats.WithWorkers(cfg.Workers), idnats.WithObserver(cfg.Observer),
+		idnats.WithFetchWait(50 * time.Millisecond), idnats.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
 	if cfg.NoEventTime {
-		hopts = append(hopts, idnats.WithoutEventTime())
+		opts = append(opts, idnats.WithoutEventTime())
 	}
-	raw := func(b []byte) ([]byte, error) { return b, nil }
-	actions := map[idnats.Action]adapter.Action{idnats.Acked: adapter.Ack, idnats.Naked: adapter.Requeue, idnats.Released: adapter.Requeue, idnats.Terminated: adapter.Poison}
-	opts := []idnats.Option{idnats.WithWorkers(cfg.Workers), idnats.WithFetchWait(50 * time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, 50*time.Millisecond),
-		idnats.WithOnSettle(func(_ context.Context, s idnats.Settlement) {
-			cfg.OnSettle(brokertest.Settlement{Key: s.Msg.Headers().Get("Order-Key"), Action: actions[s.Action], Err: s.Err, Delay: s.Delay})
-		})}
 	c := &natsConsumer{tr: tr, lose: cfg.LoseAck}
 	var err error
 	if cfg.Batch {
-		var h idnats.BatchHandler
-		if h, err = idnats.DecodeBatch(cfg.Middleware, orderKey, raw, idempotent.BatchHandler[[]byte](cfg.BatchHandler), hopts...); err == nil {
-			c.c, err = idnats.NewBatchConsumer(cfg.BatchSize, h, opts...)
-		}
+		c.c, err = idnats.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msgs []jetstream.Msg) error {
+			bodies := make([][]byte, len(msgs))
+			for i, m := range msgs {
+				bodies[i] = m.Data()
+			}
+			return cfg.BatchHandler(ctx, tx, bodies)
+		}, append(opts, idnats.WithBatchSize(cfg.BatchSize))...)
 	} else {
-		var h idnats.Handler
-		if h, err = idnats.Decode(cfg.Middleware, orderKey, raw, idempotent.Handler[[]byte](cfg.Handler), hopts...); err == nil {
-			c.c, err = idnats.NewConsumer(h, opts...)
-		}
+		c.c, err = idnats.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, m jetstream.Msg) error {
+			return cfg.Handler(ctx, tx, m.Data())
+		}, opts...)
 	}
 	return c, err
 }
@@ -101,7 +99,15 @@ func (c *natsConsumer) Start(context.Context) error {
 	c.nc = connect(c.tr.t, c.tr.url, natsgo.MaxReconnects(0))
 	var cons jetstream.Consumer = bindConsumer(c.tr.t, newJS(c.tr.t, c.nc), c.tr.stream, "brokertest")
 	if c.lose != nil {
-		cons = lossyConsumer{cons, c.lose}
+		// A DoubleAck the suite says to lose naks instead: the server
+		// delivers the message again, as after a crash between commit
+		// and ack.
+		cons = hookedConsumer{Consumer: cons, doubleAck: func(ctx context.Context, m jetstream.Msg) error {
+			if c.lose(m.Headers().Get("Order-Key")) {
+				return m.Nak()
+			}
+			return m.DoubleAck(ctx)
+		}}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel, c.done = cancel, make(chan error, 1)
@@ -138,46 +144,4 @@ func (c *natsConsumer) Kill() error {
 	c.mu.Unlock()
 	c.nc.Close()
 	return nil
-}
-
-// lossyConsumer hands Run messages whose DoubleAck, when lose says so,
-// naks instead: the server delivers the message again as it would after
-// a crash between commit and ack.
-type lossyConsumer struct {
-	jetstream.Consumer
-	lose func(key string) bool
-}
-
-func (l lossyConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
-	b, err := l.Consumer.Fetch(n, opts...)
-	if err != nil {
-		return b, err
-	}
-	out := lossyBatch{MessageBatch: b, msgs: make(chan jetstream.Msg)}
-	go func() {
-		defer close(out.msgs)
-		for m := range b.Messages() {
-			out.msgs <- lossyMsg{m, l.lose}
-		}
-	}()
-	return out, nil
-}
-
-type lossyBatch struct {
-	jetstream.MessageBatch
-	msgs chan jetstream.Msg
-}
-
-func (b lossyBatch) Messages() <-chan jetstream.Msg { return b.msgs }
-
-type lossyMsg struct {
-	jetstream.Msg
-	lose func(key string) bool
-}
-
-func (m lossyMsg) DoubleAck(ctx context.Context) error {
-	if m.lose(m.Headers().Get("Order-Key")) {
-		return m.Msg.Nak()
-	}
-	return m.Msg.DoubleAck(ctx)
 }

@@ -11,9 +11,9 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	idnats "github.com/txclaim/idempotent/nats"
-
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
+	idnats "github.com/txclaim/idempotent/nats"
 )
 
 // outMsg is one message to publish.
@@ -95,13 +95,9 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 		pubDone <- err
 	}()
 
-	handler := must[idnats.Handler](t)(idnats.Decode(l.mw, idnats.Header("Order-Key"), idnats.JSON[order], l.credit))
 	var all []*idnats.Consumer
 	newProcess := func(server int) *running {
-		cn, err := idnats.NewConsumer(handler, idnats.WithWorkers(3), idnats.WithFetchWait(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
+		cn := must(t)(idnats.NewConsumer(l.mw, l.handler(), idnats.WithKey(idnats.Header("Order-Key")), idnats.WithWorkers(3), idnats.WithFetchWait(100*time.Millisecond)))
 		all = append(all, cn)
 		return start(t, cn, c.servers[server%3].url(), stream, durable)
 	}
@@ -134,7 +130,7 @@ func TestClusterAuditWithDuplicatesAndConsumerKills(t *testing.T) {
 		applied += s.Applied
 		dups += s.Duplicates
 		settleFailed += s.SettleFailed
-		delivered += s.Delivered
+		delivered += settledAll(s)
 	}
 	t.Logf("6000 messages (5000 orders, 1000 republished), 3 consumer kills: %d deliveries, %d applied, %d duplicates, %d acks lost to the kills",
 		delivered, applied, dups, settleFailed)
@@ -174,11 +170,12 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 		pubDone <- err
 	}()
 
-	cn, err := idnats.NewConsumer(l.handler(t), idnats.WithWorkers(4), idnats.WithFetchWait(100*time.Millisecond),
-		idnats.WithOnFetchError(func(err error) { t.Logf("pull retried: %v", err) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cn := must(t)(idnats.NewConsumer(l.mw, l.handler(), idnats.WithWorkers(4), idnats.WithFetchWait(100*time.Millisecond),
+		idnats.WithObserver(adapter.ObserverFunc(func(_ context.Context, ev adapter.Event) {
+			if ev.Type == adapter.EventFetchError {
+				t.Logf("pull retried: %v", ev.Err)
+			}
+		}))))
 	p := start(t, cn, c.urls(), stream, durable)
 
 	// Kill mid-stream: half the messages published, some consumed.
@@ -217,7 +214,7 @@ func TestClusterStreamLeaderKilledMidStream(t *testing.T) {
 	}
 	st := cn.Stats()
 	t.Logf("new leader %s; stream holds %d messages; consumer: %d deliveries, %d applied, %d duplicates, %d settle failures, %d failed pulls retried",
-		next, info.State.Msgs, st.Delivered, st.Applied, st.Duplicates, st.SettleFailed, st.FetchErrors)
+		next, info.State.Msgs, settledAll(st), st.Applied, st.Duplicates, st.SettleFailed, st.FetchErrors)
 	if info.State.Msgs != uint64(len(orders)) {
 		t.Errorf("the stream holds %d messages, want %d: a publish was lost or stored twice", info.State.Msgs, len(orders))
 	}

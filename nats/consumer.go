@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -14,177 +14,83 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/dialect"
 )
 
-// Action is how a Consumer settled a message.
-type Action int
-
-const (
-	// Acked: the handler succeeded (the effect committed, or was found
-	// applied before), and the message was acked with DoubleAck.
-	Acked Action = iota + 1
-	// Naked: the handler failed with an error the settle rule requeues;
-	// the message was naked with a redelivery delay (see WithNakDelay).
-	Naked
-	// Terminated: the handler failed with an error the settle rule (or a
-	// poison predicate) makes poison; the message was terminated (Term),
-	// and the server will not redeliver it.
-	Terminated
-	// Released: the message arrived while Run was shutting down and was
-	// naked without delay, without running the handler.
-	Released
-)
-
-// String returns the action's name: "acked", "naked", "terminated" or
-// "released".
-func (a Action) String() string {
-	switch a {
-	case Acked:
-		return "acked"
-	case Naked:
-		return "naked"
-	case Terminated:
-		return "terminated"
-	case Released:
-		return "released"
-	}
-	return fmt.Sprintf("Action(%d)", int(a))
-}
-
-// Settlement describes how one message was settled; see WithOnSettle.
-type Settlement struct {
-	// Msg is the message.
-	Msg jetstream.Msg
-	// Action is what the Consumer told the server.
-	Action Action
-	// Outcome is the handler's outcome when Action is Acked.
-	Outcome idempotent.Outcome
-	// Err is the handler's error when Action is Naked or Terminated.
-	Err error
-	// Delay is the redelivery delay when Action is Naked.
-	Delay time.Duration
-	// SettleErr is the error from sending the ack, nak or term — the
-	// connection dropped, or the server did not confirm the DoubleAck in
-	// time. The server will redeliver the message after AckWait (and, if
-	// the effect committed, the claim will make it a duplicate).
-	SettleErr error
-}
-
-// Stats counts what a Consumer did, over all its Runs.
-type Stats struct {
-	// Delivered is how many messages were handed to the handler.
-	Delivered int64
-	// Applied and Duplicates count the handler's successful outcomes.
-	Applied, Duplicates int64
-	// Acked, Naked, Terminated and Released count messages the server was
-	// told about successfully, by action.
-	Acked, Naked, Terminated, Released int64
-	// SettleFailed counts acks, naks and terms that could not be sent.
-	SettleFailed int64
-	// InProgress counts the "work in progress" signals sent for handlers
-	// running longer than half the consumer's AckWait.
-	InProgress int64
-	// FetchErrors counts pull requests that failed and were retried.
-	FetchErrors int64
-}
-
-type counters struct {
-	delivered, applied, duplicates                   atomic.Int64
-	acked, naked, terminated, released, settleFailed atomic.Int64
-	inProgress, fetchErrors                          atomic.Int64
-}
-
-// Consumer pulls messages from a durable JetStream consumer and settles
-// every message after its handler returns. It is safe for concurrent use;
-// Run may be called again, or on several JetStream consumers at once.
+// Consumer pulls messages from a durable JetStream consumer, claims each
+// through an idempotent.Middleware, runs its handler for a new claim in
+// the claim's transaction, and settles every message after the
+// transaction has ended, by adapter.Rule.Settle. It is safe for
+// concurrent use; Run may be called again, or on several JetStream
+// consumers at once.
 type Consumer struct {
-	handle    Handler
-	batch     BatchHandler
-	batchSize int
-	cfg       config
-	stats     counters
+	mw     *idempotent.Middleware
+	handle Handler      // per-message mode
+	batch  BatchHandler // batch mode
+	cfg    config
+	rule   adapter.Rule
+	events adapter.Counter // counts, then tells the Observer
 }
 
-// NewConsumer returns a per-message Consumer: each message is handled by h
-// (usually built with Process or Decode), in a transaction of its own. It
-// sends nothing to the server; Run does.
-func NewConsumer(h Handler, opts ...Option) (*Consumer, error) {
+// NewConsumer returns a per-message Consumer: each message is claimed
+// through mw and, when its claim is new, handled by h (often built with
+// Decode) in the claim's transaction, one transaction per message. It
+// fails if mw or h is nil, an option is invalid, or mw is in partitioned
+// mode and the options leave it without a producer's event time
+// (adapter.ErrNoProducerEventTime). It sends nothing to the server; Run
+// does.
+func NewConsumer(mw *idempotent.Middleware, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("nats: NewConsumer: nil handler")
 	}
-	cfg, err := newConfig(opts)
+	cfg, err := newConfig("NewConsumer", mw, opts)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.fetchSize == 0 {
-		cfg.fetchSize = 8
+	if cfg.batchSize != 0 {
+		return nil, errors.New("nats: NewConsumer: WithBatchSize is for NewBatchConsumer; WithFetchSize sets how many messages a pull request asks for")
 	}
-	return &Consumer{handle: h, cfg: cfg}, nil
+	if cfg.fetchSize == 0 {
+		cfg.fetchSize = DefaultFetchSize
+	}
+	return newConsumer(mw, cfg, h, nil), nil
 }
 
-// NewBatchConsumer returns a batch Consumer: each worker fetches up to size
-// messages (waiting at most the fetch wait for the batch to fill) and hands
-// them to h (usually built with ProcessBatch or DecodeBatch) at once, so a
-// batch's claims and effects commit in one transaction. size must be 1 to
-// MaxFetch. It sends nothing to the server; Run does.
-func NewBatchConsumer(size int, h BatchHandler, opts ...Option) (*Consumer, error) {
+// NewBatchConsumer returns a batch Consumer: each worker fetches up to the
+// batch size of messages (WithBatchSize; waiting at most the fetch wait for
+// the batch to fill), claims them all in one transaction with
+// mw.ProcessMessages, and hands h the fresh ones, so a batch's claims and
+// effects commit together. Each message is then settled on its own, as the
+// rule says. It fails as NewConsumer does. It sends nothing to the server;
+// Run does.
+func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("nats: NewBatchConsumer: nil handler")
 	}
-	if size < 1 || size > MaxFetch {
-		return nil, fmt.Errorf("nats: NewBatchConsumer: batch size %d, want 1 to %d", size, MaxFetch)
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := newConfig("NewBatchConsumer", mw, opts)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.fetchSize != 0 {
-		return nil, errors.New("nats: NewBatchConsumer: WithFetchSize is for NewConsumer; the batch size sets the fetch size")
+		return nil, errors.New("nats: NewBatchConsumer: WithFetchSize is for NewConsumer; WithBatchSize sets how many messages a pull request asks for")
 	}
-	cfg.fetchSize = size
-	return &Consumer{batch: h, batchSize: size, cfg: cfg}, nil
+	if cfg.batchSize == 0 {
+		cfg.batchSize = DefaultBatchSize
+	}
+	cfg.fetchSize = cfg.batchSize
+	return newConsumer(mw, cfg, nil, h), nil
 }
 
-func newConfig(opts []Option) (config, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			return cfg, errors.New("nats: nil option")
-		}
-		if err := o.apply(&cfg); err != nil {
-			return cfg, err
-		}
-	}
-	return cfg, nil
+func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandler) *Consumer {
+	c := &Consumer{mw: mw, handle: h, batch: b, cfg: cfg, rule: cfg.Rule()}
+	c.events.Next = cfg.Observer()
+	return c
 }
 
-// NewMiddleware returns an idempotent.Middleware whose consumer name is the
-// durable name of cons, so that the claims of one JetStream consumer are
-// kept under its own name. Pass idempotent.New another name instead when
-// several durables must share claims (a consumer renamed, say). opts are
-// idempotent's options.
-func NewMiddleware(db *sql.DB, d dialect.Dialect, cons jetstream.Consumer, opts ...idempotent.Option) (*idempotent.Middleware, error) {
-	if cons == nil {
-		return nil, errors.New("nats: NewMiddleware: nil consumer")
-	}
-	info := cons.CachedInfo()
-	if info == nil || info.Config.Durable == "" {
-		return nil, fmt.Errorf("%w: NewMiddleware needs a durable name", ErrNotDurable)
-	}
-	return idempotent.New(db, d, info.Config.Durable, opts...)
-}
-
-// Stats returns the counts so far.
-func (c *Consumer) Stats() Stats {
-	s := &c.stats
-	return Stats{
-		Delivered: s.delivered.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
-		Acked: s.acked.Load(), Naked: s.naked.Load(), Terminated: s.terminated.Load(),
-		Released: s.released.Load(), SettleFailed: s.settleFailed.Load(),
-		InProgress: s.inProgress.Load(), FetchErrors: s.fetchErrors.Load(),
-	}
-}
+// Stats returns the counts of the Consumer's events so far, over all its
+// Runs: every message it finished is in exactly one of Applied, Duplicates
+// and DeadLettered; Requeued counts naks (a message counted again when it
+// comes back), Released the messages handed back at shutdown.
+func (c *Consumer) Stats() adapter.Stats { return c.events.Stats() }
 
 // Run pulls from cons — a durable pull consumer with AckExplicit, created
 // with jetstream.Stream.CreateOrUpdateConsumer, say — until ctx ends or the
@@ -193,17 +99,18 @@ func (c *Consumer) Stats() Stats {
 // for how messages are settled).
 //
 // When ctx ends, Run shuts down gracefully: it sends no new pull requests,
-// lets in-flight messages finish — with a context that is not cancelled, for
-// up to the shutdown timeout — and acks them, naks (without delay) messages
-// that arrive for the open pull requests before they expire, and returns nil.
+// lets in-flight messages finish — with a context that is not cancelled,
+// for up to the shutdown timeout — and acks them, naks (without delay)
+// messages that arrive for the open pull requests before they expire
+// (EventReleased), and returns nil.
 //
 // Failed pull requests while the cluster elects a leader, or while the
-// connection reconnects, are retried with backoff. Run returns an error
-// matching ErrConnectionClosed when the connection was closed, and one
-// matching ErrConsumerGone when the consumer or its stream was deleted;
-// in-flight handlers finish first (their acks may fail: those messages are
-// redelivered, and the claims make them duplicates). A panic in the handler
-// is not recovered.
+// connection reconnects, are retried with backoff (EventFetchError). Run
+// returns an error matching ErrConnectionClosed when the connection was
+// closed, and one matching ErrConsumerGone when the consumer or its stream
+// was deleted; in-flight handlers finish first (their acks may fail: those
+// messages are redelivered, and the claims make them duplicates). A panic
+// in the handler is not recovered.
 func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer) error {
 	if cons == nil {
 		return errors.New("nats: Run: nil consumer")
@@ -229,17 +136,17 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer) error {
 	// timeout, or when Run returns.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.shutdownTimeout, hcancel) })
+	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownTimeout(), hcancel) })
 	defer stopTimer()
 	// pulling ends with ctx, or when a worker meets a fatal error.
 	pulling, stop := context.WithCancel(ctx)
 	defer stop()
 
-	w := worker{c: c, cons: cons, name: info.Name, stream: info.Stream, ackWait: ackWait}
+	w := worker{c: c, cons: cons, name: info.Name, stream: info.Stream, ackWait: ackWait, source: info.Stream + "/" + info.Name}
 	var mu sync.Mutex
 	var fatal error
 	var wg sync.WaitGroup
-	for range c.cfg.workers {
+	for range c.cfg.Workers() {
 		wg.Go(func() {
 			if err := w.run(pulling, hctx); err != nil {
 				mu.Lock()
@@ -255,28 +162,17 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer) error {
 	return fatal
 }
 
-func (c *Consumer) isPoison(err error) bool {
-	if IsPoison(err) {
-		return true
-	}
-	for _, p := range c.cfg.poison {
-		if p(err) {
-			return true
-		}
-	}
-	return false
-}
-
 // worker is one pulling goroutine's view of a Run.
 type worker struct {
 	c            *Consumer
 	cons         jetstream.Consumer
 	name, stream string
+	source       string // "<stream>/<consumer>"
 	ackWait      time.Duration
 }
 
-// run pulls until pulling ends (nil) or the consumer or connection goes away
-// (an error). hctx is the handlers' context.
+// run pulls until pulling ends (nil) or the consumer or connection goes
+// away (an error). hctx is the handlers' context.
 func (w worker) run(pulling, hctx context.Context) error {
 	c := w.c
 	backoff := time.Duration(0)
@@ -295,7 +191,7 @@ func (w worker) run(pulling, hctx context.Context) error {
 				if len(msgs) > 0 {
 					if pulling.Err() != nil {
 						for _, m := range msgs {
-							c.settle(hctx, Settlement{Msg: m, Action: Released}, m.Nak())
+							w.release(hctx, m)
 						}
 					} else {
 						w.handleBatch(hctx, msgs)
@@ -305,7 +201,7 @@ func (w worker) run(pulling, hctx context.Context) error {
 				for m := range batch.Messages() {
 					received++
 					if pulling.Err() != nil {
-						c.settle(hctx, Settlement{Msg: m, Action: Released}, m.Nak())
+						w.release(hctx, m)
 						continue
 					}
 					w.handleOne(hctx, m)
@@ -336,10 +232,8 @@ func (w worker) run(pulling, hctx context.Context) error {
 		if pulling.Err() != nil {
 			return nil
 		}
-		c.stats.fetchErrors.Add(1)
-		if c.cfg.onFetchError != nil {
-			c.cfg.onFetchError(err)
-		}
+		c.events.Observe(hctx, adapter.Event{Type: adapter.EventFetchError, Source: w.source,
+			Err: fmt.Errorf("nats: pull request to %s: %w", w.source, err)})
 		backoff = min(max(2*backoff, 20*time.Millisecond), 2*time.Second)
 		t := time.NewTimer(backoff)
 		select {
@@ -351,10 +245,10 @@ func (w worker) run(pulling, hctx context.Context) error {
 	return nil
 }
 
-// fatal returns the error Run should end with for a failed pull request, or
-// nil when it is worth retrying. gone counts consecutive verdicts that the
-// consumer does not exist: the server says so for a moment while a cluster
-// recovers, so it takes three in a row.
+// fatal returns the error Run should end with for a failed pull request,
+// or nil when it is worth retrying. gone counts consecutive verdicts that
+// the consumer does not exist: the server says so for a moment while a
+// cluster recovers, so it takes three in a row.
 func (w worker) fatal(pulling context.Context, err error, gone *int) error {
 	if isClosed(err) {
 		return fmt.Errorf("%w: consumer %q on stream %q: %w", ErrConnectionClosed, w.name, w.stream, err)
@@ -399,9 +293,7 @@ func (w worker) heartbeat(msgs []jetstream.Msg) (stop func()) {
 				return
 			case <-t.C:
 				for _, m := range msgs {
-					if m.InProgress() == nil {
-						w.c.stats.inProgress.Add(1)
-					}
+					_ = m.InProgress() // a lost one: the message comes again, a duplicate
 				}
 			}
 		}
@@ -412,96 +304,186 @@ func (w worker) heartbeat(msgs []jetstream.Msg) (stop func()) {
 	}
 }
 
-// handleOne runs the handler for one message and settles it.
-func (w worker) handleOne(ctx context.Context, m jetstream.Msg) {
-	c := w.c
-	c.stats.delivered.Add(1)
-	stop := w.heartbeat([]jetstream.Msg{m})
-	outcome, err := c.handle(ctx, m)
-	stop()
-	c.settleResult(ctx, m, outcome, err)
+// delivery is what a worker knows of one delivery of a message.
+type delivery struct {
+	m jetstream.Msg
+	// msg is what the Middleware is given: the key and event time, as far
+	// as they could be read.
+	msg idempotent.Message
+	// attempt is the server's delivery count, from 1.
+	attempt int
+	// source is "<stream>/<consumer>/<stream sequence>".
+	source string
 }
 
-// handleBatch runs the batch handler and settles every message of the
-// batch; acks go out concurrently.
+// read returns m's delivery, and the error of reading its key and event
+// time (poison, for the rule).
+func (w worker) read(m jetstream.Msg) (delivery, error) {
+	d := delivery{m: m, attempt: 1, source: w.source}
+	if md, err := m.Metadata(); err == nil {
+		if md.NumDelivered > 0 {
+			d.attempt = int(min(md.NumDelivered, 1<<20))
+		}
+		d.source += "/" + strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	var err error
+	d.msg, err = w.c.cfg.Message(m)
+	return d, err
+}
+
+// handleOne claims one message, runs the handler if the claim is new, and
+// settles the message.
+func (w worker) handleOne(ctx context.Context, m jetstream.Msg) {
+	c := w.c
+	stop := w.heartbeat([]jetstream.Msg{m})
+	d, err := w.read(m)
+	var out idempotent.Outcome
+	if err == nil {
+		out, err = c.mw.ProcessMessage(ctx, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+			return c.handle(ctx, tx, m)
+		})
+	}
+	stop()
+	w.settle(ctx, d, out, err)
+}
+
+// result is how one message of a batch ended.
+type result struct {
+	out idempotent.Outcome
+	err error
+}
+
+// handleBatch claims the messages of one fetch in one transaction, runs
+// the batch handler with the fresh ones, and settles every message on its
+// own; acks go out concurrently. A message that cannot be claimed (its key
+// or event time is poison, or the Middleware would refuse it) is set aside
+// before the transaction; one the handler names with adapter.PoisonItem,
+// or the Middleware with an idempotent.BatchKeyError, is set aside after
+// it, and the rest run again without it.
 func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	c := w.c
-	c.stats.delivered.Add(int64(len(msgs)))
 	stop := w.heartbeat(msgs)
-	outcomes, errs := c.batch(ctx, msgs)
-	stop()
-	if len(outcomes) != len(msgs) || len(errs) != len(msgs) {
-		err := fmt.Errorf("nats: batch handler returned %d outcomes and %d errors for %d messages", len(outcomes), len(errs), len(msgs))
-		outcomes, errs = make([]idempotent.Outcome, len(msgs)), make([]error, len(msgs))
-		for i := range errs {
-			errs[i] = err
-		}
-	}
-	var wg sync.WaitGroup
+	ds := make([]delivery, len(msgs))
+	res := make([]result, len(msgs))
+	var live []int // the indexes in msgs of the messages to claim
 	for i, m := range msgs {
-		wg.Go(func() { c.settleResult(ctx, m, outcomes[i], errs[i]) })
+		var err error
+		ds[i], err = w.read(m)
+		if err == nil {
+			err = c.mw.CheckMessage(ds[i].msg)
+		}
+		if err != nil {
+			res[i].err = err
+			continue
+		}
+		live = append(live, i)
+	}
+	for len(live) > 0 {
+		claims := make([]idempotent.Message, len(live))
+		for j, i := range live {
+			claims[j] = ds[i].msg
+		}
+		var given []int // the indexes in msgs of the messages the handler was given
+		outs, err := c.mw.ProcessMessages(ctx, claims, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+			given = given[:0]
+			sel := make([]jetstream.Msg, len(fresh))
+			for j, k := range fresh {
+				given = append(given, live[k])
+				sel[j] = msgs[live[k]]
+			}
+			return c.batch(ctx, tx, sel)
+		})
+		if err == nil {
+			for j, i := range live {
+				res[i].out = outs[j]
+			}
+			break
+		}
+		if i, ok := culprit(err, live, given); ok && ctx.Err() == nil {
+			res[i].err = err
+			live = without(live, i)
+			continue
+		}
+		for _, i := range live {
+			res[i].err = err
+		}
+		break
+	}
+	stop()
+	var wg sync.WaitGroup
+	for i := range msgs {
+		wg.Go(func() { w.settle(ctx, ds[i], res[i].out, res[i].err) })
 	}
 	wg.Wait()
 }
 
-// settleResult acks, naks or terminates m after its handler returned, as
-// the settle rule decides.
-func (c *Consumer) settleResult(ctx context.Context, m jetstream.Msg, outcome idempotent.Outcome, err error) {
-	d := c.decide(m, err)
-	switch d.Action {
+// culprit returns the index in msgs of the one message err blames: the
+// handler's adapter.ItemError (an index into given) or the Middleware's
+// idempotent.BatchKeyError (an index into live).
+func culprit(err error, live, given []int) (int, bool) {
+	if ie := (*adapter.ItemError)(nil); errors.As(err, &ie) {
+		if ie.Index >= 0 && ie.Index < len(given) {
+			return given[ie.Index], true
+		}
+		return 0, false
+	}
+	if ke := (*idempotent.BatchKeyError)(nil); errors.As(err, &ke) {
+		if ke.Index >= 0 && ke.Index < len(live) {
+			return live[ke.Index], true
+		}
+	}
+	return 0, false
+}
+
+// without returns s without the value v.
+func without(s []int, v int) []int {
+	out := make([]int, 0, len(s))
+	for _, x := range s {
+		if x != v {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// settle acks, naks or terminates d's message as the settle rule decides
+// for the Middleware's answer (out, err), then tells the Observer.
+func (w worker) settle(ctx context.Context, d delivery, out idempotent.Outcome, err error) {
+	dec := w.c.rule.Settle(d.msg, err, d.attempt)
+	e := adapter.Event{Message: d.msg, Source: d.source, Detail: d.m}
+	var serr error
+	switch dec.Action {
 	case adapter.Ack:
-		switch outcome {
-		case idempotent.Applied:
-			c.stats.applied.Add(1)
-		case idempotent.Duplicate:
-			c.stats.duplicates.Add(1)
+		e.Type, e.Attempt = adapter.EventApplied, d.attempt
+		if out == idempotent.Duplicate {
+			e.Type = adapter.EventDuplicate
 		}
-		c.settle(ctx, Settlement{Msg: m, Action: Acked, Outcome: outcome}, m.DoubleAck(ctx))
-	case adapter.Poison:
-		c.settle(ctx, Settlement{Msg: m, Action: Terminated, Err: err}, m.Term())
+		serr = d.m.DoubleAck(ctx)
+	case adapter.Requeue:
+		e.Type, e.Attempt, e.Delay, e.Err = adapter.EventRequeued, d.attempt, dec.Delay, err
+		serr = d.m.NakWithDelay(dec.Delay)
 	default:
-		c.settle(ctx, Settlement{Msg: m, Action: Naked, Err: err, Delay: d.Delay}, m.NakWithDelay(d.Delay))
+		// Term, not TermWithReason: a server older than 2.10.4 ignores
+		// the latter and would redeliver the message.
+		e.Type, e.Err = adapter.EventDeadLettered, err
+		serr = d.m.Term()
 	}
+	w.observe(ctx, e, dec.Action, serr)
 }
 
-// decide is adapter.Rule.Settle for m's delivery: with the Middleware's
-// clock and the message's event time when a handler of this package
-// failed, and the attempt from the server's delivery count. An error the
-// rule would requeue is poison when a poison predicate says so.
-func (c *Consumer) decide(m jetstream.Msg, err error) adapter.Decision {
-	rule := adapter.Rule{Backoff: c.cfg.backoff}
-	var msg idempotent.Message
-	if ce := (*claimError)(nil); errors.As(err, &ce) {
-		rule, msg = adapter.RuleFor(ce.mw, c.cfg.backoff), ce.msg
-	}
-	attempt := 1
-	if md, merr := m.Metadata(); merr == nil && md.NumDelivered > 0 {
-		attempt = int(min(md.NumDelivered, 1<<20))
-	}
-	d := rule.Settle(msg, err, attempt)
-	if d.Action == adapter.Requeue && c.isPoison(err) {
-		d = adapter.Decision{Action: adapter.Poison, Err: err}
-	}
-	return d
+// release naks m without delay and without running the handler: it
+// arrived while Run was shutting down.
+func (w worker) release(ctx context.Context, m jetstream.Msg) {
+	d, _ := w.read(m)
+	w.observe(ctx, adapter.Event{Type: adapter.EventReleased, Message: d.msg, Source: d.source, Detail: m}, adapter.Requeue, m.Nak())
 }
 
-func (c *Consumer) settle(ctx context.Context, s Settlement, settleErr error) {
-	s.SettleErr = settleErr
-	if settleErr != nil {
-		c.stats.settleFailed.Add(1)
-	} else {
-		switch s.Action {
-		case Acked:
-			c.stats.acked.Add(1)
-		case Naked:
-			c.stats.naked.Add(1)
-		case Terminated:
-			c.stats.terminated.Add(1)
-		case Released:
-			c.stats.released.Add(1)
-		}
-	}
-	if c.cfg.onSettle != nil {
-		c.cfg.onSettle(ctx, s)
+// observe reports e, and an EventSettleFailed after it when telling the
+// server of action failed with serr.
+func (w worker) observe(ctx context.Context, e adapter.Event, action adapter.Action, serr error) {
+	w.c.events.Observe(ctx, e)
+	if serr != nil {
+		w.c.events.Observe(ctx, adapter.Event{Type: adapter.EventSettleFailed, Message: e.Message, Source: e.Source, Attempt: e.Attempt,
+			Err: fmt.Errorf("nats: %s of %s: %w", action, e.Source, serr), Detail: e.Detail})
 	}
 }

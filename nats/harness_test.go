@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/postgres"
@@ -93,21 +95,94 @@ func (l *ledger) creditBatch(ctx context.Context, tx *sql.Tx, orders []order) er
 	return err
 }
 
-func (l *ledger) handler(t testing.TB) idnats.Handler {
-	t.Helper()
-	return must[idnats.Handler](t)(idnats.Decode(l.mw, idnats.MsgID(), idnats.JSON[order], l.credit))
+// handler is the per-message effect: the order decoded from the data,
+// credited through tx.
+func (l *ledger) handler() idnats.Handler {
+	return idnats.Decode(idnats.JSON[order], func(ctx context.Context, tx *sql.Tx, o order, _ jetstream.Msg) error {
+		return l.credit(ctx, tx, o)
+	})
 }
 
-// must returns a function that returns v, failing the test on err: for a
-// constructor's two results, must[idnats.Handler](t)(idnats.Decode(…)).
-func must[T any](t testing.TB) func(v T, err error) T {
-	return func(v T, err error) T {
+// batchHandler is the batch effect: the orders decoded from the fresh
+// messages' data, credited together through tx; a message whose data is
+// not an order is named poison alone.
+func (l *ledger) batchHandler() idnats.BatchHandler {
+	return func(ctx context.Context, tx *sql.Tx, msgs []jetstream.Msg) error {
+		orders, err := decodeOrders(msgs)
+		if err != nil {
+			return err
+		}
+		return l.creditBatch(ctx, tx, orders)
+	}
+}
+
+// decodeOrders decodes the orders of msgs; a message that holds none is
+// named with adapter.PoisonItem.
+func decodeOrders(msgs []jetstream.Msg) ([]order, error) {
+	orders := make([]order, len(msgs))
+	for i, m := range msgs {
+		o, err := idnats.JSON[order](m.Data())
+		if err != nil {
+			return nil, adapter.PoisonItem(i, err)
+		}
+		orders[i] = o
+	}
+	return orders, nil
+}
+
+// must returns the Consumer a constructor returned, failing the test on
+// its error: must(t)(idnats.NewConsumer(…)).
+func must(t testing.TB) func(c *idnats.Consumer, err error) *idnats.Consumer {
+	return func(c *idnats.Consumer, err error) *idnats.Consumer {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return v
+		return c
 	}
+}
+
+// events records a Consumer's events, in order: an adapter.Observer.
+type events struct {
+	mu  sync.Mutex
+	all []adapter.Event
+}
+
+func (e *events) Observe(_ context.Context, ev adapter.Event) {
+	e.mu.Lock()
+	e.all = append(e.all, ev)
+	e.mu.Unlock()
+}
+
+// of returns the events of type typ.
+func (e *events) of(typ adapter.EventType) []adapter.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []adapter.Event
+	for _, ev := range e.all {
+		if ev.Type == typ {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// settledAll is how many deliveries s counts as finished or handed back.
+func settledAll(s adapter.Stats) int64 {
+	return s.Applied + s.Duplicates + s.Requeued + s.DeadLettered + s.Released
+}
+
+// seq is the stream sequence of the delivery an event reports.
+func seq(ev adapter.Event) uint64 {
+	m, ok := ev.Detail.(jetstream.Msg)
+	if !ok {
+		return 0
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
 }
 
 func (l *ledger) count(t testing.TB, query string) int64 {
@@ -290,6 +365,55 @@ func (r *running) kill() error {
 	err := <-r.done
 	r.cancel()
 	return err
+}
+
+// hookedConsumer hands Run messages whose DoubleAck and InProgress go
+// through hooks, when set: a test makes an ack fail, or counts heartbeats.
+type hookedConsumer struct {
+	jetstream.Consumer
+	doubleAck  func(ctx context.Context, m jetstream.Msg) error
+	inProgress func(m jetstream.Msg) error
+}
+
+func (h hookedConsumer) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := h.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return b, err
+	}
+	out := hookedBatch{MessageBatch: b, msgs: make(chan jetstream.Msg)}
+	go func() {
+		defer close(out.msgs)
+		for m := range b.Messages() {
+			out.msgs <- hookedMsg{m, h}
+		}
+	}()
+	return out, nil
+}
+
+type hookedBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b hookedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+
+type hookedMsg struct {
+	jetstream.Msg
+	h hookedConsumer
+}
+
+func (m hookedMsg) DoubleAck(ctx context.Context) error {
+	if m.h.doubleAck != nil {
+		return m.h.doubleAck(ctx, m.Msg)
+	}
+	return m.Msg.DoubleAck(ctx)
+}
+
+func (m hookedMsg) InProgress() error {
+	if m.h.inProgress != nil {
+		return m.h.inProgress(m.Msg)
+	}
+	return m.Msg.InProgress()
 }
 
 // --- a nats-server cluster of the test's own ---

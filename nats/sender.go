@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,12 +24,13 @@ import (
 // the window) is still applied once.
 //
 // Each call also carries its event time in the adapter.EventTimeHeader
-// header: the row's CreatedAt, when the enqueueing transaction began. It is
-// the same on every publish of the row, however late or often the relay
-// sends it, so a consumer on a day-partitioned claim table (the default
-// event time of Process and Decode) puts every re-send in the same day's
-// partition and finds its claim. (An outbox row keeps no event time of the
-// message whose handler enqueued it, so that time is not carried over.)
+// header: the event time of the message whose handler enqueued it
+// (outbox.WithEventTime, Message.EventTime), so that a consumer downstream
+// claims the published message under the original event time — the same
+// day's partition, the same retention fence — however late or often the
+// relay sends it. A call enqueued without one carries its row's CreatedAt,
+// when the enqueueing transaction began, which is as stable: the same on
+// every publish of the row.
 type Sender struct {
 	js      jetstream.JetStream
 	subject func(m outbox.Message) string
@@ -81,8 +83,8 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	msg := natsgo.NewMsg(subj)
 	msg.Data = m.Payload
 	msg.Header.Set(jetstream.MsgIDHeader, m.IdempotencyKey)
-	if !m.CreatedAt.IsZero() {
-		msg.Header.Set(adapter.EventTimeHeader, adapter.FormatEventTime(m.CreatedAt))
+	if at := eventTime(m); !at.IsZero() {
+		msg.Header.Set(adapter.EventTimeHeader, adapter.FormatEventTime(at))
 	}
 	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {
@@ -95,6 +97,15 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		s.onAck(m, ack)
 	}
 	return nil
+}
+
+// eventTime is the event time m is published with: the one it was
+// enqueued with, else its row's CreatedAt.
+func eventTime(m outbox.Message) time.Time {
+	if !m.EventTime.IsZero() {
+		return m.EventTime
+	}
+	return m.CreatedAt
 }
 
 var _ outbox.Sender = (*Sender)(nil)

@@ -14,6 +14,7 @@ import (
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/outbox"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
 )
@@ -40,16 +41,27 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	}
 
 	// The handler credits the order and enqueues a points-awarded event in
-	// the claim's transaction.
+	// the claim's transaction: with the order's event time for the even
+	// orders, without one for the odd.
 	orders := testenv.MakeOrders(40)
 	keys := map[string]bool{}
-	for _, o := range orders {
-		_, err := l.mw.Process(ctx, o.Key(), func(ctx context.Context, tx *sql.Tx) error {
+	eventTimes := map[string]time.Time{} // idempotency key -> the event time enqueued
+	for i, o := range orders {
+		msg := idempotent.Message{Key: o.Key()}
+		if i%2 == 0 {
+			msg.EventTime = time.Now().Add(-time.Duration(i+1) * time.Hour).Truncate(time.Microsecond)
+		}
+		_, err := l.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
 			if err := l.credit(ctx, tx, o); err != nil {
 				return err
 			}
-			k, err := ob.Enqueue(ctx, tx, o.Key(), "points_awarded", mustJSON(t, o))
+			var opts []outbox.EnqueueOption
+			if !msg.EventTime.IsZero() {
+				opts = append(opts, outbox.WithEventTime(msg.EventTime))
+			}
+			k, err := ob.Enqueue(ctx, tx, o.Key(), "points_awarded", mustJSON(t, o), opts...)
 			keys[k] = true
+			eventTimes[k] = msg.EventTime
 			return err
 		})
 		if err != nil {
@@ -114,8 +126,8 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	if info.State.Msgs != uint64(len(orders)) {
 		t.Fatalf("the stream holds %d messages, want %d: one per outbox row", info.State.Msgs, len(orders))
 	}
-	// Each stored message carries its row's idempotency key, and its
-	// CreatedAt as the event time.
+	// Each stored message carries its row's idempotency key, and the event
+	// time it was enqueued with, or else its row's CreatedAt.
 	cons := newConsumer(t, s, "points", 30*time.Second)
 	batch, err := cons.Fetch(len(orders), jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {
@@ -125,9 +137,13 @@ func TestOutboxSenderRetryAfterLostPubAckIsDroppedByTheStream(t *testing.T) {
 	for m := range batch.Messages() {
 		k := m.Headers().Get(jetstream.MsgIDHeader)
 		seen[k] = true
+		want := eventTimes[k]
+		if want.IsZero() {
+			want = created[k]
+		}
 		at, err := adapter.ParseEventTime(m.Headers().Get(adapter.EventTimeHeader))
-		if err != nil || at.IsZero() || !at.Equal(created[k]) {
-			t.Errorf("call %s: event time header %q (%v), want the row's CreatedAt %v", k, m.Headers().Get(adapter.EventTimeHeader), err, created[k])
+		if err != nil || at.IsZero() || !at.Equal(want) {
+			t.Errorf("call %s: event time header %q (%v), want %v (enqueued with %v, created %v)", k, m.Headers().Get(adapter.EventTimeHeader), err, want, eventTimes[k], created[k])
 		}
 	}
 	if len(seen) != len(keys) {

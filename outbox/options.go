@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // DefaultTable is the outbox table's name when WithTable is not given.
@@ -87,6 +88,33 @@ func (f enqueueOptionFunc) applyEnqueue(c *enqueueConfig) error { return f(c) }
 
 type enqueueConfig struct {
 	key string
+	at  time.Time
+}
+
+// eventTime is the event_time parameter: NULL when unknown.
+func (c *enqueueConfig) eventTime() any {
+	if c.at.IsZero() {
+		return nil
+	}
+	return c.at.UTC()
+}
+
+// WithEventTime stores t, the event time of the message whose handler
+// enqueues the call, with the row; the Sender finds it in
+// Message.EventTime. A Sender that publishes the call as a message (a
+// dead letter, a message to a broker) carries it forward in the
+// adapter.EventTimeHeader header, so that the consumer of the re-sent
+// message claims it under its original event time — the same day's
+// partition, the same retention fence — rather than the time of the
+// re-send. t must not be the zero time.
+func WithEventTime(t time.Time) EnqueueOption {
+	return enqueueOptionFunc(func(c *enqueueConfig) error {
+		if t.IsZero() {
+			return errors.New("WithEventTime: the zero time")
+		}
+		c.at = t
+		return nil
+	})
 }
 
 // WithKey sets the idempotency key sent with the call, instead of the one

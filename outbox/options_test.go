@@ -304,11 +304,12 @@ func TestEnqueueStatements(t *testing.T) {
 	}
 	key := Key("shop", "order-1", "mail")
 	mock.ExpectBegin()
-	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, notifying.Channel()).
+	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, nil, notifying.Channel()).
 		WillReturnRows(sqlmock.NewRows([]string{"id", "pg_notify"}).AddRow(7, ""))
-	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`).
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))
+	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, at.UTC()).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(8))
-	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`).
+	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, nil).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}))
 	mock.ExpectCommit()
 	tx, err := db.Begin()
@@ -319,7 +320,7 @@ func TestEnqueueStatements(t *testing.T) {
 	if k, err := notifying.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`)); err != nil || k != key {
 		t.Errorf("Enqueue = %q, %v", k, err)
 	}
-	if k, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key")); err != nil || k != "given-key" {
+	if k, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key"), WithEventTime(at)); err != nil || k != "given-key" {
 		t.Errorf("Enqueue WithKey = %q, %v", k, err)
 	}
 	if _, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key")); !errors.Is(err, ErrDuplicateKey) {
@@ -327,6 +328,9 @@ func TestEnqueueStatements(t *testing.T) {
 	}
 	if _, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), nil); err == nil {
 		t.Error("Enqueue with a nil option succeeded")
+	}
+	if _, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithEventTime(time.Time{})); err == nil || !strings.Contains(err.Error(), "zero time") {
+		t.Errorf("Enqueue WithEventTime(zero) = %v, want an error naming the zero time", err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -312,8 +313,12 @@ func (r *Relay) leaseRows(ctx context.Context, n int) ([]Message, error) {
 	var msgs []Message
 	for rows.Next() {
 		var m Message
-		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt); err != nil {
+		var at sql.NullTime
+		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at); err != nil {
 			return msgs, fmt.Errorf("outbox: lease rows of %s: %w", r.o.table, err)
+		}
+		if at.Valid {
+			m.EventTime = at.Time
 		}
 		msgs = append(msgs, m)
 	}

@@ -47,6 +47,11 @@ type Message struct {
 	Attempt int
 	// CreatedAt is when the enqueueing transaction began.
 	CreatedAt time.Time
+	// EventTime is the event time the call was enqueued with
+	// (WithEventTime), or the zero time. A Sender that publishes the call
+	// as a message carries it in the adapter.EventTimeHeader header, so
+	// that its consumer claims it under the original event time.
+	EventTime time.Time
 }
 
 // Backoff is the wait before retrying a failed call: Initial after the first

@@ -1138,3 +1138,40 @@ func TestOutboxNoTable(t *testing.T) {
 		t.Errorf("Run: %v, want ErrNoTable", err)
 	}
 }
+
+// TestOutboxCarriesEventTime checks that the event time a call is enqueued
+// with reaches its Sender, at the same instant, and that a call enqueued
+// without one reaches it as the zero time, through the real table and
+// relay.
+func TestOutboxCarriesEventTime(t *testing.T) {
+	db := openAsyncDB(t)
+	ob, _ := newOutbox(t, db, "event-times", outbox.WithoutNotify())
+	at := time.Date(2026, 11, 30, 23, 59, 58, 123456000, time.FixedZone("CET", 3600))
+	enqueue(t, db, ob, "order-1", "replay", `{"n":1}`, outbox.WithEventTime(at))
+	enqueue(t, db, ob, "order-2", "replay", `{"n":2}`)
+	var mu sync.Mutex
+	got := map[string]time.Time{}
+	r, err := outbox.NewRelay(ob, outbox.WithPollInterval(10*time.Millisecond),
+		outbox.WithSender("replay", outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got[m.MessageKey] = m.EventTime
+			return nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRelay(t, r)
+	waitUntil(t, 10*time.Second, "both calls sent", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 2
+	})
+	stop()
+	if !got["order-1"].Equal(at) {
+		t.Errorf("order-1 reached the Sender with event time %v, want %v", got["order-1"], at)
+	}
+	if !got["order-2"].IsZero() {
+		t.Errorf("order-2 reached the Sender with event time %v, want the zero time", got["order-2"])
+	}
+}

@@ -41,8 +41,8 @@ func TestAMQPConnectionLostAfterCommitIsDuplicate(t *testing.T) {
 	}
 	var s settled
 	r := newRouter(t)
-	r.AddMiddleware(s.middleware, crash, ours(t, l))
-	r.AddNoPublisherHandler("loyalty", topic, sub, l.handler(nil))
+	r.AddMiddleware(s.middleware, crash)
+	r.AddConsumerHandler("loyalty", topic, sub, ours(t, l, l.handler(nil)))
 	runRouter(t, r)
 	o := order{OrderID: 9912, CustomerID: 7, Points: 50}
 	if err := amqpPublisher(t, url).Publish(topic, orderMessage(t, o)); err != nil {

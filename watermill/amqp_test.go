@@ -1,6 +1,7 @@
 package watermill_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,28 +23,49 @@ func amqpURL(t testing.TB) string {
 	return url
 }
 
-// amqpQueue returns a fresh topic — a queue of that name on the default
-// exchange — deleted in Cleanup.
+// amqpQueue returns a fresh topic — a durable queue of that name on the
+// default exchange, declared so that what is published before a
+// subscriber starts is kept — deleted in Cleanup.
 func amqpQueue(t testing.TB, url string) string {
 	t.Helper()
 	topic := testenv.UniqueName("idempotent_wm")
-	t.Cleanup(func() {
+	amqpQueueNamed(t, url, topic)
+	return topic
+}
+
+// amqpQueueNamed declares the durable queue name, as watermill-amqp's
+// durable queue config declares it, and deletes it in Cleanup.
+func amqpQueueNamed(t testing.TB, url, name string) {
+	t.Helper()
+	onChannel := func(what string, f func(ch *amqp.Channel) error) error {
 		conn, err := amqp.Dial(url)
 		if err != nil {
-			t.Errorf("delete queue %s: %v", topic, err)
-			return
+			return fmt.Errorf("%s queue %s: %w", what, name, err)
 		}
 		defer conn.Close()
 		ch, err := conn.Channel()
 		if err != nil {
-			t.Errorf("delete queue %s: %v", topic, err)
-			return
+			return fmt.Errorf("%s queue %s: %w", what, name, err)
 		}
-		if _, err := ch.QueueDelete(topic, false, false, false); err != nil {
-			t.Errorf("delete queue %s: %v", topic, err)
+		if err := f(ch); err != nil {
+			return fmt.Errorf("%s queue %s: %w", what, name, err)
+		}
+		return nil
+	}
+	if err := onChannel("declare", func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(name, true, false, false, false, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := onChannel("delete", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(name, false, false, false)
+			return err
+		}); err != nil {
+			t.Error(err)
 		}
 	})
-	return topic
 }
 
 func amqpConfig(url string) wamqp.Config {
@@ -88,12 +110,12 @@ func TestAMQPAuditWithDuplicatesAndFailures(t *testing.T) {
 	topic := amqpQueue(t, url)
 	l := newLedger(t, testenv.OpenPostgres(t, 6), "loyalty")
 	var s settled
-	failFirst := l.handler(func(o order) bool { return o.OrderID%13 == 0 })
+	failFirst := ours(t, l, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
 	for range 2 {
 		sub, _ := amqpSubscriber(t, url)
 		r := newRouter(t)
-		r.AddMiddleware(s.middleware, ours(t, l))
-		r.AddNoPublisherHandler("loyalty", topic, sub, failFirst)
+		r.AddMiddleware(s.middleware)
+		r.AddConsumerHandler("loyalty", topic, sub, failFirst)
 		runRouter(t, r)
 	}
 	orders := testenv.MakeOrders(2000)

@@ -2,11 +2,14 @@ package watermill_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -17,103 +20,152 @@ import (
 
 // TestBrokertest runs the adapters' conformance suite on Watermill's
 // GoChannel (persistent, so a message published before the router starts
-// is delivered), with a poison queue outside the middleware.
+// is delivered) and on watermill-amqp over the real RabbitMQ, each with a
+// poison queue filtered by adapter.IsPoison on the router. A Watermill
+// handler has no batches, so the suite runs per message only.
 func TestBrokertest(t *testing.T) {
-	brokertest.Run(t, goChannelHarness{})
+	t.Run("gochannel", func(t *testing.T) { brokertest.Run(t, goChannelHarness{}) })
+	t.Run("amqp", func(t *testing.T) { brokertest.Run(t, amqpHarness{}) })
 }
 
+// goChannelHarness: GoChannel lives in the process, so it has no crash to
+// survive (no Kill); persistent, it replays every message to a new
+// subscriber (Restart).
 type goChannelHarness struct{}
 
-// Features: GoChannel lives in the process, so it has no crash to survive
-// (no Kill); persistent, it replays every message to a new subscriber
-// (Restart); a Watermill handler has no batches.
 func (goChannelHarness) Features() brokertest.Features {
 	return brokertest.Features{LoseAck: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true}
 }
 
 func (goChannelHarness) Open(t *testing.T) brokertest.Transport {
-	return &wmTransport{pubsub: newGoChannel(t)}
-}
-
-// wmTransport is a Watermill Pub/Sub, topic "orders".
-type wmTransport struct {
-	pubsub interface {
-		message.Publisher
-		message.Subscriber
+	pubsub := newGoChannel(t)
+	return &wmTransport{
+		topic: "orders",
+		pub:   pubsub,
+		// The router closes its subscriber on Close, which must end this
+		// consumer's subscription only, not the Pub/Sub the next consumer
+		// subscribes to. GoChannel gives every subscription every message,
+		// so one subscription serves all workers.
+		subscribe: func(int) (message.Subscriber, func() error, error) {
+			return &subscription{sub: pubsub}, func() error { return nil }, nil
+		},
 	}
 }
 
-// Publish sets the key in KeyMetadata, the headers as metadata, and the
-// transport time as the metadata a Pub/Sub might stamp ("published_at"),
-// which the middleware must not read.
+// amqpHarness: watermill-amqp on a durable queue of the scenario's own.
+// Each consumer has a connection of its own, which Kill closes: RabbitMQ
+// requeues what it had not acked. Each worker is a handler of its own on
+// the queue, a competing consumer.
+type amqpHarness struct{}
+
+func (amqpHarness) Features() brokertest.Features {
+	return brokertest.Features{LoseAck: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true}
+}
+
+func (amqpHarness) Open(t *testing.T) brokertest.Transport {
+	url := amqpURL(t)
+	topic := amqpQueue(t, url)
+	amqpQueueNamed(t, url, topic+".poison")
+	return &wmTransport{
+		topic:   topic,
+		pub:     amqpPublisher(t, url),
+		workers: true,
+		subscribe: func(int) (message.Subscriber, func() error, error) {
+			cfg := amqpConfig(url)
+			conn, err := wamqp.NewConnection(cfg.Connection, watermill.NopLogger{})
+			if err != nil {
+				return nil, nil, err
+			}
+			sub, err := wamqp.NewSubscriberWithConnection(cfg, watermill.NopLogger{}, conn)
+			if err != nil {
+				_ = conn.Close()
+				return nil, nil, err
+			}
+			return sub, conn.Close, nil
+		},
+	}
+}
+
+// wmTransport is a Watermill Pub/Sub topic.
+type wmTransport struct {
+	topic string
+	pub   message.Publisher
+	// subscribe returns a consumer's subscriber and what crashes it
+	// (closes its connection).
+	subscribe func(consumer int) (message.Subscriber, func() error, error)
+	// workers: a handler per worker, competing on the topic.
+	workers bool
+
+	mu        sync.Mutex
+	consumers int
+}
+
+// Publish sets the key as the UUID (the default key), the headers as
+// metadata, and the transport time as the metadata a Pub/Sub might stamp
+// ("published_at"), which the handler must not read.
 func (tr *wmTransport) Publish(_ context.Context, m brokertest.Message) error {
-	msg := message.NewMessage(watermill.NewUUID(), m.Body)
-	msg.Metadata.Set(idwm.KeyMetadata, m.Key)
+	msg := message.NewMessage(m.Key, m.Body)
 	for k, v := range m.Headers {
 		msg.Metadata.Set(k, v)
 	}
 	if !m.TransportTime.IsZero() {
 		msg.Metadata.Set("published_at", adapter.FormatEventTime(m.TransportTime))
 	}
-	return tr.pubsub.Publish("orders", msg)
+	return tr.pub.Publish(tr.topic, msg)
 }
 
-// NewConsumer builds a router: a lost ack outermost, then the poison queue
-// (IsPoison), then the settlement report, then this middleware around the
-// handler.
+// NewConsumer builds a router: the poison queue (adapter.IsPoison) and a
+// lost ack around NewHandler's handler.
 func (tr *wmTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
-	var opts []idwm.Option
+	opts := []idwm.Option{idwm.WithObserver(cfg.Observer)}
 	if cfg.NoEventTime {
 		opts = append(opts, idwm.WithoutEventTime())
 	}
-	ours, err := idwm.New(cfg.Middleware, opts...)
+	h, err := idwm.NewHandler(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
+		return cfg.Handler(ctx, tx, msg.Payload)
+	}, opts...)
 	if err != nil {
 		return nil, err
 	}
-	poisonQ, err := middleware.PoisonQueueWithFilter(tr.pubsub, "orders.poison", idwm.IsPoison)
+	poisonQ, err := middleware.PoisonQueueWithFilter(tr.pub, tr.topic+".poison", adapter.IsPoison)
 	if err != nil {
 		return nil, err
-	}
-	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
-	if err != nil {
-		return nil, err
-	}
-	report := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			s := brokertest.Settlement{Key: msg.Metadata.Get(idwm.KeyMetadata), Action: adapter.Ack, Err: err}
-			var re *idwm.RequeueError
-			switch {
-			case idwm.IsPoison(err):
-				s.Action = adapter.Poison
-			case errors.As(err, &re):
-				s.Action, s.Delay = adapter.Requeue, re.Delay
-			case err != nil:
-				s.Action = adapter.Requeue
-			}
-			cfg.OnSettle(s)
-			return out, err
-		}
 	}
 	loseAck := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
-			if err == nil && cfg.LoseAck != nil && cfg.LoseAck(msg.Metadata.Get(idwm.KeyMetadata)) {
+			if err == nil && cfg.LoseAck != nil && cfg.LoseAck(msg.UUID) {
 				return nil, errors.New("the ack lost after the commit")
 			}
 			return out, err
 		}
 	}
-	r.AddMiddleware(loseAck, poisonQ, report, ours)
-	r.AddNoPublisherHandler("brokertest", "orders", &subscription{sub: tr.pubsub}, func(msg *message.Message) error {
-		return cfg.Handler(msg.Context(), idwm.TxFromContext(msg.Context()), msg.Payload)
-	})
-	return &wmConsumer{r: r}, nil
+	tr.mu.Lock()
+	tr.consumers++
+	n := tr.consumers
+	tr.mu.Unlock()
+	sub, crash, err := tr.subscribe(n)
+	if err != nil {
+		return nil, err
+	}
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		_ = crash()
+		return nil, err
+	}
+	r.AddMiddleware(poisonQ, loseAck)
+	workers := 1
+	if tr.workers {
+		workers = max(cfg.Workers, 1)
+	}
+	for w := range workers {
+		r.AddConsumerHandler(fmt.Sprintf("brokertest-%d", w), tr.topic, sub, h)
+	}
+	return &wmConsumer{r: r, crash: crash}, nil
 }
 
-// subscription is one consumer's subscriber on the shared Pub/Sub: the
-// router closes its subscriber on Close, which must end this
-// subscription only, not the Pub/Sub the next consumer subscribes to.
+// subscription is one consumer's subscriber on a shared Pub/Sub: Close
+// ends this subscription only.
 type subscription struct {
 	sub    message.Subscriber
 	mu     sync.Mutex
@@ -139,9 +191,10 @@ func (s *subscription) Close() error {
 
 // wmConsumer runs its router.
 type wmConsumer struct {
-	r    *message.Router
-	once sync.Once
-	done chan error
+	r     *message.Router
+	crash func() error
+	once  sync.Once
+	done  chan error
 }
 
 func (c *wmConsumer) Start(ctx context.Context) error {
@@ -157,15 +210,28 @@ func (c *wmConsumer) Start(ctx context.Context) error {
 	}
 }
 
-// Stop closes the router, which waits for running handlers.
+// Stop closes the router, which waits for running handlers, then the
+// consumer's connection.
 func (c *wmConsumer) Stop(context.Context) error {
 	var err error
 	c.once.Do(func() {
 		if err = c.r.Close(); err == nil {
 			err = <-c.done
 		}
+		err = errors.Join(err, c.crash())
 	})
 	return err
 }
 
-func (c *wmConsumer) Kill() error { return errors.New("GoChannel: no crash to simulate") }
+// Kill closes the consumer's connection under the router, without waiting
+// for its handlers: the broker requeues what it had not acked. GoChannel
+// has no connection to close.
+func (c *wmConsumer) Kill() error {
+	if err := c.crash(); err != nil {
+		return err
+	}
+	// The killed router's handlers end with their closed subscription;
+	// Stop then finds them done.
+	go func() { _ = c.Stop(context.Background()) }()
+	return nil
+}

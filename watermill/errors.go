@@ -3,58 +3,40 @@ package watermill
 import (
 	"errors"
 	"fmt"
-
-	"github.com/txclaim/idempotent"
+	"time"
 )
 
-// Errors callers branch on; match them with errors.Is.
-var (
-	// ErrPoison marks an error as poison: redelivering the message would
-	// fail the same way. Mark a handler's own errors with [Poison], and
-	// route poison messages away with Watermill's
-	// middleware.PoisonQueueWithFilter and [IsPoison].
-	ErrPoison = errors.New("watermill: poison message")
+// ErrNoTransaction is returned, in subscriber-transaction mode (see
+// [WithSubscriberTx]), for a message whose context carries no subscriber
+// transaction. The router nacks it; nothing was written.
+var ErrNoTransaction = errors.New("watermill: the message's context carries no subscriber transaction")
 
-	// ErrNoKey reports a message that carries no message key where its
-	// KeyFunc looks (by default the metadata field [KeyMetadata]). It matches
-	// idempotent.ErrInvalidKey, so the message is poison. Nothing was
-	// written.
-	ErrNoKey = fmt.Errorf("%w: message carries no message key", idempotent.ErrInvalidKey)
-
-	// ErrProducedMessages reports a handler that returned messages to
-	// publish while the middleware has no outbox (see WithOutbox). The
-	// router would publish them after the commit and before the ack; if
-	// that failed, the redelivery would be a duplicate and the messages
-	// would never go out. The transaction is rolled back, so the message is
-	// not marked seen.
-	ErrProducedMessages = errors.New("watermill: handler produced messages, but the middleware has no outbox")
-
-	// ErrNoTransaction is returned, in subscriber-transaction mode (see
-	// WithSubscriberTx), for a message whose context carries no
-	// transaction.
-	ErrNoTransaction = errors.New("watermill: the message's context carries no subscriber transaction")
-)
-
-// Poison marks err as poison. The result matches both ErrPoison and err.
-// Poison(nil) is nil.
-func Poison(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPoison, err)
+// RequeueError is the error the handler returns for a message that the
+// settle rule (adapter.Rule.Settle) gives back to the broker: a handler
+// error, a claim the transaction could not make (idempotent.ErrClaimBusy,
+// idempotent.ErrNoPartition, a retryable failure past the retry policy),
+// or an event time ahead of the clock by less than the future bound. The
+// router nacks the message, nothing written, and the Pub/Sub delivers it
+// again. Err is the error the Middleware (or the handler) returned,
+// matched through it with errors.Is and errors.As.
+//
+// Delay is how long the rule says to wait before the message is given
+// again — for a future-dated one, until the clock has caught up. A
+// Watermill nack carries no delay: GoChannel and watermill-amqp deliver a
+// nacked message again at once, so nothing waits unless a router
+// middleware does (middleware.Retry, whose own intervals apply, or one of
+// yours that reads Delay). The handler itself never sleeps.
+type RequeueError struct {
+	// Delay is the rule's wait before the next delivery.
+	Delay time.Duration
+	// Err is the error that requeues the message.
+	Err error
 }
 
-// IsPoison reports whether err matches ErrPoison: the middleware marks
-// with it every message the settle rule (adapter.Rule.Settle) calls poison
-// — no key ([ErrNoKey]), an invalid key, a bad event-time value, an event
-// time older than the retention window or further ahead of the clock than
-// the rule's bound — and so does [Poison] for a handler's own errors. A
-// message no redelivery can fix. Use it as the filter of Watermill's
-// middleware.PoisonQueueWithFilter, placed outside (before) this
-// middleware, so that such messages go to a poison topic, once, instead of
-// being nacked forever. An error the rule requeues (a *RequeueError) is
-// not poison, even where it matches idempotent.ErrInvalidEventTime (an
-// event time a little ahead of the clock).
-func IsPoison(err error) bool {
-	return errors.Is(err, ErrPoison)
+// Error returns Err's message and the delay.
+func (e *RequeueError) Error() string {
+	return fmt.Sprintf("%v (requeue, next delivery in %v)", e.Err, e.Delay)
 }
+
+// Unwrap returns Err.
+func (e *RequeueError) Unwrap() error { return e.Err }

@@ -34,9 +34,9 @@ func eventMessage(t testing.TB, o order, at time.Time) *message.Message {
 	return m
 }
 
-// verdicts is a router middleware, between the poison queue and this
-// middleware, that records what this middleware returned for each key:
-// how many times poison, and the delay of its last requeue.
+// verdicts is a router middleware, between the poison queue and the
+// handler, that records what the handler returned for each key: how many
+// times poison, and the delay of its last requeue.
 type verdicts struct {
 	mu      sync.Mutex
 	poison  map[string]int
@@ -50,12 +50,12 @@ func newVerdicts() *verdicts {
 func (v *verdicts) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
-		key := msg.Metadata.Get(idwm.KeyMetadata)
+		key := msg.UUID
 		v.mu.Lock()
 		defer v.mu.Unlock()
 		var re *idwm.RequeueError
 		switch {
-		case idwm.IsPoison(err):
+		case adapter.IsPoison(err):
 			v.poison[key]++
 		case errors.As(err, &re):
 			v.requeue[key] = re.Delay
@@ -71,14 +71,13 @@ func (v *verdicts) of(key string) (poisoned int, delay time.Duration, requeued b
 	return v.poison[key], delay, requeued
 }
 
-// poisonRouter runs the ledger's handler under this middleware with a
-// poison queue outside it, filtered by IsPoison, and verdicts between
-// them; it returns the settlement counts, the verdicts, the Pub/Sub and
-// the poison topic.
+// poisonRouter runs the ledger's handler with a poison queue outside it,
+// filtered by adapter.IsPoison, and verdicts between them; it returns the
+// settlement counts, the verdicts, the Pub/Sub and the poison topic.
 func poisonRouter(t testing.TB, l *ledger) (*settled, *verdicts, *gochannel.GoChannel, <-chan *message.Message) {
 	t.Helper()
 	pubsub := newGoChannel(t)
-	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", idwm.IsPoison)
+	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", adapter.IsPoison)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +87,8 @@ func poisonRouter(t testing.TB, l *ledger) (*settled, *verdicts, *gochannel.GoCh
 	}
 	r := newRouter(t)
 	s, v := &settled{}, newVerdicts()
-	r.AddMiddleware(s.middleware, poisonQ, v.middleware, ours(t, l))
-	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(nil))
+	r.AddMiddleware(s.middleware, poisonQ, v.middleware)
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil)))
 	runRouter(t, r)
 	return s, v, pubsub, poisoned
 }
@@ -107,12 +106,9 @@ func poisonedMessage(t testing.TB, poisoned <-chan *message.Message, what string
 	}
 }
 
-// TestPartitionedResendAcrossMidnightIsDuplicate is issue 21 case 1 for
-// Watermill (and case 2: on a partitioned table the middleware used to
-// claim by key alone, failing every message): order 9912 is produced at
-// 23:30 the day before and re-sent at 00:30 (a new UUID, a new publish
-// time a Pub/Sub would stamp), both with the producer's event time in the
-// header. Both claims go to the event day's partition: one Applied, one
+// TestPartitionedResendAcrossMidnightIsDuplicate: order 9912 is produced
+// at 23:30 the day before and re-sent at 00:30 (a new publish time a
+// Pub/Sub would stamp), both with the producer's event time in the header. Both claims go to the event day's partition: one Applied, one
 // Duplicate, one effect, no nack.
 func TestPartitionedResendAcrossMidnightIsDuplicate(t *testing.T) {
 	t.Parallel()
@@ -121,8 +117,8 @@ func TestPartitionedResendAcrossMidnightIsDuplicate(t *testing.T) {
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	var s settled
-	r.AddMiddleware(s.middleware, ours(t, l))
-	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(nil))
+	r.AddMiddleware(s.middleware)
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil)))
 	runRouter(t, r)
 
 	o := order{OrderID: 9912, CustomerID: 7, Points: 50}
@@ -144,30 +140,30 @@ func TestPartitionedResendAcrossMidnightIsDuplicate(t *testing.T) {
 }
 
 // TestPartitionedWithoutEventTimeIsRefusedAtConstruction: a Middleware on
-// a partitioned table needs a producer's event time; New refuses
+// a partitioned table needs a producer's event time; NewHandler refuses
 // WithoutEventTime instead of failing every message later, and accepts the
 // default (the header) and a function.
 func TestPartitionedWithoutEventTimeIsRefusedAtConstruction(t *testing.T) {
 	t.Parallel()
 	l, _ := partitionedLedger(t, time.Date(2031, 3, 15, 12, 0, 0, 0, time.UTC))
-	if _, err := idwm.New(l.mw, idwm.WithoutEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
-		t.Fatalf("New(partitioned, WithoutEventTime()): %v, want ErrNoProducerEventTime", err)
+	h := l.handler(nil)
+	if _, err := idwm.NewHandler(l.mw, h, idwm.WithoutEventTime()); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+		t.Fatalf("NewHandler(partitioned, WithoutEventTime()): %v, want ErrNoProducerEventTime", err)
 	} else {
 		t.Logf("refused: %v", err)
 	}
-	if _, err := idwm.New(l.mw); err != nil {
-		t.Fatalf("New(partitioned) with the default header: %v", err)
+	if _, err := idwm.NewHandler(l.mw, h); err != nil {
+		t.Fatalf("NewHandler(partitioned) with the default header: %v", err)
 	}
-	if _, err := idwm.New(l.mw, idwm.WithEventTime(idwm.EventTimeMetadata("occurred_at"))); err != nil {
-		t.Fatalf("New(partitioned, WithEventTime): %v", err)
+	if _, err := idwm.NewHandler(l.mw, h, idwm.WithEventTime(idwm.TimeHeader("occurred_at"))); err != nil {
+		t.Fatalf("NewHandler(partitioned, WithEventTime): %v", err)
 	}
-	if _, err := idwm.New(l.mw, idwm.WithEventTime(nil)); err == nil {
+	if _, err := idwm.NewHandler(l.mw, h, idwm.WithEventTime(nil)); err == nil {
 		t.Fatal("WithEventTime(nil) accepted")
 	}
 }
 
-// TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison is issue 21 case 3
-// for Watermill: a message dated 30 minutes ahead of the clock (within
+// TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison: a message dated 30 minutes ahead of the clock (within
 // adapter.DefaultFutureBound past the clock-skew margin) is nacked with a
 // *RequeueError, nothing written, and applied once the clock has caught
 // up; one dated 3 hours ahead goes to the poison topic exactly once,
@@ -234,7 +230,7 @@ func TestBadEventTimeHeaderIsPoison(t *testing.T) {
 	m := poisonedMessage(t, poisoned, "bad header")
 	waitFor(t, 30*time.Second, "both acked", func() (bool, error) { return s.acked.Load() == 2, nil })
 	t.Logf("poisoned: %s", m.Metadata.Get(middleware.ReasonForPoisonedKey))
-	if p, _, _ := v.of(bad.Metadata.Get(idwm.KeyMetadata)); m.UUID != bad.UUID || p != 1 {
+	if p, _, _ := v.of(bad.UUID); m.UUID != bad.UUID || p != 1 {
 		t.Fatalf("poison topic got %s, the bad message was poisoned %d times; want %s once", m.UUID, p, bad.UUID)
 	}
 	l.audit(t, []order{good})

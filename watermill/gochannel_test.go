@@ -2,6 +2,7 @@ package watermill_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/lib/pq"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 	idwm "github.com/txclaim/idempotent/watermill"
 
@@ -67,8 +70,8 @@ func TestGoChannelAckLostAfterCommitIsDuplicate(t *testing.T) {
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	var s settled
-	r.AddMiddleware(s.middleware, loseFirstAck(), ours(t, l))
-	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(nil))
+	r.AddMiddleware(s.middleware, loseFirstAck())
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil)))
 	runRouter(t, r)
 	o := order{OrderID: 9912, CustomerID: 7, Points: 50}
 	if err := pubsub.Publish("orders", orderMessage(t, o)); err != nil {
@@ -102,7 +105,7 @@ func TestFailOnceThenSucceedDeduplicatorLosesItOursAppliesOnce(t *testing.T) {
 	var theirsSettled settled
 	r1 := newRouter(t)
 	seen := newOnce()
-	h1 := r1.AddNoPublisherHandler("dedup", "orders", pubsub, func(msg *message.Message) error {
+	h1 := r1.AddConsumerHandler("dedup", "orders", pubsub, func(msg *message.Message) error {
 		var o order
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
 			return err
@@ -125,8 +128,8 @@ func TestFailOnceThenSucceedDeduplicatorLosesItOursAppliesOnce(t *testing.T) {
 
 	var oursSettled settled
 	r2 := newRouter(t)
-	h2 := r2.AddNoPublisherHandler("loyalty", "orders", pubsub, mine.handler(fails))
-	h2.AddMiddleware(oursSettled.middleware, ours(t, mine))
+	h2 := r2.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, mine, mine.handler(fails)))
+	h2.AddMiddleware(oursSettled.middleware)
 	runRouter(t, r2)
 
 	if err := pubsub.Publish("orders", orderMessage(t, o)); err != nil {
@@ -154,9 +157,9 @@ func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
 	var s settled
-	r.AddMiddleware(s.middleware, ours(t, l))
+	r.AddMiddleware(s.middleware)
 	// Every 13th order fails on its first attempt.
-	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(func(o order) bool { return o.OrderID%13 == 0 })))
 	runRouter(t, r)
 	orders := testenv.MakeOrders(2000)
 	msgs := withDuplicates(t, orders)
@@ -173,27 +176,32 @@ func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 	l.audit(t, orders)
 }
 
+// TestMessageWithoutKeyIsPoisonAndWritesNothing keys by a metadata field
+// (Header(KeyMetadata)), the producer minting a fresh UUID per publish: a
+// message without the field goes to the poison topic once, nothing
+// written, and a good one's re-publish under another UUID is a duplicate.
 func TestMessageWithoutKeyIsPoisonAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
 	pubsub := newGoChannel(t)
 	r := newRouter(t)
-	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", idwm.IsPoison)
+	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", adapter.IsPoison)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var s settled
-	r.AddMiddleware(s.middleware, poisonQ, ours(t, l))
-	r.AddNoPublisherHandler("loyalty", "orders", pubsub, l.handler(nil))
+	var c adapter.Counter
+	r.AddMiddleware(s.middleware, poisonQ)
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil), idwm.WithKey(idwm.Header(idwm.KeyMetadata)), idwm.WithObserver(&c)))
 	runRouter(t, r)
 	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
 	if err != nil {
 		t.Fatal(err)
 	}
 	good := order{OrderID: 1, CustomerID: 1, Points: 5}
-	noKey := orderMessage(t, order{OrderID: 2, CustomerID: 1, Points: 5})
+	noKey := keyedMessage(t, order{OrderID: 2, CustomerID: 1, Points: 5})
 	noKey.Metadata = message.Metadata{}
-	if err := pubsub.Publish("orders", noKey, orderMessage(t, good)); err != nil {
+	if err := pubsub.Publish("orders", noKey, keyedMessage(t, good), keyedMessage(t, good)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -205,17 +213,20 @@ func TestMessageWithoutKeyIsPoisonAndWritesNothing(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no message on the poison topic")
 	}
-	waitFor(t, 30*time.Second, "both acked", func() (bool, error) { return s.acked.Load() == 2, nil })
+	waitFor(t, 30*time.Second, "all three acked", func() (bool, error) { return s.acked.Load() == 3, nil })
+	if st := c.Stats(); st.Applied != 1 || st.Duplicates != 1 || st.DeadLettered != 1 || st.Requeued != 0 {
+		t.Fatalf("stats %+v: want 1 applied, 1 duplicate, 1 dead-lettered", st)
+	}
 	l.audit(t, []order{good})
 }
 
-// TestProducedMessagesGoThroughTheOutbox has the handler return an event
-// per order: with WithOutbox they are written in the claim's transaction and
-// relayed by a Sender with a stable identity, so a downstream consumer with
-// the middleware applies each once, even though the first ack of every
-// order is lost and the relay's first publish of every row is reported as
-// failed after it went out. Without an outbox, returning messages fails
-// and writes nothing.
+// TestProducedMessagesGoThroughTheOutbox has the handler write an event per
+// order with an Outbox, in the claim's transaction; a Sender relays them
+// with a stable identity, so a downstream consumer applies each once, even
+// though the first ack of every order is lost and the relay's first
+// publish of every row is reported as failed after it went out. Every
+// publish of a row carries the same event time: the one the handler set,
+// or else the time the row was written.
 func TestProducedMessagesGoThroughTheOutbox(t *testing.T) {
 	t.Parallel()
 	db := testenv.OpenPostgres(t, 8)
@@ -229,42 +240,62 @@ func TestProducedMessagesGoThroughTheOutbox(t *testing.T) {
 	if err := ob.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pubsub := newGoChannel(t)
-
-	produce := func(msg *message.Message) ([]*message.Message, error) {
-		var o order
-		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return nil, idwm.Poison(err)
-		}
-		if err := l.credit(msg.Context(), idwm.TxFromContext(msg.Context()), o); err != nil {
-			return nil, err
-		}
-		award := order{OrderID: o.OrderID, CustomerID: o.CustomerID, Points: 2 * o.Points}
-		b, _ := json.Marshal(award)
-		return []*message.Message{message.NewMessage(watermill.NewUUID(), b)}, nil
-	}
-
-	// Without an outbox the produced message is refused, inside the
-	// transaction.
-	bare, err := idwm.New(l.mw)
+	awards, err := idwm.NewOutbox(ob, "points_awarded")
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := orderMessage(t, order{OrderID: 1, CustomerID: 1, Points: 1})
-	if _, err := bare(produce)(first); !errors.Is(err, idwm.ErrProducedMessages) {
-		t.Fatalf("handler returning messages without an outbox: %v, want ErrProducedMessages", err)
-	}
-	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != 0 {
-		t.Fatalf("%d claims after the refused message, want 0", n)
-	}
+	pubsub := newGoChannel(t)
+
+	// Even orders' awards carry the event time of their own; odd ones get
+	// the row's.
+	awardedAt := time.Now().Add(-time.Hour).UTC().Truncate(time.Microsecond)
+	produce := idwm.Decode(idwm.JSON[order], func(ctx context.Context, tx *sql.Tx, o order, msg *message.Message) error {
+		if err := l.credit(ctx, tx, o); err != nil {
+			return err
+		}
+		award := order{OrderID: o.OrderID, CustomerID: o.CustomerID, Points: 2 * o.Points}
+		b, err := json.Marshal(award)
+		if err != nil {
+			return err
+		}
+		p := message.NewMessage(watermill.NewUUID(), b)
+		if o.OrderID%2 == 0 {
+			p.Metadata.Set(adapter.EventTimeHeader, adapter.FormatEventTime(awardedAt))
+		}
+		return awards.Publish(ctx, tx, msg, p)
+	})
 
 	r := newRouter(t)
 	var s settled
-	h := r.AddHandler("loyalty", "orders", pubsub, "unused", pubsub, produce)
-	h.AddMiddleware(s.middleware, loseFirstAck(), ours(t, l, idwm.WithOutbox(ob, "points_awarded")))
+	h := r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, produce))
+	h.AddMiddleware(s.middleware, loseFirstAck())
 	var downSettled settled
-	hd := r.AddNoPublisherHandler("notifier", "points", pubsub, down.handler(nil))
-	hd.AddMiddleware(downSettled.middleware, ours(t, down))
+	// published records, per award's UUID, its order and the event
+	// times it was published with.
+	type published struct {
+		orderID int64
+		times   map[string]bool
+	}
+	var mu sync.Mutex
+	seen := map[string]*published{}
+	hd := r.AddConsumerHandler("notifier", "points", pubsub, ours(t, down, down.handler(nil)))
+	hd.AddMiddleware(downSettled.middleware, func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			var o order
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			p := seen[msg.UUID]
+			if p == nil {
+				p = &published{orderID: o.OrderID, times: map[string]bool{}}
+				seen[msg.UUID] = p
+			}
+			p.times[msg.Metadata.Get(adapter.EventTimeHeader)] = true
+			mu.Unlock()
+			return h(msg)
+		}
+	})
 	runRouter(t, r)
 
 	var failedOnce sync.Map
@@ -304,12 +335,49 @@ func TestProducedMessagesGoThroughTheOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.audit(t, orders)
-	var awards []order
+	var awardsWant []order
 	for _, o := range orders {
-		awards = append(awards, order{OrderID: o.OrderID, CustomerID: o.CustomerID, Points: 2 * o.Points})
+		awardsWant = append(awardsWant, order{OrderID: o.OrderID, CustomerID: o.CustomerID, Points: 2 * o.Points})
 	}
 	if down.counts.Applied() != int64(len(orders)) || down.counts.Duplicates() != int64(len(orders)) {
 		t.Errorf("downstream applied %d and found %d duplicates, want %d each (every row was published twice)", down.counts.Applied(), down.counts.Duplicates(), len(orders))
 	}
-	down.audit(t, awards)
+	down.audit(t, awardsWant)
+	// Each award was published twice, with one event time: its own for
+	// the even orders, the row's for the odd ones.
+	rows := map[string]time.Time{}
+	rs, err := db.QueryContext(ctx, "SELECT idempotency_key, created_at FROM "+pq.QuoteIdentifier(l.schema)+".outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rs.Next() {
+		var k string
+		var at time.Time
+		if err := rs.Scan(&k, &at); err != nil {
+			t.Fatal(err)
+		}
+		rows[k] = at
+	}
+	if err := rs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != len(orders) {
+		t.Errorf("%d awards published, want %d", len(seen), len(orders))
+	}
+	for key, p := range seen {
+		created, ok := rows[key]
+		if !ok {
+			t.Errorf("award %s published, but no outbox row has that key", key)
+			continue
+		}
+		want := created
+		if p.orderID%2 == 0 {
+			want = awardedAt
+		}
+		if len(p.times) != 1 || !p.times[adapter.FormatEventTime(want)] {
+			t.Errorf("award of order %d published with event times %v, want %s on every publish", p.orderID, p.times, adapter.FormatEventTime(want))
+		}
+	}
 }

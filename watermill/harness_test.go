@@ -54,19 +54,15 @@ func (l *ledger) credit(ctx context.Context, tx *sql.Tx, o order) error {
 	return testenv.Credit(ctx, tx, l.schema, o)
 }
 
-// handler is the Watermill handler users write under the middleware: the
-// transaction comes from the message's context.
-func (l *ledger) handler(failFirst func(order) bool) message.NoPublishHandlerFunc {
+// handler is the Handler users write: it decodes the order and credits it
+// through the claim's transaction. When failFirst says so, the first
+// attempt of an order fails half-way through the effect — after the
+// balance, before the ledger row — so a retry within the same transaction
+// would credit the balance twice.
+func (l *ledger) handler(failFirst func(order) bool) idwm.Handler {
 	seen := newOnce()
-	return func(msg *message.Message) error {
-		var o order
-		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return idwm.Poison(err)
-		}
-		// The effect as credit writes it, failing half-way through (after the
-		// balance, before the ledger row) on the first attempt when failFirst
-		// says so.
-		ctx, tx, q := msg.Context(), idwm.TxFromContext(msg.Context()), pq.QuoteIdentifier(l.schema)
+	return idwm.Decode(idwm.JSON[order], func(ctx context.Context, tx *sql.Tx, o order, _ *message.Message) error {
+		q := pq.QuoteIdentifier(l.schema)
 		if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances SET points = points + $1 WHERE customer_id = $2", o.Points, o.CustomerID); err != nil {
 			return err
 		}
@@ -75,7 +71,7 @@ func (l *ledger) handler(failFirst func(order) bool) message.NoPublishHandlerFun
 		}
 		_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) VALUES ($1, $2, $3)", o.OrderID, o.CustomerID, o.Points)
 		return err
-	}
+	})
 }
 
 func (l *ledger) count(t testing.TB, query string) int64 {
@@ -90,21 +86,30 @@ func (l *ledger) audit(t testing.TB, orders []order) {
 	testenv.AuditOrders(t, l.db, l.schema, orders)
 }
 
-// orderMessage is o as a producer publishes it: a fresh UUID per publish,
-// the key in the metadata.
+// orderMessage is o as a producer publishes it: its key as the UUID, the
+// same on every publish.
 func orderMessage(t testing.TB, o order) *message.Message {
 	t.Helper()
 	b, err := json.Marshal(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := message.NewMessage(watermill.NewUUID(), b)
+	return message.NewMessage(o.Key(), b)
+}
+
+// keyedMessage is o as a producer publishes it that mints a fresh UUID
+// per publish and keeps the key in the KeyMetadata field, for a handler
+// keyed by Header(KeyMetadata).
+func keyedMessage(t testing.TB, o order) *message.Message {
+	t.Helper()
+	m := orderMessage(t, o)
+	m.UUID = watermill.NewUUID()
 	m.Metadata.Set(idwm.KeyMetadata, o.Key())
 	return m
 }
 
 // withDuplicates returns the messages of orders, every fourth one published
-// a second time (another UUID, the same key) a little later.
+// a second time a little later.
 func withDuplicates(t testing.TB, orders []order) []*message.Message {
 	t.Helper()
 	var msgs []*message.Message
@@ -164,11 +169,12 @@ func newRouter(t testing.TB) *message.Router {
 	return r
 }
 
-func ours(t testing.TB, l *ledger, opts ...idwm.Option) message.HandlerMiddleware {
+// ours is NewHandler(l.mw, h, opts...).
+func ours(t testing.TB, l *ledger, h idwm.Handler, opts ...idwm.Option) message.NoPublishHandlerFunc {
 	t.Helper()
-	m, err := idwm.New(l.mw, opts...)
+	f, err := idwm.NewHandler(l.mw, h, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	return f
 }

@@ -7,18 +7,25 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
-// A Sender publishes the messages the middleware wrote to the outbox
-// (WithOutbox) with a Watermill publisher, for an outbox.Relay:
+// A Sender publishes the rows an [Outbox] wrote with a Watermill
+// publisher, for an outbox.Relay:
 //
 //	relay, err := outbox.NewRelay(ob, outbox.WithSender("points_awarded", idwm.NewSender(pub, "points")))
 //
-// Each message is published with its UUID and its KeyMetadata field set to
-// the row's idempotency key, so every publish of the same row — the relay
+// Each message is published with its UUID and its [KeyMetadata] field set
+// to the row's idempotency key, so every publish of the same row — the relay
 // retries after a failed or unconfirmed publish — carries the same identity,
-// and a consumer downstream with this middleware applies it once.
+// and a consumer downstream with [NewHandler] (keyed by [UUID], the
+// default) applies it once. It carries the row's event time
+// (outbox.Message.EventTime) in the adapter.EventTimeHeader field, so the
+// consumer claims it under that time — the same day's partition and
+// retention fence on every re-send; a row stored without one is published
+// with the time its transaction wrote it (outbox.Message.CreatedAt), the
+// same on every retry too.
 type Sender struct {
 	pub   message.Publisher
 	topic string
@@ -33,18 +40,24 @@ func NewSender(pub message.Publisher, topic string) *Sender {
 	return &Sender{pub: pub, topic: topic}
 }
 
-// Send publishes the row's message. A row that is not a message the
-// middleware wrote is a permanent failure.
+// Send publishes the row's message. A row that is not a message an Outbox
+// wrote is a permanent failure.
 func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	var e envelope
 	if err := json.Unmarshal(m.Payload, &e); err != nil {
-		return outbox.Permanent(fmt.Errorf("watermill: outbox row %d is not a produced message: %w", m.ID, err))
+		return outbox.Permanent(fmt.Errorf("watermill: outbox row %d is not a message an Outbox wrote: %w", m.ID, err))
 	}
 	msg := message.NewMessage(m.IdempotencyKey, e.Payload)
 	for k, v := range e.Metadata {
 		msg.Metadata.Set(k, v)
 	}
 	msg.Metadata.Set(KeyMetadata, m.IdempotencyKey)
+	switch {
+	case !m.EventTime.IsZero():
+		msg.Metadata.Set(adapter.EventTimeHeader, adapter.FormatEventTime(m.EventTime))
+	case msg.Metadata.Get(adapter.EventTimeHeader) == "" && !m.CreatedAt.IsZero():
+		msg.Metadata.Set(adapter.EventTimeHeader, adapter.FormatEventTime(m.CreatedAt))
+	}
 	msg.SetContext(ctx)
 	if err := s.pub.Publish(s.topic, msg); err != nil {
 		return fmt.Errorf("watermill: publish outbox row %d to %q: %w", m.ID, s.topic, err)

@@ -61,8 +61,8 @@ func TestSQLSubscriberClaimEffectAndOffsetCommitTogether(t *testing.T) {
 
 	var s settled
 	r := newRouter(t)
-	r.AddMiddleware(s.middleware, ours(t, l, idwm.WithSubscriberTx(subscriberTx)))
-	r.AddNoPublisherHandler("loyalty", "orders", sub, l.handler(func(o order) bool { return o.OrderID%13 == 0 }))
+	r.AddMiddleware(s.middleware)
+	r.AddConsumerHandler("loyalty", "orders", sub, ours(t, l, l.handler(func(o order) bool { return o.OrderID%13 == 0 }), idwm.WithSubscriberTx(subscriberTx)))
 	runRouter(t, r)
 
 	orders := testenv.MakeOrders(300)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -15,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
@@ -331,10 +332,12 @@ func (s *store) libraryNats(ctx context.Context, customers int) (consumeFunc, cr
 	// The key is the order id from the body: a natural key that survives
 	// a replay tool assigning new message ids (Nats-Msg-Id).
 	key := idnats.Prefixed("order-completed:", idnats.BodyField("order_id"))
-	h, err := idnats.Decode(mw, key, idnats.JSON[orderCompleted], credit)
-	if err != nil {
-		return nil, nil, err
-	}
+	h := idnats.Decode(idnats.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ jetstream.Msg) error {
+		// The Consumer opens the transaction before the handler runs, so
+		// the price lookup waits inside it here.
+		priceLookup()
+		return credit(ctx, tx, o)
+	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {
 		conn, t := bc.(*natsConn), sc.b.(*natsStream)
 		cons, err := t.consumer(ctx, conn, "loyalty-idempotent")
@@ -344,37 +347,71 @@ func (s *store) libraryNats(ctx context.Context, customers int) (consumeFunc, cr
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		var crashed atomic.Bool
-		handle := func(ctx context.Context, m jetstream.Msg) (idempotent.Outcome, error) {
-			// The same price lookup, before the transaction, as the
-			// guide advises: keep slow calls out of it.
-			priceLookup()
+		// Every message whose transaction committed reaches DoubleAck;
+		// every crashEvery-th, the process dies before its ack leaves.
+		crashing := ackHook{Consumer: cons, ack: func(ctx context.Context, m jetstream.Msg) error {
 			n := sc.deliveries.Add(1)
-			out, err := h(ctx, m)
-			if err == nil && out == idempotent.Duplicate {
-				sc.duplicates.Add(1)
-			}
-			if err == nil && sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 && !crashed.Swap(true) {
-				// Committed; the process dies before its ack leaves.
+			if sc.f.crashEvery > 0 && n%int64(sc.f.crashEvery) == 0 && !crashed.Swap(true) {
 				sc.crashes.Add(1)
 				conn.crash()
 				cancel()
 			}
-			return out, err
-		}
-		onSettle := func(_ context.Context, st idnats.Settlement) {
-			if st.Action == idnats.Acked && st.SettleErr == nil {
-				sc.settle(copyOfMsg(st.Msg))
+			if err := m.DoubleAck(ctx); err != nil {
+				return err
 			}
-		}
-		c, err := idnats.NewConsumer(handle, idnats.WithWorkers(sc.workers), idnats.WithFetchSize(1),
-			idnats.WithOnSettle(onSettle), idnats.WithShutdownTimeout(time.Millisecond), idnats.WithNakDelay(10*time.Millisecond, time.Second))
+			sc.settle(copyOfMsg(m))
+			return nil
+		}}
+		obs := adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+			if e.Type == adapter.EventDuplicate {
+				sc.duplicates.Add(1)
+			}
+		})
+		c, err := idnats.NewConsumer(mw, h, idnats.WithKey(key), idnats.WithWorkers(sc.workers), idnats.WithFetchSize(1),
+			idnats.WithObserver(obs), idnats.WithShutdownTimeout(time.Millisecond), idnats.WithRetryDelay(10*time.Millisecond, time.Second))
 		if err != nil {
 			return err
 		}
-		err = c.Run(pctx, cons)
+		err = c.Run(pctx, crashing)
 		if crashed.Load() {
 			return errCrashed
 		}
 		return err
 	}, credited, nil
 }
+
+// ackHook hands Run the messages of a JetStream consumer with their
+// DoubleAck going through ack.
+type ackHook struct {
+	jetstream.Consumer
+	ack func(ctx context.Context, m jetstream.Msg) error
+}
+
+func (h ackHook) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
+	b, err := h.Consumer.Fetch(n, opts...)
+	if err != nil {
+		return b, err
+	}
+	out := hookedBatch{MessageBatch: b, msgs: make(chan jetstream.Msg)}
+	go func() {
+		defer close(out.msgs)
+		for m := range b.Messages() {
+			out.msgs <- hookedMsg{m, h.ack}
+		}
+	}()
+	return out, nil
+}
+
+type hookedBatch struct {
+	jetstream.MessageBatch
+	msgs chan jetstream.Msg
+}
+
+func (b hookedBatch) Messages() <-chan jetstream.Msg { return b.msgs }
+
+type hookedMsg struct {
+	jetstream.Msg
+	ack func(ctx context.Context, m jetstream.Msg) error
+}
+
+func (m hookedMsg) DoubleAck(ctx context.Context) error { return m.ack(ctx, m.Msg) }

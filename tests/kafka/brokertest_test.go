@@ -174,7 +174,7 @@ func (c *kafkaConsumer) observe(settle func(brokertest.Settlement), e kafka.Even
 	case kafka.EventFenced, kafka.EventStopped, kafka.EventAbandoned:
 		s.Action = adapter.Requeue
 	case kafka.EventDeadLettered, kafka.EventDropped:
-		s.Action = adapter.Poison
+		s.Action = adapter.DeadLetter
 	default:
 		return
 	}
