@@ -3,11 +3,11 @@ package rabbitmq
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -40,123 +40,142 @@ type Channel interface {
 
 var _ Channel = (*amqp.Channel)(nil)
 
-// Action is how a Consumer settled a delivery.
-type Action int
-
-const (
-	// Acked: the handler succeeded (the effect committed, or was found
-	// applied before), and the delivery was acked.
-	Acked Action = iota + 1
-	// Requeued: the settle rule said requeue (the handler failed with an
-	// error that is not poison, or the message is dated ahead of the
-	// clock); after the rule's delay, at most the requeue delay, the
-	// delivery was nacked with requeue.
-	Requeued
-	// DeadLettered: the settle rule, ErrPoison or a WithPoison predicate
-	// said poison; the delivery was rejected without requeue, for the
-	// queue's dead-letter exchange.
-	DeadLettered
-	// Released: the delivery arrived while Run was shutting down and was
-	// nacked with requeue without running the handler.
-	Released
-)
-
-// String returns the action's name: "acked", "requeued", "dead-lettered"
-// or "released".
-func (a Action) String() string {
-	switch a {
-	case Acked:
-		return "acked"
-	case Requeued:
-		return "requeued"
-	case DeadLettered:
-		return "dead-lettered"
-	case Released:
-		return "released"
-	}
-	return fmt.Sprintf("Action(%d)", int(a))
-}
-
-// Settlement describes how one delivery was settled; see WithOnSettle.
-type Settlement struct {
-	// Delivery is the delivery.
-	Delivery *amqp.Delivery
-	// Action is what the Consumer told the broker.
-	Action Action
-	// Outcome is the handler's outcome when Action is Acked.
-	Outcome idempotent.Outcome
-	// Err is the handler's error when Action is Requeued or DeadLettered.
-	Err error
-	// SettleErr is the error from sending the ack, nack or reject, usually
-	// because the channel closed: the broker will redeliver the message
-	// (and, if the effect committed, the claim will make it a duplicate).
-	SettleErr error
-}
-
-// Stats counts what a Consumer did, over all its Runs.
-type Stats struct {
-	// Delivered is how many deliveries were handed to the handler.
-	Delivered int64
-	// Applied and Duplicates count the handler's successful outcomes.
-	Applied, Duplicates int64
-	// Acked, Requeued, DeadLettered and Released count deliveries the
-	// broker was told about successfully, by action.
-	Acked, Requeued, DeadLettered, Released int64
-	// SettleFailed counts acks, nacks and rejects that could not be sent.
-	SettleFailed int64
-}
-
-type counters struct {
-	delivered, applied, duplicates                        atomic.Int64
-	acked, requeued, deadLettered, released, settleFailed atomic.Int64
-}
-
-// Consumer consumes one queue and settles every delivery after its handler
-// returns. It is safe for concurrent use; Run may be called again, or on
-// several channels at once.
+// Consumer consumes a queue through an idempotent.Middleware and settles
+// every delivery once its transaction has ended. It is safe for concurrent
+// use; Run may be called again, or on several channels at once.
 type Consumer struct {
-	queue  string
-	handle Handler
-	cfg    config
-	stats  counters
+	mw   *idempotent.Middleware
+	h    Handler      // NewConsumer's
+	bh   BatchHandler // NewBatchConsumer's
+	cfg  config
+	rule adapter.Rule
+	hold time.Duration // the longest a delivery is held before its requeue
+	obs  adapter.Counter
 }
 
-// NewConsumer returns a Consumer of queue that passes each delivery to h
-// (usually built with Process or Decode). It sends nothing to the broker;
-// Run does.
-func NewConsumer(queue string, h Handler, opts ...Option) (*Consumer, error) {
-	if queue == "" || len(queue) > 255 {
-		return nil, fmt.Errorf("rabbitmq: NewConsumer: queue name %q, want 1 to 255 bytes", queue)
-	}
+// NewConsumer returns a Consumer that runs each delivery through mw: it
+// reads the delivery's key (WithKey; the message_id property by default)
+// and event time (the adapter.EventTimeHeader header by default), claims
+// the key with mw.ProcessMessage and, only if the claim is new, runs h in
+// the claim's transaction. The delivery is acked once the transaction has
+// committed — Applied — or the claim was found — Duplicate —, and
+// otherwise settled by the settle rule (see the package documentation).
+//
+// NewConsumer sends nothing to the broker; Run does. It returns an error
+// for a nil Middleware, handler or option, a bad option value, and, for a
+// Middleware in partitioned mode, an event time that is not the
+// producer's (WithTransportEventTime, WithoutEventTime): an error matching
+// adapter.ErrNoProducerEventTime.
+func NewConsumer(mw *idempotent.Middleware, h Handler, opts ...Option) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("rabbitmq: NewConsumer: nil handler")
 	}
+	c, err := newConsumer("NewConsumer", mw, opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.batchSize != 0 {
+		return nil, errors.New("rabbitmq: NewConsumer: WithBatchSize is an option of NewBatchConsumer")
+	}
+	if err := c.setPrefetch("NewConsumer", 1); err != nil {
+		return nil, err
+	}
+	c.h = h
+	return c, nil
+}
+
+// NewBatchConsumer returns a Consumer that claims deliveries in batches:
+// each worker takes the deliveries the broker has sent ahead, up to the
+// batch size (WithBatchSize) — as many as are there, never waiting for
+// more —, claims them together with mw.ProcessMessages in one transaction,
+// runs h once with the fresh ones in it, and commits. Each delivery is
+// then settled on its own, acked as Applied or Duplicate. A delivery whose
+// key or event time is refused before any transaction (poison, or dated
+// ahead of the clock) is settled alone, and the rest are claimed without
+// it; so is one h sets aside with adapter.PoisonItem. Any other error of
+// the batch settles each of its deliveries by the settle rule (requeued,
+// after one wait, for a transient failure).
+//
+// Its errors are NewConsumer's; WithDeliveryContext is refused, as a batch
+// has no one delivery to derive its context from.
+func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option) (*Consumer, error) {
+	if h == nil {
+		return nil, errors.New("rabbitmq: NewBatchConsumer: nil handler")
+	}
+	c, err := newConsumer("NewBatchConsumer", mw, opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.deliveryContext != nil {
+		return nil, errors.New("rabbitmq: NewBatchConsumer: WithDeliveryContext derives one delivery's context, and a batch has many")
+	}
+	if c.cfg.batchSize == 0 {
+		c.cfg.batchSize = DefaultBatchSize
+	}
+	if err := c.setPrefetch("NewBatchConsumer", c.cfg.batchSize); err != nil {
+		return nil, err
+	}
+	c.bh = h
+	return c, nil
+}
+
+// newConsumer applies opts and checks them against mw.
+func newConsumer(fn string, mw *idempotent.Middleware, opts []Option) (*Consumer, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		if o == nil {
-			return nil, errors.New("rabbitmq: NewConsumer: nil option")
+			return nil, fmt.Errorf("rabbitmq: %s: nil option", fn)
 		}
 		if err := o.apply(&cfg); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rabbitmq: %s: %w", fn, err)
 		}
 	}
-	if cfg.prefetch == 0 {
-		cfg.prefetch = min(2*cfg.workers, 65535)
+	if err := cfg.Check(mw); err != nil {
+		return nil, err
 	}
-	if cfg.prefetch < cfg.workers {
-		return nil, fmt.Errorf("rabbitmq: NewConsumer: prefetch %d is less than the %d workers, which would sit idle", cfg.prefetch, cfg.workers)
-	}
-	return &Consumer{queue: queue, handle: h, cfg: cfg}, nil
+	c := &Consumer{mw: mw, cfg: cfg, rule: cfg.Rule()}
+	c.hold = c.rule.Backoff.MaxBackoff
+	c.obs.Next = cfg.Observer()
+	return c, nil
 }
 
-// Stats returns the counts so far.
-func (c *Consumer) Stats() Stats {
-	s := &c.stats
-	return Stats{
-		Delivered: s.delivered.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
-		Acked: s.acked.Load(), Requeued: s.requeued.Load(), DeadLettered: s.deadLettered.Load(),
-		Released: s.released.Load(), SettleFailed: s.settleFailed.Load(),
+// setPrefetch checks the prefetch against the workers and the batch size,
+// or sets the default: twice the deliveries the workers take at once.
+func (c *Consumer) setPrefetch(fn string, batch int) error {
+	workers := c.cfg.Workers()
+	if c.cfg.prefetch == 0 {
+		c.cfg.prefetch = min(2*workers*batch, MaxPrefetch)
 	}
+	if c.cfg.prefetch < workers {
+		return fmt.Errorf("rabbitmq: %s: prefetch %d is less than the %d workers, which would sit idle", fn, c.cfg.prefetch, workers)
+	}
+	if c.cfg.prefetch < batch {
+		return fmt.Errorf("rabbitmq: %s: prefetch %d is less than the batch size %d, which no batch could reach", fn, c.cfg.prefetch, batch)
+	}
+	return nil
+}
+
+// Stats returns the counts of the events the Consumer reported so far,
+// over all its Runs.
+func (c *Consumer) Stats() adapter.Stats { return c.obs.Stats() }
+
+// run is one Run: its queue, and whether it is shutting down.
+type run struct {
+	queue    string
+	stopping chan struct{}
+}
+
+func (r *run) stopped() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *run) source(d *amqp.Delivery) string {
+	return fmt.Sprintf("queue %q, delivery tag %d", r.queue, d.DeliveryTag)
 }
 
 // setupError is err, a failure setting up the consumer on ch, made to match
@@ -164,7 +183,7 @@ func (c *Consumer) Stats() Stats {
 // connection dropped while Run set up is one the caller reconnects after,
 // like one dropped mid-stream — and returned as it is otherwise (a queue
 // that does not exist).
-func (c *Consumer) setupError(ch Channel, err error) error {
+func setupError(ch Channel, err error) error {
 	var ae *amqp.Error
 	if ch.IsClosed() || errors.Is(err, amqp.ErrClosed) || (errors.As(err, &ae) && (ae.Code == amqp.FrameError || ae.Code == amqp.ChannelError)) {
 		return fmt.Errorf("%w while setting up: %w", ErrChannelClosed, err)
@@ -172,47 +191,50 @@ func (c *Consumer) setupError(ch Channel, err error) error {
 	return err
 }
 
-// Run consumes the queue on ch until ctx ends or the channel closes. It sets
-// the channel's prefetch, registers a consumer with manual acks, and runs the
-// configured number of workers, each settling a delivery before taking the
-// next (see the package documentation for how).
+// Run consumes queue on ch until ctx ends or the channel closes. It sets
+// the channel's prefetch, registers a consumer with manual acks, and runs
+// the configured number of workers, each settling its delivery (or batch)
+// before taking the next (see the package documentation for how).
 //
 // When ctx ends, Run shuts down gracefully: it cancels the consumer, lets
-// in-flight deliveries finish — with a context that is not cancelled, for up
-// to the shutdown timeout — and acks them, hands deliveries that were
-// prefetched but not started back to the broker (nack with requeue), and
-// returns nil once every delivery it received has been settled. It does not
-// close ch.
+// in-flight deliveries finish — with a context that is not cancelled, for
+// up to the shutdown timeout — and settles them, hands deliveries that
+// were prefetched but not started back to the broker (nack with requeue,
+// adapter.EventReleased), and returns nil once every delivery it received
+// has been settled. It does not close ch.
 //
 // If the channel or its connection closes first, Run waits for in-flight
-// handlers to return (their acks fail; the broker redelivers those messages)
-// and returns an error matching ErrChannelClosed. If the broker cancels the
-// consumer, the error matches ErrConsumerCancelled. Errors setting up the
-// consumer (a queue that does not exist, for one) are returned as the
-// broker reported them; one that comes of the channel or its connection
-// closing while Run sets up matches ErrChannelClosed too. A panic in the
-// handler is not recovered.
+// handlers to return (their acks fail; the broker redelivers those
+// messages) and returns an error matching ErrChannelClosed. If the broker
+// cancels the consumer, the error matches ErrConsumerCancelled. Errors
+// setting up the consumer (a queue that does not exist, for one) are
+// returned as the broker reported them; one that comes of the channel or
+// its connection closing while Run sets up matches ErrChannelClosed too. A
+// panic in the handler is not recovered.
 //
 // Use ch for this consumer alone, with amqp091's automatic recovery off:
 // after an error, open a new channel and call Run again.
-func (c *Consumer) Run(ctx context.Context, ch Channel) error {
+func (c *Consumer) Run(ctx context.Context, ch Channel, queue string) error {
 	if ch == nil {
 		return errors.New("rabbitmq: Run: nil channel")
+	}
+	if queue == "" || len(queue) > 255 {
+		return fmt.Errorf("rabbitmq: Run: queue name %q, want 1 to 255 bytes", queue)
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	if err := ch.Qos(c.cfg.prefetch, 0, false); err != nil {
-		return c.setupError(ch, fmt.Errorf("rabbitmq: queue %q: set prefetch %d: %w", c.queue, c.cfg.prefetch, err))
+		return setupError(ch, fmt.Errorf("rabbitmq: queue %q: set prefetch %d: %w", queue, c.cfg.prefetch, err))
 	}
 	tag, err := c.newTag()
 	if err != nil {
 		return err
 	}
-	deliveries, err := ch.Consume(c.queue, tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 	if err != nil {
-		return c.setupError(ch, fmt.Errorf("rabbitmq: consume queue %q: %w", c.queue, err))
+		return setupError(ch, fmt.Errorf("rabbitmq: consume queue %q: %w", queue, err))
 	}
 
 	// Handlers run with a context that outlives ctx, so that a shutdown
@@ -220,14 +242,18 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 	// timeout, or when Run returns.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	stopping := make(chan struct{})
+	r := &run{queue: queue, stopping: make(chan struct{})}
 	var wg sync.WaitGroup
-	wg.Add(c.cfg.workers)
-	for range c.cfg.workers {
+	wg.Add(c.cfg.Workers())
+	for range c.cfg.Workers() {
 		go func() {
 			defer wg.Done()
+			if c.bh != nil {
+				c.batches(hctx, r, deliveries)
+				return
+			}
 			for d := range deliveries {
-				c.work(hctx, &d, stopping)
+				c.work(hctx, r, &d)
 			}
 		}()
 	}
@@ -239,8 +265,8 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 
 	select {
 	case <-ctx.Done():
-		close(stopping)
-		timer := time.AfterFunc(c.cfg.shutdownTimeout, hcancel)
+		close(r.stopping)
+		timer := time.AfterFunc(c.cfg.ShutdownTimeout(), hcancel)
 		defer timer.Stop()
 		// Cancel stops new deliveries; amqp091 then closes deliveries once
 		// the ones already received are drained (and released by workers).
@@ -250,37 +276,37 @@ func (c *Consumer) Run(ctx context.Context, ch Channel) error {
 		select {
 		case e, ok := <-closed:
 			if ok && e != nil {
-				return c.closedError(e)
+				return closedError(queue, e)
 			}
 		default:
 		}
 		return nil
 	case e := <-closed:
-		close(stopping)
+		close(r.stopping)
 		<-workersDone
-		return c.closedError(e)
+		return closedError(queue, e)
 	case <-workersDone:
-		close(stopping)
+		close(r.stopping)
 		// amqp091 reports a broker's close before it closes the
 		// deliveries; an application's close marks the channel closed
 		// before.
 		select {
 		case e := <-closed:
-			return c.closedError(e)
+			return closedError(queue, e)
 		default:
 		}
 		if ch.IsClosed() {
-			return c.closedError(nil)
+			return closedError(queue, nil)
 		}
-		return fmt.Errorf("%w: queue %q, consumer %q (was the queue deleted?)", ErrConsumerCancelled, c.queue, tag)
+		return fmt.Errorf("%w: queue %q, consumer %q (was the queue deleted?)", ErrConsumerCancelled, queue, tag)
 	}
 }
 
-func (c *Consumer) closedError(e *amqp.Error) error {
+func closedError(queue string, e *amqp.Error) error {
 	if e == nil {
-		return fmt.Errorf("%w while consuming queue %q: closed by the application", ErrChannelClosed, c.queue)
+		return fmt.Errorf("%w while consuming queue %q: closed by the application", ErrChannelClosed, queue)
 	}
-	return fmt.Errorf("%w while consuming queue %q: %w", ErrChannelClosed, c.queue, e)
+	return fmt.Errorf("%w while consuming queue %q: %w", ErrChannelClosed, queue, e)
 }
 
 func (c *Consumer) newTag() (string, error) {
@@ -291,119 +317,127 @@ func (c *Consumer) newTag() (string, error) {
 	return c.cfg.tagPrefix + "-" + hex.EncodeToString(b), nil
 }
 
-// work runs the handler for one delivery and settles it.
-func (c *Consumer) work(ctx context.Context, d *amqp.Delivery, stopping <-chan struct{}) {
-	select {
-	case <-stopping:
-		c.settle(ctx, Settlement{Delivery: d, Action: Released}, d.Nack(false, true))
+// result is what became of one delivery, to be settled: its message as
+// far as it could be read, and the Middleware's outcome or the error.
+type result struct {
+	d   *amqp.Delivery
+	msg idempotent.Message
+	out idempotent.Outcome
+	err error
+}
+
+// work runs one delivery through the Middleware and settles it.
+func (c *Consumer) work(ctx context.Context, r *run, d *amqp.Delivery) {
+	if r.stopped() {
+		c.release(ctx, r, d)
 		return
-	default:
 	}
 	if c.cfg.deliveryContext != nil {
 		if dctx := c.cfg.deliveryContext(ctx, d); dctx != nil {
 			ctx = dctx
 		}
 	}
-	c.stats.delivered.Add(1)
-	outcome, err := c.handle(ctx, d)
-	dec := c.decide(d, err)
-	switch dec.Action {
-	case adapter.Ack:
-		switch outcome {
-		case idempotent.Applied:
-			c.stats.applied.Add(1)
-		case idempotent.Duplicate:
-			c.stats.duplicates.Add(1)
-		}
-		c.settle(ctx, Settlement{Delivery: d, Action: Acked, Outcome: outcome}, d.Ack(false))
-	case adapter.DeadLetter:
-		c.settle(ctx, Settlement{Delivery: d, Action: DeadLettered, Err: err}, d.Reject(false))
-	default:
-		// The worker holds the delivery for the rule's delay, at most the
-		// requeue delay: a longer wait (a message dated ahead of the clock)
-		// is served by requeueing it again when it comes back.
-		if hold := min(dec.Delay, c.cfg.requeueDelay); hold > 0 {
-			t := time.NewTimer(hold)
-			select {
-			case <-t.C:
-			case <-stopping:
-				t.Stop()
+	msg, err := c.cfg.Message(d)
+	var out idempotent.Outcome
+	if err == nil {
+		out, err = c.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error { return c.h(ctx, tx, d) })
+	}
+	c.settle(ctx, r, []result{{d: d, msg: msg, out: out, err: err}})
+}
+
+// release hands a delivery that arrived during the shutdown back to the
+// broker, unprocessed.
+func (c *Consumer) release(ctx context.Context, r *run, d *amqp.Delivery) {
+	msg, _ := c.cfg.Message(d) // the key, for the event, if it can be read
+	c.report(ctx, r, result{d: d, msg: msg}, adapter.EventReleased, 0, 0, "nack", d.Nack(false, true))
+}
+
+// settle settles results by the one settle rule: acks and rejects at once,
+// then, after one wait of the longest delay among them (at most the
+// retry delay's maximum, cut short by a shutdown), the requeues.
+func (c *Consumer) settle(ctx context.Context, r *run, rs []result) {
+	var requeue []result
+	var wait time.Duration
+	for _, x := range rs {
+		n := attempt(x.d)
+		dec := c.rule.Settle(x.msg, x.err, n)
+		switch dec.Action {
+		case adapter.Ack:
+			typ := adapter.EventApplied
+			if x.out == idempotent.Duplicate {
+				typ = adapter.EventDuplicate
 			}
-		}
-		c.settle(ctx, Settlement{Delivery: d, Action: Requeued, Err: err}, d.Nack(false, true))
-	}
-}
-
-// decide is how every delivery is settled: an error marked poison
-// (ErrPoison, a WithPoison predicate) is poison, everything else goes
-// through the one settle rule, with the message and Middleware clock a
-// Process or Decode Handler's error carries.
-func (c *Consumer) decide(d *amqp.Delivery, err error) adapter.Decision {
-	if err != nil && c.markedPoison(err) {
-		return adapter.Decision{Action: adapter.DeadLetter, Err: err}
-	}
-	rule, msg := settleRule(err, c.cfg.backoff())
-	return rule.Settle(msg, err, attempt(d))
-}
-
-// settleRule returns the rule for a Handler's error and the message it
-// carries: the Middleware's clock and clock-skew margin for an error of a
-// Process or Decode Handler, the defaults otherwise.
-func settleRule(err error, backoff idempotent.RetryPolicy) (adapter.Rule, idempotent.Message) {
-	var he *handlerError
-	if errors.As(err, &he) {
-		return adapter.RuleFor(he.mw, backoff), he.msg
-	}
-	return adapter.Rule{Backoff: backoff}, idempotent.Message{}
-}
-
-// attempt counts d's deliveries from 1, for the backoff: a quorum queue's
-// x-delivery-count header plus one, else 2 for a redelivery and 1 for a
-// first delivery.
-func attempt(d *amqp.Delivery) int {
-	switch n := d.Headers["x-delivery-count"].(type) {
-	case int64:
-		return int(min(n, 1<<20)) + 1
-	case int32:
-		return int(n) + 1
-	case int:
-		return min(n, 1<<20) + 1
-	}
-	if d.Redelivered {
-		return 2
-	}
-	return 1
-}
-
-func (c *Consumer) markedPoison(err error) bool {
-	if errors.Is(err, ErrPoison) {
-		return true
-	}
-	for _, p := range c.cfg.poison {
-		if p(err) {
-			return true
+			c.report(ctx, r, x, typ, n, 0, "ack", x.d.Ack(false))
+		case adapter.DeadLetter:
+			c.report(ctx, r, x, adapter.EventDeadLettered, n, 0, "reject", x.d.Reject(false))
+		default:
+			requeue = append(requeue, x)
+			wait = max(wait, dec.Delay)
 		}
 	}
-	return false
+	if len(requeue) == 0 {
+		return
+	}
+	held := r.hold(min(wait, c.hold))
+	for _, x := range requeue {
+		c.report(ctx, r, x, adapter.EventRequeued, attempt(x.d), held, "nack", x.d.Nack(false, true))
+	}
 }
 
-func (c *Consumer) settle(ctx context.Context, s Settlement, settleErr error) {
-	s.SettleErr = settleErr
+// hold waits d, or until the Run shuts down, and returns how long it
+// waited.
+func (r *run) hold(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return d
+	case <-r.stopping:
+		return time.Since(start)
+	}
+}
+
+// report tells the observer how x was settled, and that the ack, nack or
+// reject (verb) failed, when settleErr says so.
+func (c *Consumer) report(ctx context.Context, r *run, x result, typ adapter.EventType, attempt int, delay time.Duration, verb string, settleErr error) {
+	e := adapter.Event{Type: typ, Message: x.msg, Source: r.source(x.d), Attempt: attempt, Delay: delay, Detail: x.d}
+	if typ != adapter.EventApplied && typ != adapter.EventDuplicate {
+		e.Err = x.err
+	}
+	c.obs.Observe(ctx, e)
 	if settleErr != nil {
-		c.stats.settleFailed.Add(1)
-	} else {
-		switch s.Action {
-		case Acked:
-			c.stats.acked.Add(1)
-		case Requeued:
-			c.stats.requeued.Add(1)
-		case DeadLettered:
-			c.stats.deadLettered.Add(1)
-		case Released:
-			c.stats.released.Add(1)
-		}
+		c.obs.Observe(ctx, adapter.Event{Type: adapter.EventSettleFailed, Message: x.msg, Source: e.Source, Attempt: attempt,
+			Err: fmt.Errorf("rabbitmq: %s of %s: %w", verb, e.Source, settleErr), Detail: x.d})
 	}
-	if c.cfg.onSettle != nil {
-		c.cfg.onSettle(ctx, s)
+}
+
+// attempt counts d's deliveries from 1, for the retry delay: a quorum
+// queue's x-delivery-count header plus one, else 1.
+func attempt(d *amqp.Delivery) int {
+	var n int64
+	switch v := d.Headers["x-delivery-count"].(type) {
+	case int64:
+		n = v
+	case int32:
+		n = int64(v)
+	case int16:
+		n = int64(v)
+	case int8:
+		n = int64(v)
+	case int:
+		n = int64(v)
+	case uint8:
+		n = int64(v)
+	case uint16:
+		n = int64(v)
+	case uint32:
+		n = int64(v)
+	default:
+		return 1
 	}
+	return int(min(max(n, 0), 1<<20)) + 1
 }

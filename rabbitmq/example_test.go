@@ -9,13 +9,11 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/DATA-DOG/go-sqlmock"
 	_ "github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
@@ -43,29 +41,28 @@ func ExampleNewConsumer() {
 		CustomerID int64 `json:"customer_id"`
 		TotalCents int64 `json:"total_cents"`
 	}
-	credit := func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+	// credit runs only for a new claim, in its transaction.
+	credit := func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *amqp.Delivery) error {
 		res, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", o.TotalCents/100, o.CustomerID)
 		if err != nil {
-			return err // rolled back, requeued after the requeue delay
+			return err // rolled back, requeued after the retry delay
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return rabbitmq.Poison(fmt.Errorf("no customer %d", o.CustomerID)) // dead-lettered
+			return adapter.Poison(fmt.Errorf("no customer %d", o.CustomerID)) // dead-lettered
 		}
 		return nil
 	}
-	// The event time comes from the Idempotent-Event-Time header
-	// (adapter.EventTimeHeader) the producer set, if it did.
-	handler, err := rabbitmq.Decode(mw, rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id")), rabbitmq.JSON[orderCompleted], credit)
-	if err != nil {
-		log.Fatal(err)
-	}
-	consumer, err := rabbitmq.NewConsumer("loyalty.order-completed", handler,
+	// The key is the order id in the body; the event time comes from the
+	// Idempotent-Event-Time header (adapter.EventTimeHeader) the producer
+	// set, if it did.
+	consumer, err := rabbitmq.NewConsumer(mw, rabbitmq.Decode(rabbitmq.JSON[orderCompleted], credit),
+		rabbitmq.WithKey(rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id"))),
 		rabbitmq.WithWorkers(8),
-		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
-			if s.Action == rabbitmq.DeadLettered || s.SettleErr != nil {
-				slog.Warn("delivery", "action", s.Action, "message_id", s.Delivery.MessageId, "err", s.Err, "settle_err", s.SettleErr)
+		rabbitmq.WithObserver(adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+			if e.Type == adapter.EventDeadLettered || e.Type == adapter.EventSettleFailed {
+				slog.Warn("delivery", "event", e.Type, "key", e.Message.Key, "source", e.Source, "err", e.Err)
 			}
-		}))
+		})))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -81,13 +78,48 @@ func ExampleNewConsumer() {
 			if err != nil {
 				return err
 			}
-			return consumer.Run(ctx, ch) // nil after a graceful shutdown
+			return consumer.Run(ctx, ch, "loyalty.order-completed") // nil after a graceful shutdown
 		}()
 		if err != nil {
 			slog.Error("consumer stopped; reconnecting", "err", err) // errors.Is(err, rabbitmq.ErrChannelClosed)
 			time.Sleep(time.Second)
 		}
 	}
+}
+
+// A batch consumer claims what the broker has sent ahead, up to 200
+// deliveries, in one transaction, and credits the fresh ones with one
+// statement per delivery in it; each delivery is then acked on its own.
+func ExampleNewBatchConsumer() {
+	db, err := idempotent.OpenGuarded("postgres", "postgres://loyalty@db/loyalty")
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		log.Fatal(err)
+	}
+	type orderCompleted struct {
+		CustomerID int64 `json:"customer_id"`
+		TotalCents int64 `json:"total_cents"`
+	}
+	credit := func(ctx context.Context, tx *sql.Tx, ds []*amqp.Delivery) error {
+		for i, d := range ds {
+			o, err := rabbitmq.JSON[orderCompleted](d.Body)
+			if err != nil {
+				return adapter.PoisonItem(i, err) // dead-letter this one, claim the rest again
+			}
+			if _, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", o.TotalCents/100, o.CustomerID); err != nil {
+				return err // the whole batch rolls back and is requeued
+			}
+		}
+		return nil
+	}
+	consumer, err := rabbitmq.NewBatchConsumer(mw, credit, rabbitmq.WithBatchSize(200), rabbitmq.WithWorkers(2))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = consumer // Run it as in the NewConsumer example
 }
 
 // A message key must be the producer's identity for the message's effect,
@@ -108,7 +140,7 @@ func ExampleKeyFunc() {
 		fmt.Println(key(d))
 	}
 	_, err := rabbitmq.MessageID()(&amqp.Delivery{Body: d.Body})
-	fmt.Println(errors.Is(err, rabbitmq.ErrNoKey), rabbitmq.IsPoison(err))
+	fmt.Println(errors.Is(err, adapter.ErrNoKey), errors.Is(err, idempotent.ErrInvalidKey))
 	// Output:
 	// evt-5f1c <nil>
 	// evt-5f1c <nil>
@@ -116,62 +148,16 @@ func ExampleKeyFunc() {
 	// true true
 }
 
-// More errors can count as poison: here a retention error, for messages
-// older than the claims the consumer keeps.
-func ExampleWithPoison() {
-	errTooOld := errors.New("message older than the claim retention")
-	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		if time.Since(d.Timestamp) > 30*24*time.Hour {
-			return 0, fmt.Errorf("message %s: %w", d.MessageId, errTooOld)
-		}
-		return idempotent.Applied, nil
-	}
-	consumer, err := rabbitmq.NewConsumer("orders", h, rabbitmq.WithPoison(func(err error) bool { return errors.Is(err, errTooOld) }))
-	if err != nil {
-		log.Fatal(err)
-	}
-	_ = consumer // Run it as in the NewConsumer example
-}
-
-// The adapter in partitioned mode: the event time comes from the
-// Idempotent-Event-Time header (adapter.EventTimeHeader) the producer set,
-// and the claim lands in the event day's partition. A re-send with a new
-// AMQP timestamp but the same header meets the same claim. (The database
-// is go-sqlmock, scripted by the mocks package.)
-func ExampleProcess_partitioned() {
-	db, mock, err := mocks.Open()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithDailyPartitions(2))
-	if err != nil {
-		log.Fatal(err)
-	}
-	credit, err := rabbitmq.Process(mw, rabbitmq.MessageID(), func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + 50 WHERE customer_id = 7")
-		return err
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-
-	at := time.Now().Add(-time.Hour) // set by the producer
-	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectAppliedAt("order-completed:9912", at) // the claim in at's day
-	m.ExpectExec("UPDATE balances SET points = points + 50 WHERE customer_id = 7").WillReturnResult(sqlmock.NewResult(0, 1))
-	m.ExpectCommit()
-
-	outcome, err := credit(context.Background(), &amqp.Delivery{
-		MessageId: "order-completed:9912",
-		Headers:   amqp.Table{adapter.EventTimeHeader: adapter.FormatEventTime(at)},
-	})
-	fmt.Println(outcome, err)
-	_, err = credit(context.Background(), &amqp.Delivery{MessageId: "order-completed:9913"}) // no header
-	fmt.Println(rabbitmq.IsPoison(err), errors.Is(err, rabbitmq.ErrNoEventTime))
-	fmt.Println(mock.ExpectationsWereMet())
+// A producer that sets its event time in a header of its own: the
+// consumer reads it with TimeHeader.
+func ExampleTimeHeader() {
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	d := &amqp.Delivery{MessageId: "order-completed:9912", Headers: amqp.Table{"Completed-At": "2026-12-01T10:30:00+01:00"}}
+	got, err := rabbitmq.TimeHeader("Completed-At")(d)
+	fmt.Println(got.Equal(at), err)
+	_, err = rabbitmq.TimeHeader("Completed-At")(&amqp.Delivery{})
+	fmt.Println(errors.Is(err, adapter.ErrNoEventTime))
 	// Output:
-	// applied <nil>
-	// true true
-	// <nil>
+	// true <nil>
+	// true
 }

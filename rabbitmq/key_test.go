@@ -4,13 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 
-	_ "github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
@@ -25,27 +25,27 @@ func TestKeyFuncs(t *testing.T) {
 		wantErr error
 	}{
 		{"message_id", rabbitmq.MessageID(), amqp.Delivery{MessageId: "evt-1", DeliveryTag: 42}, "evt-1", nil},
-		{"no message_id", rabbitmq.MessageID(), amqp.Delivery{DeliveryTag: 42}, "", rabbitmq.ErrNoKey},
+		{"no message_id", rabbitmq.MessageID(), amqp.Delivery{DeliveryTag: 42}, "", adapter.ErrNoKey},
 		{"string header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": "evt-2"}}, "evt-2", nil},
 		{"bytes header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": []byte("evt-3")}}, "evt-3", nil},
 		{"integer header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": int64(77)}}, "77", nil},
-		{"missing header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"other": "x"}}, "", rabbitmq.ErrNoKey},
-		{"no headers", rabbitmq.Header("event-id"), amqp.Delivery{}, "", rabbitmq.ErrNoKey},
-		{"empty header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": ""}}, "", rabbitmq.ErrNoKey},
-		{"float header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": 1.5}}, "", rabbitmq.ErrNoKey},
+		{"missing header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"other": "x"}}, "", adapter.ErrNoKey},
+		{"no headers", rabbitmq.Header("event-id"), amqp.Delivery{}, "", adapter.ErrNoKey},
+		{"empty header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": ""}}, "", adapter.ErrNoKey},
+		{"float header", rabbitmq.Header("event-id"), amqp.Delivery{Headers: amqp.Table{"event-id": 1.5}}, "", adapter.ErrNoKey},
 		{"number field", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: order}, "9912", nil},
 		{"nested field", rabbitmq.BodyField("customer", "id"), amqp.Delivery{Body: order}, "c-7", nil},
 		{"prefixed", rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id")), amqp.Delivery{Body: order}, "order-completed:9912", nil},
-		{"prefixed error", rabbitmq.Prefixed("order-completed:", rabbitmq.MessageID()), amqp.Delivery{}, "", rabbitmq.ErrNoKey},
-		{"missing field", rabbitmq.BodyField("event_id"), amqp.Delivery{Body: order}, "", rabbitmq.ErrNoKey},
-		{"empty field", rabbitmq.BodyField("note"), amqp.Delivery{Body: order}, "", rabbitmq.ErrNoKey},
-		{"array field", rabbitmq.BodyField("tags"), amqp.Delivery{Body: order}, "", rabbitmq.ErrNoKey},
-		{"through a non-object", rabbitmq.BodyField("order_id", "x"), amqp.Delivery{Body: order}, "", rabbitmq.ErrNoKey},
-		{"null field", rabbitmq.BodyField("id"), amqp.Delivery{Body: []byte(`{"id": null}`)}, "", rabbitmq.ErrNoKey},
-		{"not JSON", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`order 9912`)}, "", rabbitmq.ErrUndecodable},
-		{"trailing data", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`{"order_id": 1} {}`)}, "", rabbitmq.ErrUndecodable},
-		{"array body", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`[1]`)}, "", rabbitmq.ErrUndecodable},
-		{"empty body", rabbitmq.BodyField("order_id"), amqp.Delivery{}, "", rabbitmq.ErrUndecodable},
+		{"prefixed error", rabbitmq.Prefixed("order-completed:", rabbitmq.MessageID()), amqp.Delivery{}, "", adapter.ErrNoKey},
+		{"missing field", rabbitmq.BodyField("event_id"), amqp.Delivery{Body: order}, "", adapter.ErrNoKey},
+		{"empty field", rabbitmq.BodyField("note"), amqp.Delivery{Body: order}, "", adapter.ErrNoKey},
+		{"array field", rabbitmq.BodyField("tags"), amqp.Delivery{Body: order}, "", adapter.ErrNoKey},
+		{"through a non-object", rabbitmq.BodyField("order_id", "x"), amqp.Delivery{Body: order}, "", adapter.ErrNoKey},
+		{"null field", rabbitmq.BodyField("id"), amqp.Delivery{Body: []byte(`{"id": null}`)}, "", adapter.ErrNoKey},
+		{"not JSON", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`order 9912`)}, "", adapter.ErrUndecodable},
+		{"trailing data", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`{"order_id": 1} {}`)}, "", adapter.ErrUndecodable},
+		{"array body", rabbitmq.BodyField("order_id"), amqp.Delivery{Body: []byte(`[1]`)}, "", adapter.ErrUndecodable},
+		{"empty body", rabbitmq.BodyField("order_id"), amqp.Delivery{}, "", adapter.ErrUndecodable},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,9 +53,6 @@ func TestKeyFuncs(t *testing.T) {
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) || got != "" {
 					t.Fatalf("got (%q, %v), want an error matching %v", got, err, tc.wantErr)
-				}
-				if !rabbitmq.IsPoison(err) {
-					t.Fatalf("%v is not poison", err)
 				}
 				return
 			}
@@ -66,82 +63,78 @@ func TestKeyFuncs(t *testing.T) {
 	}
 }
 
-func TestPoison(t *testing.T) {
-	t.Parallel()
-	base := errors.New("unknown customer 7")
-	p := rabbitmq.Poison(base)
-	if !errors.Is(p, rabbitmq.ErrPoison) || !errors.Is(p, base) || !rabbitmq.IsPoison(p) {
-		t.Fatalf("Poison(%v) = %v: does not match both ErrPoison and the cause", base, p)
-	}
-	if rabbitmq.Poison(nil) != nil {
-		t.Fatal("Poison(nil) is not nil")
-	}
-	if !errors.Is(rabbitmq.ErrNoKey, idempotent.ErrInvalidKey) || !errors.Is(rabbitmq.ErrUndecodable, rabbitmq.ErrPoison) {
-		t.Fatal("ErrNoKey or ErrUndecodable is not poison")
-	}
-	if rabbitmq.IsPoison(base) || rabbitmq.IsPoison(idempotent.ErrClaimBusy) || rabbitmq.IsPoison(nil) {
-		t.Fatal("an ordinary error is poison")
-	}
-}
-
-// unreachableMiddleware returns a Middleware whose database refuses every
-// connection: a handler that reaches it fails with an error that is not
-// poison.
-func unreachableMiddleware(t *testing.T) *idempotent.Middleware {
-	t.Helper()
-	db, err := sql.Open("postgres", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 1}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw
-}
-
 type orderCompleted struct {
 	OrderID    int64 `json:"order_id"`
 	CustomerID int64 `json:"customer_id"`
 }
 
-func TestHandlersRejectPoisonBeforeTheDatabase(t *testing.T) {
+// TestKeysOfAConsumer: WithKey replaces the default message_id, and a
+// failing key function makes the delivery poison before any transaction.
+func TestKeysOfAConsumer(t *testing.T) {
 	t.Parallel()
-	mw := unreachableMiddleware(t)
-	ran := false
-	fn := func(context.Context, *sql.Tx, *amqp.Delivery) error { ran = true; return nil }
-	h := func(context.Context, *sql.Tx, orderCompleted) error { ran = true; return nil }
-	failingKey := func(*amqp.Delivery) (string, error) { return "", errors.New("lookup failed") }
-	cases := []struct {
-		name    string
-		handler rabbitmq.Handler
-		d       amqp.Delivery
-		want    error
+	failing := func(*amqp.Delivery) (string, error) { return "", errors.New("lookup failed") }
+	for _, tc := range []struct {
+		name string
+		key  rabbitmq.KeyFunc
+		d    amqp.Delivery
+		want string
+		err  error
 	}{
-		{"Process, no key", must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn)), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
-		{"Process, key with NUL", must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn)), amqp.Delivery{MessageId: "a\x00b"}, idempotent.ErrInvalidKey},
-		{"Process, failing key function", must(t)(rabbitmq.Process(mw, failingKey, fn)), amqp.Delivery{MessageId: "m"}, idempotent.ErrInvalidKey},
-		{"Decode, no key", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h)), amqp.Delivery{Body: []byte(`{}`)}, rabbitmq.ErrNoKey},
-		{"Decode, bad JSON", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], h)), amqp.Delivery{MessageId: "m", Body: []byte(`{"order_id": "x"}`)}, rabbitmq.ErrUndecodable},
-		{"Decode, own decoder", must(t)(rabbitmq.Decode(mw, rabbitmq.MessageID(), func([]byte) (orderCompleted, error) {
-			return orderCompleted{}, errors.New("unsupported schema version")
-		}, h)), amqp.Delivery{MessageId: "m"}, rabbitmq.ErrUndecodable},
-	}
-	for _, tc := range cases {
+		{"default", nil, amqp.Delivery{MessageId: "evt-1", Body: []byte(`{"order_id": 9912}`)}, "evt-1", nil},
+		{"body field", rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id")), amqp.Delivery{MessageId: "evt-1", Body: []byte(`{"order_id": 9912}`)}, "order-completed:9912", nil},
+		{"failing key function", failing, amqp.Delivery{MessageId: "evt-1"}, "", errors.New("lookup failed")},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := tc.handler(context.Background(), &tc.d)
-			if !errors.Is(err, tc.want) || !rabbitmq.IsPoison(err) || out != 0 {
-				t.Fatalf("got (%v, %v), want a poison error matching %v", out, err, tc.want)
+			t.Parallel()
+			mw, db := newMiddleware(t)
+			var opts []rabbitmq.Option
+			if tc.key != nil {
+				opts = append(opts, rabbitmq.WithKey(tc.key))
+			}
+			e := settleOne(t, mw, effect, tc.d, opts...)
+			if tc.err != nil {
+				if e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, idempotent.ErrInvalidKey) || !strings.Contains(e.Err.Error(), "key function: lookup failed") {
+					t.Fatalf("settled %v (%v), want dead-lettered naming the key function's error", e.Type, e.Err)
+				}
+				return
+			}
+			if e.Type != adapter.EventApplied || e.Message.Key != tc.want || !db.claimed(tc.want) {
+				t.Fatalf("settled %v with key %q (%v), want applied with %q", e.Type, e.Message.Key, e.Err, tc.want)
 			}
 		})
 	}
-	if ran {
-		t.Fatal("a handler ran for a poison delivery")
+}
+
+// TestDecode: the body is decoded in the claim's transaction, and a body
+// that cannot be decoded rolls it back and is dead-lettered.
+func TestDecode(t *testing.T) {
+	t.Parallel()
+	var got []orderCompleted
+	h := rabbitmq.Decode(rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, d *amqp.Delivery) error {
+		got = append(got, o)
+		return effect(ctx, tx, d)
+	})
+	mw, db := newMiddleware(t)
+	if e := settleOne(t, mw, h, amqp.Delivery{MessageId: "a", Body: []byte(`{"order_id": 1, "customer_id": 7, "new_field": true}`)}); e.Type != adapter.EventApplied {
+		t.Fatalf("a JSON body: %v (%v), want applied", e.Type, e.Err)
 	}
-	// A valid delivery does reach the database, and that failure is not poison.
-	_, err := must(t)(rabbitmq.Process(mw, rabbitmq.MessageID(), fn))(context.Background(), &amqp.Delivery{MessageId: "m"})
-	if err == nil || rabbitmq.IsPoison(err) {
-		t.Fatalf("unreachable database: %v, want an error that is not poison", err)
+	if len(got) != 1 || got[0] != (orderCompleted{OrderID: 1, CustomerID: 7}) {
+		t.Fatalf("decoded %+v", got)
+	}
+	for name, body := range map[string]string{"not JSON": "order 2", "a wrong type": `{"order_id": "two"}`, "trailing data": `{"order_id": 2} {}`} {
+		e := settleOne(t, mw, h, amqp.Delivery{MessageId: "b", Body: []byte(body)})
+		if e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, adapter.ErrUndecodable) {
+			t.Fatalf("%s: %v (%v), want dead-lettered with ErrUndecodable", name, e.Type, e.Err)
+		}
+	}
+	own := rabbitmq.Decode(func([]byte) (orderCompleted, error) {
+		return orderCompleted{}, errors.New("unsupported schema version")
+	},
+		func(context.Context, *sql.Tx, orderCompleted, *amqp.Delivery) error { return nil })
+	if e := settleOne(t, mw, own, amqp.Delivery{MessageId: "c"}); e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, adapter.ErrUndecodable) {
+		t.Fatalf("own decoder: %v (%v), want dead-lettered with ErrUndecodable", e.Type, e.Err)
+	}
+	if db.claimed("b") || db.claimed("c") || len(db.committed()) != 1 {
+		t.Fatalf("the undecodable deliveries left claims or effects: %q", db.committed())
 	}
 }

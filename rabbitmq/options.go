@@ -9,10 +9,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 )
 
-// An Option configures a Consumer. Options are checked by NewConsumer: a bad
-// value is an error from NewConsumer, never a surprise at the first delivery.
+// An Option configures a Consumer. Options are checked by NewConsumer and
+// NewBatchConsumer: a bad value is an error from the constructor, never a
+// surprise at the first delivery.
 type Option interface {
 	apply(*config) error
 }
@@ -21,128 +23,173 @@ type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
 
-// Limits on option values.
+// Defaults and limits of the options.
 const (
-	// MaxWorkers is the largest number of workers WithWorkers accepts.
-	MaxWorkers = 1024
-	// MaxRequeueDelay is the longest delay WithRequeueDelay accepts. A
-	// worker holds the delivery (and a prefetch slot) while it waits.
-	MaxRequeueDelay = time.Minute
+	// DefaultRetryDelay and DefaultMaxRetryDelay are WithRetryDelay's
+	// defaults: a requeued delivery is held about a second on its first
+	// failure, doubling up to ten seconds on a quorum queue, which counts
+	// deliveries.
+	DefaultRetryDelay    = time.Second
+	DefaultMaxRetryDelay = 10 * time.Second
+	// MaxRetryDelay is the longest maximum WithRetryDelay accepts: a worker
+	// holds the delivery (and a prefetch slot) while it waits.
+	MaxRetryDelay = time.Minute
+	// DefaultBatchSize is WithBatchSize's default.
+	DefaultBatchSize = 100
+	// MaxPrefetch is the largest prefetch count AMQP allows.
+	MaxPrefetch = 65535
 )
 
 type config struct {
-	workers         int
-	prefetch        int // 0: twice the workers
-	requeueDelay    time.Duration
-	shutdownTimeout time.Duration
-	poison          []func(error) bool
-	onSettle        func(context.Context, Settlement)
-	deliveryContext func(context.Context, *amqp.Delivery) context.Context
+	adapter.Config[*amqp.Delivery]
+	prefetch        int // 0: the default
+	batchSize       int // 0: not set
 	tagPrefix       string
-}
-
-// backoff is the settle rule's backoff policy: the requeue delay.
-func (c *config) backoff() idempotent.RetryPolicy {
-	return idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.requeueDelay, MaxBackoff: c.requeueDelay}
+	deliveryContext func(context.Context, *amqp.Delivery) context.Context
 }
 
 func defaultConfig() config {
-	return config{
-		workers:         4,
-		requeueDelay:    time.Second,
-		shutdownTimeout: 30 * time.Second,
-		tagPrefix:       "idempotent",
+	c := config{Config: adapter.NewConfig(transport), tagPrefix: "idempotent"}
+	if err := c.SetRetryDelay(DefaultRetryDelay, DefaultMaxRetryDelay); err != nil {
+		panic(err) // the defaults are valid
 	}
+	return c
 }
 
-// WithWorkers sets how many deliveries are processed at once, each by its
-// own goroutine (and, through the middleware, its own database connection:
-// size the pool for it). It must be 1 to MaxWorkers. Default is 4.
-func WithWorkers(n int) Option {
+// WithKey sets the function that reads each delivery's message key.
+// Default is [MessageID], the AMQP message_id property.
+func WithKey(k KeyFunc) Option {
+	return optionFunc(func(c *config) error { return c.SetKey(k) })
+}
+
+// WithEventTime reads each delivery's event time with f, a function over
+// the delivery (a header of the producer's own, see [TimeHeader], or a
+// body field), instead of the adapter.EventTimeHeader header. f counts as
+// a producer's event time: it is accepted in partitioned mode. A delivery
+// for which f fails or returns the zero time is poison. Default is the
+// header.
+func WithEventTime(f EventTimeFunc) Option {
+	return optionFunc(func(c *config) error { return c.SetEventTime(f) })
+}
+
+// WithTransportEventTime reads each delivery's event time from the AMQP
+// timestamp property (amqp091.Publishing.Timestamp, whole seconds) instead
+// of the adapter.EventTimeHeader header. That is a transport time: a
+// producer's re-send (an application retry, a relay resending after a lost
+// confirm) stamps it anew, and so does a broker plugin that stamps messages
+// on arrival. A re-send then gets a new event time — after midnight a new
+// day — and the retention fence judges it by that time, not the event's.
+// Because a re-send would land in another day's partition, where its first
+// claim cannot be seen, and apply again, the option is refused for a
+// Middleware in partitioned mode (an error matching
+// adapter.ErrNoProducerEventTime). A delivery without a timestamp is poison
+// (adapter.ErrNoEventTime). Default is the header.
+func WithTransportEventTime() Option {
+	return optionFunc(func(c *config) error { return c.SetTransportEventTime() })
+}
+
+// WithoutEventTime reads no event time: the retention fence cannot apply to
+// the deliveries. It is refused for a Middleware in partitioned mode (an
+// error matching adapter.ErrNoProducerEventTime). Default is the
+// adapter.EventTimeHeader header.
+func WithoutEventTime() Option {
+	return optionFunc(func(c *config) error { return c.SetNoEventTime() })
+}
+
+// WithObserver sets the Observer told of every delivery's settlement, on
+// the worker's goroutine, with the delivery (*amqp091.Delivery) in
+// Event.Detail: exactly one of adapter.EventApplied, EventDuplicate,
+// EventRequeued, EventDeadLettered and EventReleased per delivery, after
+// the broker was told, and adapter.EventSettleFailed in addition when the
+// ack, nack or reject could not be sent. Consumer.Stats counts the same
+// events. Default is none.
+func WithObserver(o adapter.Observer) Option {
+	return optionFunc(func(c *config) error { return c.SetObserver(o) })
+}
+
+// WithRetryDelay sets how long a delivery to be requeued is held before it
+// is nacked with requeue, so that a failing message does not spin between
+// the broker and the consumer: initial after its first failure, doubling
+// (jittered) for each further attempt up to max, as
+// idempotent.RetryPolicy.Backoff computes it. The attempt is the quorum
+// queue's x-delivery-count header plus one; a classic queue counts no
+// deliveries, so its every requeue waits about initial. A message dated
+// ahead of the clock is held at most max too, and requeued again each time
+// it comes back until the clock has caught up. The wait is cut short when
+// Run is shutting down. It needs 0 < initial <= max <= MaxRetryDelay.
+// Default is DefaultRetryDelay up to DefaultMaxRetryDelay.
+//
+// The delay bounds the retry rate, not the number of retries: to
+// dead-letter a message after N failed deliveries, use a quorum queue with
+// the x-delivery-limit argument.
+func WithRetryDelay(initial, max time.Duration) Option {
 	return optionFunc(func(c *config) error {
-		if n < 1 || n > MaxWorkers {
-			return fmt.Errorf("rabbitmq: WithWorkers: %d workers, want 1 to %d", n, MaxWorkers)
+		if max > MaxRetryDelay {
+			return fmt.Errorf("WithRetryDelay: max %v is longer than %v, the longest a worker holds a delivery", max, MaxRetryDelay)
 		}
-		c.workers = n
-		return nil
+		return c.SetRetryDelay(initial, max)
 	})
 }
 
+// WithFutureBound sets how far ahead of the Middleware's clock (past its
+// clock-skew margin) an event time may be and be requeued until the clock
+// catches up; further ahead is poison. Default is
+// adapter.DefaultFutureBound.
+func WithFutureBound(d time.Duration) Option {
+	return optionFunc(func(c *config) error { return c.SetFutureBound(d) })
+}
+
+// WithWorkers sets how many deliveries (or batches) are processed at once,
+// each by its own goroutine and, through the Middleware, its own database
+// connection: size the pool for it. It must be 1 to adapter.MaxWorkers.
+// Default is adapter.DefaultWorkers.
+func WithWorkers(n int) Option {
+	return optionFunc(func(c *config) error { return c.SetWorkers(n) })
+}
+
+// WithShutdownTimeout bounds how long Run waits, after its context ends,
+// for in-flight deliveries to finish. When it runs out, their contexts are
+// cancelled: their transactions roll back and the deliveries are requeued,
+// to be applied on redelivery. It must be positive. Default is
+// adapter.DefaultShutdownTimeout.
+func WithShutdownTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error { return c.SetShutdownTimeout(d) })
+}
+
+// WithPoison sets a poison predicate: a handler error for which it returns
+// true dead-letters the delivery instead of requeueing it, besides the
+// errors the settle rule calls poison (adapter.ErrPoison and the
+// Middleware's errors no redelivery can fix). Use it for another package's
+// errors. Default is none.
+func WithPoison(isPoison func(error) bool) Option {
+	return optionFunc(func(c *config) error { return c.SetPoison(isPoison) })
+}
+
 // WithPrefetch sets the channel's prefetch count (basic.qos): how many
-// unacked deliveries the broker sends ahead. It must be at least the number
-// of workers, or workers would sit idle, and at most 65535. Default is twice
-// the number of workers.
+// unacked deliveries the broker sends ahead. It must be at least the
+// number of workers (and, for a batch consumer, the batch size), or
+// workers would sit idle, and at most MaxPrefetch. Default is twice the
+// workers (times the batch size, for a batch consumer), at most
+// MaxPrefetch.
 func WithPrefetch(n int) Option {
 	return optionFunc(func(c *config) error {
-		if n < 1 || n > 65535 {
-			return fmt.Errorf("rabbitmq: WithPrefetch: %d, want 1 to 65535", n)
+		if n < 1 || n > MaxPrefetch {
+			return fmt.Errorf("WithPrefetch: %d, want 1 to %d", n, MaxPrefetch)
 		}
 		c.prefetch = n
 		return nil
 	})
 }
 
-// WithRequeueDelay sets the requeue delay: the backoff of the settle rule
-// (adapter.Rule.Backoff, jittered between d/2 and d) and the longest a
-// worker holds a delivery, before it nacks it with requeue. The delay keeps
-// a failing message from spinning between the broker and the consumer; it
-// is cut short when Run is shutting down. A message dated ahead of the
-// clock is held at most d too, and requeued again each time it comes back
-// until the clock has caught up. 0 requeues at once. It must be 0 to
-// MaxRequeueDelay. Default is one second.
-//
-// The delay bounds the retry rate, not the number of retries: to
-// dead-letter a message after N failed deliveries, use a quorum queue with
-// the x-delivery-limit argument.
-func WithRequeueDelay(d time.Duration) Option {
+// WithBatchSize sets the most deliveries a batch consumer (NewBatchConsumer)
+// claims in one transaction, 1 to idempotent.MaxBatchSize. NewConsumer
+// refuses it. Default is DefaultBatchSize.
+func WithBatchSize(n int) Option {
 	return optionFunc(func(c *config) error {
-		if d < 0 || d > MaxRequeueDelay {
-			return fmt.Errorf("rabbitmq: WithRequeueDelay: %v, want 0 to %v", d, MaxRequeueDelay)
+		if n < 1 || n > idempotent.MaxBatchSize {
+			return fmt.Errorf("WithBatchSize: %d, want 1 to %d", n, idempotent.MaxBatchSize)
 		}
-		c.requeueDelay = d
-		return nil
-	})
-}
-
-// WithShutdownTimeout bounds how long Run waits, after its context ends, for
-// in-flight deliveries to finish. When it runs out, their contexts are
-// cancelled: their transactions roll back and the deliveries are requeued,
-// to be applied on redelivery. It must be positive. Default is 30 seconds.
-func WithShutdownTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("rabbitmq: WithShutdownTimeout: %v is not a positive duration", d)
-		}
-		c.shutdownTimeout = d
-		return nil
-	})
-}
-
-// WithPoison adds a poison predicate: a handler error for which it returns
-// true dead-letters the delivery instead of requeueing it. A delivery is
-// poison if it matches ErrPoison, an added predicate says so, or the settle
-// rule does (see IsPoison). Use it for another package's errors that no
-// redelivery can fix. Default is none.
-func WithPoison(isPoison func(error) bool) Option {
-	return optionFunc(func(c *config) error {
-		if isPoison == nil {
-			return errors.New("rabbitmq: WithPoison: nil predicate")
-		}
-		c.poison = append(c.poison, isPoison)
-		return nil
-	})
-}
-
-// WithOnSettle sets a function called after each delivery is settled (acked,
-// requeued, dead-lettered or released), on the worker's goroutine, for
-// logging and metrics. It must be safe for concurrent use and return
-// quickly. Default is none.
-func WithOnSettle(f func(ctx context.Context, s Settlement)) Option {
-	return optionFunc(func(c *config) error {
-		if f == nil {
-			return errors.New("rabbitmq: WithOnSettle: nil function")
-		}
-		c.onSettle = f
+		c.batchSize = n
 		return nil
 	})
 }
@@ -154,7 +201,7 @@ func WithOnSettle(f func(ctx context.Context, s Settlement)) Option {
 func WithConsumerTag(prefix string) Option {
 	return optionFunc(func(c *config) error {
 		if prefix == "" || len(prefix) > 200 {
-			return fmt.Errorf("rabbitmq: WithConsumerTag: %q, want 1 to 200 bytes", prefix)
+			return fmt.Errorf("WithConsumerTag: %q, want 1 to 200 bytes", prefix)
 		}
 		c.tagPrefix = prefix
 		return nil
@@ -162,17 +209,18 @@ func WithConsumerTag(prefix string) Option {
 }
 
 // WithDeliveryContext sets a function that derives each delivery's context
-// from the delivery, before the handler runs: the handler and the
-// WithOnSettle function get the context it returns. Use it to continue a
-// producer's trace carried in the message's headers, with a propagator of
-// your tracing library (otelmetrics.ContextFromHeaders for OpenTelemetry).
-// f runs on the worker's goroutine and must return ctx or a context derived
-// from it, so that the shutdown timeout still cancels the handler; a nil
-// return keeps ctx. Default is none.
+// from the delivery, before its transaction begins: the handler, the
+// Middleware's Observer and the Consumer's get the context it returns. Use
+// it to continue a producer's trace carried in the message's headers, with
+// a propagator of your tracing library (otelmetrics.ContextFromHeaders for
+// OpenTelemetry). f runs on the worker's goroutine and must return ctx or
+// a context derived from it, so that the shutdown timeout still cancels
+// the handler; a nil return keeps ctx. NewBatchConsumer refuses it: a
+// batch has no one delivery to derive its context from. Default is none.
 func WithDeliveryContext(f func(ctx context.Context, d *amqp.Delivery) context.Context) Option {
 	return optionFunc(func(c *config) error {
 		if f == nil {
-			return errors.New("rabbitmq: WithDeliveryContext: nil function")
+			return errors.New("WithDeliveryContext: nil function")
 		}
 		c.deliveryContext = f
 		return nil

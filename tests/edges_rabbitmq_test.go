@@ -2,10 +2,12 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
@@ -28,28 +30,23 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 
 	// The adapter in partitioned mode: key from message_id, event time
 	// from the Idempotent-Event-Time header.
-	credit := l.eventOrderHandler(t)
-	settled := make(chan rabbitmq.Settlement)
+	settled := make(chan adapter.Event)
 	stop := make(chan struct{})
 	defer close(stop)
-	c, err := rabbitmq.NewConsumer(top.queue, credit,
-		rabbitmq.WithWorkers(1), rabbitmq.WithRequeueDelay(20*time.Millisecond),
-		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
+	c := l.orderConsumer(t, rabbitmq.WithRetryDelay(20*time.Millisecond, 20*time.Millisecond),
+		rabbitmq.WithObserver(adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
 			select {
-			case settled <- s: // the worker waits for the test to look
+			case settled <- e: // the worker waits for the test to look
 			case <-stop:
 			}
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
+		})))
 	ch := openChannel(t, dialTest(t, url))
 	defer ch.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res := make(chan error, 1)
-	go func() { res <- c.Run(ctx, ch) }()
-	next := func(what string) rabbitmq.Settlement {
+	go func() { res <- c.Run(ctx, ch, top.queue) }()
+	next := func(what string) adapter.Event {
 		t.Helper()
 		select {
 		case s := <-settled:
@@ -59,26 +56,23 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 		case <-time.After(60 * time.Second):
 			t.Fatalf("timed out waiting for %s (stats %+v)", what, c.Stats())
 		}
-		return rabbitmq.Settlement{}
+		return adapter.Event{}
 	}
 	first := next("the first settlement")
-	if first.Action != rabbitmq.Requeued {
-		t.Fatalf("first delivery settled as %v (%v), want Requeued: the day's partition is only not there yet", first.Action, first.Err)
+	if first.Type != adapter.EventRequeued || !errors.Is(first.Err, idempotent.ErrNoPartition) {
+		t.Fatalf("first delivery settled as %v (%v), want requeued: the day's partition is only not there yet", first.Type, first.Err)
 	}
 	t.Logf("first delivery requeued: %v", first.Err)
 	if _, err := l.mw.MaintainPartitions(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for {
-		s := next("the ack")
-		if s.Action == rabbitmq.Acked {
-			if s.Outcome != idempotent.Applied {
-				t.Fatalf("acked as %v, want Applied", s.Outcome)
-			}
+		e := next("the ack")
+		if e.Type == adapter.EventApplied {
 			break
 		}
-		if s.Action != rabbitmq.Requeued {
-			t.Fatalf("settled as %v (%v), want Requeued until the partition exists, then Acked", s.Action, s.Err)
+		if e.Type != adapter.EventRequeued {
+			t.Fatalf("settled as %v (%v), want requeued until the partition exists, then applied", e.Type, e.Err)
 		}
 	}
 	cancel()

@@ -202,14 +202,10 @@ func TestOTelRabbitMQContinuesTheProducersTrace(t *testing.T) {
 	}
 	newPublisher(t, admin, top.queue).publish(t, m, orderMessage(t, untraced))
 
-	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(t), rabbitmq.WithWorkers(1),
-		rabbitmq.WithDeliveryContext(func(ctx context.Context, d *amqp.Delivery) context.Context {
-			return otelmetrics.ContextFromHeaders(ctx, d.Headers)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "two acks", func() bool { return c.Stats().Acked == 2 }); err != nil {
+	c := l.orderConsumer(t, rabbitmq.WithDeliveryContext(func(ctx context.Context, d *amqp.Delivery) context.Context {
+		return otelmetrics.ContextFromHeaders(ctx, d.Headers)
+	}))
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "two acks", func() bool { return c.Stats().Applied == 2 }); err != nil {
 		t.Fatal(err)
 	}
 

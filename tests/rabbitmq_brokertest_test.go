@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync"
 	"testing"
@@ -9,15 +10,14 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/brokertest"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
 // TestRabbitMQBrokertest runs the adapters' conformance suite on the local
 // RabbitMQ: a queue of each scenario's own with a dead-letter exchange,
-// consumed by rabbitmq.NewConsumer over a Decode Handler.
+// consumed by rabbitmq.NewConsumer and, in batch mode,
+// rabbitmq.NewBatchConsumer.
 func TestRabbitMQBrokertest(t *testing.T) {
 	brokertest.Run(t, rabbitHarness{})
 }
@@ -27,13 +27,16 @@ const rabbitKeyHeader = "Order-Key"
 
 type rabbitHarness struct{}
 
-// Features: a killed connection's unacked deliveries are requeued (Kill),
-// a queue keeps what a stopped consumer left (Restart), a closed channel
-// loses the acks it had not sent (LoseAck), poison is rejected to the
-// queue's dead-letter exchange (DeadLetter), and the harness stamps the
-// AMQP timestamp (TransportTime). A Settlement carries no requeue delay.
+// Features: a batch consumer (Batch), a killed connection's unacked
+// deliveries are requeued (Kill), a queue keeps what a stopped consumer
+// left (Restart), a closed channel loses the acks it had not sent
+// (LoseAck), poison is rejected to the queue's dead-letter exchange
+// (DeadLetter), and the harness stamps the AMQP timestamp (TransportTime).
+// A requeue reports the time the delivery was held, at most the retry
+// delay's maximum, not the rule's whole delay: a message dated ahead of
+// the clock comes back and is held again (no RequeueDelay).
 func (rabbitHarness) Features() brokertest.Features {
-	return brokertest.Features{Kill: true, Restart: true, LoseAck: true, DeadLetter: true, TransportTime: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, LoseAck: true, DeadLetter: true, TransportTime: true}
 }
 
 func (rabbitHarness) Open(t *testing.T) brokertest.Transport {
@@ -70,25 +73,32 @@ func (tr *rabbitTransport) Publish(ctx context.Context, m brokertest.Message) er
 	return nil
 }
 
-// NewConsumer builds rabbitmq.NewConsumer over rabbitmq.Decode. Without a
-// producer event time means the AMQP timestamp (WithTransportEventTime):
-// the adapter has no source that reads none.
+// NewConsumer builds rabbitmq.NewConsumer (or NewBatchConsumer) keyed by
+// the harness's header, the suite's Observer given to WithObserver.
 func (tr *rabbitTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
-	var hopts []rabbitmq.HandlerOption
+	opts := []rabbitmq.Option{rabbitmq.WithKey(rabbitmq.Header(rabbitKeyHeader)), rabbitmq.WithWorkers(cfg.Workers),
+		rabbitmq.WithRetryDelay(10*time.Millisecond, 100*time.Millisecond)}
+	if cfg.Observer != nil {
+		opts = append(opts, rabbitmq.WithObserver(cfg.Observer))
+	}
 	if cfg.NoEventTime {
-		hopts = append(hopts, rabbitmq.WithTransportEventTime())
+		opts = append(opts, rabbitmq.WithoutEventTime())
 	}
-	raw := func(b []byte) ([]byte, error) { return b, nil }
-	h, err := rabbitmq.Decode(cfg.Middleware, rabbitmq.Header(rabbitKeyHeader), raw, idempotent.Handler[[]byte](cfg.Handler), hopts...)
-	if err != nil {
-		return nil, err
+	var c *rabbitmq.Consumer
+	var err error
+	if cfg.Batch {
+		c, err = rabbitmq.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, ds []*amqp.Delivery) error {
+			bodies := make([][]byte, len(ds))
+			for i, d := range ds {
+				bodies[i] = d.Body
+			}
+			return cfg.BatchHandler(ctx, tx, bodies)
+		}, append(opts, rabbitmq.WithBatchSize(cfg.BatchSize))...)
+	} else {
+		c, err = rabbitmq.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
+			return cfg.Handler(ctx, tx, d.Body)
+		}, opts...)
 	}
-	actions := map[rabbitmq.Action]adapter.Action{rabbitmq.Acked: adapter.Ack, rabbitmq.Requeued: adapter.Requeue, rabbitmq.Released: adapter.Requeue, rabbitmq.DeadLettered: adapter.DeadLetter}
-	c, err := rabbitmq.NewConsumer(tr.top.queue, h, rabbitmq.WithWorkers(cfg.Workers), rabbitmq.WithRequeueDelay(10*time.Millisecond),
-		rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
-			key, _ := s.Delivery.Headers[rabbitKeyHeader].(string)
-			cfg.OnSettle(brokertest.Settlement{Key: key, Action: actions[s.Action], Err: s.Err})
-		}))
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +136,7 @@ func (c *rabbitConsumer) Start(ctx context.Context) error {
 				done <- c.ended(err)
 				return
 			}
-			err = c.c.Run(runCtx, &rabbitChannel{Channel: ch, lose: c.lose, ready: func() { once.Do(func() { close(ready) }) }})
+			err = c.c.Run(runCtx, &rabbitChannel{Channel: ch, lose: c.lose, ready: func() { once.Do(func() { close(ready) }) }}, c.tr.top.queue)
 			_ = ch.Close()
 			if runCtx.Err() != nil || p.crashed.Load() || !errors.Is(err, rabbitmq.ErrChannelClosed) {
 				done <- c.ended(err)

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"sync"
 	"testing"
@@ -14,53 +13,6 @@ import (
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
-
-// settleLog records a Consumer's settlements by message id.
-type settleLog struct {
-	mu sync.Mutex
-	by map[string][]rabbitmq.Settlement
-}
-
-func (s *settleLog) record(_ context.Context, st rabbitmq.Settlement) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.by == nil {
-		s.by = map[string][]rabbitmq.Settlement{}
-	}
-	s.by[st.Delivery.MessageId] = append(s.by[st.Delivery.MessageId], st)
-}
-
-// actions returns the actions of id's settlements, in order.
-func (s *settleLog) actions(id string) []rabbitmq.Action {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var a []rabbitmq.Action
-	for _, st := range s.by[id] {
-		a = append(a, st.Action)
-	}
-	return a
-}
-
-// first returns id's first settlement.
-func (s *settleLog) first(id string) rabbitmq.Settlement {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.by[id]) == 0 {
-		return rabbitmq.Settlement{}
-	}
-	return s.by[id][0]
-}
-
-// last returns id's last settlement.
-func (s *settleLog) last(id string) rabbitmq.Settlement {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	all := s.by[id]
-	if len(all) == 0 {
-		return rabbitmq.Settlement{}
-	}
-	return all[len(all)-1]
-}
 
 // TestRabbitMQResendAcrossMidnightIsDuplicate (issue 21, case 1): on a
 // day-partitioned claim table, a message produced at now−24h and re-sent at
@@ -83,17 +35,14 @@ func TestRabbitMQResendAcrossMidnightIsDuplicate(t *testing.T) {
 	resent.Timestamp = now // the re-send's transport time, after midnight
 	newPublisher(t, admin, top.queue).publish(t, produced, resent)
 
-	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(t), rabbitmq.WithWorkers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "both acked", func() bool {
+	c := l.orderConsumer(t)
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "both settled", func() bool {
 		s := c.Stats()
-		return s.Acked+s.DeadLettered+s.Requeued >= 2
+		return s.Applied+s.Duplicates+s.DeadLettered+s.Requeued >= 2
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Stats(); s.Applied != 1 || s.Duplicates != 1 || s.Acked != 2 {
+	if s := c.Stats(); s != (adapter.Stats{Applied: 1, Duplicates: 1}) {
 		t.Fatalf("stats %+v, want 1 applied and 1 duplicate, both acked", s)
 	}
 	if got, want := partitionOf(t, l, o.key()), l.schema+".processed_messages_p20310314"; got != want {
@@ -108,29 +57,26 @@ func TestRabbitMQResendAcrossMidnightIsDuplicate(t *testing.T) {
 }
 
 // TestRabbitMQPartitionedWithoutProducerTimeIsRefused (issue 21, case 2): a
-// Handler for a partitioned claim table whose event time would come from
-// the transport (the AMQP timestamp) is refused when it is built, with an
-// error naming the problem — no panic, and no delivery ever terminated.
+// Consumer for a partitioned claim table whose event time would come from
+// the transport (the AMQP timestamp), or from nowhere, is refused when it
+// is built, with an error naming the problem — no panic, and no delivery
+// ever terminated.
 func TestRabbitMQPartitionedWithoutProducerTimeIsRefused(t *testing.T) {
 	t.Parallel()
 	l, _ := partitionedLoyalty(t, time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC), 1)
-	credit := func(context.Context, *sql.Tx, *amqp.Delivery) error {
-		t.Error("the handler ran")
-		return nil
-	}
-	for name, build := range map[string]func() (rabbitmq.Handler, error){
-		"Process": func() (rabbitmq.Handler, error) {
-			return rabbitmq.Process(l.mw, rabbitmq.MessageID(), credit, rabbitmq.WithTransportEventTime())
-		},
-		"Decode": func() (rabbitmq.Handler, error) {
-			return rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit, rabbitmq.WithTransportEventTime())
-		},
+	for name, opt := range map[string]rabbitmq.Option{
+		"WithTransportEventTime": rabbitmq.WithTransportEventTime(),
+		"WithoutEventTime":       rabbitmq.WithoutEventTime(),
 	} {
-		h, err := build()
-		if h != nil || !errors.Is(err, adapter.ErrNoProducerEventTime) {
-			t.Fatalf("%s: handler %v, error %v; want no handler and ErrNoProducerEventTime", name, h != nil, err)
+		c, err := rabbitmq.NewConsumer(l.mw, l.orderHandler(), opt)
+		if c != nil || !errors.Is(err, adapter.ErrNoProducerEventTime) {
+			t.Fatalf("%s: consumer %v, error %v; want no consumer and ErrNoProducerEventTime", name, c != nil, err)
 		}
 		t.Logf("%s: %v", name, err)
+	}
+	// The producer's header, the default, is accepted.
+	if _, err := rabbitmq.NewConsumer(l.mw, l.orderHandler()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -153,40 +99,33 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	farAt := soonAt.Add(idempotent.DefaultClockSkew + adapter.DefaultFutureBound + time.Hour) // beyond the bound even after the clock moves
 	newPublisher(t, admin, top.queue).publish(t, eventOrderMessage(t, soon, soonAt), eventOrderMessage(t, far, farAt))
 
-	var log settleLog
+	var log settlements
 	var catchUp sync.Once
-	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(t),
-		rabbitmq.WithWorkers(1), rabbitmq.WithRequeueDelay(10*time.Millisecond),
-		rabbitmq.WithOnSettle(func(ctx context.Context, s rabbitmq.Settlement) {
-			log.record(ctx, s)
-			if s.Delivery.MessageId == soon.key() && s.Action == rabbitmq.Requeued {
+	c := l.orderConsumer(t, rabbitmq.WithRetryDelay(10*time.Millisecond, 10*time.Millisecond),
+		rabbitmq.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
+			log.Observe(ctx, e)
+			if e.Message.Key == soon.key() && e.Type == adapter.EventRequeued {
 				// Nothing may be written while it waits.
 				if n := l.ledgerRows(t, soon.OrderID); n != 0 {
 					t.Errorf("%d ledger rows for the requeued message", n)
 				}
 				catchUp.Do(func() { clock.Set(soonAt) })
 			}
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "both acked or dead-lettered", func() bool {
+		})))
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "both applied or dead-lettered", func() bool {
 		s := c.Stats()
-		return s.Acked+s.DeadLettered >= 2
+		return s.Applied+s.DeadLettered >= 2
 	}); err != nil {
 		t.Fatal(err)
 	}
-	acts := log.actions(soon.key())
-	if len(acts) < 2 || acts[0] != rabbitmq.Requeued || acts[len(acts)-1] != rabbitmq.Acked {
-		t.Fatalf("the message %v ahead: %v, want requeued, then acked", soonAt.Sub(now), acts)
+	acts := log.types(soon.key())
+	if len(acts) < 2 || acts[0] != adapter.EventRequeued || acts[len(acts)-1] != adapter.EventApplied {
+		t.Fatalf("the message %v ahead: %v, want requeued, then applied", soonAt.Sub(now), acts)
 	}
-	if st := log.last(soon.key()); st.Outcome != idempotent.Applied {
-		t.Fatalf("the message %v ahead ended %v, want applied", soonAt.Sub(now), st.Outcome)
+	if e := log.first(soon.key()); !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 10*time.Millisecond {
+		t.Fatalf("requeued with %v after %v, want ErrInvalidEventTime after at most the retry delay's maximum", e.Err, e.Delay)
 	}
-	if st := log.first(soon.key()); !errors.Is(st.Err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("requeued with %v, want ErrInvalidEventTime", st.Err)
-	}
-	if acts := log.actions(far.key()); len(acts) != 1 || acts[0] != rabbitmq.DeadLettered {
+	if acts := log.types(far.key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
 		t.Fatalf("the message %v ahead: %v, want dead-lettered once", farAt.Sub(now), acts)
 	}
 	if b, n, nf := l.balance(t, 13), l.ledgerRows(t, soon.OrderID), l.ledgerRows(t, far.OrderID); b != pointsFor(soon) || n != 1 || nf != 0 {
@@ -225,25 +164,22 @@ func TestRabbitMQBadEventTimeHeaderIsPoison(t *testing.T) {
 	badMsg.Headers = amqp.Table{adapter.EventTimeHeader: "1773489600"}
 	newPublisher(t, admin, top.queue).publish(t, badMsg, eventOrderMessage(t, good, time.Now().Add(-time.Minute)))
 
-	var log settleLog
-	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(t), rabbitmq.WithWorkers(1), rabbitmq.WithOnSettle(log.record))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "both settled", func() bool {
+	var log settlements
+	c := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "both settled", func() bool {
 		s := c.Stats()
-		return s.Acked+s.DeadLettered >= 2
+		return s.Applied+s.DeadLettered >= 2
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if acts := log.actions(bad.key()); len(acts) != 1 || acts[0] != rabbitmq.DeadLettered {
+	if acts := log.types(bad.key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
 		t.Fatalf("the bad header: %v, want dead-lettered once", acts)
 	}
 	if err := log.last(bad.key()).Err; !errors.Is(err, adapter.ErrBadEventTime) || !errors.Is(err, idempotent.ErrInvalidEventTime) {
 		t.Fatalf("dead-lettered with %v, want ErrBadEventTime", err)
 	}
-	if st := log.last(good.key()); st.Action != rabbitmq.Acked || st.Outcome != idempotent.Applied {
-		t.Fatalf("the good header: %v %v, want acked, applied", st.Action, st.Outcome)
+	if acts := log.types(good.key()); len(acts) != 1 || acts[0] != adapter.EventApplied {
+		t.Fatalf("the good header: %v, want applied", acts)
 	}
 	if b, n := l.balance(t, 14), l.ledgerRows(t, bad.OrderID); b != pointsFor(good) || n != 0 {
 		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, pointsFor(good))

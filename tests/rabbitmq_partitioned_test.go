@@ -1,10 +1,8 @@
 package tests
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,14 +12,6 @@ import (
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
-
-// eventOrderHandler is the loyalty consumer with the adapter in partitioned
-// mode: key from the producer's message_id, event time from its
-// Idempotent-Event-Time header (the default).
-func (l *loyalty) eventOrderHandler(t testing.TB) rabbitmq.Handler {
-	t.Helper()
-	return mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit))
-}
 
 // eventOrderMessage is orderMessage with the producer's event time in the
 // adapter.EventTimeHeader header.
@@ -48,43 +38,12 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	msg := orderCompleted{OrderID: 9913, CustomerID: 8, TotalCents: 5000}
 	newPublisher(t, admin, top.queue).publish(t, eventOrderMessage(t, msg, now.Add(-time.Hour)))
 
-	type seen struct {
-		outcome     idempotent.Outcome
-		redelivered bool
-	}
-	var mu sync.Mutex
-	var deliveries []seen
-	record := func(inner rabbitmq.Handler, after func()) rabbitmq.Handler {
-		return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-			out, err := inner(ctx, d)
-			if err != nil {
-				t.Errorf("handler: %v", err)
-			}
-			mu.Lock()
-			deliveries = append(deliveries, seen{out, d.Redelivered})
-			mu.Unlock()
-			after()
-			return out, err
-		}
-	}
-
-	p, err := dialProcess(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.conn.Close()
-	ch, err := p.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(t), p.crash), rabbitmq.WithWorkers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Run(context.Background(), ch); !errors.Is(err, rabbitmq.ErrChannelClosed) {
+	var log settlements
+	first := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := crashAfterCommit(t, url, top.queue, first); !errors.Is(err, rabbitmq.ErrChannelClosed) {
 		t.Fatalf("first Run: %v, want ErrChannelClosed", err)
 	}
-	if s := first.Stats(); s.Applied != 1 || s.Acked != 0 || s.SettleFailed != 1 {
+	if s := first.Stats(); s.Applied != 1 || s.SettleFailed != 1 {
 		t.Fatalf("first consumer: %+v, want 1 applied whose ack failed", s)
 	}
 	wantPart := l.schema + ".processed_messages_p20310314"
@@ -93,18 +52,12 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	}
 
 	clock.Add(24 * time.Hour) // the redelivery is processed on 15 March
-	second, err := rabbitmq.NewConsumer(top.queue, record(l.eventOrderHandler(t), func() {}), rabbitmq.WithWorkers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, second, dialTest(t, url), "the redelivery's ack", func() bool { return second.Stats().Acked == 1 }); err != nil {
+	second := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := runUntil(t, second, dialTest(t, url), top.queue, "the redelivery's ack", func() bool { return second.Stats().Duplicates == 1 }); err != nil {
 		t.Fatalf("second Run: %v", err)
 	}
-	want := []seen{{idempotent.Applied, false}, {idempotent.Duplicate, true}}
-	mu.Lock()
-	got := append([]seen(nil), deliveries...)
-	mu.Unlock()
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	want := []seen{{adapter.EventApplied, false}, {adapter.EventDuplicate, true}}
+	if got := log.outcomes(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("deliveries (outcome, redelivered) %v, want %v", got, want)
 	}
 	if b, n := l.balance(t, 8), l.ledgerRows(t, 9913); b != pointsFor(msg) || n != 1 {
@@ -135,28 +88,20 @@ func TestRabbitMQPartitionedFenceDeadLetters(t *testing.T) {
 		orderMessage(t, unstamped),
 		eventOrderMessage(t, good, now.Add(-time.Minute)))
 
-	var dead sync.Map // message_id -> error
-	c, err := rabbitmq.NewConsumer(top.queue, l.eventOrderHandler(t), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
-		if s.Action == rabbitmq.DeadLettered {
-			dead.Store(s.Delivery.MessageId, s.Err)
-		}
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "all three settled", func() bool {
+	var log settlements
+	c := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "all three settled", func() bool {
 		s := c.Stats()
-		return s.Acked+s.DeadLettered == 3
+		return s.Applied+s.DeadLettered == 3
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Stats(); s.Acked != 1 || s.Applied != 1 || s.DeadLettered != 2 || s.Requeued != 0 {
+	if s := c.Stats(); s != (adapter.Stats{Applied: 1, DeadLettered: 2}) {
 		t.Fatalf("stats %+v, want 1 applied and acked, 2 dead-lettered", s)
 	}
-	for id, want := range map[string]error{old.key(): idempotent.ErrBeyondRetention, unstamped.key(): rabbitmq.ErrNoEventTime} {
-		got, _ := dead.Load(id)
-		if err, _ := got.(error); !errors.Is(err, want) {
-			t.Errorf("message %q dead-lettered with %v, want %v", id, got, want)
+	for id, want := range map[string]error{old.key(): idempotent.ErrBeyondRetention, unstamped.key(): adapter.ErrNoEventTime} {
+		if e := log.last(id); e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, want) {
+			t.Errorf("message %q settled %v with %v, want dead-lettered with %v", id, e.Type, e.Err, want)
 		}
 	}
 	waitFor(t, "two messages in the dead-letter queue", func() (bool, error) { return depth(t, admin, top.dlq) == 2, nil })

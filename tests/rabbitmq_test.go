@@ -15,39 +15,147 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
-// orderHandler is the loyalty consumer as users write it with the adapter:
-// key from the producer's message_id, JSON body, credit in the claim's
-// transaction.
-func (l *loyalty) orderHandler(t testing.TB) rabbitmq.Handler {
+// orderHandler is the loyalty consumer's effect as users write it with the
+// adapter: the JSON body decoded, the credit in the claim's transaction.
+func (l *loyalty) orderHandler() rabbitmq.Handler {
+	return rabbitmq.Decode(rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *amqp.Delivery) error {
+		return l.credit(ctx, tx, o)
+	})
+}
+
+// orderConsumer is the loyalty consumer: key from the producer's
+// message_id, event time from its Idempotent-Event-Time header (both the
+// defaults), orderHandler's credit.
+func (l *loyalty) orderConsumer(t testing.TB, opts ...rabbitmq.Option) *rabbitmq.Consumer {
 	t.Helper()
-	return mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], l.credit))
-}
-
-// mustHandler returns a function that fails t on a Handler constructor's
-// error.
-func mustHandler(t testing.TB) func(rabbitmq.Handler, error) rabbitmq.Handler {
-	return func(h rabbitmq.Handler, err error) rabbitmq.Handler {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return h
+	c, err := rabbitmq.NewConsumer(l.mw, l.orderHandler(), opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return c
 }
 
-// runUntil runs c on a new channel of conn until cond holds, then shuts it
-// down gracefully and returns Run's result.
-func runUntil(t *testing.T, c *rabbitmq.Consumer, conn *amqp.Connection, what string, cond func() bool) error {
+// settlements records a Consumer's events by message id.
+type settlements struct {
+	mu sync.Mutex
+	by map[string][]adapter.Event
+}
+
+func (s *settlements) Observe(_ context.Context, e adapter.Event) {
+	d, _ := e.Detail.(*amqp.Delivery)
+	if d == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.by == nil {
+		s.by = map[string][]adapter.Event{}
+	}
+	s.by[d.MessageId] = append(s.by[d.MessageId], e)
+}
+
+// types returns the types of id's events, in order.
+func (s *settlements) types(id string) []adapter.EventType {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []adapter.EventType
+	for _, e := range s.by[id] {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+// first and last return id's first and last events.
+func (s *settlements) first(id string) adapter.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.by[id]) == 0 {
+		return adapter.Event{}
+	}
+	return s.by[id][0]
+}
+
+func (s *settlements) last(id string) adapter.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := s.by[id]
+	if len(all) == 0 {
+		return adapter.Event{}
+	}
+	return all[len(all)-1]
+}
+
+// seen is one delivery's outcome, as the observer heard it.
+type seen struct {
+	event       adapter.EventType
+	redelivered bool
+}
+
+// outcomes returns the outcome events of every delivery, in order, with
+// their redelivered flags.
+func (s *settlements) outcomes() []seen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []seen
+	for _, evs := range s.by {
+		for _, e := range evs {
+			if e.Type == adapter.EventApplied || e.Type == adapter.EventDuplicate {
+				out = append(out, seen{e.Type, e.Detail.(*amqp.Delivery).Redelivered})
+			}
+		}
+	}
+	return out
+}
+
+// ackHookChannel is a channel whose deliveries call before, with the
+// delivery, when the Consumer acks them and before the ack is sent: a test
+// crashes the process there, after the commit and before the ack.
+type ackHookChannel struct {
+	*amqp.Channel
+	before func(d *amqp.Delivery)
+}
+
+func (ch *ackHookChannel) Consume(queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args amqp.Table) (<-chan amqp.Delivery, error) {
+	in, err := ch.Channel.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan amqp.Delivery)
+	go func() {
+		defer close(out)
+		for d := range in {
+			orig := d
+			d.Acknowledger = hookedAck{Acknowledger: d.Acknowledger, before: func() { ch.before(&orig) }}
+			out <- d
+		}
+	}()
+	return out, nil
+}
+
+type hookedAck struct {
+	amqp.Acknowledger
+	before func()
+}
+
+func (a hookedAck) Ack(tag uint64, multiple bool) error {
+	a.before()
+	return a.Acknowledger.Ack(tag, multiple)
+}
+
+// runUntil runs c on queue, on a new channel of conn, until cond holds, then shuts it down gracefully and returns Run's
+// result.
+func runUntil(t *testing.T, c *rabbitmq.Consumer, conn *amqp.Connection, queue, what string, cond func() bool) error {
 	t.Helper()
 	ch := openChannel(t, conn)
 	defer ch.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res := make(chan error, 1)
-	go func() { res <- c.Run(ctx, ch) }()
+	go func() { res <- c.Run(ctx, ch, queue) }()
 	deadline := time.After(60 * time.Second)
 	for !cond() {
 		select {
@@ -62,6 +170,23 @@ func runUntil(t *testing.T, c *rabbitmq.Consumer, conn *amqp.Connection, what st
 	return <-res
 }
 
+// crashAfterCommit runs c on a channel of a new process whose socket
+// closes when the first delivery is acked — after its commit, before the
+// ack leaves — and returns Run's error.
+func crashAfterCommit(t *testing.T, url, queue string, c *rabbitmq.Consumer) error {
+	t.Helper()
+	p, err := dialProcess(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.conn.Close()
+	ch, err := p.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Run(context.Background(), &ackHookChannel{Channel: ch, before: func(*amqp.Delivery) { p.crash() }}, queue)
+}
+
 func TestRabbitMQCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T) {
 	t.Parallel()
 	url := amqpURL(t)
@@ -74,61 +199,27 @@ func TestRabbitMQCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t *testing.T)
 	msg := orderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 	newPublisher(t, admin, top.queue).publish(t, orderMessage(t, msg))
 
-	type seen struct {
-		outcome     idempotent.Outcome
-		redelivered bool
-	}
-	var mu sync.Mutex
-	var deliveries []seen
-	record := func(inner rabbitmq.Handler, after func()) rabbitmq.Handler {
-		return func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-			out, err := inner(ctx, d)
-			if err != nil {
-				t.Errorf("handler: %v", err)
-			}
-			mu.Lock()
-			deliveries = append(deliveries, seen{out, d.Redelivered})
-			mu.Unlock()
-			after()
-			return out, err
-		}
-	}
-
 	// The first consumer process commits the credit, then dies before its
 	// ack leaves: the socket closes under it.
-	p, err := dialProcess(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.conn.Close()
-	ch, err := p.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(t), p.crash), rabbitmq.WithWorkers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.Run(context.Background(), ch); !errors.Is(err, rabbitmq.ErrChannelClosed) {
+	var log settlements
+	first := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := crashAfterCommit(t, url, top.queue, first); !errors.Is(err, rabbitmq.ErrChannelClosed) {
 		t.Fatalf("first Run: %v, want ErrChannelClosed", err)
 	}
-	if s := first.Stats(); s.Applied != 1 || s.Acked != 0 || s.SettleFailed != 1 {
+	if s := first.Stats(); s.Applied != 1 || s.SettleFailed != 1 {
 		t.Fatalf("first consumer: %+v, want 1 applied whose ack failed", s)
 	}
 
 	// The broker redelivers to the next consumer, which finds the claim.
-	second, err := rabbitmq.NewConsumer(top.queue, record(l.orderHandler(t), func() {}), rabbitmq.WithWorkers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, second, dialTest(t, url), "the redelivery's ack", func() bool { return second.Stats().Acked == 1 }); err != nil {
+	second := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := runUntil(t, second, dialTest(t, url), top.queue, "the redelivery's ack", func() bool { return second.Stats().Duplicates == 1 }); err != nil {
 		t.Fatalf("second Run: %v", err)
 	}
-	want := []seen{{idempotent.Applied, false}, {idempotent.Duplicate, true}}
-	mu.Lock()
-	got := append([]seen(nil), deliveries...)
-	mu.Unlock()
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	if s := second.Stats(); s.SettleFailed != 0 || s.Applied != 0 {
+		t.Fatalf("second consumer: %+v, want 1 duplicate acked", s)
+	}
+	want := []seen{{adapter.EventApplied, false}, {adapter.EventDuplicate, true}}
+	if got := log.outcomes(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("deliveries (outcome, redelivered) %v, want %v", got, want)
 	}
 	if b := l.balance(t, 7); b != pointsFor(msg) {
@@ -159,28 +250,20 @@ func TestRabbitMQPoisonGoesToTheDeadLetterQueue(t *testing.T) {
 	nulKey.MessageId = "order-completed:\x004"
 	newPublisher(t, admin, top.queue).publish(t, noKey, badBody, orderMessage(t, good), nulKey)
 
-	var dead sync.Map // message_id -> error
-	c, err := rabbitmq.NewConsumer(top.queue, l.orderHandler(t), rabbitmq.WithOnSettle(func(_ context.Context, s rabbitmq.Settlement) {
-		if s.Action == rabbitmq.DeadLettered {
-			dead.Store(s.Delivery.MessageId, s.Err)
-		}
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := runUntil(t, c, dialTest(t, url), "all four settled", func() bool {
+	var log settlements
+	c := l.orderConsumer(t, rabbitmq.WithObserver(&log))
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "all four settled", func() bool {
 		s := c.Stats()
-		return s.Acked+s.DeadLettered == 4
+		return s.Applied+s.DeadLettered == 4
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Stats(); s.Acked != 1 || s.DeadLettered != 3 || s.Requeued != 0 {
-		t.Fatalf("stats %+v, want 1 acked and 3 dead-lettered", s)
+	if s := c.Stats(); s != (adapter.Stats{Applied: 1, DeadLettered: 3}) {
+		t.Fatalf("stats %+v, want 1 applied and 3 dead-lettered", s)
 	}
-	for id, want := range map[string]error{"": rabbitmq.ErrNoKey, "order-completed:3": rabbitmq.ErrUndecodable, "order-completed:\x004": idempotent.ErrInvalidKey} {
-		got, _ := dead.Load(id)
-		if err, _ := got.(error); !errors.Is(err, want) {
-			t.Errorf("message %q dead-lettered with %v, want %v", id, got, want)
+	for id, want := range map[string]error{"": adapter.ErrNoKey, "order-completed:3": adapter.ErrUndecodable, "order-completed:\x004": idempotent.ErrInvalidKey} {
+		if e := log.last(id); e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, want) {
+			t.Errorf("message %q settled %v with %v, want dead-lettered with %v", id, e.Type, e.Err, want)
 		}
 	}
 
@@ -191,6 +274,7 @@ func TestRabbitMQPoisonGoesToTheDeadLetterQueue(t *testing.T) {
 	for range 3 {
 		var d amqp.Delivery
 		var ok bool
+		var err error
 		for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline); {
 			if d, ok, err = ch.Get(top.dlq, true); err != nil {
 				t.Fatal(err)
@@ -242,25 +326,21 @@ func TestRabbitMQFailedDeliveryIsRequeuedThenApplied(t *testing.T) {
 	// lookup timing out): the claim rolls back with the effect.
 	var attempts atomic.Int32
 	var redelivered atomic.Bool
-	h := mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+	h := rabbitmq.Decode(rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, d *amqp.Delivery) error {
 		if err := l.credit(ctx, tx, o); err != nil {
 			return err
 		}
 		if attempts.Add(1) <= 2 {
 			return errors.New("pricing service timed out")
 		}
+		redelivered.Store(d.Redelivered)
 		return nil
-	}))
-	c, err := rabbitmq.NewConsumer(top.queue, func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		if attempts.Load() == 2 {
-			redelivered.Store(d.Redelivered)
-		}
-		return h(ctx, d)
-	}, rabbitmq.WithWorkers(1), rabbitmq.WithRequeueDelay(20*time.Millisecond))
+	})
+	c, err := rabbitmq.NewConsumer(l.mw, h, rabbitmq.WithRetryDelay(20*time.Millisecond, 20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := runUntil(t, c, dialTest(t, url), "the ack", func() bool { return c.Stats().Acked == 1 }); err != nil {
+	if err := runUntil(t, c, dialTest(t, url), top.queue, "the ack", func() bool { return c.Stats().Applied == 1 }); err != nil {
 		t.Fatal(err)
 	}
 	if s := c.Stats(); s.Requeued != 2 || s.Applied != 1 || s.DeadLettered != 0 || !redelivered.Load() {
@@ -292,39 +372,38 @@ func TestRabbitMQShutdownLosesNothingInFlight(t *testing.T) {
 
 	// Slow handlers keep several deliveries in flight, and more prefetched,
 	// when the shutdown comes.
-	slow := func(ctx context.Context, tx *sql.Tx, o orderCompleted) error {
+	h := rabbitmq.Decode(rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *amqp.Delivery) error {
 		time.Sleep(3 * time.Millisecond)
 		return l.credit(ctx, tx, o)
-	}
-	h := mustHandler(t)(rabbitmq.Decode(l.mw, rabbitmq.MessageID(), rabbitmq.JSON[orderCompleted], slow))
-	first, err := rabbitmq.NewConsumer(top.queue, h, rabbitmq.WithWorkers(4), rabbitmq.WithPrefetch(20))
+	})
+	first, err := rabbitmq.NewConsumer(l.mw, h, rabbitmq.WithWorkers(4), rabbitmq.WithPrefetch(20))
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn := dialTest(t, url)
-	if err := runUntil(t, first, conn, "100 acks", func() bool { return first.Stats().Acked >= 100 }); err != nil {
+	if err := runUntil(t, first, conn, top.queue, "100 acks", func() bool { return first.Stats().Applied >= 100 }); err != nil {
 		t.Fatalf("Run after shutdown: %v", err)
 	}
 	s1 := first.Stats()
-	if s1.Applied != s1.Acked || s1.SettleFailed != 0 || s1.Requeued != 0 {
+	if s1.SettleFailed != 0 || s1.Requeued != 0 || s1.Duplicates != 0 {
 		t.Fatalf("first consumer %+v: every delivery it applied must be acked by the time Run returns", s1)
 	}
 	_ = conn.Close() // anything left unacked would go back to the queue now
 
 	// A second consumer drains the rest. Had the first lost an in-flight
 	// ack, its message would come back here as a duplicate.
-	second, err := rabbitmq.NewConsumer(top.queue, h, rabbitmq.WithWorkers(4))
+	second, err := rabbitmq.NewConsumer(l.mw, h, rabbitmq.WithWorkers(4))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := runUntil(t, second, dialTest(t, url), "the rest", func() bool { return first.Stats().Acked+second.Stats().Acked >= orders }); err != nil {
+	if err := runUntil(t, second, dialTest(t, url), top.queue, "the rest", func() bool { return first.Stats().Applied+second.Stats().Applied >= orders }); err != nil {
 		t.Fatal(err)
 	}
 	s2 := second.Stats()
-	if s2.Duplicates != 0 || s1.Applied+s2.Applied != orders || s1.Acked+s2.Acked != orders {
+	if s2.Duplicates != 0 || s2.SettleFailed != 0 || s1.Applied+s2.Applied != orders {
 		t.Fatalf("first %+v, second %+v: want %d applied and acked once in all, no duplicates", s1, s2, orders)
 	}
-	t.Logf("shutdown after %d acks released %d prefetched deliveries", s1.Acked, s1.Released)
+	t.Logf("shutdown after %d acks released %d prefetched deliveries", s1.Applied, s1.Released)
 	for c, points := range want {
 		if b := l.balance(t, c); b != points {
 			t.Fatalf("customer %d: balance %d, want %d", c, b, points)
@@ -382,20 +461,29 @@ func TestRabbitMQFiveThousandWithCrashes(t *testing.T) {
 	var mu sync.Mutex
 	acked := map[int64]int{} // copy -> successful acks
 	deadLettered := map[int64]int{}
-	onSettle := func(_ context.Context, s rabbitmq.Settlement) {
-		if s.SettleErr != nil {
-			return
-		}
-		id, _ := s.Delivery.Headers["copy"].(int64)
+	// A settlement that could not be sent is reported right after it, on
+	// the same goroutine: it takes the count back.
+	last := map[*amqp.Delivery]map[int64]int{}
+	observer := adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+		d := e.Detail.(*amqp.Delivery)
+		id, _ := d.Headers["copy"].(int64)
 		mu.Lock()
 		defer mu.Unlock()
-		switch s.Action {
-		case rabbitmq.Acked:
+		switch e.Type {
+		case adapter.EventApplied, adapter.EventDuplicate:
 			acked[id]++
-		case rabbitmq.DeadLettered:
+			last[d] = acked
+		case adapter.EventDeadLettered:
 			deadLettered[id]++
+			last[d] = deadLettered
+		case adapter.EventSettleFailed:
+			if m := last[d]; m != nil {
+				if m[id]--; m[id] == 0 {
+					delete(m, id)
+				}
+			}
 		}
-	}
+	})
 	settled := func() int {
 		mu.Lock()
 		defer mu.Unlock()
@@ -418,20 +506,17 @@ func TestRabbitMQFiveThousandWithCrashes(t *testing.T) {
 					return
 				}
 				live.Store(p, struct{}{})
-				base := l.orderHandler(t)
-				h := func(hctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-					out, err := base(hctx, d)
+				crashBeforeAck := func(*amqp.Delivery) {
 					prngMu.Lock()
-					crash := err == nil && prng.IntN(150) == 0
+					crash := prng.IntN(150) == 0
 					prngMu.Unlock()
 					if crash { // committed, not yet acked
 						crashes.Add(1)
 						p.crash()
 					}
-					return out, err
 				}
-				c, err := rabbitmq.NewConsumer(top.queue, h, rabbitmq.WithWorkers(workers),
-					rabbitmq.WithRequeueDelay(10*time.Millisecond), rabbitmq.WithOnSettle(onSettle))
+				c, err := rabbitmq.NewConsumer(l.mw, l.orderHandler(), rabbitmq.WithWorkers(workers),
+					rabbitmq.WithRetryDelay(10*time.Millisecond, 10*time.Millisecond), rabbitmq.WithObserver(observer))
 				if err != nil {
 					t.Error(err)
 					return
@@ -442,7 +527,7 @@ func TestRabbitMQFiveThousandWithCrashes(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					return c.Run(ctx, ch)
+					return c.Run(ctx, &ackHookChannel{Channel: ch, before: crashBeforeAck}, top.queue)
 				}()
 				live.Delete(p)
 				if err != nil && !p.crashed.Load() {

@@ -188,16 +188,9 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 		make func(context.Context, int) (consumeFunc, creditedT, error)
 	}
 	var st *store
-	rabbitImpls := func() []impl {
-		wrap := func(mk func(context.Context, int) (handlerT, creditedT, error)) func(context.Context, int) (consumeFunc, creditedT, error) {
-			return func(ctx context.Context, customers int) (consumeFunc, creditedT, error) {
-				h, credited, err := mk(ctx, customers)
-				return consumeRabbit(h), credited, err
-			}
-		}
-		return []impl{{"naive check-then-act", wrap(st.naiveHandler)}, {"idempotent", wrap(st.libraryHandler)}}
+	impls := func() []impl {
+		return []impl{{"naive check-then-act", st.naiveRabbit}, {"idempotent", st.libraryRabbit}}
 	}
-	impls := rabbitImpls
 	var cluster *kafkaCluster
 	switch o.broker {
 	case "kafka":

@@ -8,14 +8,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/txclaim/idempotent/rabbitmq"
 )
 
-type (
-	handlerT  = rabbitmq.Handler
-	creditedT = func(context.Context) (int64, error)
-)
+// creditedT returns the points a run credited, for the audit.
+type creditedT = func(context.Context) (int64, error)
 
 // pipedEvery is how often a run's line is printed when the output is not a
 // terminal, so that a slow run (a real broker) is not silent.

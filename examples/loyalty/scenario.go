@@ -177,6 +177,7 @@ type scenario struct {
 	duplicates   atomic.Int64
 	crashes      atomic.Int64
 	drops        atomic.Int64
+	acks         atomic.Int64 // the library's acks on an AMQP broker, for its crashes
 
 	mu    sync.Mutex
 	err   error
@@ -195,17 +196,6 @@ func (s *scenario) failed() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
-}
-
-// onSettle counts each message copy once, when the broker is first told it
-// is done with it (acked, or dead-lettered).
-func (s *scenario) onSettle(_ context.Context, st rabbitmq.Settlement) {
-	if st.SettleErr != nil || (st.Action != rabbitmq.Acked && st.Action != rabbitmq.DeadLettered) {
-		return
-	}
-	if id, ok := st.Delivery.Headers[copyHeader].(int64); ok {
-		s.settle(id)
-	}
 }
 
 // settle counts message copy id as settled, once.
@@ -249,43 +239,8 @@ func (s *scenario) process(ctx context.Context, i int) {
 	}
 }
 
-// consumeRabbit returns the consumeFunc of the AMQP brokers: the rabbitmq
-// adapter's consumer running h.
-func consumeRabbit(h rabbitmq.Handler) consumeFunc {
-	return func(ctx context.Context, s *scenario, conn brokerConn) error {
-		return s.consumeRabbit(ctx, conn, h)
-	}
-}
-
-func (s *scenario) consumeRabbit(ctx context.Context, conn brokerConn, handle rabbitmq.Handler) error {
-	ch, err := conn.channel()
-	if err != nil {
-		return err
-	}
-	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		n := s.deliveries.Add(1)
-		out, err := handle(ctx, d)
-		if err == nil && out == idempotent.Duplicate {
-			s.duplicates.Add(1)
-		}
-		if err == nil && s.f.crashEvery > 0 && n%int64(s.f.crashEvery) == 0 {
-			// Committed; the process dies before its ack leaves.
-			s.crashes.Add(1)
-			conn.drop()
-		}
-		return out, err
-	}
-	c, err := rabbitmq.NewConsumer(s.b.queueName(), h,
-		rabbitmq.WithWorkers(s.workers), rabbitmq.WithPrefetch(s.workers),
-		rabbitmq.WithRequeueDelay(50*time.Millisecond), rabbitmq.WithOnSettle(s.onSettle),
-		rabbitmq.WithConsumerTag("loyalty-demo"))
-	if err != nil {
-		return err
-	}
-	return c.Run(ctx, ch)
-}
-
-// naiveDeliver is one delivery of a naive consumer loop (Kafka's, NATS's):
+// naiveDeliver is one delivery of a naive consumer loop (AMQP's, Kafka's,
+// NATS's):
 // it decodes the order in body, applies it with apply and counts it, and
 // every crashEvery-th delivery crashes the process once, after the commit
 // and before the loop can ack or commit its offset. It reports whether the

@@ -15,13 +15,11 @@ import (
 
 	mysqldriver "github.com/go-sql-driver/mysql"
 	_ "github.com/lib/pq"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
-	"github.com/txclaim/idempotent/rabbitmq"
 	"github.com/txclaim/idempotent/sqlite"
 )
 
@@ -183,24 +181,6 @@ func (s *store) credit(ctx context.Context, tx *sql.Tx, balances, ledger string,
 	return err
 }
 
-// naiveHandler is the guide's failed fix: check "has this order been
-// credited?", and credit it if not. Two deliveries of one order that both
-// run the check before either commits both credit it.
-func (s *store) naiveHandler(ctx context.Context, customers int) (rabbitmq.Handler, func(context.Context) (int64, error), error) {
-	apply, credited, err := s.naiveCredit(ctx, customers)
-	if err != nil {
-		return nil, nil, err
-	}
-	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		o, err := rabbitmq.JSON[orderCompleted](d.Body)
-		if err != nil {
-			return 0, err
-		}
-		return apply(ctx, o)
-	}
-	return h, credited, nil
-}
-
 // naiveCredit creates the naive run's tables and returns its check-then-act
 // step, whatever the broker.
 func (s *store) naiveCredit(ctx context.Context, customers int) (func(context.Context, orderCompleted) (idempotent.Outcome, error), func(context.Context) (int64, error), error) {
@@ -231,29 +211,6 @@ func (s *store) naiveCredit(ctx context.Context, customers int) (func(context.Co
 		return idempotent.Applied, nil
 	}
 	return apply, s.credited(balances), nil
-}
-
-// libraryHandler is the same consumer through the middleware: the claim
-// and the credit commit together, keyed by the order id in the body.
-func (s *store) libraryHandler(ctx context.Context, customers int) (rabbitmq.Handler, func(context.Context) (int64, error), error) {
-	mw, credit, credited, err := s.libraryCredit(ctx, customers)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The key is the order id from the body: a natural key that survives
-	// a replay tool assigning new message ids.
-	key := rabbitmq.Prefixed("order-completed:", rabbitmq.BodyField("order_id"))
-	apply, err := rabbitmq.Decode(mw, key, rabbitmq.JSON[orderCompleted], credit)
-	if err != nil {
-		return nil, nil, err
-	}
-	h := func(ctx context.Context, d *amqp.Delivery) (idempotent.Outcome, error) {
-		// The same price lookup, before the transaction, as the guide
-		// advises: keep slow calls out of it.
-		priceLookup()
-		return apply(ctx, d)
-	}
-	return h, credited, nil
 }
 
 // libraryCredit creates the library run's tables and its middleware, and
