@@ -73,12 +73,6 @@ type Rule struct {
 	IsPoison func(error) bool
 }
 
-// RuleFor returns the Rule for mw: its clock-skew margin and clock, and
-// backoff, the adapter's requeue delays (the zero policy for the default).
-func RuleFor(mw *idempotent.Middleware, backoff idempotent.RetryPolicy) Rule {
-	return Rule{Backoff: backoff, ClockSkew: mw.ClockSkew(), Now: mw.Now}
-}
-
 // Settle decides what to do with a delivery of msg once the Middleware has
 // answered err (nil for Applied or Duplicate). attempt counts this
 // message's deliveries from 1, for the backoff.
