@@ -3,9 +3,6 @@ package kafka
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -38,29 +35,11 @@ type BatchHandler func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error
 // it matches it, makes the record poison. [JSON] is a ready-made decode
 // function. Decode panics if an argument is nil.
 func Decode[M any](decode func(payload []byte) (M, error), h func(ctx context.Context, tx *sql.Tx, m M, r *kgo.Record) error) Handler {
-	if decode == nil || h == nil {
-		panic("kafka: Decode: nil decode function or handler")
-	}
-	return func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
-		m, err := decode(r.Value)
-		if err != nil {
-			if errors.Is(err, adapter.ErrUndecodable) {
-				return fmt.Errorf("kafka: %s: %w", position(r), err)
-			}
-			return fmt.Errorf("kafka: %s: %w: %w", position(r), adapter.ErrUndecodable, err)
-		}
-		return h(ctx, tx, m, r)
-	}
+	return adapter.DecodeHandler(func(r *kgo.Record) []byte { return r.Value },
+		func(r *kgo.Record) string { return "kafka: " + position(r) }, decode, h)
 }
 
 // JSON decodes a JSON value into an M, for use with Decode. Fields of the
 // value that M does not have are ignored, so producers can add fields
 // without breaking consumers. An error matches adapter.ErrUndecodable.
-func JSON[M any](payload []byte) (M, error) {
-	var m M
-	if err := json.Unmarshal(payload, &m); err != nil {
-		var zero M
-		return zero, fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-	}
-	return m, nil
-}
+func JSON[M any](payload []byte) (M, error) { return adapter.JSON[M](payload) }

@@ -3,9 +3,6 @@ package nats
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -38,29 +35,11 @@ type BatchHandler func(ctx context.Context, tx *sql.Tx, msgs []jetstream.Msg) er
 // of it is written. [JSON] is a ready-made decode function. Decode panics
 // if decode or h is nil.
 func Decode[M any](decode func(payload []byte) (M, error), h func(ctx context.Context, tx *sql.Tx, m M, msg jetstream.Msg) error) Handler {
-	if decode == nil || h == nil {
-		panic("nats: Decode: nil decode function or handler")
-	}
-	return func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
-		m, err := decode(msg.Data())
-		if err != nil {
-			if !errors.Is(err, adapter.ErrUndecodable) {
-				err = fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-			}
-			return fmt.Errorf("nats: %s: %w", msg.Subject(), err)
-		}
-		return h(ctx, tx, m, msg)
-	}
+	return adapter.DecodeHandler(func(msg jetstream.Msg) []byte { return msg.Data() },
+		func(msg jetstream.Msg) string { return "nats: " + msg.Subject() }, decode, h)
 }
 
 // JSON decodes a JSON message into an M, for use with Decode. Fields of
 // the data that M does not have are ignored, so producers can add fields
 // without breaking consumers. An error matches adapter.ErrUndecodable.
-func JSON[M any](payload []byte) (M, error) {
-	var m M
-	if err := json.Unmarshal(payload, &m); err != nil {
-		var zero M
-		return zero, fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-	}
-	return m, nil
-}
+func JSON[M any](payload []byte) (M, error) { return adapter.JSON[M](payload) }

@@ -3,9 +3,6 @@ package rabbitmq
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -39,30 +36,12 @@ type BatchHandler func(ctx context.Context, tx *sql.Tx, ds []*amqp.Delivery) err
 // the claim back and dead-letters the delivery. [JSON] is a ready-made
 // decode function. Decode panics if decode or h is nil.
 func Decode[M any](decode func(payload []byte) (M, error), h func(ctx context.Context, tx *sql.Tx, m M, d *amqp.Delivery) error) Handler {
-	if decode == nil || h == nil {
-		panic("rabbitmq: Decode: nil decode function or handler")
-	}
-	return func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		m, err := decode(d.Body)
-		if err != nil {
-			if !errors.Is(err, adapter.ErrUndecodable) {
-				err = fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-			}
-			return fmt.Errorf("rabbitmq: decode the body: %w", err)
-		}
-		return h(ctx, tx, m, d)
-	}
+	return adapter.DecodeHandler(func(d *amqp.Delivery) []byte { return d.Body },
+		func(*amqp.Delivery) string { return "rabbitmq: decode the body" }, decode, h)
 }
 
 // JSON decodes a JSON body into an M, for use with Decode. Fields of the
 // body that M does not have are ignored, so producers can add fields
 // without breaking consumers; data after the JSON value is an error. Its
 // errors match adapter.ErrUndecodable.
-func JSON[M any](payload []byte) (M, error) {
-	var m M
-	if err := json.Unmarshal(payload, &m); err != nil {
-		var zero M
-		return zero, fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-	}
-	return m, nil
-}
+func JSON[M any](payload []byte) (M, error) { return adapter.JSON[M](payload) }

@@ -3,7 +3,6 @@ package watermill
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -82,30 +81,13 @@ func NewHandler(mw *idempotent.Middleware, h Handler, opts ...Option) (message.N
 // is poison: it is marked with adapter.ErrUndecodable unless it matches
 // adapter.ErrPoison already, and nothing is written.
 func Decode[M any](decode func(payload []byte) (M, error), h func(ctx context.Context, tx *sql.Tx, m M, msg *message.Message) error) Handler {
-	if decode == nil || h == nil {
-		panic("watermill: Decode: nil function")
-	}
-	return func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
-		m, err := decode(msg.Payload)
-		if err != nil {
-			if adapter.IsPoison(err) {
-				return fmt.Errorf("watermill: message %s: %w", msg.UUID, err)
-			}
-			return fmt.Errorf("watermill: message %s: %w: %w", msg.UUID, adapter.ErrUndecodable, err)
-		}
-		return h(ctx, tx, m, msg)
-	}
+	return adapter.DecodeHandler(func(msg *message.Message) []byte { return msg.Payload },
+		func(msg *message.Message) string { return "watermill: message " + msg.UUID }, decode, h)
 }
 
 // JSON decodes a JSON payload into an M, for [Decode]. Its error matches
 // adapter.ErrUndecodable.
-func JSON[M any](payload []byte) (M, error) {
-	var m M
-	if err := json.Unmarshal(payload, &m); err != nil {
-		return m, fmt.Errorf("%w: %w", adapter.ErrUndecodable, err)
-	}
-	return m, nil
-}
+func JSON[M any](payload []byte) (M, error) { return adapter.JSON[M](payload) }
 
 // run is one handler NewHandler built.
 type run struct {
