@@ -1,0 +1,2 @@
+// Package idemhttp is placeholder.
+package idemhttp
