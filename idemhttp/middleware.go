@@ -152,7 +152,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			var rec *recorder
 			outcome, err := m.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
 				rec = newRecorder(m.cfg.maxResponse)
-				r2 := r.WithContext(context.WithValue(ctx, txKey{}, tx))
+				r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, claimed{tx: tx, key: msg.Key}))
 				r2.Body = io.NopCloser(bytes.NewReader(body))
 				r2.ContentLength = int64(len(body))
 				next.ServeHTTP(rec, r2)

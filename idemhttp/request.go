@@ -28,7 +28,13 @@ type ScopeFunc func(r *http.Request) (string, error)
 // (or a 422), so use it only where no two clients must be kept apart.
 func GlobalScope(*http.Request) (string, error) { return "", nil }
 
-type txKey struct{}
+type ctxKey struct{}
+
+// claimed is what the middleware puts in the context of a request it runs.
+type claimed struct {
+	tx  *sql.Tx
+	key string
+}
 
 // TxFromContext returns the claim's transaction of a request the middleware
 // is running, from the request's context: the handler does its database
@@ -41,8 +47,19 @@ type txKey struct{}
 // the claim's: a transaction or a statement begun elsewhere with it is
 // refused by the idempotent package's guard (idempotent.ErrAutocommit).
 func TxFromContext(ctx context.Context) *sql.Tx {
-	tx, _ := ctx.Value(txKey{}).(*sql.Tx)
-	return tx
+	c, _ := ctx.Value(ctxKey{}).(claimed)
+	return c.tx
+}
+
+// KeyFromContext returns the claim's message key of a request the
+// middleware is running — the scope and the client's idempotency key, as
+// stored in the claim table — or "" for a context the middleware did not
+// give. It is the same on every retry of the request, so it is the key to
+// hand on to work that must itself be idempotent, such as an outbox row
+// (outbox.Outbox.Enqueue's msgKey).
+func KeyFromContext(ctx context.Context) string {
+	c, _ := ctx.Value(ctxKey{}).(claimed)
+	return c.key
 }
 
 // parseKey reads the idempotency key from the header's values. The draft
