@@ -442,3 +442,35 @@ func TestNewRefuses(t *testing.T) {
 		t.Errorf("a good configuration: %v", err)
 	}
 }
+
+// TestHeaderMethodsOptional: WithHeader, WithMethods and WithOptionalKey.
+func TestHeaderMethodsOptional(t *testing.T) {
+	b := openBackend(t, "sqlite")
+	a := &app{b: b}
+	_, h := b.middleware(t, idemhttp.GlobalScope, idemhttp.WithHeader("x-request-key"), idemhttp.WithMethods("put"), idemhttp.WithOptionalKey())
+	s := server(t, h.Wrap(a))
+	c := s.Client()
+	// POST is no longer protected: it runs without a claim (the app's 500).
+	if r := mustSend(t, c, http.MethodPost, s.URL, "", "o", "{}"); r.status != http.StatusInternalServerError {
+		t.Errorf("POST: %d, want the unprotected handler's 500", r.status)
+	}
+	// PUT without the key passes through (optional), also without a claim.
+	if r := mustSend(t, c, http.MethodPut, s.URL, "", "o", "{}"); r.status != http.StatusInternalServerError {
+		t.Errorf("PUT without a key: %d, want the unprotected handler's 500", r.status)
+	}
+	// PUT with the configured header is protected; Idempotency-Key is not it.
+	put := func() response {
+		r, err := send(t, c, http.MethodPut, s.URL, "", "o", "{}", "X-Request-Key", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	first, again := put(), put()
+	if first.status != http.StatusCreated || first.replayed || !again.replayed || again.body != first.body {
+		t.Errorf("PUT with X-Request-Key: %d replayed=%v, then replayed=%v", first.status, first.replayed, again.replayed)
+	}
+	if n := b.count(t, ""); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+}
