@@ -63,7 +63,10 @@
 //     (WithRetryAfter; 1s), decided within the Middleware's
 //     [idempotent.WithLockTimeout], past which the claim gives
 //     [idempotent.ErrClaimBusy]. New requires that option on a dialect that
-//     has it; on MySQL its unit is the second. SQLite cannot bound the wait:
+//     has it; on MySQL its unit is the second, and on Postgres it also
+//     bounds the handler's own lock waits. A retry in flight is a 409 even
+//     when its request differs: its fingerprint can be compared only with a
+//     stored response. SQLite cannot bound the wait:
 //     the retry waits for the first request's transaction and then gets its
 //     replay (or, the first having rolled back, runs the handler itself).
 //   - The same key with a different request — another method, path or

@@ -474,3 +474,18 @@ func TestHeaderMethodsOptional(t *testing.T) {
 		t.Errorf("%d effects, want 1", n)
 	}
 }
+
+// TestInvalidScope: a ScopeFunc that returns what the claim table cannot
+// hold is the server's fault: 500, reported, nothing run.
+func TestInvalidScope(t *testing.T) {
+	b := openBackend(t, "sqlite")
+	a := &app{b: b}
+	var logged atomic.Int64
+	long := strings.Repeat("s", idemhttp.MaxScopeBytes+1)
+	_, h := b.middleware(t, func(*http.Request) (string, error) { return long, nil },
+		idemhttp.WithErrorLog(func(*http.Request, error) { logged.Add(1) }))
+	s := server(t, h.Wrap(a))
+	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusInternalServerError || logged.Load() != 1 || a.calls.Load() != 0 {
+		t.Errorf("invalid scope: %d, %d logged, %d runs; want 500, 1, 0", r.status, logged.Load(), a.calls.Load())
+	}
+}
