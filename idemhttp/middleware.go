@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/dialect"
 )
 
@@ -49,7 +50,7 @@ func New(db *sql.DB, mw *idempotent.Middleware, scope ScopeFunc, opts ...Option)
 		return nil, errors.New("idemhttp: New needs a ScopeFunc (GlobalScope for a service whose clients share one key space)")
 	}
 	if mw.Partitioned() {
-		return nil, ErrPartitioned
+		return nil, fmt.Errorf("%w (%w)", ErrPartitioned, adapter.ErrNoProducerEventTime)
 	}
 	if mw.LockTimeout() <= 0 && mw.Dialect().LockTimeoutSQL(time.Second) != "" {
 		return nil, fmt.Errorf("%w: without it a retry of a request still in flight waits for it instead of getting a 409", ErrNoLockTimeout)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/idemhttp"
 )
 
@@ -437,6 +438,9 @@ func TestNewRefuses(t *testing.T) {
 		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want an error matching %v", name, err, c.want)
 		}
+	}
+	if _, err := idemhttp.New(b.db, newMW(withTimeout, idempotent.WithDailyPartitions(2)), idemhttp.GlobalScope); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+		t.Errorf("partitioned: %v, want an error matching adapter.ErrNoProducerEventTime too", err)
 	}
 	if _, err := idemhttp.New(b.db, newMW(withTimeout), idemhttp.GlobalScope); err != nil {
 		t.Errorf("a good configuration: %v", err)

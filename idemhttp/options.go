@@ -43,6 +43,8 @@ var ErrUnsupportedDialect = errors.New("idemhttp: no response table for this dia
 // (idempotent.WithDailyPartitions): a partitioned claim table places every
 // claim by its producer's event time, and an HTTP request has none (the
 // time it arrived is the time of processing, which differs on every retry).
+// The error New returns also matches adapter.ErrNoProducerEventTime, as the
+// broker adapters' does for the same reason.
 var ErrPartitioned = errors.New("idemhttp: the claim table is partitioned by event day, and an HTTP request has no producer event time")
 
 // ErrNoLockTimeout is returned by New for a Middleware without
