@@ -45,7 +45,9 @@
 //     that same transaction —, commits, and only then writes the response,
 //     with every header field the handler set. 2xx, 3xx and 4xx answers are
 //     stored alike: a 4xx is the request's answer, and the retry of an
-//     invalid request is just as invalid.
+//     invalid request is just as invalid. A 4xx therefore commits whatever
+//     the handler wrote through the transaction, as a 2xx does: validate
+//     before writing.
 //   - A 5xx answer, or a panic, rolls the transaction back: the effect,
 //     the claim and the response are gone, the key is free, and the
 //     client's retry runs the handler afresh — exactly once, because nothing

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -492,4 +493,27 @@ func TestInvalidScope(t *testing.T) {
 	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusInternalServerError || logged.Load() != 1 || a.calls.Load() != 0 {
 		t.Errorf("invalid scope: %d, %d logged, %d runs; want 500, 1, 0", r.status, logged.Load(), a.calls.Load())
 	}
+}
+
+// TestClientErrorStored: a 4xx is the request's answer: stored, committed
+// with whatever the handler wrote, and replayed.
+func TestClientErrorStored(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		a := &app{b: b, hook: func(w http.ResponseWriter, r *http.Request, call int64) bool {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = w.Write([]byte(`{"title":"out of stock","call":` + strconv.FormatInt(call, 10) + `}`))
+			return true
+		}}
+		_, h := b.middleware(t, idemhttp.GlobalScope)
+		s := server(t, h.Wrap(a))
+		first := mustPost(t, s.Client(), s.URL, "k4", "o4", `{}`)
+		again := mustPost(t, s.Client(), s.URL, "k4", "o4", `{}`)
+		if first.status != http.StatusConflict || first.replayed || again.status != http.StatusConflict || !again.replayed || again.body != first.body {
+			t.Errorf("4xx: %d replayed=%v, then %d replayed=%v %q", first.status, first.replayed, again.status, again.replayed, again.body)
+		}
+		if n := b.count(t, "o4"); n != 1 || a.calls.Load() != 1 {
+			t.Errorf("%d effects, %d runs, want 1 and 1", n, a.calls.Load())
+		}
+	})
 }
