@@ -1,0 +1,29 @@
+module github.com/txclaim/idempotent/idemhttp
+
+go 1.26.0
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/txclaim/idempotent v0.0.0
+	github.com/txclaim/idempotent/mysql v0.0.0
+	github.com/txclaim/idempotent/sqlite v0.0.0
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/lib/pq v1.12.3 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
+	modernc.org/sqlite v1.62.0 // indirect
+)
+
+replace (
+	github.com/txclaim/idempotent => ../
+	github.com/txclaim/idempotent/mysql => ../mysql
+	github.com/txclaim/idempotent/sqlite => ../sqlite
+)

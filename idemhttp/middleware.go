@@ -1,0 +1,230 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// Middleware is the Idempotency-Key middleware of one set of handlers, on
+// the claim table of one idempotent.Middleware and a response table beside
+// it. It is safe for concurrent use; Wrap is its func(http.Handler)
+// http.Handler.
+type Middleware struct {
+	mw    *idempotent.Middleware
+	db    *sql.DB
+	scope ScopeFunc
+	cfg   config
+	table string
+	sql   statements
+}
+
+// New returns the middleware for the claims of mw — the claim table, the
+// consumer name (use one of its own for the HTTP service, shared by no
+// broker consumer), the retry policy, the lock timeout — on db, the
+// database mw was created on. scope names the principal of each request
+// (GlobalScope for none); it is required, because the right answer depends
+// on how the service authenticates, and a wrong default would let one
+// client read another's responses.
+//
+// New refuses a partitioned claim table (ErrPartitioned), a dialect without
+// response-table statements (ErrUnsupportedDialect), and, on a dialect that
+// can bound the claim's wait, a Middleware without
+// idempotent.WithLockTimeout (ErrNoLockTimeout). It sends nothing to the
+// database; call EnsureSchema (and mw's) before the first request.
+func New(db *sql.DB, mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middleware, error) {
+	if db == nil || mw == nil {
+		return nil, errors.New("idemhttp: New needs a database and an idempotent.Middleware")
+	}
+	if scope == nil {
+		return nil, errors.New("idemhttp: New needs a ScopeFunc (GlobalScope for a service whose clients share one key space)")
+	}
+	if mw.Partitioned() {
+		return nil, fmt.Errorf("%w (%w)", ErrPartitioned, adapter.ErrNoProducerEventTime)
+	}
+	if mw.LockTimeout() <= 0 && mw.Dialect().LockTimeoutSQL(time.Second) != "" {
+		return nil, fmt.Errorf("%w: without it a retry of a request still in flight waits for it instead of getting a 409", ErrNoLockTimeout)
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	claims, err := dialect.ParseTable(mw.Table())
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: claim table: %w", err)
+	}
+	name := cfg.table
+	if name == "" {
+		name = claims.Name + "_http"
+		if claims.Schema != "" {
+			name = claims.Schema + "." + name
+		}
+	}
+	resp, err := dialect.ParseTable(name)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: response table: %w", err)
+	}
+	st, err := newStatements(mw.Dialect().Name(), resp, claims)
+	if err != nil {
+		return nil, err
+	}
+	return &Middleware{mw: mw, db: db, scope: scope, cfg: cfg, table: resp.String(), sql: st}, nil
+}
+
+// Table returns the response table's name.
+func (m *Middleware) Table() string { return m.table }
+
+// errServerResponse rolls back a 5xx the handler answered.
+var errServerResponse = errors.New("idemhttp: the handler answered a server error")
+
+// replayAttempts bounds the claim-then-read loop: a claim found whose
+// response was cleaned up between the two is claimed again.
+const replayAttempts = 3
+
+// Wrap returns next protected by the middleware. A request of a protected
+// method with a key runs next at most once per (scope, key) to a committed
+// end; see the package documentation for every case.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.cfg.methods[r.Method] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		values := r.Header.Values(m.cfg.header)
+		if len(values) == 0 {
+			if m.cfg.optional {
+				next.ServeHTTP(w, r)
+				return
+			}
+			problem(w, http.StatusBadRequest, "this request needs an "+m.cfg.header+" header")
+			return
+		}
+		key, err := parseKey(values)
+		if err != nil {
+			problem(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		scope, err := m.scope(r)
+		if err != nil {
+			problem(w, http.StatusUnauthorized, "the request has no principal to scope its idempotency key by")
+			return
+		}
+		if err := checkScope(scope); err != nil {
+			m.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+		msg := idempotent.Message{Key: claimKey(scope, key)}
+		if err := m.mw.CheckMessage(msg); err != nil {
+			if errors.Is(err, idempotent.ErrInvalidKey) {
+				problem(w, http.StatusBadRequest, "the idempotency key is not valid UTF-8 without NUL, or is too long")
+				return
+			}
+			m.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.maxRequest))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				problem(w, http.StatusRequestEntityTooLarge, "the request body is larger than "+strconv.FormatInt(m.cfg.maxRequest, 10)+" bytes")
+				return
+			}
+			problem(w, http.StatusBadRequest, "the request body could not be read")
+			return
+		}
+		fp := fingerprint(r, m.cfg.fingerprintHeaders, body)
+		// The claim's work does not end with the client's connection: the
+		// effect and its response commit (a retry gets the replay) or not at
+		// all (a retry runs the handler).
+		ctx := context.WithoutCancel(r.Context())
+		for range replayAttempts {
+			var rec *recorder
+			outcome, err := m.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
+				rec = newRecorder(m.cfg.maxResponse)
+				r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, claimed{tx: tx, key: msg.Key}))
+				r2.Body = io.NopCloser(bytes.NewReader(body))
+				r2.ContentLength = int64(len(body))
+				next.ServeHTTP(rec, r2)
+				if rec.overflow {
+					return ErrResponseTooLarge
+				}
+				if rec.finalStatus() >= 500 && !m.cfg.storeServerErrors {
+					return errServerResponse
+				}
+				s, err := rec.stored(fp, m.cfg.storedHeaders)
+				if err != nil {
+					return err
+				}
+				return m.put(ctx, tx, msg.Key, s)
+			})
+			switch {
+			case errors.Is(err, errServerResponse):
+				rec.writeTo(w)
+				return
+			case errors.Is(err, ErrResponseTooLarge):
+				m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("%w (%d bytes)", err, m.cfg.maxResponse))
+				return
+			case errors.Is(err, idempotent.ErrClaimBusy):
+				m.retryAfter(w)
+				problem(w, http.StatusConflict, "a request with this idempotency key is being processed; retry later")
+				return
+			case errors.Is(err, idempotent.ErrRetriesExhausted):
+				m.retryAfter(w)
+				m.fail(w, r, http.StatusServiceUnavailable, err)
+				return
+			case err != nil:
+				m.fail(w, r, http.StatusInternalServerError, err)
+				return
+			case outcome == idempotent.Applied:
+				rec.writeTo(w)
+				return
+			}
+			s, found, err := m.get(ctx, msg.Key)
+			if err != nil {
+				m.fail(w, r, http.StatusInternalServerError, err)
+				return
+			}
+			if !found {
+				continue
+			}
+			if !bytes.Equal(s.fingerprint, fp) {
+				problem(w, http.StatusUnprocessableEntity, "this idempotency key was used with another request")
+				return
+			}
+			if err := replay(w, s); err != nil {
+				m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: decode the stored header: %w", err))
+			}
+			return
+		}
+		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.mw.Consumer()))
+	})
+}
+
+func (m *Middleware) retryAfter(w http.ResponseWriter) {
+	s := max(int64((m.cfg.retryAfter+time.Second-1)/time.Second), 1)
+	w.Header().Set("Retry-After", strconv.FormatInt(s, 10))
+}
+
+// fail answers a 5xx of the middleware's own and tells the error log.
+func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	if m.cfg.errorLog != nil {
+		m.cfg.errorLog(r, err)
+	}
+	detail := "the request could not be processed"
+	if errors.Is(err, ErrResponseTooLarge) {
+		detail = "the response is larger than the middleware stores; nothing was applied"
+	}
+	problem(w, status, detail)
+}

@@ -1,0 +1,205 @@
+package idemhttp
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// statements is the SQL text of the response table for one dialect. It is
+// built once, in New, from validated table names; values are always
+// parameters.
+type statements struct {
+	schema  []string // CREATE TABLE / INDEX IF NOT EXISTS
+	put     string   // upsert of one response: consumer, key, fingerprint, status, header, body, created_at
+	get     string   // fingerprint, status, header, body of consumer, key
+	cleanup string   // delete up to $2 responses created before $1 whose claim is gone
+}
+
+// newStatements returns the statements of dialect name for the response
+// table resp beside the claim table claims.
+func newStatements(name string, resp, claims dialect.Table) (statements, error) {
+	switch name {
+	case "postgres":
+		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
+		return statements{
+			schema: []string{
+				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer    text    NOT NULL,
+	message_key text    NOT NULL,
+	fingerprint bytea   NOT NULL,
+	status      integer NOT NULL,
+	header      bytea   NOT NULL,
+	body        bytea   NOT NULL,
+	created_at  bigint  NOT NULL,
+	PRIMARY KEY (consumer, message_key)
+)`, r),
+				fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", doubleQuote(resp.Name+"_created"), r),
+			},
+			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
+header = excluded.header, body = excluded.body, created_at = excluded.created_at`, r),
+			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = $1 AND message_key = $2", r),
+			// The outer created_at test is evaluated again on a row that a
+			// concurrent first request re-wrote (Postgres rechecks the
+			// target row after waiting for its lock), so a fresh response
+			// that replaced an orphan is never deleted.
+			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE (consumer, message_key) IN (
+	SELECT x.consumer, x.message_key FROM %[1]s x WHERE x.created_at < $1
+	AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT $2
+) AND created_at < $1`, r, c),
+		}, nil
+	case "mysql":
+		r, c := resp.Quoted(backQuote), claims.Quoted(backQuote)
+		return statements{
+			schema: []string{
+				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer    VARBINARY(128)  NOT NULL,
+	message_key VARBINARY(1024) NOT NULL,
+	fingerprint VARBINARY(64)   NOT NULL,
+	status      INT             NOT NULL,
+	header      BLOB            NOT NULL,
+	body        LONGBLOB        NOT NULL,
+	created_at  BIGINT          NOT NULL,
+	PRIMARY KEY (consumer, message_key),
+	KEY %s (created_at)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, r, backQuote(resp.Name+"_created")),
+			},
+			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),
+header = VALUES(header), body = VALUES(body), created_at = VALUES(created_at)`, r),
+			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE created_at < ?
+AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.message_key = %[1]s.message_key) LIMIT ?`, r, c),
+		}, nil
+	case "sqlite":
+		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
+		idx := doubleQuote(resp.Name + "_created")
+		if resp.Schema != "" {
+			idx = doubleQuote(resp.Schema) + "." + idx
+		}
+		return statements{
+			schema: []string{
+				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer    TEXT    NOT NULL,
+	message_key TEXT    NOT NULL,
+	fingerprint BLOB    NOT NULL,
+	status      INTEGER NOT NULL,
+	header      BLOB    NOT NULL,
+	body        BLOB    NOT NULL,
+	created_at  INTEGER NOT NULL,
+	PRIMARY KEY (consumer, message_key)
+)`, r),
+				fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", idx, doubleQuote(resp.Name)),
+			},
+			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
+header = excluded.header, body = excluded.body, created_at = excluded.created_at`, r),
+			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE rowid IN (
+	SELECT x.rowid FROM %[1]s x WHERE x.created_at < ?
+	AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT ?
+)`, r, c),
+		}, nil
+	}
+	return statements{}, fmt.Errorf("%w: %q", ErrUnsupportedDialect, name)
+}
+
+// doubleQuote quotes an identifier already validated by dialect.ParseTable
+// (lower-case letters, digits and _), for Postgres and SQLite.
+func doubleQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// backQuote quotes a validated identifier for MySQL and MariaDB.
+func backQuote(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+
+// stored is a response as kept in the response table.
+type stored struct {
+	fingerprint []byte
+	status      int
+	header      []byte // JSON of the stored header fields
+	body        []byte
+}
+
+// get reads the stored response of key, outside any transaction. found is
+// false when there is none.
+func (m *Middleware) get(ctx context.Context, key string) (s stored, found bool, err error) {
+	err = m.db.QueryRowContext(ctx, m.sql.get, m.mw.Consumer(), key).Scan(&s.fingerprint, &s.status, &s.header, &s.body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return stored{}, false, nil
+	}
+	if err != nil {
+		return stored{}, false, fmt.Errorf("idemhttp: read the stored response: %w", err)
+	}
+	return s, true, nil
+}
+
+// put writes the response of key in the claim's transaction, replacing the
+// row an earlier claim of the same key left behind after its claim was
+// cleaned up.
+func (m *Middleware) put(ctx context.Context, tx *sql.Tx, key string, s stored) error {
+	_, err := tx.ExecContext(ctx, m.sql.put, m.mw.Consumer(), key, s.fingerprint, s.status, s.header, s.body, m.mw.Now().UnixMicro())
+	if err != nil {
+		return fmt.Errorf("idemhttp: store the response: %w", err)
+	}
+	return nil
+}
+
+// EnsureSchema creates the response table and its created_at index if they
+// do not exist. It does not create the claim table: call the
+// idempotent.Middleware's EnsureSchema (or run its migration) too. Run it
+// once at start, or take its statements into a migration; it is not meant
+// to race another EnsureSchema of the same table.
+func (m *Middleware) EnsureSchema(ctx context.Context) error {
+	for _, q := range m.sql.schema {
+		if _, err := m.db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("idemhttp: create the response table %s: %w", m.table, err)
+		}
+	}
+	return nil
+}
+
+// DefaultCleanupBatch is the number of responses one statement of Cleanup
+// deletes at most.
+const DefaultCleanupBatch = 1000
+
+// Cleanup deletes the stored responses whose claim is gone, in statements of
+// at most batch rows (DefaultCleanupBatch when batch <= 0), each its own
+// short transaction, until one deletes nothing. Run it after the claim
+// table's cleanup (idempotent.ClaimTable.Cleanup), from the same scheduled
+// job.
+//
+// Such a response can no longer be replayed: a response is read only after
+// its claim is found, and a new claim of the same key overwrites it. Cleanup
+// only gives the space back. Responses younger than the claim table's
+// retention window are never deleted, so a first request that is re-writing
+// one of them at the same moment keeps its fresh response.
+func (m *Middleware) Cleanup(ctx context.Context, batch int) (deleted int64, err error) {
+	if batch <= 0 {
+		batch = DefaultCleanupBatch
+	}
+	cutoff := m.mw.Now().Add(-m.mw.Retention()).UnixMicro()
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		res, err := m.db.ExecContext(ctx, m.sql.cleanup, cutoff, batch)
+		if err != nil {
+			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", m.table, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", m.table, err)
+		}
+		deleted += n
+		if n == 0 {
+			return deleted, nil
+		}
+	}
+}

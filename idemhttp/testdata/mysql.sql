@@ -1,0 +1,22 @@
+CREATE TABLE IF NOT EXISTS `shop`.`processed_messages_http` (
+	consumer    VARBINARY(128)  NOT NULL,
+	message_key VARBINARY(1024) NOT NULL,
+	fingerprint VARBINARY(64)   NOT NULL,
+	status      INT             NOT NULL,
+	header      BLOB            NOT NULL,
+	body        LONGBLOB        NOT NULL,
+	created_at  BIGINT          NOT NULL,
+	PRIMARY KEY (consumer, message_key),
+	KEY `processed_messages_http_created` (created_at)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC;
+
+INSERT INTO `shop`.`processed_messages_http` (consumer, message_key, fingerprint, status, header, body, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),
+header = VALUES(header), body = VALUES(body), created_at = VALUES(created_at);
+
+SELECT fingerprint, status, header, body FROM `shop`.`processed_messages_http` WHERE consumer = ? AND message_key = ?;
+
+DELETE FROM `shop`.`processed_messages_http` WHERE created_at < ?
+AND NOT EXISTS (SELECT 1 FROM `shop`.`processed_messages` c WHERE c.consumer = `shop`.`processed_messages_http`.consumer AND c.message_key = `shop`.`processed_messages_http`.message_key) LIMIT ?;
+
