@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
@@ -67,6 +68,13 @@ func TestRetention(t *testing.T) {
 		ctx := context.Background()
 		old := mustPost(t, c, s.URL, "old", "o-old", `{}`)
 		mid := time.Now() // after old's claim, before young's: the cleanup's cutoff
+		// SQLite stamps a claim in whole milliseconds, truncated: a claim
+		// made within the millisecond after mid would read as older than
+		// mid. Let that millisecond pass before young's claim (a bounded
+		// wait on the clock, not on another goroutine).
+		for time.Since(mid) < 2*time.Millisecond {
+			runtime.Gosched()
+		}
 		young := mustPost(t, c, s.URL, "young", "o-young", `{}`)
 		b.clock.Set(mid.Add(idempotent.DefaultRetention + idempotent.DefaultClockSkew))
 
