@@ -1,0 +1,135 @@
+package cdkpubsub
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"gocloud.dev/pubsub"
+
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/outbox"
+)
+
+// Metadata keys DeadLetterSender adds to a dead letter, beside the poison
+// message's own metadata.
+const (
+	// DeadLetterIDMetadata carries the outbox row's idempotency key, the
+	// same on every copy a relay publishes of one dead letter: the
+	// dead-letter topic's readers drop repeats by it.
+	DeadLetterIDMetadata = "dead-letter-id"
+	// DeadLetterErrorMetadata carries the error that made the message
+	// poison.
+	DeadLetterErrorMetadata = "dead-letter-error"
+	// DeadLetterSourceMetadata carries the poison delivery's LoggableID,
+	// for logs only.
+	DeadLetterSourceMetadata = "dead-letter-source"
+)
+
+// DeadLetter is the payload of a dead-letter outbox row (WithDeadLetter): a
+// poison message, byte for byte, and why it was poison.
+type DeadLetter struct {
+	// Body and Metadata are the message's.
+	Body     []byte            `json:"body"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// LoggableID is the delivery's LoggableID, for logs.
+	LoggableID string `json:"loggable_id,omitempty"`
+	// Error is the error that made the message poison.
+	Error string `json:"error"`
+}
+
+// deadLetter writes d's poison message, with cause, into the dead-letter
+// outbox in a transaction of its own, committed before the message is
+// acked. The row's message key is the message's key where it could be read
+// (and the outbox accepts it), else a digest of the body and metadata: the
+// same on every delivery, so a message dead-lettered again finds its row
+// (outbox.ErrDuplicateKey) and writes none.
+func (c *Consumer) deadLetter(ctx context.Context, d delivery, cause error) error {
+	payload, err := json.Marshal(DeadLetter{Body: d.m.Body, Metadata: d.m.Metadata, LoggableID: d.m.LoggableID, Error: cause.Error()})
+	if err != nil {
+		return fmt.Errorf("cdkpubsub: dead letter %s: %w", d.m.LoggableID, err)
+	}
+	var opts []outbox.EnqueueOption
+	if !d.msg.EventTime.IsZero() {
+		opts = append(opts, outbox.WithEventTime(d.msg.EventTime))
+	}
+	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		key := d.msg.Key
+		if key == "" || len(key) > outbox.MaxMessageKeyBytes {
+			key = digest(d.m)
+		}
+		_, err := c.cfg.deadLetter.Enqueue(ctx, tx, key, c.cfg.deadKind, payload, opts...)
+		if errors.Is(err, outbox.ErrInvalidKey) && key != digest(d.m) {
+			// Refused before anything was sent: tx is untouched.
+			_, err = c.cfg.deadLetter.Enqueue(ctx, tx, digest(d.m), c.cfg.deadKind, payload, opts...)
+		}
+		if errors.Is(err, outbox.ErrDuplicateKey) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("cdkpubsub: dead letter %s: %w", d.m.LoggableID, err)
+	}
+	return nil
+}
+
+// digest is the dead-letter key of a message whose key is unknown: a
+// SHA-256 over its body and its metadata in key order.
+func digest(m *pubsub.Message) string {
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(m.Metadata)) {
+		fmt.Fprintf(h, "%d:%s%d:%s", len(k), k, len(m.Metadata[k]), m.Metadata[k])
+	}
+	fmt.Fprintf(h, "%d:", len(m.Body))
+	h.Write(m.Body)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// DeadLetterSender returns the outbox Sender that publishes the dead
+// letters of WithDeadLetter to topic: the poison message's body and
+// metadata, plus DeadLetterIDMetadata, DeadLetterErrorMetadata and
+// DeadLetterSourceMetadata. Register it for the kind given to
+// WithDeadLetter. The event time travels with it: the row holds the
+// message's event time as the Consumer read it, and the dead letter carries
+// it in the adapter.EventTimeHeader metadata key, in place of the
+// original's, so that a replay from the dead-letter topic is claimed under
+// the original event time; a message that had none keeps its metadata as
+// it was (a malformed event time among it). The message's key metadata is
+// kept, so the replay is claimed under the original key too. A relay may
+// publish a dead letter more than once (after a lost acknowledgement);
+// each copy carries the same DeadLetterIDMetadata. A payload that is not a
+// DeadLetter fails permanently.
+func DeadLetterSender(topic *pubsub.Topic) outbox.Sender {
+	return outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		if topic == nil {
+			return outbox.Permanent(errors.New("cdkpubsub: DeadLetterSender: nil topic"))
+		}
+		var d DeadLetter
+		if err := json.Unmarshal(m.Payload, &d); err != nil {
+			return outbox.Permanent(fmt.Errorf("cdkpubsub: outbox row %d is not a dead letter: %w", m.ID, err))
+		}
+		md := make(map[string]string, len(d.Metadata)+4)
+		maps.Copy(md, d.Metadata)
+		if !m.EventTime.IsZero() {
+			md[adapter.EventTimeHeader] = adapter.FormatEventTime(m.EventTime)
+		}
+		md[DeadLetterIDMetadata] = m.IdempotencyKey
+		md[DeadLetterErrorMetadata] = d.Error
+		md[DeadLetterSourceMetadata] = d.LoggableID
+		body := d.Body
+		if body == nil {
+			body = []byte{}
+		}
+		if err := topic.Send(ctx, &pubsub.Message{Body: body, Metadata: md}); err != nil {
+			return fmt.Errorf("cdkpubsub: publish dead letter of outbox row %d: %w", m.ID, err)
+		}
+		return nil
+	})
+}
