@@ -1,0 +1,127 @@
+package cdkpubsub_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"gocloud.dev/pubsub"
+
+	"github.com/txclaim/idempotent/brokertest"
+	"github.com/txclaim/idempotent/cdkpubsub"
+)
+
+// TestBrokertest runs the adapters' conformance suite on mempubsub, per
+// message and in batches: a topic and subscription of each scenario's own,
+// with a one-second ack deadline, so that what a killed consumer did not
+// ack comes back soon.
+func TestBrokertest(t *testing.T) {
+	brokertest.Run(t, memHarness{ackDeadline: time.Second})
+}
+
+type memHarness struct{ ackDeadline time.Duration }
+
+func (memHarness) Features() brokertest.Features {
+	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true}
+}
+
+func (h memHarness) Open(t *testing.T) brokertest.Transport {
+	return &memTransport{b: newMemBroker(t, h.ackDeadline)}
+}
+
+type memTransport struct{ b *memBroker }
+
+// Publish sends m keyed by DefaultKeyMetadata, the adapter's default key.
+func (tr *memTransport) Publish(ctx context.Context, m brokertest.Message) error {
+	return tr.b.send(ctx, m.Key, m.Headers, m.Body)
+}
+
+// NewConsumer builds the adapter's consumer of cfg's mode with the default
+// key and event time, and short retry delays.
+func (tr *memTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
+	opts := []cdkpubsub.Option{cdkpubsub.WithWorkers(cfg.Workers), cdkpubsub.WithObserver(cfg.Observer),
+		cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
+	if cfg.NoEventTime {
+		opts = append(opts, cdkpubsub.WithoutEventTime())
+	}
+	c := &memConsumer{b: tr.b, lose: cfg.LoseAck}
+	var err error
+	if cfg.Batch {
+		c.c, err = cdkpubsub.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msgs []*pubsub.Message) error {
+			bodies := make([][]byte, len(msgs))
+			for i, m := range msgs {
+				bodies[i] = m.Body
+			}
+			return cfg.BatchHandler(ctx, tx, bodies)
+		}, append(opts, cdkpubsub.WithBatchSize(cfg.BatchSize))...)
+	} else {
+		c.c, err = cdkpubsub.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
+			return cfg.Handler(ctx, tx, m.Body)
+		}, opts...)
+	}
+	return c, err
+}
+
+// memConsumer is a consumer process: a Subscription of its own and a Run.
+type memConsumer struct {
+	b    *memBroker
+	c    *cdkpubsub.Consumer
+	lose func(key string) bool
+
+	mu     sync.Mutex
+	sub    *pubsub.Subscription
+	proc   *memProc
+	cancel context.CancelFunc
+	done   chan error
+	killed bool
+}
+
+func (c *memConsumer) Start(context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sub, c.proc = c.b.subscription(c.lose)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel, c.done = cancel, make(chan error, 1)
+	go func() { c.done <- c.c.Run(ctx, c.sub) }()
+	return nil
+}
+
+// Stop ends Run gracefully, then shuts the Subscription down, which sends
+// the acks still queued.
+func (c *memConsumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		return nil
+	}
+	c.cancel()
+	var err error
+	select {
+	case err = <-c.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.done = nil
+	if c.killed {
+		return nil
+	}
+	if serr := c.sub.Shutdown(ctx); serr != nil && !errors.Is(serr, context.Canceled) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// Kill crashes the process: its acks and nacks go nowhere from now on, and
+// its Subscription is shut down without waiting for the handlers, whose
+// messages the broker delivers again after the ack deadline.
+func (c *memConsumer) Kill() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.killed = true
+	c.proc.kill()
+	go func() { _ = c.sub.Shutdown(context.Background()) }()
+	return nil
+}
