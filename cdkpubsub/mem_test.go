@@ -57,6 +57,12 @@ type memProc struct {
 	// is turned into a nack, so the message comes again at once, as after
 	// a crash between the commit and the ack.
 	lose func(key string) bool
+	// crashAt, when set, is asked of each ack before it is passed on;
+	// when it returns true the process dies there: that ack and every
+	// later one go nowhere.
+	crashAt func(key string) bool
+	// onReceive, when set, is told of each message the process takes.
+	onReceive func(key string)
 
 	mu     sync.Mutex
 	held   map[int]*pubsub.Message
@@ -66,7 +72,12 @@ type memProc struct {
 
 // subscription returns a new process's Subscription on b.
 func (b *memBroker) subscription(lose func(key string) bool) (*pubsub.Subscription, *memProc) {
-	p := &memProc{b: b, lose: lose, held: map[int]*pubsub.Message{}}
+	return b.process(&memProc{lose: lose})
+}
+
+// process returns p's Subscription on b; p's hooks are set.
+func (b *memBroker) process(p *memProc) (*pubsub.Subscription, *memProc) {
+	p.b, p.held = b, map[int]*pubsub.Message{}
 	return pubsub.NewSubscription(p, nil, nil), p
 }
 
@@ -93,6 +104,9 @@ func (p *memProc) ReceiveBatch(ctx context.Context, maxMessages int) ([]*driver.
 			}
 			return out, err
 		}
+		if p.onReceive != nil {
+			p.onReceive(m.Metadata[cdkpubsub.DefaultKeyMetadata])
+		}
 		p.mu.Lock()
 		id := p.next
 		p.next++
@@ -111,7 +125,13 @@ func (p *memProc) settle(ids []driver.AckID, ack bool) {
 	for _, id := range ids {
 		m := p.held[id.(int)]
 		delete(p.held, id.(int))
-		if m == nil || p.killed {
+		if m == nil {
+			continue
+		}
+		if ack && !p.killed && p.crashAt != nil && p.crashAt(m.Metadata[cdkpubsub.DefaultKeyMetadata]) {
+			p.killed = true
+		}
+		if p.killed {
 			continue
 		}
 		if ack && (p.lose == nil || !p.lose(m.Metadata[cdkpubsub.DefaultKeyMetadata])) {
@@ -138,3 +158,10 @@ func (*memProc) As(any) bool                        { return false }
 func (*memProc) ErrorAs(error, any) bool            { return false }
 func (*memProc) ErrorCode(error) gcerrors.ErrorCode { return gcerrors.Unknown }
 func (*memProc) Close() error                       { return nil }
+
+// dead reports whether p was killed.
+func (p *memProc) dead() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.killed
+}

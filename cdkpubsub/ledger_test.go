@@ -1,0 +1,224 @@
+package cdkpubsub_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+	"gocloud.dev/pubsub"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/cdkpubsub"
+	"github.com/txclaim/idempotent/internal/testenv"
+	"github.com/txclaim/idempotent/postgres"
+)
+
+// The tests below run against the real test Postgres
+// (IDEMPOTENT_POSTGRES_DSN, default the local server); without it they
+// skip, except when CI is set, where they fail.
+
+// ledger is the loyalty service on a schema of the test's own: claims,
+// balances and a point ledger with one row per applied order.
+type ledger struct {
+	db     *sql.DB
+	schema string
+	mw     *idempotent.Middleware
+}
+
+type order = testenv.Order
+
+// newLedger's opts are idempotent's options, after WithTable.
+func newLedger(t testing.TB, opts ...idempotent.Option) *ledger {
+	t.Helper()
+	db := testenv.OpenPostgres(t, 24)
+	schema := testenv.LoyaltySchema(t, db, "cdkpubsub")
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", append([]idempotent.Option{idempotent.WithTable(schema + ".processed_messages")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &ledger{db: db, schema: schema, mw: mw}
+}
+
+// handler is the per-message effect: the order decoded from the body,
+// credited through tx.
+func (l *ledger) handler() cdkpubsub.Handler {
+	return cdkpubsub.Decode(cdkpubsub.JSON[order], func(ctx context.Context, tx *sql.Tx, o order, _ *pubsub.Message) error {
+		return testenv.Credit(ctx, tx, l.schema, o)
+	})
+}
+
+// batchHandler credits a batch's fresh orders with one UPDATE of the
+// balances, locked in ascending customer order so that concurrent batches
+// cannot deadlock, and one INSERT of the ledger rows.
+func (l *ledger) batchHandler() cdkpubsub.BatchHandler {
+	return func(ctx context.Context, tx *sql.Tx, msgs []*pubsub.Message) error {
+		sums := map[int64]int64{}
+		var ids, custs, points []int64
+		for i, m := range msgs {
+			o, err := cdkpubsub.JSON[order](m.Body)
+			if err != nil {
+				return adapter.PoisonItem(i, err)
+			}
+			sums[o.CustomerID] += o.Points
+			ids, custs, points = append(ids, o.OrderID), append(custs, o.CustomerID), append(points, o.Points)
+		}
+		cs := slices.Sorted(maps.Keys(sums))
+		ps := make([]int64, len(cs))
+		for i, c := range cs {
+			ps[i] = sums[c]
+		}
+		q := pq.QuoteIdentifier(l.schema)
+		if _, err := tx.ExecContext(ctx, "SELECT 1 FROM "+q+".balances WHERE customer_id = ANY($1) ORDER BY customer_id FOR UPDATE", pq.Array(cs)); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances b SET points = b.points + u.p FROM unnest($1::bigint[], $2::bigint[]) AS u(c, p) WHERE b.customer_id = u.c",
+			pq.Array(cs), pq.Array(ps)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])",
+			pq.Array(ids), pq.Array(custs), pq.Array(points))
+		return err
+	}
+}
+
+// sendOrder publishes o keyed by its Key, with its event time.
+func sendOrder(t testing.TB, b *memBroker, o order, at time.Time) {
+	t.Helper()
+	body, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.send(context.Background(), o.Key(), map[string]string{adapter.EventTimeHeader: adapter.FormatEventTime(at)}, body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recorder is an adapter.Observer that keeps the events by type and key.
+type recorder struct {
+	mu     sync.Mutex
+	counts map[adapter.EventType]map[string]int
+	total  map[adapter.EventType]int
+	signal chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{counts: map[adapter.EventType]map[string]int{}, total: map[adapter.EventType]int{}, signal: make(chan struct{}, 1)}
+}
+
+func (r *recorder) Observe(_ context.Context, e adapter.Event) {
+	r.mu.Lock()
+	if r.counts[e.Type] == nil {
+		r.counts[e.Type] = map[string]int{}
+	}
+	r.counts[e.Type][e.Message.Key]++
+	r.total[e.Type]++
+	r.mu.Unlock()
+	select {
+	case r.signal <- struct{}{}:
+	default:
+	}
+}
+
+// count returns how many events of type typ were reported for key.
+func (r *recorder) count(typ adapter.EventType, key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.counts[typ][key]
+}
+
+// sum returns how many events of type typ were reported.
+func (r *recorder) sum(typ adapter.EventType) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.total[typ]
+}
+
+// until polls cond at each event, and every few milliseconds, for at most
+// timeout, and fails t if it never held.
+func (r *recorder) until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-r.signal:
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("after %v: still not %s", timeout, what)
+		}
+	}
+}
+
+// process is one Run of a Consumer on a Subscription.
+type process struct {
+	sub    *pubsub.Subscription
+	proc   *memProc
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs c on a new process's Subscription on b, with p's hooks.
+func start(c *cdkpubsub.Consumer, b *memBroker, p *memProc) *process {
+	sub, proc := b.process(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	pr := &process{sub: sub, proc: proc, cancel: cancel, done: make(chan error, 1)}
+	go func() { pr.done <- c.Run(ctx, sub) }()
+	return pr
+}
+
+// stop ends the Run gracefully and shuts the Subscription down, which
+// sends the acks still queued (nowhere, if the process was killed).
+func (pr *process) stop(t testing.TB) {
+	t.Helper()
+	pr.cancel()
+	select {
+	case err := <-pr.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of its context's end")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pr.sub.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// kill crashes the process: its acks go nowhere from now on, and its Run
+// is told to stop without anyone waiting for it; wait collects it.
+func (pr *process) kill() {
+	pr.proc.kill()
+	pr.cancel()
+	go func() { _ = pr.sub.Shutdown(context.Background()) }()
+}
+
+// wait waits for a killed process's Run to return.
+func (pr *process) wait(t testing.TB) {
+	t.Helper()
+	select {
+	case <-pr.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a killed process's Run did not return within 30s")
+	}
+}
+
+// balance returns customer's points.
+func (l *ledger) balance(t testing.TB, customer int64) int64 {
+	t.Helper()
+	return testenv.Count(t, l.db, l.schema, fmt.Sprintf("SELECT points FROM $S.balances WHERE customer_id = %d", customer))
+}
