@@ -4,6 +4,8 @@ go 1.26.0
 
 require github.com/txclaim/idempotent v0.0.0
 
+require github.com/DATA-DOG/go-sqlmock v1.5.2 // indirect
+
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect

@@ -63,6 +63,9 @@ type memProc struct {
 	crashAt func(key string) bool
 	// onReceive, when set, is told of each message the process takes.
 	onReceive func(key string)
+	// noNack makes the driver one that cannot Nack (Message.Nackable is
+	// false), as drivers of at-most-once services are.
+	noNack bool
 
 	mu     sync.Mutex
 	held   map[int]*pubsub.Message
@@ -152,7 +155,7 @@ func (p *memProc) SendNacks(_ context.Context, ids []driver.AckID) error {
 	return nil
 }
 
-func (*memProc) CanNack() bool                      { return true }
+func (p *memProc) CanNack() bool                    { return !p.noNack }
 func (*memProc) IsRetryable(error) bool             { return false }
 func (*memProc) As(any) bool                        { return false }
 func (*memProc) ErrorAs(error, any) bool            { return false }

@@ -1,0 +1,131 @@
+package cdkpubsub_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gocloud.dev/pubsub"
+	"gocloud.dev/pubsub/mempubsub"
+
+	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/cdkpubsub"
+	"github.com/txclaim/idempotent/internal/testenv"
+	"github.com/txclaim/idempotent/outbox"
+)
+
+// A poison message becomes one dead-letter outbox row before it is acked,
+// even when the ack is lost and the message comes again; a message without
+// a key gets a row too. A relay publishes both to the dead-letter topic
+// with the original key and event time, and the error.
+func TestDeadLetterThroughTheOutbox(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ob, err := outbox.New(l.db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const kind = "loyalty.dead-letter"
+	b := newMemBroker(t, 300*time.Millisecond)
+	rec := newRecorder()
+	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithDeadLetter(ob, kind), cdkpubsub.WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 30, 23, 30, 0, 0, time.UTC)
+	ctx := context.Background()
+	const poison = "order-completed:13"
+	if err := b.send(ctx, poison, map[string]string{adapter.EventTimeHeader: adapter.FormatEventTime(at)}, []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.topic.Send(ctx, &pubsub.Message{Body: []byte(`{"order_id": 14}`)}); err != nil { // no key
+		t.Fatal(err)
+	}
+
+	first := start(c, b, &memProc{crashAt: func(key string) bool { return key == poison }})
+	rec.until(t, 10*time.Second, "dead at the poison message's ack", first.proc.dead)
+	first.stop(t)
+	second := start(c, b, &memProc{})
+	rec.until(t, 10*time.Second, "both dead-lettered, the poison one twice", func() bool {
+		return rec.count(adapter.EventDeadLettered, poison) == 2 && rec.count(adapter.EventDeadLettered, "") >= 1
+	})
+	second.stop(t)
+	if n := testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.outbox"); n != 2 {
+		t.Fatalf("%d dead-letter rows, want 2: one per poison message, however often it came", n)
+	}
+	testenv.AuditLedger(t, l.db, l.schema, 0, nil)
+
+	dlq := mempubsub.NewTopic()
+	dsub := mempubsub.NewSubscription(dlq, time.Minute)
+	t.Cleanup(func() { _ = dsub.Shutdown(ctx); _ = dlq.Shutdown(ctx) })
+	relay, err := outbox.NewRelay(ob, outbox.WithSender(kind, cdkpubsub.DeadLetterSender(dlq)), outbox.WithPollInterval(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	got := map[string]*pubsub.Message{}
+	for range 2 {
+		rc, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := dsub.Receive(rc)
+		cancel()
+		if err != nil {
+			t.Fatalf("dead-letter topic: %v", err)
+		}
+		m.Ack()
+		got[m.Metadata[cdkpubsub.DefaultKeyMetadata]] = m
+	}
+	m := got[poison]
+	if m == nil {
+		t.Fatalf("no dead letter keyed %q: %v", poison, got)
+	}
+	if string(m.Body) != "not json" || m.Metadata[adapter.EventTimeHeader] != adapter.FormatEventTime(at) ||
+		m.Metadata[cdkpubsub.DeadLetterIDMetadata] == "" || m.Metadata[cdkpubsub.DeadLetterErrorMetadata] == "" {
+		t.Fatalf("dead letter %q: body %q, metadata %v", poison, m.Body, m.Metadata)
+	}
+	if m := got[""]; m == nil || string(m.Body) != `{"order_id": 14}` || m.Metadata[cdkpubsub.DeadLetterIDMetadata] == "" {
+		t.Fatalf("dead letter of the keyless message: %+v", m)
+	}
+}
+
+// On a driver that cannot Nack, a requeued message is left unacked and
+// comes again at its ack deadline, to be applied then.
+func TestRequeueWithoutNackWaitsForTheAckDeadline(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	b := newMemBroker(t, 200*time.Millisecond)
+	rec := newRecorder()
+	var runs atomic.Int32
+	credit := l.handler()
+	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
+		if runs.Add(1) == 1 {
+			return errors.New("the points service is down")
+		}
+		return credit(ctx, tx, m)
+	}, cdkpubsub.WithObserver(rec), cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := order{OrderID: 21, CustomerID: 8, Points: 5}
+	sendOrder(t, b, o, time.Now())
+	pr := start(c, b, &memProc{noNack: true})
+	rec.until(t, 10*time.Second, "applied after the ack deadline", func() bool { return rec.count(adapter.EventApplied, o.Key()) == 1 })
+	pr.stop(t)
+	if n := rec.count(adapter.EventRequeued, o.Key()); n != 1 {
+		t.Errorf("%d Requeued, want 1", n)
+	}
+	testenv.AuditOrders(t, l.db, l.schema, []order{o})
+}
