@@ -129,3 +129,41 @@ func TestRequeueWithoutNackWaitsForTheAckDeadline(t *testing.T) {
 	}
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
+
+// A dead letter that cannot be written (here: the outbox table is not
+// there yet) leaves the poison message unacked, requeued, rather than
+// dropped; once the table exists, its next delivery is dead-lettered.
+func TestDeadLetterNotWrittenIsRequeued(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ob, err := outbox.New(l.db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newMemBroker(t, 300*time.Millisecond)
+	rec := newRecorder()
+	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithDeadLetter(ob, "loyalty.dead-letter"), cdkpubsub.WithObserver(rec),
+		cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const poison = "order-completed:15"
+	if err := b.send(context.Background(), poison, nil, []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	pr := start(c, b, &memProc{})
+	rec.until(t, 10*time.Second, "requeued after a failed dead letter", func() bool {
+		return rec.count(adapter.EventSettleFailed, poison) >= 1 && rec.count(adapter.EventRequeued, poison) >= 1
+	})
+	if n := rec.count(adapter.EventDeadLettered, poison); n != 0 {
+		t.Fatalf("%d dead-lettered without a dead letter written", n)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec.until(t, 10*time.Second, "dead-lettered once the outbox exists", func() bool { return rec.count(adapter.EventDeadLettered, poison) == 1 })
+	pr.stop(t)
+	if n := testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.outbox"); n != 1 {
+		t.Fatalf("%d dead-letter rows, want 1", n)
+	}
+}
