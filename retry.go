@@ -82,9 +82,9 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 // error is retried only when the transaction itself suffered it (see the
 // package documentation). opts may be nil.
 //
-// RunTx is the retry loop of Process without the claim: use it for work that
+// RunTx is the retry loop of ProcessMessage without the claim: use it for work that
 // is idempotent by other means, such as a natural-key insert. The same guard
-// as Process applies (see GuardConnector), and like every entry point that
+// as ProcessMessage applies (see GuardConnector), and like every entry point that
 // begins a transaction it refuses a handler's context with ErrAutocommit. A
 // panic in fn rolls back and re-panics. After p.MaxAttempts failed attempts
 // the error matches ErrRetriesExhausted and wraps the last failure.
@@ -104,7 +104,7 @@ func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptio
 	return err
 }
 
-// runner is the transaction-and-retry loop shared by Process and RunTx.
+// runner is the transaction-and-retry loop shared by every entry point and RunTx.
 type runner struct {
 	db      *sql.DB
 	d       dialect.Dialect

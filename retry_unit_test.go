@@ -30,7 +30,7 @@ func TestRetriesExhausted(t *testing.T) {
 		want = append(want, "BEGIN", claimSQL, "ROLLBACK")
 	}
 
-	got, err := mw.Process(context.Background(), key, effect)
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if got != 0 || !errors.Is(err, idempotent.ErrRetriesExhausted) {
 		t.Fatalf("got (%v, %v), want ErrRetriesExhausted", got, err)
 	}
@@ -186,7 +186,7 @@ func TestBackoffObserved(t *testing.T) {
 		r.mock.ExpectRollback()
 	}
 	expectApplied(r.mock, key)
-	if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	bounds := [][2]time.Duration{{time.Millisecond, 2 * time.Millisecond}, {2 * time.Millisecond, 4 * time.Millisecond}, {2500 * time.Microsecond, 5 * time.Millisecond}}

@@ -22,7 +22,7 @@ import (
 // cheaper: the claim in the database stays the authority.
 //
 //   - Seen reports whether key was recorded in scope and has not expired.
-//     A true answer makes Process return Duplicate without touching the
+//     A true answer makes ProcessMessage return Duplicate without touching the
 //     database, so it must never be true for a key that was not recorded
 //     in that scope. A miss, or any failure of the store, must answer
 //     false: the message then goes to the claim as usual.
@@ -38,7 +38,7 @@ import (
 // consumer name on different tables, databases or servers — tenants,
 // staging and production sharing one Redis — can share one Seen. Methods
 // must be safe for concurrent use and should return quickly; they are
-// called on the goroutine that called Process.
+// called on the goroutine that called ProcessMessage.
 //
 // # When a Duplicate from the pre-check is safe
 //
@@ -72,8 +72,8 @@ type Seen interface {
 
 // SeenBatch is implemented by a Seen that can answer and record many keys
 // in one call: one round trip to a shared store for a whole batch instead of
-// one per key. ProcessMessages (and ProcessBatch, WrapMessages, WrapBatch)
-// use it when the Seen has it, and Seen and Record key by key otherwise.
+// one per key. ProcessMessages (and ProcessMessagesTx, WrapMessages,
+// WrapMessagesTx) use it when the Seen has it, and Seen and Record key by key otherwise.
 // Its answers follow the rules of Seen and Record, key by key.
 type SeenBatch interface {
 	Seen
@@ -121,8 +121,9 @@ func (s SeenScope) String() string {
 // pre-check is then left out: every delivery goes to the claim.
 var ErrNoSeenScope = errors.New("idempotent: the claim table's database cannot be named, so the pre-check is left out")
 
-// WithSeen sets a duplicate pre-check (see Seen), consulted by Process,
-// ProcessMessage, ProcessMessages, ProcessTx and the Wrap functions after
+// WithSeen sets a duplicate pre-check (see Seen), consulted by
+// ProcessMessage, ProcessMessages, ProcessMessageTx, ProcessMessagesTx and
+// the Wrap functions after
 // the messages are validated and before a transaction is opened: a message
 // it knows is a Duplicate without touching the database, and a batch it
 // knows whole opens no transaction. Its entries are scoped by
