@@ -63,10 +63,12 @@ type Rule struct {
 	// event time may be and still be requeued until the clock catches up.
 	// Default DefaultFutureBound.
 	FutureBound time.Duration
-	// ClockSkew is the Middleware's clock-skew margin (its ClockSkew()).
+	// ClockSkew is the Middleware's clock-skew margin (its
+	// Config().ClockSkew).
 	// Default idempotent.DefaultClockSkew.
 	ClockSkew time.Duration
-	// Now is the clock. Default time.Now.
+	// Now is the clock (the Middleware's Config().Clock). Default
+	// time.Now.
 	Now func() time.Time
 	// IsPoison, when set, marks more of a handler's errors as poison,
 	// besides those matching ErrPoison.
@@ -76,7 +78,8 @@ type Rule struct {
 // RuleFor returns the Rule for mw: its clock-skew margin and clock, and
 // backoff, the adapter's requeue delays (the zero policy for the default).
 func RuleFor(mw *idempotent.Middleware, backoff idempotent.RetryPolicy) Rule {
-	return Rule{Backoff: backoff, ClockSkew: mw.ClockSkew(), Now: mw.Now}
+	cfg := mw.Config()
+	return Rule{Backoff: backoff, ClockSkew: cfg.ClockSkew, Now: cfg.Clock}
 }
 
 // Settle decides what to do with a delivery of msg once the Middleware has

@@ -178,38 +178,39 @@ func For(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts ...Optio
 	return m
 }
 
-// ForMiddleware is For with everything mw tells of its configuration: its
-// dialect, consumer and table, its lock timeout (LockTimeout), strict guard
-// (StrictGuard), retention window, clock-skew margin and clock (Retention,
-// ClockSkew, Now) and partitioned mode (PartitionLeadDays). opts are no
-// longer needed; any given are applied after what mw tells, and override it.
+// ForMiddleware is For with everything mw tells of its configuration
+// (Middleware.Config): its dialect, consumer and table, its lock timeout,
+// strict guard, retention window, clock-skew margin, clock and partitioned
+// mode. opts are no longer needed; any given are applied after what mw
+// tells, and override it.
 func ForMiddleware(mock sqlmock.Sqlmock, mw *idempotent.Middleware, opts ...Option) *Mock {
 	if mw == nil {
 		panic("mocks: ForMiddleware: nil Middleware")
 	}
-	m, err := newMock(mock, mw.Dialect(), mw.Consumer(), append(middlewareOptions(mw), opts...))
+	cfg := mw.Config()
+	m, err := newMock(mock, cfg.Dialect, cfg.Consumer, append(configOptions(cfg), opts...))
 	if err != nil {
 		panic("mocks: ForMiddleware: " + err.Error())
 	}
 	return m
 }
 
-// middlewareOptions returns the Options matching mw's configuration.
-func middlewareOptions(mw *idempotent.Middleware) []Option {
+// configOptions returns the Options matching a Middleware's configuration.
+func configOptions(cfg idempotent.Config) []Option {
 	opts := []Option{
-		WithTable(mw.Table()),
-		WithRetention(mw.Retention()),
-		WithClockSkew(mw.ClockSkew()),
-		WithClock(mw.Now),
+		WithTable(cfg.Table),
+		WithRetention(cfg.Retention),
+		WithClockSkew(cfg.ClockSkew),
+		WithClock(cfg.Clock),
 	}
-	if d := mw.LockTimeout(); d > 0 {
-		opts = append(opts, WithLockTimeout(d))
+	if cfg.LockTimeout > 0 {
+		opts = append(opts, WithLockTimeout(cfg.LockTimeout))
 	}
-	if mw.StrictGuard() {
+	if cfg.StrictGuard {
 		opts = append(opts, WithStrictGuard())
 	}
-	if n := mw.PartitionLeadDays(); n > 0 {
-		opts = append(opts, WithDailyPartitions(n))
+	if cfg.Partitioned() {
+		opts = append(opts, WithDailyPartitions(cfg.PartitionLeadDays))
 	}
 	return opts
 }
