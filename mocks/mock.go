@@ -68,7 +68,7 @@ type settings struct {
 	fence       fence
 }
 
-// fence is the retention fence of ProcessEvent: the window, the clock-skew
+// fence is the retention fence of ProcessMessage: the window, the clock-skew
 // margin and the clock.
 type fence struct {
 	window time.Duration
@@ -289,7 +289,7 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 // as MySQL's) — and returns the claim for the test to complete with one of
 // its Will methods: WillReturnResult with sqlmock.NewResult(0, 1) when the
 // claim inserts, (0, 0) when it exists, or WillReturnError. Use it for
-// Middleware.Claim in a transaction of the caller's; for Process,
+// Middleware.ClaimMessage in a transaction of the caller's; for ProcessMessage,
 // ExpectApplied, ExpectDuplicate and ExpectClaimError script the whole
 // transaction. In partitioned mode these four panic: a message there needs
 // its event time (ExpectClaimAt, ExpectAppliedAt, ExpectDuplicateAt,
@@ -324,7 +324,7 @@ type Claim struct {
 
 // WillReturnResult completes the claim with what it did, as an Exec's
 // result: RowsAffected 1 when the claim inserted, 0 when it existed
-// (Middleware.Claim reports false), or RowsAffected's error
+// (Middleware.ClaimMessage reports false), or RowsAffected's error
 // (sqlmock.NewErrorResult), which fails the claim. What the Middleware reads
 // of the retention horizon next is scripted too, answering none recorded:
 // with a dialect.HorizonClaimer (Postgres), after a claim of a message with
@@ -571,7 +571,7 @@ func (m *Mock) ExpectCommitError(err error) {
 // dialect.ProbeReleaseSQL). err is what the check meets:
 //
 //   - nil: the transaction is alive, so the handler met its failure
-//     elsewhere; Process returns it without a retry.
+//     elsewhere; ProcessMessage returns it without a retry.
 //   - an error, which fails the SAVEPOINT: the transaction was aborted (with
 //     Postgres, &pq.Error{Code: "25P02"}) or its connection lost
 //     (driver.ErrBadConn). The failure is the transaction's own, and the
