@@ -220,7 +220,7 @@ func (t *growthTable) op(ctx context.Context, m *idempotent.Middleware) func() e
 		if t.partitioned {
 			_, err = m.ProcessMessage(ctx, idempotent.Message{Key: k, EventTime: time.Now()}, fn)
 		} else {
-			_, err = m.Process(ctx, k, fn)
+			_, err = m.ProcessMessage(ctx, idempotent.Message{Key: k}, fn)
 		}
 		return err
 	}

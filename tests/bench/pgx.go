@@ -191,7 +191,7 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 	}
 	e.process = func(ctx context.Context) error {
 		k, oid, cid := next()
-		_, err := m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
 		return err
 	}
 	e.handwritten = func(ctx context.Context) error {
@@ -214,17 +214,21 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 		return tx.Commit(ctx)
 	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	if _, err := m.Process(ctx, "dup", noop); err != nil {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
 		return fail(err)
 	}
-	if _, err := ms.Process(ctx, "dup", noop); err != nil {
+	if _, err := ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
 		return fail(err)
 	}
-	e.dupPgx = func(ctx context.Context) error { return expectDuplicate(m.Process(ctx, "dup", noop)) }
+	e.dupPgx = func(ctx context.Context) error {
+		return expectDuplicate(m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop))
+	}
 	e.dupSQL = func(ctx context.Context) error {
-		return expectDuplicate(core.Process(ctx, "dup", func(context.Context, *sql.Tx) error { return nil }))
+		return expectDuplicate(core.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, *sql.Tx) error { return nil }))
 	}
-	e.dupSeen = func(ctx context.Context) error { return expectDuplicate(ms.Process(ctx, "dup", noop)) }
+	e.dupSeen = func(ctx context.Context) error {
+		return expectDuplicate(ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop))
+	}
 	return e, nil
 }
 
