@@ -26,16 +26,15 @@ type Option interface {
 // A TableOption is an Option that describes the claim table: WithTable,
 // WithRetention, WithClockSkew, WithClock, WithDailyPartitions and
 // WithRetry. New and NewClaimTable both take it; give the ClaimTable of a
-// job the same ones as the Middlewares that use the table. A slice of them
-// is passed to New one by one (New's parameter is ...Option):
+// job the same ones as the Middlewares that use the table:
 //
-//	table := []idempotent.TableOption{idempotent.WithTable("claims"), idempotent.WithDailyPartitions(2)}
-//	ct, err := idempotent.NewClaimTable(db, d, table...)
-//	opts := []idempotent.Option{idempotent.WithObserver(o)}
-//	for _, o := range table {
-//		opts = append(opts, o)
-//	}
-//	mw, err := idempotent.New(db, d, "loyalty", opts...)
+//	table, days := idempotent.WithTable("claims"), idempotent.WithDailyPartitions(2)
+//	mw, err := idempotent.New(db, d, "loyalty", table, days, idempotent.WithObserver(o))
+//	…
+//	ct, err := idempotent.NewClaimTable(db, d, table, days)
+//
+// A []TableOption is not a []Option: to pass a slice of them to New, copy
+// it into a []Option first.
 type TableOption interface {
 	Option
 	table()
