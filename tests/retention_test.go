@@ -411,7 +411,7 @@ func TestCleanupRejectsBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := bare.ClaimTable().CleanupConsumer(ctx, bare.Config().Consumer, idempotent.DefaultCleanupOptions()); err == nil ||
-		err.Error() != "idempotent: Cleanup: the bare dialect does not support batched cleanup" {
+		err.Error() != "idempotent: CleanupConsumer: the bare dialect does not support batched cleanup" {
 		t.Fatalf("Cleanup on a dialect without it: %v", err)
 	}
 }
@@ -458,8 +458,8 @@ func TestRetentionFenceRefusesMessagesOlderThanTheWindow(t *testing.T) {
 		t.Fatalf("balance %d after %d runs, want 50 after 1", l.balance(t, 2), ran)
 	}
 
-	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: young.key(), EventTime: time.Time{}}, credit(young)); got != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("zero event time = (%v, %v), want ErrInvalidEventTime", got, err)
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: young.key(), EventTime: now.Add(24 * time.Hour)}, credit(young)); got != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("an event time a day ahead = (%v, %v), want ErrInvalidEventTime", got, err)
 	}
 
 	// WrapMessage takes the time from the message.
@@ -546,7 +546,7 @@ func TestFenceObserverSeesRefusals(t *testing.T) {
 	ctx := context.Background()
 	nop := func(context.Context, *sql.Tx) error { return nil }
 	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k1", EventTime: clock.Now().AddDate(0, -2, 0)}, nop)
-	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k2", EventTime: time.Time{}}, nop)
+	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k2", EventTime: clock.Now().Add(24 * time.Hour)}, nop)
 	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k3", EventTime: clock.Now()}, nop)
 	if counts.Failed() != 2 || counts.Applied() != 1 {
 		t.Fatalf("observer counted %d failed, %d applied; want 2 and 1", counts.Failed(), counts.Applied())
