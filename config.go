@@ -1,6 +1,9 @@
 package idempotent
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -56,4 +59,41 @@ func (m *Middleware) Config() Config {
 		LockTimeout:       m.lockTimeout,
 		StrictGuard:       m.txidSQL != "",
 	}
+}
+
+// ClaimError is the one mapping of a failed claim statement's error into
+// this package's error values, for the Middleware's own claims and for a
+// driver package's (idempgx) that sends the same statements another way: a
+// lock timeout is ErrClaimBusy, naming LockTimeout when one was set (else
+// it was the database's own); a missing claim table is ErrNoClaimTable,
+// naming it; in partitioned mode, a missing partition for a claim of
+// messages with event times ats is ErrNoPartition, naming their days;
+// anything else is wrapped as a claim failure. err stays in the chain, for
+// errors.Is and errors.As.
+func (c Config) ClaimError(err error, ats ...time.Time) error {
+	if p, ok := c.Dialect.(dialect.Partitioner); ok && c.Partitioned() && len(ats) > 0 && p.IsNoPartition(err) {
+		days := make([]string, len(ats))
+		for i, at := range ats {
+			days[i] = eventDay(at).Format(time.DateOnly)
+		}
+		slices.Sort(days)
+		days = slices.Compact(days)
+		which := "event day " + days[0]
+		if len(days) > 1 {
+			which = "one of the event days " + strings.Join(days, ", ")
+		}
+		return fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
+			ErrNoPartition, c.Table, which, c.PartitionLeadDays, err)
+	}
+	switch c.Dialect.Classify(err).Kind {
+	case dialect.KindLockTimeout:
+		if c.LockTimeout == 0 {
+			// The database's own lock timeout, not WithLockTimeout's.
+			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
+		}
+		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, c.LockTimeout, err)
+	case dialect.KindUndefinedTable:
+		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, c.Table, err)
+	}
+	return fmt.Errorf("idempotent: claim: %w", err)
 }

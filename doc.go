@@ -139,6 +139,11 @@
 // returned wrapped, errors.Is and errors.As still see it, and it is not
 // retried.
 //
+// There is one retry loop, [RetryPolicy.Run], and one mapping of a claim's
+// failure, [Config.ClaimError]; the pgx path (package idempgx) runs its
+// pipelined attempts in the same loop and maps its claims' errors the same
+// way, so the two cannot drift.
+//
 // A connection lost during COMMIT is ambiguous for ordinary code — the
 // commit may or may not have landed — but safe to retry here: the retry
 // either finds the claim (the commit landed: Duplicate) or inserts it (it

@@ -69,6 +69,7 @@ type Middleware struct {
 	run         runner
 	ret         retention
 	seen        Seen
+	seenBatch   SeenBatch                  // SeenBatchOf(seen), for batches
 	seenScope   seencheck.Scope[SeenScope] // read once, see SeenScope
 }
 
@@ -114,6 +115,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		maxKey:      d.MaxKeyBytes(),
 		observer:    cfg.observer,
 		seen:        cfg.seen,
+		seenBatch:   SeenBatchOf(cfg.seen),
 	}
 	if cfg.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {
@@ -250,20 +252,9 @@ func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func(
 	return stmt()
 }
 
-// claimError wraps a failed claim statement's error for claim and the batch claim.
-func (m *Middleware) claimError(err error) error {
-	switch m.d.Classify(err).Kind {
-	case dialect.KindLockTimeout:
-		if m.lockTimeout == 0 {
-			// The database's own lock timeout, not WithLockTimeout's.
-			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
-		}
-		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, m.lockTimeout, err)
-	case dialect.KindUndefinedTable:
-		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
-	}
-	return fmt.Errorf("idempotent: claim: %w", err)
-}
+// claimError wraps a failed claim statement's error for claim and the
+// batch claim (Config.ClaimError).
+func (m *Middleware) claimError(err error) error { return m.Config().ClaimError(err) }
 
 // captureTxID is the strict guard's first read: with WithStrictGuard, every
 // path that runs a handler and commits reads the transaction id before the

@@ -180,3 +180,48 @@ func TestCounts(t *testing.T) {
 		}
 	})
 }
+
+// TestConfigClaimError: the one mapping of a claim statement's failure, as
+// the Middleware and the driver packages use it.
+func TestConfigClaimError(t *testing.T) {
+	db, _ := sqlmockDB(t)
+	plain, err := idempotent.New(db, pg, consumer, idempotent.WithTable("shop.claims"), idempotent.WithLockTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parted, err := idempotent.New(db, pg, consumer, idempotent.WithDailyPartitions(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	day1, day2 := time.Date(2031, 3, 14, 23, 0, 0, 0, time.UTC), time.Date(2031, 3, 15, 1, 0, 0, 0, time.UTC)
+	noPartition := &pq.Error{Code: "23514"}
+	for _, c := range []struct {
+		name string
+		cfg  idempotent.Config
+		err  error
+		ats  []time.Time
+		want error
+		says string
+	}{
+		{"lock timeout, WithLockTimeout's", plain.Config(), &pq.Error{Code: "55P03"}, nil, idempotent.ErrClaimBusy, "(lock timeout 1s)"},
+		{"lock timeout, the database's", parted.Config(), &pq.Error{Code: "55P03"}, nil, idempotent.ErrClaimBusy, "held by another transaction: pq"},
+		{"no claim table", plain.Config(), &pq.Error{Code: "42P01"}, nil, idempotent.ErrNoClaimTable, "shop.claims"},
+		{"no partition, one day", parted.Config(), noPartition, []time.Time{day1, day1}, idempotent.ErrNoPartition, "no partition for event day 2031-03-14 yet (partitions cover the retention window and 3 days ahead"},
+		{"no partition, two days", parted.Config(), noPartition, []time.Time{day2, day1}, idempotent.ErrNoPartition, "one of the event days 2031-03-14, 2031-03-15"},
+		{"no partition without event times", parted.Config(), noPartition, nil, nil, "idempotent: claim: "},
+		{"a plain table's check violation", plain.Config(), noPartition, []time.Time{day1}, nil, "idempotent: claim: "},
+		{"anything else", plain.Config(), &pq.Error{Code: "23505"}, nil, nil, "idempotent: claim: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.cfg.ClaimError(c.err, c.ats...)
+			if !errors.Is(got, c.err) || (c.want != nil && !errors.Is(got, c.want)) || !strings.Contains(got.Error(), c.says) {
+				t.Fatalf("ClaimError = %v, want %v saying %q and wrapping the cause", got, c.want, c.says)
+			}
+			for _, other := range []error{idempotent.ErrClaimBusy, idempotent.ErrNoClaimTable, idempotent.ErrNoPartition} {
+				if other != c.want && errors.Is(got, other) {
+					t.Fatalf("ClaimError = %v also matches %v", got, other)
+				}
+			}
+		})
+	}
+}

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -301,22 +299,7 @@ func (e *noPartitionError) Unwrap() error { return e.err }
 func (m *Middleware) noPartition(err error, unchecked bool, idx []int, at []time.Time) error {
 	// checkEvent let at through, so its day is inside the window: the
 	// partition is not there yet (or was removed by hand).
-	distinct := make([]time.Time, len(at))
-	for i, d := range at {
-		distinct[i] = eventDay(d)
-	}
-	slices.SortFunc(distinct, time.Time.Compare)
-	distinct = slices.CompactFunc(distinct, time.Time.Equal)
-	which := "event day " + distinct[0].Format(time.DateOnly)
-	if len(distinct) > 1 {
-		ds := make([]string, len(distinct))
-		for i, d := range distinct {
-			ds[i] = d.Format(time.DateOnly)
-		}
-		which = "one of the event days " + strings.Join(ds, ", ")
-	}
-	nerr := fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-		ErrNoPartition, m.table, which, m.ret.leadDays, err)
+	nerr := m.Config().ClaimError(err, at...)
 	if !unchecked {
 		return nerr
 	}

@@ -469,3 +469,42 @@ func TestSeenBatch(t *testing.T) {
 		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK")
 	})
 }
+
+// TestSeenBatchOf: a batch is asked and recorded in one call where the
+// pre-check is a SeenBatch, key by key otherwise; an answer of the wrong
+// length is a miss for every key.
+func TestSeenBatchOf(t *testing.T) {
+	ctx := context.Background()
+	scope := idempotent.SeenScope{Database: "db", Table: "claims", Consumer: consumer}
+	keys := []string{"a", "b", "c"}
+	known := map[string]bool{entry(scope, "b"): true}
+	if idempotent.SeenBatchOf(nil) != nil {
+		t.Fatal("SeenBatchOf(nil) is not nil")
+	}
+	one := &recordingSeen{known: known}
+	b := idempotent.SeenBatchOf(one)
+	if got := b.SeenKeys(ctx, scope, keys); !slices.Equal(got, []bool{false, true, false}) || one.asked != 3 {
+		t.Fatalf("key by key: %v in %d asks", got, one.asked)
+	}
+	b.RecordKeys(ctx, scope, keys, time.Hour)
+	b.RecordKeys(ctx, scope, nil, time.Hour)
+	if want := []string{consumer + "/a", consumer + "/b", consumer + "/c"}; !slices.Equal(one.recorded, want) {
+		t.Fatalf("recorded %v, want %v", one.recorded, want)
+	}
+	many := &batchSeen{recordingSeen: recordingSeen{known: known}}
+	b = idempotent.SeenBatchOf(many)
+	if got := b.SeenKeys(ctx, scope, keys); !slices.Equal(got, []bool{false, true, false}) || many.batchAsks != 1 {
+		t.Fatalf("a batch: %v in %d batch asks, want one", got, many.batchAsks)
+	}
+	b.RecordKeys(ctx, scope, keys, time.Hour)
+	if many.batchRecords != 1 || len(many.recorded) != 3 {
+		t.Fatalf("a batch recorded in %d calls: %v", many.batchRecords, many.recorded)
+	}
+	many.wrongLength = true
+	if got := b.SeenKeys(ctx, scope, keys); slices.Contains(got, true) || len(got) != 3 {
+		t.Fatalf("an answer of the wrong length: %v, want three misses", got)
+	}
+	if !b.Seen(ctx, scope, "b") || b.Seen(ctx, scope, "a") {
+		t.Fatal("Seen does not ask the pre-check")
+	}
+}

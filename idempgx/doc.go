@@ -13,8 +13,10 @@
 // github.com/txclaim/idempotent): one transaction, a claim row inserted with
 // INSERT … ON CONFLICT DO NOTHING, the handler only if the claim is new, claim
 // and effect committed together; retries of serialization failures,
-// deadlocks and lost connections under an idempotent.RetryPolicy; a lock
-// timeout (idempotent.ErrClaimBusy); messages with event times, the
+// deadlocks and lost connections under an idempotent.RetryPolicy, in the
+// core's own loop (idempotent.RetryPolicy.Run); a lock timeout
+// (idempotent.ErrClaimBusy), a claim's failures mapped by the core's
+// idempotent.Config.ClaimError; messages with event times, the
 // retention fence and daily partitions (ProcessMessage); batches in one
 // statement, with the keys (and in partitioned mode their event days) as
 // native []string arrays (ProcessMessages); the wrappers of decoded

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,10 +55,12 @@ type Middleware struct {
 	fencedName  string
 	lockSQL     string
 	lockTimeout time.Duration
+	cfg         idempotent.Config // Config(), for the core's claim-error mapping
 	table       string
 	policy      idempotent.RetryPolicy
 	observer    idempotent.Observer
 	seen        idempotent.Seen
+	seenBatch   idempotent.SeenBatch // SeenBatchOf(seen), for batches
 	retention   time.Duration
 	skew        time.Duration // the clock-skew margin, for the horizon's fence
 	partitioned bool
@@ -137,6 +137,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		policy:      cfg.retry,
 		observer:    cfg.observer,
 		seen:        cfg.seen,
+		seenBatch:   idempotent.SeenBatchOf(cfg.seen),
 		retention:   cfg.retention,
 		skew:        cfg.skew,
 		leadDays:    cfg.leadDays,
@@ -158,6 +159,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	if cfg.iso != "" {
 		m.beginStmt = "begin isolation level " + string(cfg.iso)
 	}
+	m.cfg = m.Config()
 	m.beginName = statementName("begin", m.beginStmt)
 	m.lockName = statementName("lock", m.lockSQL)
 	m.claimName = statementName("claim", m.claimSQL)
@@ -279,37 +281,16 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 }
 
 // claimError translates a failed claim statement's error into the core's
-// error values; at are the event days of the claim (several for a batch), in
-// partitioned mode. A day without its partition is a *missingDay, which the
-// attempt resolves after its rollback.
+// error values, with the core's own mapping (idempotent.Config.ClaimError);
+// at are the event times of the claim (several for a batch), in partitioned
+// mode. A day without its partition is a *missingDay, which the attempt
+// resolves after its rollback.
 func (m *Middleware) claimError(err error, at ...time.Time) error {
-	if m.partitioned && len(at) > 0 && m.pg.IsNoPartition(err) {
-		days := make([]string, 0, len(at))
-		for _, t := range at {
-			days = append(days, t.UTC().Format(time.DateOnly))
-		}
-		slices.Sort(days)
-		days = slices.Compact(days)
-		which := "event day " + days[0]
-		if len(days) > 1 {
-			which = "one of the event days " + strings.Join(days, ", ")
-		}
-		return &missingDay{
-			err: fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-				idempotent.ErrNoPartition, m.table, which, m.leadDays, err),
-			cause: err, ats: at,
-		}
+	cerr := m.cfg.ClaimError(err, at...)
+	if len(at) > 0 && errors.Is(cerr, idempotent.ErrNoPartition) {
+		return &missingDay{err: cerr, cause: err, ats: at}
 	}
-	switch m.pg.Classify(err).Kind {
-	case dialect.KindLockTimeout:
-		if m.lockTimeout == 0 {
-			return fmt.Errorf("%w: %w", idempotent.ErrClaimBusy, err)
-		}
-		return fmt.Errorf("%w (lock timeout %v): %w", idempotent.ErrClaimBusy, m.lockTimeout, err)
-	case dialect.KindUndefinedTable:
-		return fmt.Errorf("%w: %s: %w", idempotent.ErrNoClaimTable, m.table, err)
-	}
-	return fmt.Errorf("idempgx: claim: %w", err)
+	return cerr
 }
 
 // WrapMessage turns a handler of decoded messages into a function that
