@@ -62,7 +62,7 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 		t.Fatalf("first delivery settled as %v (%v), want requeued: the day's partition is only not there yet", first.Type, first.Err)
 	}
 	t.Logf("first delivery requeued: %v", first.Err)
-	if _, err := l.mw.MaintainPartitions(context.Background()); err != nil {
+	if _, err := l.mw.ClaimTable().MaintainPartitions(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for {
