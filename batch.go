@@ -14,9 +14,10 @@ import (
 	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
-// MaxBatchSize is the most messages ProcessMessages (and ProcessBatch,
-// WrapMessages, WrapBatch) accept in one call. It keeps one batch's claim statement, its locks and its transaction
-// short; split larger batches.
+// MaxBatchSize is the most messages one call of ProcessMessages,
+// ProcessMessagesTx, WrapMessages or WrapMessagesTx accepts. It keeps one
+// batch's claim statement, its locks and its transaction short; split
+// larger batches.
 const MaxBatchSize = 1000
 
 // ErrBatchTooLarge reports a batch of more than MaxBatchSize messages.
@@ -60,18 +61,6 @@ type BatchFunc func(ctx context.Context, tx *sql.Tx, fresh []int) error
 // say) so that concurrent batches cannot deadlock; deadlocks are retried, but
 // they cost a whole batch.
 type BatchHandler[M any] func(ctx context.Context, tx *sql.Tx, msgs []M) error
-
-// ProcessBatch is ProcessMessages for messages known by their keys alone
-// (no event times): keys[i] is message i's key. See ProcessMessages. In
-// partitioned mode every message needs its event time, so ProcessBatch
-// refuses any batch there: use ProcessMessages.
-func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]Outcome, error) {
-	msgs := make([]Message, len(keys))
-	for i, k := range keys {
-		msgs[i].Key = k
-	}
-	return m.ProcessMessages(ctx, msgs, fn)
-}
 
 // ProcessMessages applies the effects of a batch of messages exactly once
 // for this consumer, in one transaction: it claims every message, runs fn
@@ -131,9 +120,9 @@ func (m *Middleware) processObserved(ctx context.Context, r *runner, msgs []Mess
 	return outcomes, err
 }
 
-// processMessages is the one batch path, under r's retries: ProcessBatch,
-// ProcessMessages, ProcessMessagesTx, WrapBatch and WrapMessages all end
-// here.
+// processMessages is the one batch path, under r's retries:
+// ProcessMessages, ProcessMessagesTx, WrapMessages and WrapMessagesTx all
+// end here.
 func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Message, fn BatchFunc) ([]Outcome, int, error) {
 	if fn == nil {
 		return nil, 0, errors.New("idempotent: ProcessMessages: nil function")
@@ -142,7 +131,7 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 		return nil, 0, batchTooLarge(len(msgs))
 	}
 	for i, msg := range msgs {
-		if err := m.checkMessage(msg, eventTimeOptional); err != nil {
+		if err := m.checkMessage(msg); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
 	}
@@ -378,15 +367,6 @@ func (m *Middleware) observeBatch(ctx context.Context, msgs []Message, outcomes 
 	}
 }
 
-// WrapBatch is WrapMessages for messages known by their keys alone: key
-// returns each message's stable, producer-assigned identity (see Wrap). If
-// key fails for any message, the returned function fails the whole batch
-// with an error matching ErrInvalidKey that names the message's index,
-// before anything is sent.
-func WrapBatch[M any](m *Middleware, key func(M) (string, error), h BatchHandler[M]) func(ctx context.Context, msgs []M) ([]Outcome, error) {
-	return WrapMessages(m, keyOnly(key), h)
-}
-
 // WrapMessages turns a handler of decoded messages into a function that
 // processes a batch of them exactly once, as ProcessMessages does: h is
 // called once per batch with the messages that are new, in their order in
@@ -401,32 +381,52 @@ func WrapMessages[M any](m *Middleware, msg func(M) (Message, error), h BatchHan
 		if len(vs) == 0 {
 			return nil, nil
 		}
-		fail := func(err error) ([]Outcome, error) {
-			if m.observer != nil {
-				m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
-			}
+		if msg == nil || h == nil {
+			return nil, m.batchFailed(ctx, errors.New("idempotent: WrapMessages: nil message function or handler"))
+		}
+		msgs, err := messagesOf(ctx, m, msg, vs)
+		if err != nil {
 			return nil, err
 		}
-		if msg == nil || h == nil {
-			return fail(errors.New("idempotent: WrapMessages: nil message function or handler"))
-		}
-		if len(vs) > MaxBatchSize {
-			return fail(batchTooLarge(len(vs)))
-		}
-		msgs := make([]Message, len(vs))
-		for i, v := range vs {
-			mm, err := msg(v)
-			if err != nil {
-				return fail(&BatchKeyError{Index: i, Err: fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)})
-			}
-			msgs[i] = mm
-		}
-		return m.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
-			sel := make([]M, len(fresh))
-			for j, i := range fresh {
-				sel[j] = vs[i]
-			}
-			return h(ctx, tx, sel)
+		return m.processObserved(ctx, &m.run, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+			return h(ctx, tx, pick(vs, fresh))
 		})
 	}
+}
+
+// messagesOf is the one reading of a batch's Messages by the batch
+// wrappers (WrapMessages, WrapMessagesTx): a batch too large, or a failure
+// of msg, is told to the observer and fails the whole batch before anything
+// is sent, the latter as a *BatchKeyError matching ErrInvalidKey.
+func messagesOf[M any](ctx context.Context, m *Middleware, msg func(M) (Message, error), vs []M) ([]Message, error) {
+	if len(vs) > MaxBatchSize {
+		return nil, m.batchFailed(ctx, batchTooLarge(len(vs)))
+	}
+	msgs := make([]Message, len(vs))
+	for i, v := range vs {
+		mm, err := msg(v)
+		if err != nil {
+			return nil, m.batchFailed(ctx, &BatchKeyError{Index: i, Err: fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)})
+		}
+		msgs[i] = mm
+	}
+	return msgs, nil
+}
+
+// batchFailed tells the observer, if any, of a batch refused before its
+// messages were read, and returns err.
+func (m *Middleware) batchFailed(ctx context.Context, err error) error {
+	if m.observer != nil {
+		m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
+	}
+	return err
+}
+
+// pick returns the values of vs at the indexes fresh, in their order.
+func pick[M any](vs []M, fresh []int) []M {
+	sel := make([]M, len(fresh))
+	for j, i := range fresh {
+		sel[j] = vs[i]
+	}
+	return sel
 }

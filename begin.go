@@ -6,8 +6,8 @@ import (
 	"errors"
 )
 
-// BeginFunc begins one attempt's transaction for ProcessMessageTx and
-// WrapMessageTx, for a library that wraps *sql.Tx in a type of its own (T),
+// BeginFunc begins one attempt's transaction for ProcessMessageTx,
+// ProcessMessagesTx, WrapMessageTx and WrapMessagesTx, for a library that wraps *sql.Tx in a type of its own (T),
 // such as sqlx's *sqlx.Tx. It must begin the transaction on db — the
 // Middleware's database — with ctx and opts exactly as given: the autocommit guard and the isolation
 // level set by WithTxOptions travel in them. It returns the transaction both
@@ -33,18 +33,13 @@ type BeginFunc[T any] func(ctx context.Context, db *sql.DB, opts *sql.TxOptions)
 // it as T. Everything else — claim, retention fence, partitioned mode,
 // retries, guard, observer — is ProcessMessage's.
 func ProcessMessageTx[T any](ctx context.Context, m *Middleware, msg Message, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
-	return processMessageTx(ctx, m, msg, eventTimeOptional, begin, fn)
-}
-
-// processMessageTx is ProcessMessageTx with an event-time rule.
-func processMessageTx[T any](ctx context.Context, m *Middleware, msg Message, rule eventRule, begin BeginFunc[T], fn func(ctx context.Context, tx T) error) (Outcome, error) {
 	if begin == nil || fn == nil {
 		return 0, errors.New("idempotent: ProcessMessageTx: nil begin or function")
 	}
 	var cur T
 	r := m.run
 	r.begin = beginAs(begin, &cur)
-	return m.processMessage(ctx, &r, msg, rule, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
+	return m.processMessage(ctx, &r, msg, func(ctx context.Context, _ *sql.Tx) error { return fn(ctx, cur) })
 }
 
 // ProcessMessagesTx is [Middleware.ProcessMessages] for a function that
@@ -84,16 +79,41 @@ func beginAs[T any](begin BeginFunc[T], cur *T) func(ctx context.Context, db *sq
 // [BeginFunc]. msg returns the message's key and, when it has one, its
 // event time. If msg fails, the returned function returns an error matching
 // ErrInvalidKey without opening a transaction.
-func WrapMessageTx[M, T any](m *Middleware, begin BeginFunc[T], msg func(M) (Message, error), h func(ctx context.Context, tx T, msg M) error) func(ctx context.Context, msg M) (Outcome, error) {
+func WrapMessageTx[M, T any](m *Middleware, msg func(M) (Message, error), begin BeginFunc[T], h func(ctx context.Context, tx T, msg M) error) func(ctx context.Context, msg M) (Outcome, error) {
 	return func(ctx context.Context, v M) (Outcome, error) {
-		if msg == nil || h == nil {
-			return 0, errors.New("idempotent: WrapMessageTx: nil message function or handler")
+		if msg == nil || begin == nil || h == nil {
+			return 0, errors.New("idempotent: WrapMessageTx: nil message function, begin or handler")
 		}
-		mm, err := msg(v)
+		mm, err := messageOf(ctx, m, msg, v)
 		if err != nil {
-			return 0, m.keyFailed(ctx, err)
+			return 0, err
 		}
 		return ProcessMessageTx(ctx, m, mm, begin, func(ctx context.Context, tx T) error { return h(ctx, tx, v) })
+	}
+}
+
+// WrapMessagesTx is [WrapMessages] for handlers that work on T, a
+// transaction type of a library built on database/sql; see
+// [ProcessMessagesTx] and [BeginFunc]. h is called once per batch with the
+// messages that are new, in their order in the batch, and not at all when
+// every one is a duplicate. If msg fails for any message, the returned
+// function fails the whole batch with a *BatchKeyError matching
+// ErrInvalidKey that names the message's index, before anything is sent.
+func WrapMessagesTx[M, T any](m *Middleware, msg func(M) (Message, error), begin BeginFunc[T], h func(ctx context.Context, tx T, msgs []M) error) func(ctx context.Context, msgs []M) ([]Outcome, error) {
+	return func(ctx context.Context, vs []M) ([]Outcome, error) {
+		if len(vs) == 0 {
+			return nil, nil
+		}
+		if msg == nil || begin == nil || h == nil {
+			return nil, m.batchFailed(ctx, errors.New("idempotent: WrapMessagesTx: nil message function, begin or handler"))
+		}
+		msgs, err := messagesOf(ctx, m, msg, vs)
+		if err != nil {
+			return nil, err
+		}
+		return ProcessMessagesTx(ctx, m, msgs, begin, func(ctx context.Context, tx T, fresh []int) error {
+			return h(ctx, tx, pick(vs, fresh))
+		})
 	}
 }
 

@@ -49,7 +49,7 @@ func TestProcessTx(t *testing.T) {
 			return &myTx{Tx: tx, attempt: begun}, tx, nil
 		}
 		var seen []int
-		got, err := idempotent.ProcessTx(context.Background(), mw, key, begin, func(ctx context.Context, tx *myTx) error {
+		got, err := idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, func(ctx context.Context, tx *myTx) error {
 			seen = append(seen, tx.attempt)
 			_, err := tx.ExecContext(ctx, effectSQL)
 			return err
@@ -74,7 +74,7 @@ func TestProcessTx(t *testing.T) {
 			tx, err := db.BeginTx(ctx, opts)
 			return tx, tx, err
 		}
-		got, err := idempotent.ProcessTx(context.Background(), mw, key, begin, func(ctx context.Context, tx *sql.Tx) error { return effect(ctx, tx) })
+		got, err := idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, func(ctx context.Context, tx *sql.Tx) error { return effect(ctx, tx) })
 		if err != nil || got != idempotent.Applied || calls != 2 {
 			t.Fatalf("got (%v, %v) after %d begins, want applied after 2", got, err, calls)
 		}
@@ -84,7 +84,7 @@ func TestProcessTx(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		begin := func(context.Context, *sql.DB, *sql.TxOptions) (*myTx, *sql.Tx, error) { return &myTx{}, nil, nil }
-		_, err := idempotent.ProcessTx(context.Background(), mw, key, begin, func(context.Context, *myTx) error {
+		_, err := idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, func(context.Context, *myTx) error {
 			t.Error("the handler ran without a transaction")
 			return nil
 		})
@@ -99,17 +99,17 @@ func TestProcessTx(t *testing.T) {
 		begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, *sql.Tx, error) {
 			return nil, nil, nil
 		}
-		if _, err := idempotent.ProcessTx[*sql.Tx](context.Background(), mw, key, nil, func(context.Context, *sql.Tx) error { return nil }); err == nil {
+		if _, err := idempotent.ProcessMessageTx[*sql.Tx](context.Background(), mw, idempotent.Message{Key: key}, nil, func(context.Context, *sql.Tx) error { return nil }); err == nil {
 			t.Fatal("nil begin accepted")
 		}
-		if _, err := idempotent.ProcessTx(context.Background(), mw, key, begin, nil); err == nil {
+		if _, err := idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, nil); err == nil {
 			t.Fatal("nil function accepted")
 		}
 		r.wantCalls(t)
 	})
 }
 
-func TestWrapTx(t *testing.T) {
+func TestWrapMessageTx(t *testing.T) {
 	begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*myTx, *sql.Tx, error) {
 		tx, err := db.BeginTx(ctx, opts)
 		if err != nil {
@@ -117,11 +117,11 @@ func TestWrapTx(t *testing.T) {
 		}
 		return &myTx{Tx: tx}, tx, nil
 	}
-	keyOf := func(id int) (string, error) {
+	msgOf := func(id int) (idempotent.Message, error) {
 		if id == 0 {
-			return "", errors.New("no id")
+			return idempotent.Message{}, errors.New("no id")
 		}
-		return key, nil
+		return idempotent.Message{Key: key}, nil
 	}
 	handler := func(ctx context.Context, tx *myTx, _ int) error {
 		_, err := tx.ExecContext(ctx, effectSQL)
@@ -131,16 +131,16 @@ func TestWrapTx(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		expectApplied(r.mock, key)
-		if got, err := idempotent.WrapTx(mw, begin, keyOf, handler)(context.Background(), 9912); err != nil || got != idempotent.Applied {
+		if got, err := idempotent.WrapMessageTx(mw, msgOf, begin, handler)(context.Background(), 9912); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT")
 	})
-	t.Run("key function fails", func(t *testing.T) {
+	t.Run("message function fails", func(t *testing.T) {
 		r := newRecorded(t)
 		ev := &events{}
 		mw := newMiddleware(t, r, idempotent.WithObserver(ev))
-		got, err := idempotent.WrapTx(mw, begin, keyOf, handler)(context.Background(), 0)
+		got, err := idempotent.WrapMessageTx(mw, msgOf, begin, handler)(context.Background(), 0)
 		if got != 0 || !errors.Is(err, idempotent.ErrInvalidKey) || !strings.Contains(err.Error(), "no id") {
 			t.Fatalf("got (%v, %v), want ErrInvalidKey", got, err)
 		}
@@ -149,14 +149,82 @@ func TestWrapTx(t *testing.T) {
 		}
 		r.wantCalls(t)
 	})
-	t.Run("nil key function or handler", func(t *testing.T) {
+	t.Run("nil message function, begin or handler", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
-		if _, err := idempotent.WrapTx(mw, begin, nil, handler)(context.Background(), 1); err == nil {
-			t.Fatal("nil key function accepted")
+		if _, err := idempotent.WrapMessageTx(mw, nil, begin, handler)(context.Background(), 1); err == nil {
+			t.Fatal("nil message function accepted")
 		}
-		if _, err := idempotent.WrapTx[int, *myTx](mw, begin, keyOf, nil)(context.Background(), 1); err == nil {
+		if _, err := idempotent.WrapMessageTx[int, *myTx](mw, msgOf, nil, handler)(context.Background(), 1); err == nil {
+			t.Fatal("nil begin accepted")
+		}
+		if _, err := idempotent.WrapMessageTx[int, *myTx](mw, msgOf, begin, nil)(context.Background(), 1); err == nil {
 			t.Fatal("nil handler accepted")
+		}
+		r.wantCalls(t)
+	})
+}
+
+func TestWrapMessagesTx(t *testing.T) {
+	ctx := context.Background()
+	begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*myTx, *sql.Tx, error) {
+		tx, err := db.BeginTx(ctx, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &myTx{Tx: tx}, tx, nil
+	}
+	type order struct{ id string }
+	msgOf := func(o order) (idempotent.Message, error) {
+		if o.id == "" {
+			return idempotent.Message{}, errors.New("no id")
+		}
+		return idempotent.Message{Key: o.id}, nil
+	}
+	t.Run("the handler gets the new messages, in their order, on its own transaction", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r)
+		r.mock.ExpectBegin()
+		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b", "c"})).
+			WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("c").AddRow("a"))
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		var got []order
+		outs, err := idempotent.WrapMessagesTx(mw, msgOf, begin, func(ctx context.Context, tx *myTx, os []order) error {
+			got = append(got, os...)
+			_, err := tx.ExecContext(ctx, effectSQL)
+			return err
+		})(ctx, []order{{"c"}, {"b"}, {"a"}})
+		want := []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Applied}
+		if err != nil || !slices.Equal(outs, want) {
+			t.Fatalf("got (%v, %v), want %v", outs, err, want)
+		}
+		if !slices.Equal(got, []order{{"c"}, {"a"}}) {
+			t.Fatalf("the handler got %v, want [{c} {a}]", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("refused before anything is sent", func(t *testing.T) {
+		r := newRecorded(t)
+		ev := &events{}
+		mw := newMiddleware(t, r, idempotent.WithObserver(ev))
+		h := func(context.Context, *myTx, []order) error { t.Error("the handler ran"); return nil }
+		_, err := idempotent.WrapMessagesTx(mw, msgOf, begin, h)(ctx, []order{{"a"}, {""}})
+		var bke *idempotent.BatchKeyError
+		if !errors.As(err, &bke) || bke.Index != 1 || !errors.Is(err, idempotent.ErrInvalidKey) {
+			t.Fatalf("a failing message function: %v, want a BatchKeyError for message 1 matching ErrInvalidKey", err)
+		}
+		if e := ev.only(t); !errors.Is(e.Err, idempotent.ErrInvalidKey) {
+			t.Fatalf("event %+v, want the refusal", e)
+		}
+		if _, err := idempotent.WrapMessagesTx(mw, msgOf, begin, h)(ctx, make([]order, idempotent.MaxBatchSize+1)); !errors.Is(err, idempotent.ErrBatchTooLarge) {
+			t.Fatalf("too large a batch: %v, want ErrBatchTooLarge", err)
+		}
+		if _, err := idempotent.WrapMessagesTx[order, *myTx](mw, msgOf, nil, h)(ctx, []order{{"a"}}); err == nil {
+			t.Fatal("nil begin accepted")
+		}
+		if outs, err := idempotent.WrapMessagesTx(mw, msgOf, begin, h)(ctx, nil); outs != nil || err != nil {
+			t.Fatalf("an empty batch: (%v, %v), want (nil, nil)", outs, err)
 		}
 		r.wantCalls(t)
 	})

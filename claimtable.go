@@ -29,15 +29,16 @@ type ClaimTable struct {
 }
 
 // NewClaimTable returns the claim table of db, speaking dialect d. It takes
-// the options that describe the table, which are the Middleware's own:
-// WithTable, WithRetention, WithClockSkew, WithClock, WithDailyPartitions
-// and WithRetry (the retry policy of the maintenance transactions). Give it
-// the same values as the Middlewares using the table. The options that
-// configure a consumer's deliveries (WithTxOptions, WithLockTimeout,
-// WithObserver, WithStrictGuard) are refused with an error naming them.
+// the options that describe the table ([TableOption]), which are the
+// Middleware's own: WithTable, WithRetention, WithClockSkew, WithClock,
+// WithDailyPartitions and WithRetry (the retry policy of the maintenance
+// transactions). Give it the same values as the Middlewares using the
+// table. The options that configure a consumer's deliveries
+// (WithTxOptions, WithLockTimeout, WithObserver, WithStrictGuard, WithSeen)
+// are not TableOptions: given to NewClaimTable they do not compile.
 //
 // NewClaimTable sends nothing to the database.
-func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...Option) (*ClaimTable, error) {
+func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...TableOption) (*ClaimTable, error) {
 	if db == nil {
 		return nil, errors.New("idempotent: NewClaimTable: nil *sql.DB")
 	}
@@ -52,9 +53,6 @@ func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...Option) (*ClaimTable, 
 		if err := o.apply(&cfg); err != nil {
 			return nil, err
 		}
-	}
-	if name := consumerOption(cfg); name != "" {
-		return nil, fmt.Errorf("idempotent: NewClaimTable: %s configures a consumer's deliveries (give it to New), not the claim table", name)
 	}
 	table, err := dialect.ParseTable(cfg.table)
 	if err != nil {
@@ -77,22 +75,6 @@ func NewClaimTable(db *sql.DB, d dialect.Dialect, opts ...Option) (*ClaimTable, 
 		t.ret.part = p
 	}
 	return t, nil
-}
-
-// consumerOption names the first option in cfg that only a Middleware
-// uses, or returns "".
-func consumerOption(cfg config) string {
-	switch {
-	case cfg.txOpts != (sql.TxOptions{}):
-		return "WithTxOptions"
-	case cfg.lockTimeout != 0:
-		return "WithLockTimeout"
-	case cfg.observer != nil:
-		return "WithObserver"
-	case cfg.strictGuard:
-		return "WithStrictGuard"
-	}
-	return ""
 }
 
 // ClaimTable returns the claim table the Middleware uses, with its table

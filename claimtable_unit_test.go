@@ -28,9 +28,9 @@ var (
 
 // newClaimTable returns a ClaimTable on r's database for shop.claims, with
 // the fixed clock and no retry backoff.
-func newClaimTable(t *testing.T, r *recorded, opts ...idempotent.Option) *idempotent.ClaimTable {
+func newClaimTable(t *testing.T, r *recorded, opts ...idempotent.TableOption) *idempotent.ClaimTable {
 	t.Helper()
-	base := []idempotent.Option{noWait, idempotent.WithTable("shop.claims"), idempotent.WithClock(func() time.Time { return tableNow })}
+	base := []idempotent.TableOption{noWait, idempotent.WithTable("shop.claims"), idempotent.WithClock(func() time.Time { return tableNow })}
 	tab, err := idempotent.NewClaimTable(r.db, pg, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -95,19 +95,15 @@ func TestNewClaimTableRefusesBadInput(t *testing.T) {
 		name string
 		db   *sql.DB
 		d    dialect.Dialect
-		opts []idempotent.Option
+		opts []idempotent.TableOption
 		want string
 	}{
 		{"nil db", nil, pg, nil, "idempotent: NewClaimTable: nil *sql.DB"},
 		{"nil dialect", db, nil, nil, "idempotent: NewClaimTable: nil dialect"},
-		{"nil option", db, pg, []idempotent.Option{nil}, "idempotent: NewClaimTable: nil option"},
-		{"bad table", db, pg, []idempotent.Option{idempotent.WithTable("a;b")}, `table name "a;b"`},
-		{"bad retention", db, pg, []idempotent.Option{idempotent.WithRetention(-time.Hour)}, "WithRetention: -1h0m0s is not a positive duration"},
-		{"partitions on a plain dialect", db, plainDialect{pg}, []idempotent.Option{idempotent.WithDailyPartitions(2)}, "WithDailyPartitions: the postgres dialect does not support partitions"},
-		{"WithTxOptions", db, pg, []idempotent.Option{idempotent.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})}, "NewClaimTable: WithTxOptions configures a consumer's deliveries"},
-		{"WithLockTimeout", db, pg, []idempotent.Option{idempotent.WithLockTimeout(time.Second)}, "NewClaimTable: WithLockTimeout configures a consumer's deliveries"},
-		{"WithObserver", db, pg, []idempotent.Option{idempotent.WithObserver(&events{})}, "NewClaimTable: WithObserver configures a consumer's deliveries"},
-		{"WithStrictGuard", db, pg, []idempotent.Option{idempotent.WithStrictGuard()}, "NewClaimTable: WithStrictGuard configures a consumer's deliveries"},
+		{"nil option", db, pg, []idempotent.TableOption{nil}, "idempotent: NewClaimTable: nil option"},
+		{"bad table", db, pg, []idempotent.TableOption{idempotent.WithTable("a;b")}, `table name "a;b"`},
+		{"bad retention", db, pg, []idempotent.TableOption{idempotent.WithRetention(-time.Hour)}, "WithRetention: -1h0m0s is not a positive duration"},
+		{"partitions on a plain dialect", db, plainDialect{pg}, []idempotent.TableOption{idempotent.WithDailyPartitions(2)}, "WithDailyPartitions: the postgres dialect does not support partitions"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tab, err := idempotent.NewClaimTable(c.db, c.d, c.opts...)
@@ -179,35 +175,28 @@ func TestClaimTableCleanup(t *testing.T) {
 		}
 		r.wantCalls(t, kind, count)
 	})
-	t.Run("the Middleware's, for its consumer or every one", func(t *testing.T) {
+	t.Run("the Middleware's table, for its consumer or every one", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithTable("shop.claims"), idempotent.WithClock(func() time.Time { return tableNow }))
 		kind := expectTableKind(r.mock, shopClaims, true, false)
 		calls := append([]string{kind}, expectRaiseHorizon(r.mock, shopClaims, consumer, tableCutoff, 0)...)
 		calls = append(calls, expectCleanupBatch(r.mock, consumer, 1000, 0)...)
-		if n, err := mw.Cleanup(ctx, opts); n != 0 || err != nil {
-			t.Fatalf("Middleware.Cleanup = (%d, %v)", n, err)
+		if n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts); n != 0 || err != nil {
+			t.Fatalf("CleanupConsumer = (%d, %v)", n, err)
 		}
-		all := opts
-		all.AllConsumers = true
 		calls = append(calls, expectTableKind(r.mock, shopClaims, true, false))
 		calls = append(calls, expectRaiseHorizon(r.mock, shopClaims, "", tableCutoff, 0)...)
 		calls = append(calls, expectCleanupBatch(r.mock, "", 1000, 0)...)
-		if n, err := mw.Cleanup(ctx, all); n != 0 || err != nil {
-			t.Fatalf("Middleware.Cleanup with AllConsumers = (%d, %v)", n, err)
+		if n, err := mw.ClaimTable().Cleanup(ctx, opts); n != 0 || err != nil {
+			t.Fatalf("Cleanup = (%d, %v)", n, err)
 		}
 		r.wantCalls(t, calls...)
 	})
 	t.Run("refused before anything is sent", func(t *testing.T) {
 		r := newRecorded(t)
 		tab := newClaimTable(t, r)
-		all := opts
-		all.AllConsumers = true
 		if _, err := tab.CleanupConsumer(ctx, "-x", opts); !errors.Is(err, idempotent.ErrInvalidConsumer) {
 			t.Errorf("bad consumer: %v, want ErrInvalidConsumer", err)
-		}
-		if _, err := tab.CleanupConsumer(ctx, "analytics", all); err == nil || !strings.Contains(err.Error(), "AllConsumers is set; use Cleanup") {
-			t.Errorf("AllConsumers with CleanupConsumer: %v", err)
 		}
 		if _, err := tab.Cleanup(ctx, idempotent.CleanupOptions{}); err == nil || !strings.Contains(err.Error(), "idempotent: Cleanup: BatchSize is 0") {
 			t.Errorf("zero options: %v", err)
@@ -268,7 +257,7 @@ func TestClaimTableRefusedInsideAHandler(t *testing.T) {
 			expectClaim(r.mock, key, 1)
 			r.mock.ExpectRollback()
 			var nested error
-			_, err := mw.Process(context.Background(), key, func(ctx context.Context, _ *sql.Tx) error {
+			_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, _ *sql.Tx) error {
 				nested = c.run(ctx, r.db, mw.ClaimTable())
 				return nil
 			})

@@ -41,12 +41,6 @@ type CleanupOptions struct {
 	// running on snapshots older than the change (Postgres; see
 	// ErrOldSnapshots). Default 1 minute.
 	DrainTimeout time.Duration
-	// AllConsumers makes Middleware.Cleanup delete expired claims of every
-	// consumer sharing the table, not only the Middleware's. ClaimTable's
-	// methods ignore it. Default false.
-	//
-	// Deprecated: use ClaimTable.Cleanup, which covers every consumer.
-	AllConsumers bool
 	// DryRun counts the claims Cleanup would delete and deletes nothing; the
 	// count is returned as deleted. Default false.
 	DryRun bool
@@ -130,31 +124,12 @@ func (t *ClaimTable) Cleanup(ctx context.Context, opts CleanupOptions) (deleted 
 // table shared by consumers with different retention windows: give the
 // ClaimTable that consumer's window (WithRetention). It leaves every other
 // consumer's claims alone. A bad consumer name is an error matching
-// ErrInvalidConsumer before anything is sent, as is AllConsumers set in opts.
+// ErrInvalidConsumer before anything is sent.
 func (t *ClaimTable) CleanupConsumer(ctx context.Context, consumer string, opts CleanupOptions) (deleted int64, err error) {
 	if err := validateConsumer(consumer); err != nil {
 		return 0, fmt.Errorf("idempotent: CleanupConsumer: %w", err)
 	}
-	if opts.AllConsumers {
-		return 0, fmt.Errorf("idempotent: CleanupConsumer: AllConsumers is set; use Cleanup for every consumer of %s", t.table)
-	}
 	return t.cleanup(ctx, "CleanupConsumer", consumer, opts)
-}
-
-// Cleanup deletes the claims this Middleware's consumer processed before the
-// retention window (plus the clock-skew margin) or, with opts.AllConsumers,
-// those of every consumer of the table; see ClaimTable.Cleanup for how.
-// In partitioned mode Cleanup refuses: MaintainPartitions drops whole days
-// instead.
-//
-// Deprecated: use m.ClaimTable().CleanupConsumer(ctx, m.Consumer(), opts),
-// or ClaimTable.Cleanup for every consumer of the table.
-func (m *Middleware) Cleanup(ctx context.Context, opts CleanupOptions) (deleted int64, err error) {
-	consumer := m.consumer
-	if opts.AllConsumers {
-		consumer = ""
-	}
-	return m.ClaimTable().cleanup(ctx, "Cleanup", consumer, opts)
 }
 
 // cleanup is Cleanup (consumer "") and CleanupConsumer; op names the method

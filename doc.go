@@ -16,16 +16,17 @@
 // [dialect.Dialect] (github.com/txclaim/idempotent/postgres for Postgres).
 // [Middleware.EnsureSchema] creates the claim table, processed_messages by
 // default ([WithTable] names another), or run the migration from package
-// migrations. [Middleware.Process] then runs one delivery:
+// migrations. [Middleware.ProcessMessage] then runs one delivery:
 //
 //	mw, err := idempotent.New(db, postgres.New(), "loyalty")
 //	…
-//	outcome, err := mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+//	msg := idempotent.Message{Key: "order-completed:9912", EventTime: occurredAt}
+//	outcome, err := mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
 //		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
 //		return err
 //	})
 //
-// For each delivery Process begins a transaction, inserts the claim
+// For each delivery ProcessMessage begins a transaction, inserts the claim
 // (consumer, message key) with INSERT … ON CONFLICT DO NOTHING, and:
 //
 //   - if the claim was inserted, runs the function on the same *sql.Tx and
@@ -43,7 +44,7 @@
 //
 // # Acknowledging
 //
-// Ack the message only after Process returns a nil error, for Applied and
+// Ack the message only after ProcessMessage returns a nil error, for Applied and
 // Duplicate alike: a duplicate's effect has already committed. On an error
 // do not ack; the claim rolled back with the effect and the redelivery
 // applies normally. Errors matching [ErrInvalidKey], [ErrInvalidEventTime] or
@@ -73,41 +74,51 @@
 // Every entry point takes a [Message]: the key and, when the producer
 // stamped one, the event time (zero means unknown). Event time, partitioned
 // mode, batches and caller-owned transactions therefore combine freely. One
-// message or many, the middleware's transaction or the caller's:
+// message or many, in the middleware's *sql.Tx or in a transaction type of
+// the caller's library, each with a wrapper for decoded messages; the
+// arguments always come in one order: ctx, the Middleware, the message (or
+// messages), the begin function, the function.
 //
-//	transaction             one message                 a batch
-//	middleware's *sql.Tx    Middleware.ProcessMessage   Middleware.ProcessMessages
-//	                        WrapMessage                 WrapMessages
-//	a BeginFunc's T         ProcessMessageTx            ProcessMessagesTx
-//	                        WrapMessageTx
-//	the caller's *sql.Tx    Middleware.ClaimMessage     -
+//	transaction             one message                   a batch
+//	middleware's *sql.Tx    Middleware.ProcessMessage     Middleware.ProcessMessages
+//	                        WrapMessage                   WrapMessages
+//	a BeginFunc's T         ProcessMessageTx              ProcessMessagesTx
+//	                        WrapMessageTx                 WrapMessagesTx
 //
 // In turn:
 //
-//   - [Middleware.ProcessMessage] runs one delivery with a [TxFunc];
-//     [Middleware.Process] is ProcessMessage with a key alone.
+//   - [Middleware.ProcessMessage] runs one delivery with a [TxFunc].
 //   - [WrapMessage] turns a [Handler] of decoded messages into a function
 //     that takes the Message from the message (a failing function is
-//     ErrInvalidKey, with no transaction opened); [Wrap] takes a key
-//     function instead.
+//     ErrInvalidKey, with no transaction opened).
 //   - [Middleware.ProcessMessages] and [WrapMessages] process a batch in one
-//     transaction (see Batches below); [Middleware.ProcessBatch] and
-//     [WrapBatch] are their key-only forms.
-//   - [ProcessMessageTx], [WrapMessageTx] and [ProcessMessagesTx] begin
-//     each attempt's transaction through a [BeginFunc], for libraries that
-//     wrap *sql.Tx in their own type (package idemsqlx is sqlx's).
+//     transaction (see Batches below).
+//   - [ProcessMessageTx], [ProcessMessagesTx], [WrapMessageTx] and
+//     [WrapMessagesTx] begin each attempt's transaction through a
+//     [BeginFunc], for libraries that wrap *sql.Tx in their own type
+//     (package idemsqlx is sqlx's).
 //   - [Middleware.ClaimMessage] inserts the claim in a transaction the
 //     caller owns and reports whether it was new; the caller applies the
-//     effect only if so, and commits. [Middleware.Claim] is its key-only
-//     form. Retries are then the caller's: [RunTx] runs a function in a
-//     transaction under the same retry loop, without a claim.
+//     effect only if so, and commits. Retries are then the caller's:
+//     [RunTx] runs a function in a transaction under the same retry loop,
+//     without a claim.
 //   - [Middleware.ProcessNatural] runs the loop without a claim table, for
 //     effects whose own table has a natural unique key (see below).
 //
 // A message's event time enables the retention fence and, in partitioned
 // mode, where it is required, chooses the claim's partition (see Retention
-// below). ProcessEvent, ClaimEvent, WrapEvent, ProcessTx and WrapTx are
-// deprecated forms of the Message entry points.
+// below).
+//
+// There is no form that takes a bare key. Message{Key: key} is a message
+// without an event time, as short to write as a key, and the key-only forms
+// it would save were exactly the calls the retention fence can never cover:
+// a consumer that has the producer's event time should not be offered a
+// signature with no room for it. One form per cell also keeps the grid above
+// without holes.
+//
+// [Middleware.Config] reports what the Middleware was configured with
+// ([Config]), for adapters and test helpers that must send or expect what it
+// sends.
 //
 // # Retries
 //
@@ -127,6 +138,11 @@
 // unknown statement outcome (40003) is returned as it is; anything else is
 // returned wrapped, errors.Is and errors.As still see it, and it is not
 // retried.
+//
+// There is one retry loop, [RetryPolicy.Run], and one mapping of a claim's
+// failure, [Config.ClaimError]; the pgx path (package idempgx) runs its
+// pipelined attempts in the same loop and maps its claims' errors the same
+// way, so the two cannot drift.
 //
 // A connection lost during COMMIT is ambiguous for ordinary code — the
 // commit may or may not have landed — but safe to retry here: the retry
@@ -179,7 +195,7 @@
 // from elsewhere and is returned.
 //
 // A handler that wants its message delivered again — an outside service is
-// down, say — returns its error: Process rolls back and returns it, the
+// down, say — returns its error: ProcessMessage rolls back and returns it, the
 // message is not acked, and the broker adapter requeues it (with its own
 // delay), which is the retry for failures outside the transaction.
 //
@@ -187,8 +203,8 @@
 //
 // A handler does its database work through the *sql.Tx it is given, with
 // the context it is given. A transaction begun with that context — RunTx,
-// Process, ProcessMessage, ProcessMessages, ProcessNatural or
-// ProcessMessageTx of any Middleware, the Wrap functions, EnsureSchema,
+// ProcessMessage, ProcessMessages, ProcessNatural, ProcessMessageTx or
+// ProcessMessagesTx of any Middleware, the Wrap functions, EnsureSchema,
 // Cleanup, MaintainPartitions — is refused at once with an error matching [ErrAutocommit], before it
 // takes a connection, and the delivery rolls back even if the handler
 // ignores that error: such a transaction would commit on its own and
@@ -199,10 +215,10 @@
 //
 // Work that must stand on its own runs on a context that does not derive
 // from the handler's: context.Background() with a timeout of its own, or a
-// context made before Process was called. It is then not exactly-once with
+// context made before ProcessMessage was called. It is then not exactly-once with
 // the message: it commits apart from the claim, once per attempt and per
 // delivery, and stays when the delivery rolls back. Give it its own
-// idempotency — a Process of another Middleware with the same key, or a
+// idempotency — a ProcessMessage of another Middleware with the same key, or a
 // natural key — if it must not repeat.
 //
 // # The autocommit guard
@@ -254,8 +270,8 @@
 // claim. An event time later than the clock plus the margin (a producer clock
 // far ahead, seconds read as milliseconds) is refused with
 // [ErrInvalidEventTime], since it would pass the fence long after its claim
-// was gone. A message without an event time (Process, Wrap, Claim, or a
-// zero EventTime) cannot be fenced: a replay older than the window is
+// was gone. A message without an event time (a zero EventTime) cannot be
+// fenced: a replay older than the window is
 // applied again. [WithClock]
 // replaces the clock the middleware reads, for tests.
 //
@@ -273,10 +289,14 @@
 //
 // A [ClaimTable] is the claim table apart from any consumer: schema, cleanup,
 // partitions and statistics for the whole table, configured with the
-// table's options ([WithTable], [WithRetention], [WithClockSkew],
-// [WithClock], [WithDailyPartitions], [WithRetry]) by [NewClaimTable], or
-// taken from a Middleware with [Middleware.ClaimTable]. Scheduled jobs and
-// the command cmd/idempotent use it without naming a consumer.
+// table's options, the [TableOption]s ([WithTable], [WithRetention],
+// [WithClockSkew], [WithClock], [WithDailyPartitions], [WithRetry]), by
+// [NewClaimTable], or taken from a Middleware with [Middleware.ClaimTable].
+// Scheduled jobs and the command cmd/idempotent use it without naming a
+// consumer. The options of a consumer's deliveries (WithTxOptions,
+// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen) are plain
+// Options, which NewClaimTable does not take: handing it one does not
+// compile.
 //
 // [ClaimTable.Cleanup] deletes the claims of every consumer older than the
 // window plus the margin in short batches, each its own transaction under a
@@ -293,9 +313,10 @@
 // window, has no partition yet fails with [ErrNoPartition], which is
 // transient: deliver it again later. [ClaimTable.Partitions] lists the
 // days; [ClaimTable.Stats] counts each consumer's claims ([ConsumerStats]).
-// The Middleware's Cleanup, MaintainPartitions and Partitions are
-// deprecated wrappers of its ClaimTable; [Middleware.EnsureSchema] stays. The
-// command cmd/idempotent runs all of this from cron; docs/operations.md in
+// A Middleware's own upkeep goes through its table,
+// mw.ClaimTable().MaintainPartitions(ctx) say; only [Middleware.EnsureSchema]
+// is the Middleware's, since with WithStrictGuard it also checks that the
+// server can run the guard's query. The command cmd/idempotent runs all of this from cron; docs/operations.md in
 // the repository describes it.
 //
 // # Batches

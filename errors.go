@@ -10,7 +10,7 @@ import (
 var (
 	// ErrInvalidKey reports a message key that cannot be claimed: empty,
 	// not valid UTF-8, containing NUL, longer than the dialect's limit, or
-	// one that a Wrap key function failed to produce. Nothing was written.
+	// one that a wrapper's message function failed to produce. Nothing was written.
 	// The message is poison: redelivering it will fail the same way.
 	ErrInvalidKey = errors.New("idempotent: invalid message key")
 
@@ -20,7 +20,7 @@ var (
 	// handler committed or rolled back the transaction itself, the strict
 	// guard found the session in another transaction before commit, or a
 	// transaction was begun inside a handler with the handler's context
-	// (RunTx, or Process of any Middleware). The transaction is rolled back
+	// (RunTx, or ProcessMessage of any Middleware). The transaction is rolled back
 	// where it still can be. This is a bug in the handler, not a transient
 	// failure.
 	ErrAutocommit = errors.New("idempotent: statement outside the claim's transaction")

@@ -43,7 +43,7 @@ const batchCreditSQL = "UPDATE balances b SET points = b.points + u.p " +
 // in one statement, applies the new messages' effects set-wise, and commits
 // once. A message repeated within the batch, or claimed by an earlier batch,
 // is a duplicate; when every message is a duplicate the handler does not run.
-func ExampleWrapBatch() {
+func ExampleWrapMessages() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -54,8 +54,10 @@ func ExampleWrapBatch() {
 		log.Fatal(err)
 	}
 
-	process := idempotent.WrapBatch(mw,
-		func(o orderCompleted) (string, error) { return fmt.Sprintf("order-completed:%d", o.OrderID), nil },
+	process := idempotent.WrapMessages(mw,
+		func(o orderCompleted) (idempotent.Message, error) {
+			return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
+		},
 		func(ctx context.Context, tx *sql.Tx, msgs []orderCompleted) error {
 			// Only the new messages arrive here; one UPDATE for all of them.
 			var customers, points []int64
@@ -92,10 +94,10 @@ func ExampleWrapBatch() {
 	// statements as scripted: true
 }
 
-// ProcessBatch works on keys and message indexes, for consumers that keep
-// their messages in their own structures: fn gets the indexes of the new
-// messages, in batch order.
-func ExampleMiddleware_ProcessBatch() {
+// ProcessMessages works on message indexes, for consumers that keep their
+// messages in their own structures: fn gets the indexes of the new
+// messages, in batch order. These messages have no event times.
+func ExampleMiddleware_ProcessMessages_indexes() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -110,10 +112,10 @@ func ExampleMiddleware_ProcessBatch() {
 	expectBatchClaim(mock, `{"evt-1","evt-2","evt-3"}`, "evt-1", "evt-2", "evt-3")
 	mock.ExpectCommit()
 
-	keys := []string{"evt-3", "evt-1", "evt-3", "evt-2"}
-	outcomes, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+	msgs := []idempotent.Message{{Key: "evt-3"}, {Key: "evt-1"}, {Key: "evt-3"}, {Key: "evt-2"}}
+	outcomes, err := mw.ProcessMessages(context.Background(), msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 		fmt.Println("new messages at", fresh)
-		return nil // apply the effects of keys[i] for each i in fresh, through tx
+		return nil // apply the effects of msgs[i] for each i in fresh, through tx
 	})
 	fmt.Println(outcomes, err)
 	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)

@@ -45,7 +45,7 @@ func ExampleMiddleware_ProcessNatural() {
 		return n == 1, err
 	}
 	for range 2 {
-		fmt.Println(mw.ProcessNatural(context.Background(), "order-completed:9912", credit))
+		fmt.Println(mw.ProcessNatural(context.Background(), idempotent.Message{Key: "order-completed:9912"}, credit))
 	}
 	fmt.Println("statements as scripted:", mock.ExpectationsWereMet() == nil)
 	// Output:
@@ -105,7 +105,7 @@ func ExampleCounts() {
 	m.ExpectDuplicate("order-completed:9912")
 
 	for range 3 {
-		if _, err := mw.Process(context.Background(), "order-completed:9912", func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912"}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
 			log.Fatal(err)
 		}
 	}

@@ -76,10 +76,11 @@ func ExampleWrapMessageTx() {
 		OrderID, CustomerID, Points int64
 		OccurredAt                  time.Time
 	}
-	handle := idempotent.WrapMessageTx(mw, beginLedger,
+	handle := idempotent.WrapMessageTx(mw,
 		func(o orderCompleted) (idempotent.Message, error) {
 			return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID), EventTime: o.OccurredAt}, nil
 		},
+		beginLedger,
 		func(ctx context.Context, l Ledger, o orderCompleted) error {
 			return l.Credit(ctx, o.CustomerID, o.Points)
 		})
@@ -92,5 +93,78 @@ func ExampleWrapMessageTx() {
 	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
 	// Output:
 	// duplicate <nil>
+	// expectations met: true
+}
+
+// ProcessMessagesTx is ProcessMessages on the library's transaction type:
+// one transaction claims the batch, and the function gets it as a Ledger
+// with the indexes of the new messages.
+func ExampleProcessMessagesTx() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		panic(err)
+	}
+	msgs := []idempotent.Message{{Key: "order-completed:9913"}, {Key: "order-completed:9912"}}
+	mocks.ForMiddleware(mock, mw).ExpectMessagesApplied(msgs, "order-completed:9913")
+	mock.ExpectExec("UPDATE balances SET points = points + $1 WHERE customer_id = $2").
+		WithArgs(20, 8).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectCommit()
+
+	points := []struct{ customer, points int64 }{{8, 20}, {7, 50}}
+	outcomes, err := idempotent.ProcessMessagesTx(context.Background(), mw, msgs, beginLedger,
+		func(ctx context.Context, l Ledger, fresh []int) error {
+			for _, i := range fresh {
+				if err := l.Credit(ctx, points[i].customer, points[i].points); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	fmt.Println(outcomes, err)
+	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// [applied duplicate] <nil>
+	// expectations met: true
+}
+
+// WrapMessagesTx is WrapMessages for handlers of the library's transaction
+// type: the handler gets the new messages of the batch, decoded.
+func ExampleWrapMessagesTx() {
+	db, mock, err := mocks.Open()
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	mw, err := idempotent.New(db, postgres.New(), "loyalty")
+	if err != nil {
+		panic(err)
+	}
+	type orderCompleted struct{ OrderID, CustomerID, Points int64 }
+	handle := idempotent.WrapMessagesTx(mw,
+		func(o orderCompleted) (idempotent.Message, error) {
+			return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
+		},
+		beginLedger,
+		func(ctx context.Context, l Ledger, os []orderCompleted) error {
+			for _, o := range os {
+				if err := l.Credit(ctx, o.CustomerID, o.Points); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+
+	m := mocks.ForMiddleware(mock, mw)
+	m.ExpectMessagesDuplicate([]idempotent.Message{{Key: "order-completed:9912"}, {Key: "order-completed:9913"}})
+
+	fmt.Println(handle(context.Background(), []orderCompleted{{9912, 7, 50}, {9913, 8, 20}}))
+	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// [duplicate duplicate] <nil>
 	// expectations met: true
 }

@@ -26,7 +26,7 @@ const creditSQL = "UPDATE balances SET points = points + $1 WHERE customer_id = 
 // A delivery is claimed, applied and committed; its redelivery finds the
 // claim and is a duplicate, and its handler does not run. Ack after Process
 // returns, whether the outcome is applied or duplicate.
-func ExampleMiddleware_Process() {
+func Example() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -53,7 +53,7 @@ func ExampleMiddleware_Process() {
 	}
 	// The broker delivers OrderCompleted 9912 twice.
 	for range 2 {
-		outcome, err := mw.Process(context.Background(), "order-completed:9912", credit)
+		outcome, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912"}, credit)
 		if err != nil {
 			log.Fatal(err) // do not ack: the broker redelivers
 		}
@@ -74,10 +74,10 @@ type OrderCompleted struct {
 	TotalCents int64 `json:"total_cents"`
 }
 
-// Wrap turns a handler of decoded messages into one that takes the key from
-// the message. A message without a key is refused before anything is sent,
-// with an error matching ErrInvalidKey: dead-letter it.
-func ExampleWrap() {
+// WrapMessage turns a handler of decoded messages into one that takes the
+// Message from the message. A message without a key is refused before
+// anything is sent, with an error matching ErrInvalidKey: dead-letter it.
+func ExampleWrapMessage_poison() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -88,13 +88,13 @@ func ExampleWrap() {
 		log.Fatal(err)
 	}
 
-	handle := idempotent.Wrap(mw,
+	handle := idempotent.WrapMessage(mw,
 		// The key: a stable, producer-assigned identity of the effect.
-		func(o OrderCompleted) (string, error) {
+		func(o OrderCompleted) (idempotent.Message, error) {
 			if o.OrderID == 0 {
-				return "", errors.New("no order id")
+				return idempotent.Message{}, errors.New("no order id")
 			}
-			return fmt.Sprintf("order-completed:%d", o.OrderID), nil
+			return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
 		},
 		// The effect, in the claim's transaction.
 		func(ctx context.Context, tx *sql.Tx, o OrderCompleted) error {
@@ -136,10 +136,10 @@ func ExampleWrap() {
 	// statements as scripted: true
 }
 
-// Claim inserts the claim in a transaction the caller owns, for code that
-// manages its own transactions: apply the effect only if claimed, and commit
-// both together.
-func ExampleMiddleware_Claim() {
+// ClaimMessage inserts the claim in a transaction the caller owns, for code
+// that manages its own transactions: apply the effect only if claimed, and
+// commit both together.
+func ExampleMiddleware_ClaimMessage() {
 	db, mock, err := mocks.Open()
 	if err != nil {
 		log.Fatal(err)
@@ -166,7 +166,7 @@ func ExampleMiddleware_Claim() {
 			return false, err
 		}
 		defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-		claimed, err := mw.Claim(ctx, tx, "order-completed:9912")
+		claimed, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "order-completed:9912"})
 		if err != nil || !claimed {
 			return false, err
 		}
@@ -215,7 +215,7 @@ func ExampleGuardConnector() {
 	m.ExpectApplied("order-completed:9912")
 	mock.ExpectRollback() // and no UPDATE: it never reaches the database
 
-	_, err = mw.Process(context.Background(), "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 		// The classic bug: db instead of tx.
 		_, err := db.ExecContext(ctx, creditSQL, 50, 7)
 		return err

@@ -51,7 +51,7 @@ func (m *Middleware) foldedClaim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt
 	if tx == nil || stmt == nil {
 		return 0, false, errors.New("idempotent: Claim: nil transaction or statement")
 	}
-	if err := m.checkMessage(Message{Key: key, EventTime: at}, eventTimeOptional); err != nil {
+	if err := m.checkMessage(Message{Key: key, EventTime: at}); err != nil {
 		return 0, false, err
 	}
 	companion, claimed, err := m.foldedStatement(ctx, tx, nil, stmt, key, at, args)
@@ -158,7 +158,7 @@ func (p *path) Process(ctx context.Context, key string, at time.Time, body func(
 	}
 	var applied bool
 	_, err := m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
-		if err := m.checkMessage(Message{Key: key, EventTime: at}, eventTimeOptional); err != nil {
+		if err := m.checkMessage(Message{Key: key, EventTime: at}); err != nil {
 			return 0, 0, err
 		}
 		a := &attempt{m: m, key: key, at: at}
@@ -218,7 +218,7 @@ func (p *path) batch(ctx context.Context, msgs []Message, body func(context.Cont
 		return nil, 0, batchTooLarge(len(msgs))
 	}
 	for i, msg := range msgs {
-		if err := m.checkMessage(msg, eventTimeOptional); err != nil {
+		if err := m.checkMessage(msg); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
 	}

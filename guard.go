@@ -16,7 +16,7 @@ import (
 
 // The autocommit guard.
 //
-// Process and RunTx put a token in the context they begin the transaction
+// ProcessMessage and RunTx (and every entry point built on their loop) put a token in the context they begin the transaction
 // with and hand to the handler. A connection opened through GuardConnector
 // binds the token when it begins that transaction. From then on, any
 // statement run with a context carrying the token on any other guarded
@@ -162,7 +162,7 @@ func truncate(s string, n int) string {
 //	connector, err := pq.NewConnector(dsn)
 //	db := sql.OpenDB(idempotent.GuardConnector(connector))
 //
-// Statements are checked only when run with a context that Process or RunTx
+// Statements are checked only when run with a context that ProcessMessage or RunTx
 // handed to a handler; all other use of the database is unchanged. A handler
 // that runs a statement with context.Background() on the *sql.DB cannot be
 // caught this way. The wrapped connections pass through every optional

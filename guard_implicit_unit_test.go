@@ -34,7 +34,7 @@ func TestGuardRefusesImplicitCommits(t *testing.T) {
 			t.Fatal(err)
 		}
 		var stmtErr error
-		_, err = mw.Process(ctx, key, func(ctx context.Context, tx *sql.Tx) error {
+		_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 			_, stmtErr = tx.ExecContext(ctx, ddl)
 			return nil // the handler ignores the error
 		})
@@ -57,7 +57,7 @@ func TestGuardRefusesImplicitCommits(t *testing.T) {
 	t.Run("not an ImplicitCommitter", func(t *testing.T) {
 		f := &fakeConnector{kind: modern}
 		mw := guardedMiddleware(t, f.open(t))
-		got, err := mw.Process(ctx, key, func(ctx context.Context, tx *sql.Tx) error {
+		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, ddl)
 			return err
 		})

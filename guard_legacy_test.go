@@ -146,7 +146,7 @@ func TestGuardOverLegacyDrivers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error {
+			got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error {
 				if _, err := tx.ExecContext(ctx, "effect"); err != nil {
 					return err
 				}
@@ -164,7 +164,7 @@ func TestGuardOverLegacyDrivers(t *testing.T) {
 					return db.QueryRowContext(ctx, "escaped query").Scan(&n)
 				},
 			} {
-				_, err = mw.Process(ctx, "k2", func(ctx context.Context, tx *sql.Tx) error {
+				_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "k2"}, func(ctx context.Context, tx *sql.Tx) error {
 					_ = escape(ctx)
 					return nil
 				})

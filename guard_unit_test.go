@@ -29,7 +29,7 @@ func guardedMiddleware(t *testing.T, db *sql.DB, opts ...idempotent.Option) *ide
 func TestGuardPassesTransactionStatements(t *testing.T) {
 	f := &fakeConnector{kind: modern}
 	mw := guardedMiddleware(t, f.open(t))
-	got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, effectSQL); err != nil {
 			return err
 		}
@@ -132,7 +132,7 @@ func TestGuardCatchesEscapes(t *testing.T) {
 			mw := guardedMiddleware(t, db)
 
 			var escErr error
-			got, err := mw.Process(bg, key, func(ctx context.Context, tx *sql.Tx) error {
+			got, err := mw.ProcessMessage(bg, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 				escErr = c.escape(ctx, db, conn, stmt)
 				return nil // the handler ignores the error
 			})
@@ -155,7 +155,7 @@ func TestGuardJoinsHandlerError(t *testing.T) {
 	f := &fakeConnector{kind: modern}
 	db := f.open(t)
 	mw := guardedMiddleware(t, db)
-	_, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+	_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 		_, _ = db.ExecContext(ctx, "UPDATE escaped")
 		return errHandler
 	})
@@ -170,7 +170,7 @@ func TestGuardLeavesOtherContextsAlone(t *testing.T) {
 	f := &fakeConnector{kind: modern}
 	db := f.open(t)
 	mw := guardedMiddleware(t, db)
-	got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := db.ExecContext(context.Background(), "UPDATE elsewhere")
 		return err
 	})
@@ -208,7 +208,7 @@ func TestGuardRunTxAndProcessTx(t *testing.T) {
 			tx, err := db.BeginTx(ctx, opts)
 			return tx, tx, err
 		}
-		_, err := idempotent.ProcessTx(context.Background(), mw, key, begin, escape(db))
+		_, err := idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, escape(db))
 		if !errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got %v, want ErrAutocommit", err)
 		}
@@ -223,7 +223,7 @@ func TestGuardLegacyDriver(t *testing.T) {
 	f := &fakeConnector{kind: legacy}
 	db := f.open(t)
 	mw := guardedMiddleware(t, db)
-	got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, effectSQL, 5); err != nil {
 			return err
 		}
@@ -450,7 +450,7 @@ func TestGuardConnector(t *testing.T) {
 		tooMany := errors.New("too many clients")
 		f := &fakeConnector{kind: modern, beginErr: tooMany}
 		mw := guardedMiddleware(t, f.open(t))
-		if _, err := mw.Process(context.Background(), key, effect); !errors.Is(err, tooMany) {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); !errors.Is(err, tooMany) {
 			t.Fatalf("got %v, want the begin error", err)
 		}
 		f.wantCalls(t, "c1 begintx Default")
@@ -524,7 +524,7 @@ func TestGuardRefusesTransactionControl(t *testing.T) {
 			f := &fakeConnector{kind: modern}
 			mw := guardedMiddleware(t, f.open(t))
 			var stmtErr error
-			_, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 				_, stmtErr = tx.ExecContext(ctx, q)
 				return nil // the handler ignores the error
 			})
@@ -537,7 +537,7 @@ func TestGuardRefusesTransactionControl(t *testing.T) {
 	t.Run("savepoint", func(t *testing.T) {
 		f := &fakeConnector{kind: modern}
 		mw := guardedMiddleware(t, f.open(t))
-		got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT before_credit")
 			return err
 		})

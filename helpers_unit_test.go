@@ -155,3 +155,12 @@ func (c *flagCtx) Err() error {
 	}
 	return nil
 }
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
+}

@@ -433,7 +433,7 @@ func TestHorizonMaintainPartitions(t *testing.T) {
 	ctx := context.Background()
 	// Its window (2 days and the margin, one day ahead) covers the 12th to
 	// the 15th.
-	opts := []idempotent.Option{idempotent.WithRetention(48 * time.Hour), idempotent.WithDailyPartitions(1)}
+	opts := []idempotent.TableOption{idempotent.WithRetention(48 * time.Hour), idempotent.WithDailyPartitions(1)}
 	names := func(ps []idempotent.Partition) []string {
 		var out []string
 		for _, p := range ps {

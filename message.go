@@ -11,8 +11,9 @@ import (
 // Message is what the middleware needs to know of a message: its identity
 // and, when the producer stamped one, its event time. Every entry point
 // takes one — ProcessMessage, ProcessMessages, ProcessMessageTx,
-// ClaimMessage and the Wrap functions — so event times, partitioned mode,
-// batches and caller-owned transactions combine freely.
+// ProcessMessagesTx, ClaimMessage, ProcessNatural and the Wrap functions
+// built on them — so event times, partitioned mode, batches and
+// caller-owned transactions combine freely.
 type Message struct {
 	// Key is the message's stable, producer-assigned identity — an event id
 	// or a natural key such as "order-completed:9912", never a broker's
@@ -35,24 +36,11 @@ type Message struct {
 	EventTime time.Time
 }
 
-// eventRule says whether an entry point accepts a message without an event
-// time: the Message entry points do unless in partitioned mode; the
-// deprecated Event ones never did.
-type eventRule bool
-
-const (
-	eventTimeOptional eventRule = false
-	eventTimeRequired eventRule = true
-)
-
 // checkMessage decides, before any transaction, whether msg may be claimed:
 // its key is valid and its event time, if any, passes the retention fence.
-func (m *Middleware) checkMessage(msg Message, rule eventRule) error {
+func (m *Middleware) checkMessage(msg Message) error {
 	if err := validateKey(msg.Key, m.maxKey); err != nil {
 		return err
-	}
-	if msg.EventTime.IsZero() && rule == eventTimeRequired {
-		return m.zeroEventTime(msg.Key)
 	}
 	return m.checkEvent(msg.Key, msg.EventTime)
 }
@@ -65,17 +53,11 @@ func (m *Middleware) checkMessage(msg Message, rule eventRule) error {
 // (ErrInvalidEventTime). It sends nothing. Adapters use it to set a message
 // aside (to a dead-letter queue) before they open a transaction for it.
 func (m *Middleware) CheckMessage(msg Message) error {
-	return m.checkMessage(msg, eventTimeOptional)
-}
-
-// zeroEventTime is the error for a message that needs an event time and
-// has none.
-func (m *Middleware) zeroEventTime(key string) error {
-	return fmt.Errorf("%w: consumer %q, key %q: zero event time", ErrInvalidEventTime, m.consumer, key)
+	return m.checkMessage(msg)
 }
 
 // ProcessMessage applies fn's effect for msg exactly once for this
-// consumer; Process is ProcessMessage with a key alone.
+// consumer.
 //
 // It begins a transaction, inserts the claim (consumer, msg.Key), and, only
 // if the claim is new, runs fn in the same transaction and commits both
@@ -106,31 +88,23 @@ func (m *Middleware) zeroEventTime(key string) error {
 // rolls back. Ack the message only after ProcessMessage returns without an
 // error (Applied and Duplicate alike).
 func (m *Middleware) ProcessMessage(ctx context.Context, msg Message, fn TxFunc) (Outcome, error) {
-	return m.processMessage(ctx, &m.run, msg, eventTimeOptional, fn)
+	return m.processMessage(ctx, &m.run, msg, fn)
 }
 
 // processMessage is the one single-message path: every entry point that
-// processes one message with a claim (Process, ProcessMessage,
-// ProcessMessageTx, the Wrap functions and the deprecated ones) ends here.
-// r is the Middleware's runner, or a copy with a caller's begin function.
-func (m *Middleware) processMessage(ctx context.Context, r *runner, msg Message, rule eventRule, fn TxFunc) (Outcome, error) {
-	if rule == eventTimeRequired && msg.EventTime.IsZero() {
-		// Refused before the delivery starts, as ProcessEvent always did.
-		err := m.zeroEventTime(msg.Key)
-		if m.observer != nil {
-			m.observer.Outcome(ctx, Event{Consumer: m.consumer, Key: msg.Key, Err: err})
-		}
-		return 0, err
-	}
+// processes one message with a claim (ProcessMessage, ProcessMessageTx,
+// WrapMessage, WrapMessageTx) ends here. r is the Middleware's runner, or a
+// copy with a caller's begin function.
+func (m *Middleware) processMessage(ctx context.Context, r *runner, msg Message, fn TxFunc) (Outcome, error) {
 	return m.observe(ctx, msg.Key, func(ctx context.Context) (Outcome, int, error) { return m.process(ctx, r, msg, fn) })
 }
 
 // process checks msg, then claims it and runs fn under r's retries.
 func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxFunc) (Outcome, int, error) {
 	if fn == nil {
-		return 0, 0, errors.New("idempotent: Process: nil function")
+		return 0, 0, errors.New("idempotent: ProcessMessage: nil function")
 	}
-	if err := m.checkMessage(msg, eventTimeOptional); err != nil {
+	if err := m.checkMessage(msg); err != nil {
 		return 0, 0, err
 	}
 	key := msg.Key
@@ -164,7 +138,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 // and reports whether it was new. When it was, the caller applies the effect
 // in tx and commits; when not, the message is a duplicate. ClaimMessage
 // neither commits nor retries: the caller does both. The lock timeout, if
-// set, applies to tx from here on; Claim is ClaimMessage with a key alone.
+// set, applies to tx from here on.
 //
 // The retention fence applies as for ProcessMessage, before any statement:
 // ErrBeyondRetention for an event time older than the window,
@@ -174,19 +148,13 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 // tx, which the caller must then roll back, and the error matches
 // ErrNoPartition.
 func (m *Middleware) ClaimMessage(ctx context.Context, tx *sql.Tx, msg Message) (claimed bool, err error) {
-	return m.claimMessage(ctx, tx, msg, eventTimeOptional)
-}
-
-// claimMessage is the one path of claims in a caller's transaction: Claim,
-// ClaimMessage and the deprecated ClaimEvent.
-func (m *Middleware) claimMessage(ctx context.Context, tx *sql.Tx, msg Message, rule eventRule) (bool, error) {
 	if tx == nil {
-		return false, errors.New("idempotent: Claim: nil transaction")
+		return false, errors.New("idempotent: ClaimMessage: nil transaction")
 	}
-	if err := m.checkMessage(msg, rule); err != nil {
+	if err := m.checkMessage(msg); err != nil {
 		return false, err
 	}
-	claimed, err := m.claimKey(ctx, tx, nil, msg.Key, msg.EventTime)
+	claimed, err = m.claimKey(ctx, tx, nil, msg.Key, msg.EventTime)
 	if err != nil {
 		return false, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, msg.Key, err)
 	}
@@ -200,30 +168,25 @@ func (m *Middleware) claimMessage(ctx context.Context, tx *sql.Tx, msg Message, 
 // msg fails, the returned function returns an error matching ErrInvalidKey
 // without opening a transaction.
 func WrapMessage[M any](m *Middleware, msg func(M) (Message, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
-	return wrapMessage(m, msg, eventTimeOptional, h)
-}
-
-// wrapMessage is WrapMessage with the deprecated WrapEvent's rule.
-func wrapMessage[M any](m *Middleware, msgOf func(M) (Message, error), rule eventRule, h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
-	return func(ctx context.Context, msg M) (Outcome, error) {
-		if msgOf == nil || h == nil {
-			return 0, errors.New("idempotent: Wrap: nil key function or handler")
+	return func(ctx context.Context, v M) (Outcome, error) {
+		if msg == nil || h == nil {
+			return 0, errors.New("idempotent: WrapMessage: nil message function or handler")
 		}
-		mm, err := msgOf(msg)
+		mm, err := messageOf(ctx, m, msg, v)
 		if err != nil {
-			return 0, m.keyFailed(ctx, err)
+			return 0, err
 		}
-		return m.processMessage(ctx, &m.run, mm, rule, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, msg) })
+		return m.processMessage(ctx, &m.run, mm, func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, v) })
 	}
 }
 
-// keyOnly turns a key function into a Message function.
-func keyOnly[M any](key func(M) (string, error)) func(M) (Message, error) {
-	if key == nil {
-		return nil
+// messageOf is the one reading of a message's Message by the
+// single-message wrappers (WrapMessage, WrapMessageTx): a failure of msg is
+// told to the observer and returned matching ErrInvalidKey.
+func messageOf[M any](ctx context.Context, m *Middleware, msg func(M) (Message, error), v M) (Message, error) {
+	mm, err := msg(v)
+	if err != nil {
+		return Message{}, m.keyFailed(ctx, err)
 	}
-	return func(msg M) (Message, error) {
-		k, err := key(msg)
-		return Message{Key: k}, err
-	}
+	return mm, nil
 }

@@ -239,7 +239,7 @@ func TestProcessMessages(t *testing.T) {
 	t.Run("ProcessBatch in partitioned mode: no event times, refused", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMessageMiddleware(t, r, partitioned())
-		_, err := mw.ProcessBatch(ctx, []string{"a"}, func(context.Context, *sql.Tx, []int) error { return nil })
+		_, err := mw.ProcessMessages(ctx, keyMessages("a"), func(context.Context, *sql.Tx, []int) error { return nil })
 		var be *idempotent.BatchKeyError
 		if !errors.As(err, &be) || be.Index != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) || !strings.Contains(err.Error(), "partitioned by event day") {
 			t.Fatalf("got %v", err)
@@ -289,9 +289,9 @@ func TestProcessMessageTx(t *testing.T) {
 		r.mock.ExpectBegin()
 		expectClaimAt(r.mock, key, at, 0)
 		r.mock.ExpectRollback()
-		handle := idempotent.WrapMessageTx(mw, begin, func(at time.Time) (idempotent.Message, error) {
+		handle := idempotent.WrapMessageTx(mw, func(at time.Time) (idempotent.Message, error) {
 			return idempotent.Message{Key: key, EventTime: at}, nil
-		}, func(context.Context, *myTx, time.Time) error {
+		}, begin, func(context.Context, *myTx, time.Time) error {
 			t.Error("the handler ran for a duplicate")
 			return nil
 		})
@@ -299,7 +299,7 @@ func TestProcessMessageTx(t *testing.T) {
 			t.Fatalf("got (%v, %v), want duplicate", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
-		if _, err := idempotent.WrapMessageTx[time.Time, *myTx](mw, begin, nil, nil)(ctx, at); err == nil {
+		if _, err := idempotent.WrapMessageTx[time.Time, *myTx](mw, nil, begin, nil)(ctx, at); err == nil {
 			t.Fatal("nil message function accepted")
 		}
 	})
@@ -416,34 +416,6 @@ func TestWrapMessages(t *testing.T) {
 		}
 		r.wantCalls(t)
 	})
-}
-
-// The deprecated Event forms still refuse a zero event time in plain mode,
-// where the Message forms take it as unknown.
-func TestDeprecatedEventFormsNeedTheEventTime(t *testing.T) {
-	ctx := context.Background()
-	r := newRecorded(t)
-	mw := newMessageMiddleware(t, r)
-	if _, err := mw.ProcessEvent(ctx, key, time.Time{}, effect); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("ProcessEvent: got %v, want ErrInvalidEventTime", err)
-	}
-	handle := idempotent.WrapEvent(mw, func(string) (string, time.Time, error) { return key, time.Time{}, nil }, func(context.Context, *sql.Tx, string) error { return nil })
-	if _, err := handle(ctx, key); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("WrapEvent: got %v, want ErrInvalidEventTime", err)
-	}
-	r.mock.ExpectBegin()
-	r.mock.ExpectRollback()
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mw.ClaimEvent(ctx, tx, key, time.Time{}); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("ClaimEvent: got %v, want ErrInvalidEventTime", err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	r.wantCalls(t, "BEGIN", "ROLLBACK")
 }
 
 func TestCheckMessage(t *testing.T) {

@@ -69,6 +69,7 @@ type Middleware struct {
 	run         runner
 	ret         retention
 	seen        Seen
+	seenBatch   SeenBatch                  // SeenBatchOf(seen), for batches
 	seenScope   seencheck.Scope[SeenScope] // read once, see SeenScope
 }
 
@@ -114,6 +115,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		maxKey:      d.MaxKeyBytes(),
 		observer:    cfg.observer,
 		seen:        cfg.seen,
+		seenBatch:   SeenBatchOf(cfg.seen),
 	}
 	if cfg.lockTimeout > 0 {
 		if m.lockSQL = d.LockTimeoutSQL(cfg.lockTimeout); m.lockSQL == "" {
@@ -155,24 +157,6 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	return m, nil
 }
 
-// Consumer returns the consumer name given to New.
-func (m *Middleware) Consumer() string { return m.consumer }
-
-// Table returns the claim table's name as configured, unquoted.
-func (m *Middleware) Table() string { return m.table.String() }
-
-// Dialect returns the dialect given to New.
-func (m *Middleware) Dialect() dialect.Dialect { return m.d }
-
-// Process is ProcessMessage for a message known by its key alone (no
-// event time): it applies fn's effect for the message with the given key
-// exactly once for this consumer. See ProcessMessage for what it does on
-// every path. Ack the message only after Process returns without an error
-// (Applied and Duplicate alike).
-func (m *Middleware) Process(ctx context.Context, key string, fn TxFunc) (Outcome, error) {
-	return m.ProcessMessage(ctx, Message{Key: key}, fn)
-}
-
 // observe runs f and tells the observer, if any, how it ended. f runs with
 // the context of the delivery (see Starter).
 func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context.Context) (Outcome, int, error)) (Outcome, error) {
@@ -188,15 +172,6 @@ func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context
 		Duration: time.Since(start), Err: err,
 	})
 	return outcome, err
-}
-
-// Claim is ClaimMessage for a message known by its key alone: it inserts
-// the claim for key in a transaction the caller owns, and reports whether it
-// was new. When it was, the caller applies the effect in tx and commits;
-// when not, the message is a duplicate. Claim neither commits nor retries:
-// the caller does both. The lock timeout, if set, applies to tx from here on.
-func (m *Middleware) Claim(ctx context.Context, tx *sql.Tx, key string) (claimed bool, err error) {
-	return m.ClaimMessage(ctx, tx, Message{Key: key})
 }
 
 // claimKey claims one key on tx through claimWith: with the horizon folded
@@ -277,20 +252,9 @@ func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func(
 	return stmt()
 }
 
-// claimError wraps a failed claim statement's error for claim and the batch claim.
-func (m *Middleware) claimError(err error) error {
-	switch m.d.Classify(err).Kind {
-	case dialect.KindLockTimeout:
-		if m.lockTimeout == 0 {
-			// The database's own lock timeout, not WithLockTimeout's.
-			return fmt.Errorf("%w: %w", ErrClaimBusy, err)
-		}
-		return fmt.Errorf("%w (lock timeout %v): %w", ErrClaimBusy, m.lockTimeout, err)
-	case dialect.KindUndefinedTable:
-		return fmt.Errorf("%w: %s: %w", ErrNoClaimTable, m.table, err)
-	}
-	return fmt.Errorf("idempotent: claim: %w", err)
-}
+// claimError wraps a failed claim statement's error for claim and the
+// batch claim (Config.ClaimError).
+func (m *Middleware) claimError(err error) error { return m.Config().ClaimError(err) }
 
 // captureTxID is the strict guard's first read: with WithStrictGuard, every
 // path that runs a handler and commits reads the transaction id before the
@@ -378,23 +342,13 @@ func (m *Middleware) observeRetry(ctx context.Context, key string, attempt int, 
 	})
 }
 
-// keyFailed reports a Wrap key function's failure to the observer and
-// returns it as an error matching ErrInvalidKey.
+// keyFailed reports the failure of a wrapper's message function
+// (WrapMessage, WrapMessageTx) to the observer and returns it as an error
+// matching ErrInvalidKey.
 func (m *Middleware) keyFailed(ctx context.Context, err error) error {
 	err = fmt.Errorf("%w: key function: %w", ErrInvalidKey, err)
 	if m.observer != nil {
 		m.observer.Outcome(ctx, Event{Consumer: m.consumer, Err: err})
 	}
 	return err
-}
-
-// Wrap is WrapMessage for messages known by their key alone: it turns a
-// handler of decoded messages into a function that processes each message
-// exactly once. key returns the message's stable, producer-assigned
-// identity — an event id or a natural key such as "order-completed:9912",
-// never a broker's delivery tag or a message id the broker reassigns on
-// republish. If key fails, the returned function returns an error matching
-// ErrInvalidKey without opening a transaction.
-func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (Outcome, error) {
-	return WrapMessage(m, keyOnly(key), h)
 }

@@ -33,7 +33,7 @@ func TestProcessApplied(t *testing.T) {
 	mw := newMiddleware(t, r, idempotent.WithObserver(ev))
 	expectApplied(r.mock, key)
 
-	got, err := mw.Process(context.Background(), key, effect)
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
@@ -50,7 +50,7 @@ func TestProcessDuplicateRollsBack(t *testing.T) {
 	expectClaim(r.mock, key, 0)
 	r.mock.ExpectRollback()
 
-	got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 		t.Error("the handler ran for a duplicate")
 		return nil
 	})
@@ -68,7 +68,7 @@ func TestBeginFails(t *testing.T) {
 		tooMany := &pq.Error{Code: "53300"}
 		r.mock.ExpectBegin().WillReturnError(tooMany)
 
-		got, err := mw.Process(context.Background(), key, effect)
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, tooMany) || !strings.Contains(err.Error(), "begin") {
 			t.Fatalf("got (%v, %v), want the begin error", got, err)
 		}
@@ -83,7 +83,7 @@ func TestBeginFails(t *testing.T) {
 		r.mock.ExpectBegin().WillReturnError(&pq.Error{Code: "57P03"}) // cannot_connect_now
 		expectApplied(r.mock, key)
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -117,7 +117,7 @@ func TestClaimFails(t *testing.T) {
 			expectClaimError(r.mock, key, c.err)
 			r.mock.ExpectRollback()
 
-			got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+			got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 				t.Error("the handler ran after a failed claim")
 				return nil
 			})
@@ -152,7 +152,7 @@ func TestClaimFailsRetryable(t *testing.T) {
 			r.mock.ExpectRollback()
 			expectApplied(r.mock, key)
 
-			if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+			if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 				t.Fatalf("got (%v, %v), want applied", got, err)
 			}
 			r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -178,7 +178,7 @@ func TestLockTimeoutStatementFails(t *testing.T) {
 	r.mock.ExpectExec("SET LOCAL lock_timeout = 1000").WillReturnError(bad)
 	r.mock.ExpectRollback()
 
-	_, err := mw.Process(context.Background(), key, effect)
+	_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if !errors.Is(err, bad) || !strings.Contains(err.Error(), "set lock timeout") {
 		t.Fatalf("got %v, want the lock timeout statement's error", err)
 	}
@@ -193,7 +193,7 @@ func TestClaimRowsAffectedFails(t *testing.T) {
 	r.mock.ExpectExec(claimSQL).WithArgs(consumer, key).WillReturnResult(sqlmock.NewErrorResult(unknown))
 	r.mock.ExpectRollback()
 
-	_, err := mw.Process(context.Background(), key, effect)
+	_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if !errors.Is(err, unknown) || !strings.Contains(err.Error(), "rows affected") {
 		t.Fatalf("got %v, want the RowsAffected error", err)
 	}
@@ -229,7 +229,7 @@ func TestHandlerError(t *testing.T) {
 		expectClaim(r.mock, key, 1)
 		r.mock.ExpectRollback()
 
-		got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { return failed })
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { return failed })
 		if got != 0 || !errors.Is(err, failed) {
 			t.Fatalf("got (%v, %v), want the handler's error", got, err)
 		}
@@ -244,7 +244,7 @@ func TestHandlerError(t *testing.T) {
 		r.mock.ExpectExec(effectSQL).WillReturnError(check)
 		r.mock.ExpectRollback()
 
-		if _, err := mw.Process(context.Background(), key, effect); !errors.Is(err, check) {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); !errors.Is(err, check) {
 			t.Fatalf("got %v, want the effect's error", err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "ROLLBACK")
@@ -284,7 +284,7 @@ func TestHandlerError(t *testing.T) {
 			}
 
 			calls := 0
-			got, err := mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+			got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 				if calls++; calls == 1 {
 					return c.failure
 				}
@@ -309,7 +309,7 @@ func TestHandlerError(t *testing.T) {
 		r.mock.ExpectRollback()
 		deadline := &safeToRetry{context.DeadlineExceeded}
 		calls := 0
-		_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { calls++; return deadline })
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { calls++; return deadline })
 		if !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
 			t.Fatalf("got %v after %d calls, want the deadline at once", err, calls)
 		}
@@ -323,7 +323,7 @@ func TestHandlerError(t *testing.T) {
 		expectClaimError(r.mock, key, &pq.Error{Code: "40001"})
 		r.mock.ExpectRollback()
 		expectApplied(r.mock, key)
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -351,22 +351,22 @@ func TestNestedTransactionRefused(t *testing.T) {
 			return idempotent.RunTx(ctx, db, pg, nil, idempotent.DefaultRetryPolicy(), effect)
 		}},
 		{"Process, same key", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
-			_, err := mw.Process(ctx, key, effect)
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
 			return err
 		}},
 		{"ProcessBatch", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
-			_, err := mw.ProcessBatch(ctx, []string{"other"}, func(context.Context, *sql.Tx, []int) error { return nil })
+			_, err := mw.ProcessMessages(ctx, keyMessages("other"), func(context.Context, *sql.Tx, []int) error { return nil })
 			return err
 		}},
 		{"ProcessNatural", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
-			_, err := mw.ProcessNatural(ctx, "other", func(context.Context, *sql.Tx) (bool, error) { return true, nil })
+			_, err := mw.ProcessNatural(ctx, idempotent.Message{Key: "other"}, func(context.Context, *sql.Tx) (bool, error) { return true, nil })
 			return err
 		}},
 		{"EnsureSchema", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
 			return mw.EnsureSchema(ctx)
 		}},
 		{"Cleanup", func(ctx context.Context, mw *idempotent.Middleware, _ *sql.DB) error {
-			_, err := mw.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+			_, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, idempotent.DefaultCleanupOptions())
 			return err
 		}},
 	} {
@@ -377,7 +377,7 @@ func TestNestedTransactionRefused(t *testing.T) {
 			expectClaim(r.mock, key, 1)
 			r.mock.ExpectRollback()
 			var nested error
-			_, err := mw.Process(context.Background(), key, func(ctx context.Context, _ *sql.Tx) error {
+			_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, _ *sql.Tx) error {
 				nested = c.run(ctx, mw, r.db)
 				return nil
 			})
@@ -407,11 +407,11 @@ func TestHandlerPanics(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic", p)
 			}
 		}()
-		_, _ = mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { panic(boom{}) })
+		_, _ = mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { panic(boom{}) })
 		t.Fatal("Process returned after the handler panicked")
 	}()
 	// The connection went back to the pool: the next delivery runs.
-	if got, err := mw.Process(context.Background(), "next", effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "next"}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("next delivery: got (%v, %v)", got, err)
 	}
 	r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -427,7 +427,7 @@ func TestCommitFails(t *testing.T) {
 		r.mock.ExpectCommit().WillReturnError(&pq.Error{Code: "40001"})
 		expectApplied(r.mock, key)
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -445,7 +445,7 @@ func TestCommitFails(t *testing.T) {
 			expectClaim(r.mock, key, 0)
 			r.mock.ExpectRollback()
 
-			if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Duplicate {
+			if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 				t.Fatalf("got (%v, %v), want duplicate", got, err)
 			}
 			r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT", "BEGIN", claimSQL, "ROLLBACK")
@@ -460,7 +460,7 @@ func TestCommitFails(t *testing.T) {
 		expectEffect(r.mock)
 		r.mock.ExpectCommit().WillReturnError(deferred)
 
-		got, err := mw.Process(context.Background(), key, effect)
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, deferred) || !strings.Contains(err.Error(), "commit") || errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got (%v, %v), want the commit error alone", got, err)
 		}
@@ -478,7 +478,7 @@ func TestRollbackFails(t *testing.T) {
 		expectClaim(r.mock, key, 1)
 		r.mock.ExpectRollback().WillReturnError(rbErr)
 
-		got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { return failed })
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { return failed })
 		if got != 0 || !errors.Is(err, failed) || !errors.Is(err, rbErr) {
 			t.Fatalf("got (%v, %v), want the handler's error joined with the rollback's", got, err)
 		}
@@ -497,7 +497,7 @@ func TestRollbackFails(t *testing.T) {
 		r.mock.ExpectRollback().WillReturnError(driver.ErrBadConn)
 		expectApplied(r.mock, key)
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, effectSQL, "COMMIT")
@@ -510,7 +510,7 @@ func TestRollbackFails(t *testing.T) {
 		expectClaim(r.mock, key, 0)
 		r.mock.ExpectRollback().WillReturnError(rbErr)
 
-		got, err := mw.Process(context.Background(), key, effect)
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, rbErr) || !strings.Contains(err.Error(), "rollback") {
 			t.Fatalf("got (%v, %v), want the rollback error", got, err)
 		}
@@ -526,7 +526,7 @@ func TestRollbackFails(t *testing.T) {
 		expectClaim(r.mock, key, 0)
 		r.mock.ExpectRollback()
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Duplicate {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 			t.Fatalf("got (%v, %v), want duplicate", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK", "BEGIN", claimSQL, "ROLLBACK")
@@ -561,7 +561,7 @@ func TestHandlerEndsTransaction(t *testing.T) {
 				r.mock.ExpectRollback()
 			}
 
-			got, err := mw.Process(context.Background(), key, c.fn)
+			got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, c.fn)
 			if got != 0 || !errors.Is(err, idempotent.ErrAutocommit) || (c.other != nil && !errors.Is(err, c.other)) {
 				t.Fatalf("got (%v, %v), want ErrAutocommit (and %v)", got, err, c.other)
 			}
@@ -584,7 +584,7 @@ func TestStrictGuard(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("731"))
 		r.mock.ExpectCommit()
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "COMMIT")
@@ -596,7 +596,7 @@ func TestStrictGuard(t *testing.T) {
 		expectClaim(r.mock, key, 0)
 		r.mock.ExpectRollback()
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Duplicate {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 			t.Fatalf("got (%v, %v), want duplicate", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
@@ -611,7 +611,7 @@ func TestStrictGuard(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("732"))
 		r.mock.ExpectRollback()
 
-		got, err := mw.Process(context.Background(), key, effect)
+		got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, idempotent.ErrAutocommit) || !strings.Contains(err.Error(), "id 731, now 732") {
 			t.Fatalf("got (%v, %v), want ErrAutocommit naming both ids", got, err)
 		}
@@ -626,7 +626,7 @@ func TestStrictGuard(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnError(bad)
 		r.mock.ExpectRollback()
 
-		_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 			t.Error("the handler ran without a transaction id")
 			return nil
 		})
@@ -646,7 +646,7 @@ func TestStrictGuard(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnError(bad)
 		r.mock.ExpectRollback()
 
-		_, err := mw.Process(context.Background(), key, effect)
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 		if !errors.Is(err, bad) || errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got %v, want the strict guard's read error", err)
 		}
@@ -660,7 +660,7 @@ func TestStrictGuard(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("731"))
 		r.mock.ExpectCommit()
 
-		_, err := mw.Process(context.Background(), key, func(_ context.Context, tx *sql.Tx) error { return tx.Commit() })
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(_ context.Context, tx *sql.Tx) error { return tx.Commit() })
 		if !errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got %v, want ErrAutocommit", err)
 		}
@@ -678,7 +678,7 @@ func TestContextEnds(t *testing.T) {
 		mw := newMiddleware(t, r)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		got, err := mw.Process(ctx, key, effect)
+		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, context.Canceled) {
 			t.Fatalf("got (%v, %v), want context.Canceled", got, err)
 		}
@@ -693,7 +693,7 @@ func TestContextEnds(t *testing.T) {
 		r.mock.ExpectRollback()
 
 		lost := &pq.Error{Code: "40001"}
-		_, err := mw.Process(ctx, key, func(context.Context, *sql.Tx) error {
+		_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 			ctx.end()
 			return lost
 		})
@@ -717,7 +717,7 @@ func TestContextEnds(t *testing.T) {
 		expectClaim(r.mock, key, 0)
 		r.mock.ExpectRollback().WillReturnError(sqlmock.ErrCancelled)
 
-		if got, err := mw.Process(ctx, key, effect); err != nil || got != idempotent.Duplicate {
+		if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 			t.Fatalf("got (%v, %v), want duplicate", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
@@ -734,7 +734,7 @@ func TestContextEnds(t *testing.T) {
 			expectClaim(r.mock, key, 1)
 			r.mock.ExpectRollback()
 
-			_, err := mw.Process(ctx, key, func(_ context.Context, tx *sql.Tx) error {
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(_ context.Context, tx *sql.Tx) error {
 				_ = tx.Rollback()
 				ctx.end()
 				return handlerErr
@@ -755,7 +755,7 @@ func TestContextEnds(t *testing.T) {
 		expectClaimError(r.mock, key, serial)
 		r.mock.ExpectRollback()
 
-		if _, err := mw.Process(ctx, key, effect); !errors.Is(err, context.Canceled) || !errors.Is(err, serial) {
+		if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); !errors.Is(err, context.Canceled) || !errors.Is(err, serial) {
 			t.Fatalf("got %v, want context.Canceled joined with the attempt's error", err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, "ROLLBACK")
@@ -774,7 +774,7 @@ func TestContextEnds(t *testing.T) {
 		expectClaimError(r.mock, key, serial)
 		r.mock.ExpectRollback()
 
-		got, err := mw.Process(ctx, key, effect)
+		got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
 		if got != 0 || !errors.Is(err, context.Canceled) || !errors.Is(err, serial) {
 			t.Fatalf("got (%v, %v), want context.Canceled joined with the attempt's error", got, err)
 		}
@@ -788,20 +788,20 @@ func TestContextEnds(t *testing.T) {
 	})
 }
 
-func TestWrap(t *testing.T) {
+func TestWrapMessageKeyFunction(t *testing.T) {
 	type order struct{ id int64 }
-	keyOf := func(o order) (string, error) {
+	keyOf := func(o order) (idempotent.Message, error) {
 		if o.id == 0 {
-			return "", errors.New("order has no id")
+			return idempotent.Message{}, errors.New("order has no id")
 		}
-		return "order-completed:" + strconv.FormatInt(o.id, 10), nil
+		return idempotent.Message{Key: "order-completed:" + strconv.FormatInt(o.id, 10)}, nil
 	}
 	t.Run("applies", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		expectApplied(r.mock, key)
 		var seen order
-		handle := idempotent.Wrap(mw, keyOf, func(ctx context.Context, tx *sql.Tx, o order) error {
+		handle := idempotent.WrapMessage(mw, keyOf, func(ctx context.Context, tx *sql.Tx, o order) error {
 			seen = o
 			return effect(ctx, tx)
 		})
@@ -814,7 +814,7 @@ func TestWrap(t *testing.T) {
 		r := newRecorded(t)
 		ev := &events{}
 		mw := newMiddleware(t, r, idempotent.WithObserver(ev))
-		handle := idempotent.Wrap(mw, keyOf, func(context.Context, *sql.Tx, order) error {
+		handle := idempotent.WrapMessage(mw, keyOf, func(context.Context, *sql.Tx, order) error {
 			t.Error("the handler ran without a key")
 			return nil
 		})
@@ -827,7 +827,7 @@ func TestWrap(t *testing.T) {
 			t.Fatalf("event %+v", e)
 		}
 		// And without an observer.
-		handle = idempotent.Wrap(newMiddleware(t, r), keyOf, func(context.Context, *sql.Tx, order) error { return nil })
+		handle = idempotent.WrapMessage(newMiddleware(t, r), keyOf, func(context.Context, *sql.Tx, order) error { return nil })
 		if _, err := handle(context.Background(), order{}); !errors.Is(err, idempotent.ErrInvalidKey) {
 			t.Fatalf("got %v, want ErrInvalidKey", err)
 		}
@@ -842,7 +842,7 @@ func TestInvalidKeys(t *testing.T) {
 			r := newRecorded(t)
 			ev := &events{}
 			mw := newMiddleware(t, r, idempotent.WithObserver(ev))
-			got, err := mw.Process(context.Background(), k, effect)
+			got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
 			if got != 0 || !errors.Is(err, idempotent.ErrInvalidKey) {
 				t.Fatalf("Process: got (%v, %v), want ErrInvalidKey", got, err)
 			}
@@ -856,7 +856,7 @@ func TestInvalidKeys(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx.Rollback()
-			if _, err := mw.Claim(context.Background(), tx, k); !errors.Is(err, idempotent.ErrInvalidKey) {
+			if _, err := mw.ClaimMessage(context.Background(), tx, idempotent.Message{Key: k}); !errors.Is(err, idempotent.ErrInvalidKey) {
 				t.Fatalf("Claim: got %v, want ErrInvalidKey", err)
 			}
 			r.wantCalls(t, "BEGIN")
@@ -866,14 +866,14 @@ func TestInvalidKeys(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
 		expectApplied(r.mock, long[:1024])
-		if got, err := mw.Process(context.Background(), long[:1024], effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: long[:1024]}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 	})
 	t.Run("nil function", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r)
-		if _, err := mw.Process(context.Background(), key, nil); err == nil || !strings.Contains(err.Error(), "nil function") {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, nil); err == nil || !strings.Contains(err.Error(), "nil function") {
 			t.Fatalf("got %v, want a nil function error", err)
 		}
 		r.wantCalls(t)
@@ -884,7 +884,7 @@ func TestClaim(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r, idempotent.WithLockTimeout(time.Second))
 	ctx := context.Background()
-	if _, err := mw.Claim(ctx, nil, key); err == nil || !strings.Contains(err.Error(), "nil transaction") {
+	if _, err := mw.ClaimMessage(ctx, nil, idempotent.Message{Key: key}); err == nil || !strings.Contains(err.Error(), "nil transaction") {
 		t.Fatalf("nil tx: got %v", err)
 	}
 	lock := "SET LOCAL lock_timeout = 1000"
@@ -902,13 +902,13 @@ func TestClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := mw.Claim(ctx, tx, "new"); !ok || err != nil {
+	if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "new"}); !ok || err != nil {
 		t.Fatalf("new: got (%v, %v)", ok, err)
 	}
-	if ok, err := mw.Claim(ctx, tx, "old"); ok || err != nil {
+	if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "old"}); ok || err != nil {
 		t.Fatalf("old: got (%v, %v)", ok, err)
 	}
-	if ok, err := mw.Claim(ctx, tx, "bad"); ok || !errors.Is(err, failed) || !strings.Contains(err.Error(), `key "bad"`) {
+	if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "bad"}); ok || !errors.Is(err, failed) || !strings.Contains(err.Error(), `key "bad"`) {
 		t.Fatalf("bad: got (%v, %v)", ok, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -945,7 +945,7 @@ func TestTxOptions(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r, idempotent.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable}))
 	expectApplied(r.mock, key)
-	if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	r.wantCalls(t, "BEGIN Serializable", claimSQL, effectSQL, "COMMIT")
@@ -981,7 +981,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied", got, err)
 		}
 		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, effectSQL, "COMMIT")
@@ -994,7 +994,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		expectClaimError(r.mock, key, &pq.Error{Code: "55P03"})
 		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 		r.mock.ExpectRollback()
-		if _, err := mw.Process(context.Background(), key, effect); !errors.Is(err, idempotent.ErrClaimBusy) {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); !errors.Is(err, idempotent.ErrClaimBusy) {
 			t.Fatalf("got %v, want ErrClaimBusy", err)
 		}
 		r.wantCalls(t, "BEGIN", lock, claimSQL, resetSQL, "ROLLBACK")
@@ -1008,7 +1008,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		expectClaim(r.mock, key, 1)
 		r.mock.ExpectExec(resetSQL).WillReturnError(bad)
 		r.mock.ExpectRollback()
-		_, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 			t.Error("the handler ran after a failed reset")
 			return nil
 		})
@@ -1028,7 +1028,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
-		outs, err := mw.ProcessBatch(context.Background(), []string{"b", "a"}, func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
+		outs, err := mw.ProcessMessages(context.Background(), keyMessages("b", "a"), func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
 		if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Duplicate, idempotent.Applied}) {
 			t.Fatalf("got (%v, %v), want [duplicate applied]", outs, err)
 		}
@@ -1042,7 +1042,7 @@ func TestLockTimeoutReset(t *testing.T) {
 		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, sqlmock.AnyArg()).WillReturnError(&pq.Error{Code: "55P03"})
 		r.mock.ExpectExec(resetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 		r.mock.ExpectRollback()
-		if _, err := mw.ProcessBatch(context.Background(), []string{"a"}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrClaimBusy) {
+		if _, err := mw.ProcessMessages(context.Background(), keyMessages("a"), func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrClaimBusy) {
 			t.Fatalf("got %v, want ErrClaimBusy", err)
 		}
 		r.wantCalls(t, "BEGIN", lock, batchSQL, resetSQL, "ROLLBACK")
@@ -1067,7 +1067,7 @@ func TestRetentionBranches(t *testing.T) {
 	t.Run("event beyond retention sends nothing", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithRetention(24*time.Hour))
-		if _, err := mw.ProcessEvent(ctx, key, time.Now().Add(-48*time.Hour), effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: time.Now().Add(-48 * time.Hour)}, effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
 			t.Fatalf("got %v, want ErrBeyondRetention", err)
 		}
 		r.wantCalls(t)
@@ -1082,7 +1082,7 @@ func TestRetentionBranches(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		if _, err := mw.Claim(ctx, tx, key); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
+		if _, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key}); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
 			t.Fatalf("got %v", err)
 		}
 		r.wantCalls(t, "BEGIN")
@@ -1095,26 +1095,23 @@ func TestRetentionBranches(t *testing.T) {
 		expectClaimAtQuery(r.mock, key, at).WillReturnError(&pq.Error{Code: "23514"})
 		expectHorizon(r.mock, nil) // none recorded: the day was never dropped
 		r.mock.ExpectRollback()
-		if _, err := mw.ProcessEvent(ctx, key, at, effect); !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
+		if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, effect); !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !strings.Contains(err.Error(), "has no partition for event day") {
 			t.Fatalf("got %v, want ErrNoPartition (not ErrBeyondRetention) for the missing partition", err)
 		}
 		r.wantCalls(t, "BEGIN", claimAtSQL, horizonSQL, "ROLLBACK")
 	})
 }
 
-func TestWrapNilKeyFunctionOrHandler(t *testing.T) {
+func TestWrapNilMessageFunctionOrHandler(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r)
 	handler := func(context.Context, *sql.Tx, int) error { return nil }
-	keyOf := func(int) (string, error) { return "k", nil }
-	if _, err := idempotent.Wrap(mw, nil, handler)(context.Background(), 1); err == nil {
-		t.Fatal("nil key function accepted")
+	msgOf := func(int) (idempotent.Message, error) { return idempotent.Message{Key: "k"}, nil }
+	if _, err := idempotent.WrapMessage(mw, nil, handler)(context.Background(), 1); err == nil {
+		t.Fatal("nil message function accepted")
 	}
-	if _, err := idempotent.Wrap[int](mw, keyOf, nil)(context.Background(), 1); err == nil {
+	if _, err := idempotent.WrapMessage[int](mw, msgOf, nil)(context.Background(), 1); err == nil {
 		t.Fatal("nil handler accepted")
-	}
-	if _, err := idempotent.WrapEvent(mw, nil, handler)(context.Background(), 1); err == nil {
-		t.Fatal("WrapEvent: nil key function accepted")
 	}
 	r.wantCalls(t)
 }

@@ -18,15 +18,19 @@ type NaturalFunc func(ctx context.Context, tx *sql.Tx) (applied bool, err error)
 // conflict-free insert on a natural key (one ledger row per order, say) is
 // what makes a redelivery harmless. It returns Applied when fn reports that
 // its effect took place and Duplicate when not; the transaction commits
-// either way. key identifies the message to the observer and in errors, and
-// is validated like Process's. WithStrictGuard applies here too: the
-// transaction id is read before fn runs and checked before COMMIT.
+// either way. msg.Key identifies the message to the observer and in errors,
+// and is validated like ProcessMessage's. msg.EventTime is not read: with
+// no claim there is nothing a retention window could forget, so no fence,
+// and no partition to choose, in partitioned mode too. WithStrictGuard
+// applies here as well: the transaction id is read before fn runs and
+// checked before COMMIT.
 //
 // Natural keys on business tables never expire, so they cover replays of any
 // age: prefer them for money. For state that a message replaces rather than
 // adds to, dialect.NewVersionedUpsert builds the version-guarded upsert
 // whose rows affected fn can return.
-func (m *Middleware) ProcessNatural(ctx context.Context, key string, fn NaturalFunc) (Outcome, error) {
+func (m *Middleware) ProcessNatural(ctx context.Context, msg Message, fn NaturalFunc) (Outcome, error) {
+	key := msg.Key
 	if fn == nil {
 		return 0, errors.New("idempotent: ProcessNatural: nil function")
 	}

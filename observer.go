@@ -10,7 +10,7 @@ import (
 type Event struct {
 	// Consumer is the Middleware's consumer name.
 	Consumer string
-	// Key is the message key as given to Process.
+	// Key is the message key as given to ProcessMessage (Message.Key).
 	Key string
 	// Outcome is Applied or Duplicate, or 0 when Err is set.
 	Outcome Outcome
@@ -27,7 +27,8 @@ type Event struct {
 type RetryEvent struct {
 	// Consumer is the Middleware's consumer name.
 	Consumer string
-	// Key is the message key as given to Process.
+	// Key is the message key as given to ProcessMessage (Message.Key),
+	// or "" for a batch.
 	Key string
 	// Attempt is the number of the attempt that failed (1 for the first).
 	Attempt int
@@ -44,13 +45,14 @@ type RetryEvent struct {
 }
 
 // An Observer is told of every outcome and every retry, synchronously, on the
-// goroutine that called Process. Its methods must be safe for concurrent use
+// goroutine that called ProcessMessage (or another entry point). Its methods must be safe for concurrent use
 // and should return quickly. An Observer that also implements [Starter] is
 // told when each delivery starts, and chooses the context it runs with. The
 // otelmetrics package adapts it to OpenTelemetry metrics and traces; Counts
 // is a ready-made in-memory one.
 type Observer interface {
-	// Outcome is called once per Process call, when it returns.
+	// Outcome is called once per ProcessMessage call (or per message of
+	// a ProcessMessages call), when it returns.
 	Outcome(ctx context.Context, e Event)
 	// Retry is called after a failed attempt, before the backoff sleep.
 	Retry(ctx context.Context, e RetryEvent)

@@ -11,17 +11,45 @@ import (
 const DefaultTable = "processed_messages"
 
 // An Option configures a Middleware. Options are checked by New: a bad value
-// is an error from New, never a surprise at the first message. The options
-// that describe the claim table (WithTable, WithRetention, WithClockSkew,
-// WithClock, WithDailyPartitions, WithRetry) also configure a ClaimTable
-// (NewClaimTable).
+// is an error from New, never a surprise at the first message.
+//
+// There are two kinds. A [TableOption] describes the claim table — its
+// name, retention, clock, partitions and the retry policy of its
+// transactions — and is accepted by New and by NewClaimTable alike. Every
+// other Option configures one consumer's deliveries (WithTxOptions,
+// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen) and is accepted
+// by New only: given to NewClaimTable it does not compile.
 type Option interface {
 	apply(*config) error
 }
 
+// A TableOption is an Option that describes the claim table: WithTable,
+// WithRetention, WithClockSkew, WithClock, WithDailyPartitions and
+// WithRetry. New and NewClaimTable both take it; give the ClaimTable of a
+// job the same ones as the Middlewares that use the table:
+//
+//	table, days := idempotent.WithTable("claims"), idempotent.WithDailyPartitions(2)
+//	mw, err := idempotent.New(db, d, "loyalty", table, days, idempotent.WithObserver(o))
+//	…
+//	ct, err := idempotent.NewClaimTable(db, d, table, days)
+//
+// A []TableOption is not a []Option: to pass a slice of them to New, copy
+// it into a []Option first.
+type TableOption interface {
+	Option
+	table()
+}
+
+// optionFunc is a consumer's Option.
 type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
+
+// tableOptionFunc is a TableOption.
+type tableOptionFunc func(*config) error
+
+func (f tableOptionFunc) apply(c *config) error { return f(c) }
+func (tableOptionFunc) table()                  {}
 
 type config struct {
 	table       string
@@ -42,15 +70,15 @@ func defaultConfig() config {
 // be a plain identifier (letters, digits and underscores, not starting with a
 // digit, at most 63 bytes); the dialect quotes it. The schema must exist.
 // Default is "processed_messages".
-func WithTable(name string) Option {
-	return optionFunc(func(c *config) error {
+func WithTable(name string) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		c.table = name
 		return nil
 	})
 }
 
 // WithTxOptions sets the isolation level (and read-only flag, which a claim
-// cannot use) of the transactions Process opens. Under sql.LevelSerializable
+// cannot use) of the transactions the Middleware opens. Under sql.LevelSerializable
 // concurrent duplicates fail with serialization errors instead of waiting;
 // the middleware retries them and they end as Duplicate. New refuses a
 // level the dialect cannot run (where it implements
@@ -68,9 +96,11 @@ func WithTxOptions(o sql.TxOptions) Option {
 }
 
 // WithRetry sets the retry policy for serialization failures, deadlocks and
-// lost connections. Default is DefaultRetryPolicy().
-func WithRetry(p RetryPolicy) Option {
-	return optionFunc(func(c *config) error {
+// lost connections: of a Middleware's deliveries and of a ClaimTable's
+// schema, cleanup and partition transactions. Default is
+// DefaultRetryPolicy().
+func WithRetry(p RetryPolicy) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		if err := p.validate(); err != nil {
 			return fmt.Errorf("idempotent: WithRetry: %w", err)
 		}
@@ -110,7 +140,7 @@ func WithObserver(o Observer) Option {
 	})
 }
 
-// WithStrictGuard makes Process read the database's transaction id right
+// WithStrictGuard makes the Middleware read the database's transaction id right
 // after the claim and again before commit, and refuse to commit (returning
 // ErrAutocommit) if they differ: that catches an explicit COMMIT run inside
 // the handler, or a connection pooler that moved the session. It costs two

@@ -85,10 +85,48 @@ func TestNewAccepts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", c.consumer, err)
 		}
-		if mw.Consumer() != c.consumer || mw.Table() != c.wantTable || mw.Dialect() != pg {
-			t.Fatalf("accessors: %q %q %v", mw.Consumer(), mw.Table(), mw.Dialect())
+		if cfg := mw.Config(); cfg.Consumer != c.consumer || cfg.Table != c.wantTable || cfg.Dialect != pg {
+			t.Fatalf("Config: %q %q %v", cfg.Consumer, cfg.Table, cfg.Dialect)
 		}
 	}
+}
+
+func TestConfig(t *testing.T) {
+	db, _ := sqlmockDB(t)
+	clock := func() time.Time { return time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC) }
+	t.Run("defaults", func(t *testing.T) {
+		mw, err := idempotent.New(db, pg, consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := mw.Config()
+		if cfg.Consumer != consumer || cfg.Dialect != pg || cfg.Table != idempotent.DefaultTable ||
+			cfg.Retention != idempotent.DefaultRetention || cfg.ClockSkew != idempotent.DefaultClockSkew ||
+			cfg.PartitionLeadDays != 0 || cfg.Partitioned() || cfg.LockTimeout != 0 || cfg.StrictGuard || cfg.Clock == nil {
+			t.Fatalf("Config() = %+v, want the defaults", cfg)
+		}
+		if d := time.Since(cfg.Clock()); d < 0 || d > time.Minute {
+			t.Fatalf("the default clock is %v off time.Now", d)
+		}
+	})
+	t.Run("every option it reports", func(t *testing.T) {
+		mw, err := idempotent.New(db, pg, consumer, idempotent.WithTable("shop.claims"), idempotent.WithRetention(48*time.Hour),
+			idempotent.WithClockSkew(time.Minute), idempotent.WithClock(clock), idempotent.WithDailyPartitions(3),
+			idempotent.WithLockTimeout(2*time.Second), idempotent.WithStrictGuard())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := mw.Config()
+		if cfg.Table != "shop.claims" || cfg.Table != mw.ClaimTable().Name() || cfg.Retention != 48*time.Hour ||
+			cfg.ClockSkew != time.Minute || !cfg.Clock().Equal(clock()) || cfg.PartitionLeadDays != 3 || !cfg.Partitioned() ||
+			cfg.LockTimeout != 2*time.Second || !cfg.StrictGuard {
+			t.Fatalf("Config() = %+v", cfg)
+		}
+		cfg.Table, cfg.Retention = "other", time.Hour
+		if again := mw.Config(); again.Table != "shop.claims" || again.Retention != 48*time.Hour {
+			t.Fatalf("changing a Config changed the Middleware's: %+v", again)
+		}
+	})
 }
 
 func TestOutcomeString(t *testing.T) {
@@ -133,12 +171,57 @@ func TestCounts(t *testing.T) {
 		r.mock.ExpectRollback()
 		r.mock.ExpectBegin().WillReturnError(errHandler)
 		ctx := context.Background()
-		_, _ = mw.Process(ctx, key, effect)
-		_, _ = mw.Process(ctx, key, effect)
-		_, _ = mw.Process(ctx, key, effect)
-		_, _ = mw.Process(ctx, "", effect)
+		_, _ = mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
+		_, _ = mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
+		_, _ = mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect)
+		_, _ = mw.ProcessMessage(ctx, idempotent.Message{Key: ""}, effect)
 		if c.Applied() != 1 || c.Duplicates() != 1 || c.Failed() != 2 || c.Retries() != 1 {
 			t.Fatalf("counts applied %d, duplicates %d, failed %d, retries %d; want 1, 1, 2, 1", c.Applied(), c.Duplicates(), c.Failed(), c.Retries())
 		}
 	})
+}
+
+// TestConfigClaimError: the one mapping of a claim statement's failure, as
+// the Middleware and the driver packages use it.
+func TestConfigClaimError(t *testing.T) {
+	db, _ := sqlmockDB(t)
+	plain, err := idempotent.New(db, pg, consumer, idempotent.WithTable("shop.claims"), idempotent.WithLockTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parted, err := idempotent.New(db, pg, consumer, idempotent.WithDailyPartitions(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	day1, day2 := time.Date(2031, 3, 14, 23, 0, 0, 0, time.UTC), time.Date(2031, 3, 15, 1, 0, 0, 0, time.UTC)
+	noPartition := &pq.Error{Code: "23514"}
+	for _, c := range []struct {
+		name string
+		cfg  idempotent.Config
+		err  error
+		ats  []time.Time
+		want error
+		says string
+	}{
+		{"lock timeout, WithLockTimeout's", plain.Config(), &pq.Error{Code: "55P03"}, nil, idempotent.ErrClaimBusy, "(lock timeout 1s)"},
+		{"lock timeout, the database's", parted.Config(), &pq.Error{Code: "55P03"}, nil, idempotent.ErrClaimBusy, "held by another transaction: pq"},
+		{"no claim table", plain.Config(), &pq.Error{Code: "42P01"}, nil, idempotent.ErrNoClaimTable, "shop.claims"},
+		{"no partition, one day", parted.Config(), noPartition, []time.Time{day1, day1}, idempotent.ErrNoPartition, "no partition for event day 2031-03-14 yet (partitions cover the retention window and 3 days ahead"},
+		{"no partition, two days", parted.Config(), noPartition, []time.Time{day2, day1}, idempotent.ErrNoPartition, "one of the event days 2031-03-14, 2031-03-15"},
+		{"no partition without event times", parted.Config(), noPartition, nil, nil, "idempotent: claim: "},
+		{"a plain table's check violation", plain.Config(), noPartition, []time.Time{day1}, nil, "idempotent: claim: "},
+		{"anything else", plain.Config(), &pq.Error{Code: "23505"}, nil, nil, "idempotent: claim: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.cfg.ClaimError(c.err, c.ats...)
+			if !errors.Is(got, c.err) || (c.want != nil && !errors.Is(got, c.want)) || !strings.Contains(got.Error(), c.says) {
+				t.Fatalf("ClaimError = %v, want %v saying %q and wrapping the cause", got, c.want, c.says)
+			}
+			for _, other := range []error{idempotent.ErrClaimBusy, idempotent.ErrNoClaimTable, idempotent.ErrNoPartition} {
+				if other != c.want && errors.Is(got, other) {
+					t.Fatalf("ClaimError = %v also matches %v", got, other)
+				}
+			}
+		})
+	}
 }

@@ -273,21 +273,3 @@ func (t *ClaimTable) listPartitions(ctx context.Context, q querier) ([]Partition
 	}
 	return out, nil
 }
-
-// MaintainPartitions is the MaintainPartitions of the Middleware's
-// ClaimTable; see ClaimTable.MaintainPartitions. The Middleware must be in
-// partitioned mode (WithDailyPartitions).
-//
-// Deprecated: use m.ClaimTable().MaintainPartitions, or a ClaimTable of
-// its own (NewClaimTable) in the job that maintains the table.
-func (m *Middleware) MaintainPartitions(ctx context.Context) (PartitionReport, error) {
-	return m.ClaimTable().MaintainPartitions(ctx)
-}
-
-// Partitions is the Partitions of the Middleware's ClaimTable; see
-// ClaimTable.Partitions.
-//
-// Deprecated: use m.ClaimTable().Partitions.
-func (m *Middleware) Partitions(ctx context.Context) ([]Partition, error) {
-	return m.ClaimTable().Partitions(ctx)
-}

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -21,10 +19,10 @@ import (
 // MaintainPartitions remove them. A message redelivered after its claim is
 // gone would be applied again, so a message that carries its own event time
 // (Message.EventTime) is refused with ErrBeyondRetention once it is older
-// than the window: the retention fence. A message without an event time
-// (Process, Claim, Wrap, or a zero EventTime) cannot be fenced. For effects that no
-// window makes safe, such as money, keep a natural unique key on the
-// business table as well: it never expires.
+// than the window: the retention fence. A message without an event time (a
+// zero Message.EventTime) cannot be fenced. For effects that no window makes
+// safe, such as money, keep a natural unique key on the business table as
+// well: it never expires.
 //
 // Clocks disagree: a producer's clock may run ahead of the consumer's, and
 // the database stamps processed_at with its own. Claims are therefore kept
@@ -59,11 +57,10 @@ var (
 	// ErrInvalidEventTime reports a message's event time that cannot be
 	// right: later than the middleware's clock plus the clock-skew margin (a
 	// producer clock far ahead, or seconds read as milliseconds), or zero
-	// where one is required (partitioned mode, the deprecated Event entry
-	// points). A message dated in the future
-	// would pass the retention fence long after its claim was cleaned up, so
-	// it is refused. Nothing was written and the handler did not run. The
-	// message is poison.
+	// where one is required (partitioned mode). A message dated in the
+	// future would pass the retention fence long after its claim was
+	// cleaned up, so it is refused. Nothing was written and the handler did
+	// not run. The message is poison.
 	ErrInvalidEventTime = errors.New("idempotent: invalid event time")
 
 	// ErrNoPartition reports, in partitioned mode, a message whose event
@@ -102,8 +99,8 @@ type retention struct {
 // window is refused with ErrBeyondRetention. Choose it longer than the longest
 // dead-letter triage and replay you allow. d must be positive. Default is
 // DefaultRetention (30 days).
-func WithRetention(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
+func WithRetention(d time.Duration) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		if d <= 0 {
 			return fmt.Errorf("idempotent: WithRetention: %v is not a positive duration", d)
 		}
@@ -117,8 +114,8 @@ func WithRetention(d time.Duration) Option {
 // consumer's (or a database clock differing from it) by up to d cannot let
 // the fence pass a message whose claim is gone. d must not be negative.
 // Default is DefaultClockSkew (5 minutes).
-func WithClockSkew(d time.Duration) Option {
-	return optionFunc(func(c *config) error {
+func WithClockSkew(d time.Duration) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		if d < 0 {
 			return fmt.Errorf("idempotent: WithClockSkew: %v is negative", d)
 		}
@@ -130,8 +127,8 @@ func WithClockSkew(d time.Duration) Option {
 // WithClock sets the clock the middleware reads for the retention fence,
 // the cleanup cutoff and partition maintenance. Tests use it to move time;
 // processed_at is still stamped by the database. Default is time.Now.
-func WithClock(now func() time.Time) Option {
-	return optionFunc(func(c *config) error {
+func WithClock(now func() time.Time) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		if now == nil {
 			return errors.New("idempotent: WithClock: nil clock")
 		}
@@ -151,8 +148,8 @@ func WithClock(now func() time.Time) Option {
 // processed_at would put a redelivery on another day into another partition,
 // where the primary key cannot see the first claim, and apply it again.) So
 // in this mode every message needs its event time — set Message.EventTime
-// (ProcessMessage, ProcessMessages, ProcessMessageTx, ClaimMessage, the Wrap
-// functions) — and the producer must keep it stable across republishes,
+// (ProcessMessage, ProcessMessages, ProcessMessageTx, ProcessMessagesTx,
+// ClaimMessage, the Wrap functions) — and the producer must keep it stable across republishes,
 // like the key itself.
 //
 // MaintainPartitions (and EnsureSchema) create the partitions for every day
@@ -161,8 +158,8 @@ func WithClock(now func() time.Time) Option {
 // partitioned table share its retention, since a dropped day holds the claims
 // of all of them. The dialect must implement dialect.Partitioner. Default is
 // a plain, unpartitioned table.
-func WithDailyPartitions(leadDays int) Option {
-	return optionFunc(func(c *config) error {
+func WithDailyPartitions(leadDays int) TableOption {
+	return tableOptionFunc(func(c *config) error {
 		if leadDays < 1 {
 			return fmt.Errorf("idempotent: WithDailyPartitions: %d lead days, want at least 1", leadDays)
 		}
@@ -212,13 +209,6 @@ func checkHorizonName(d dialect.Dialect, t dialect.Table) error {
 	}
 	return nil
 }
-
-// Retention returns the retention window.
-func (m *Middleware) Retention() time.Duration { return m.ret.window }
-
-// Partitioned reports whether the Middleware runs in partitioned mode
-// (WithDailyPartitions).
-func (m *Middleware) Partitioned() bool { return m.ret.part != nil }
 
 func (m *Middleware) now() time.Time { return m.ret.clock() }
 
@@ -309,22 +299,7 @@ func (e *noPartitionError) Unwrap() error { return e.err }
 func (m *Middleware) noPartition(err error, unchecked bool, idx []int, at []time.Time) error {
 	// checkEvent let at through, so its day is inside the window: the
 	// partition is not there yet (or was removed by hand).
-	distinct := make([]time.Time, len(at))
-	for i, d := range at {
-		distinct[i] = eventDay(d)
-	}
-	slices.SortFunc(distinct, time.Time.Compare)
-	distinct = slices.CompactFunc(distinct, time.Time.Equal)
-	which := "event day " + distinct[0].Format(time.DateOnly)
-	if len(distinct) > 1 {
-		ds := make([]string, len(distinct))
-		for i, d := range distinct {
-			ds[i] = d.Format(time.DateOnly)
-		}
-		which = "one of the event days " + strings.Join(ds, ", ")
-	}
-	nerr := fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-		ErrNoPartition, m.table, which, m.ret.leadDays, err)
+	nerr := m.Config().ClaimError(err, at...)
 	if !unchecked {
 		return nerr
 	}

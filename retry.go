@@ -82,9 +82,9 @@ func (p RetryPolicy) Backoff(attempt int) time.Duration {
 // error is retried only when the transaction itself suffered it (see the
 // package documentation). opts may be nil.
 //
-// RunTx is the retry loop of Process without the claim: use it for work that
+// RunTx is the retry loop of ProcessMessage without the claim: use it for work that
 // is idempotent by other means, such as a natural-key insert. The same guard
-// as Process applies (see GuardConnector), and like every entry point that
+// as ProcessMessage applies (see GuardConnector), and like every entry point that
 // begins a transaction it refuses a handler's context with ErrAutocommit. A
 // panic in fn rolls back and re-panics. After p.MaxAttempts failed attempts
 // the error matches ErrRetriesExhausted and wraps the last failure.
@@ -104,7 +104,7 @@ func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptio
 	return err
 }
 
-// runner is the transaction-and-retry loop shared by Process and RunTx.
+// runner is the transaction-and-retry loop shared by every entry point and RunTx.
 type runner struct {
 	db      *sql.DB
 	d       dialect.Dialect
@@ -142,8 +142,8 @@ type attemptState struct {
 }
 
 // run runs body in transactions until one commits, an error is not
-// retryable, the policy is exhausted or ctx ends. It returns the number of
-// attempts made. key is only passed on to onRetry.
+// retryable, the policy is exhausted or ctx ends (RetryPolicy.Run). It
+// returns the number of attempts made. key is only passed on to onRetry.
 //
 // A ctx that carries a claim's token is a handler's: run refuses it at once,
 // before taking a connection (see refuseNested).
@@ -151,29 +151,53 @@ func (r *runner) run(ctx context.Context, key string, body func(context.Context,
 	if err := refuseNested(ctx); err != nil {
 		return 0, err
 	}
-	for attempt := 1; ; attempt++ {
-		class, err := r.once(ctx, body)
+	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
+	if r.onRetry != nil {
+		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
+			r.onRetry(ctx, key, attempt, class, err, backoff)
+		}
+	}
+	return r.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) { return r.once(ctx, body) }, retried)
+}
+
+// Run is the one retry loop of this module and of the driver packages
+// built on it (idempgx): it runs attempt until it succeeds, fails with an
+// error whose class is not retryable, or that matches context.Canceled or
+// context.DeadlineExceeded, the policy's MaxAttempts are used up (the error
+// is then a *RetriesExhaustedError wrapping the last failure) or ctx ends
+// (the error then matches ctx.Err() too). Between attempts it sleeps for
+// Backoff(attempt), with no transaction open — attempt must have ended its
+// transaction, committed or rolled back, before it returns — and first
+// tells retried, if not nil, of the failure it is about to retry.
+//
+// attempt runs one whole transaction and returns its failure with the
+// dialect's classification of the failure that decided it (dialect.Class{}
+// for one that must not be retried, such as a handler's own error). It
+// returns the number of attempts made.
+func (p RetryPolicy) Run(ctx context.Context, attempt func(ctx context.Context) (dialect.Class, error), retried func(attempt int, class dialect.Class, err error, backoff time.Duration)) (int, error) {
+	for n := 1; ; n++ {
+		class, err := attempt(ctx)
 		if err == nil {
-			return attempt, nil
+			return n, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			if errors.Is(err, ctxErr) {
-				return attempt, err
+				return n, err
 			}
-			return attempt, errors.Join(ctxErr, err)
+			return n, errors.Join(ctxErr, err)
 		}
 		if !class.Retryable() || contextError(err) {
-			return attempt, err
+			return n, err
 		}
-		if attempt >= r.policy.MaxAttempts {
-			return attempt, &RetriesExhaustedError{Attempts: attempt, Err: err}
+		if n >= p.MaxAttempts {
+			return n, &RetriesExhaustedError{Attempts: n, Err: err}
 		}
-		wait := r.policy.Backoff(attempt)
-		if r.onRetry != nil {
-			r.onRetry(ctx, key, attempt, class, err, wait)
+		wait := p.Backoff(n)
+		if retried != nil {
+			retried(n, class, err, wait)
 		}
 		if serr := sleep(ctx, wait); serr != nil {
-			return attempt, errors.Join(serr, err)
+			return n, errors.Join(serr, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func TestRetriesExhausted(t *testing.T) {
 		want = append(want, "BEGIN", claimSQL, "ROLLBACK")
 	}
 
-	got, err := mw.Process(context.Background(), key, effect)
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if got != 0 || !errors.Is(err, idempotent.ErrRetriesExhausted) {
 		t.Fatalf("got (%v, %v), want ErrRetriesExhausted", got, err)
 	}
@@ -186,7 +187,7 @@ func TestBackoffObserved(t *testing.T) {
 		r.mock.ExpectRollback()
 	}
 	expectApplied(r.mock, key)
-	if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	bounds := [][2]time.Duration{{time.Millisecond, 2 * time.Millisecond}, {2 * time.Millisecond, 4 * time.Millisecond}, {2500 * time.Microsecond, 5 * time.Millisecond}}
@@ -210,4 +211,66 @@ func sqlmockDB(t *testing.T) (*sql.DB, sqlmock.Sqlmock) {
 	r := newRecorded(t)
 	t.Cleanup(func() { r.wantCalls(t) })
 	return r.db, r.mock
+}
+
+// TestRetryPolicyRun: the one retry loop, as the driver packages call it.
+func TestRetryPolicyRun(t *testing.T) {
+	ctx := context.Background()
+	p := idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Microsecond, MaxBackoff: time.Microsecond}
+	serialization := dialect.Class{Kind: dialect.KindSerialization, Code: "40001"}
+	boom := errors.New("boom")
+	type retry struct {
+		attempt int
+		class   dialect.Class
+	}
+	for _, c := range []struct {
+		name     string
+		fails    []dialect.Class // the class of each failing attempt; then success
+		err      error           // the failure of every failing attempt
+		want     int             // attempts made
+		wantErr  func(error) bool
+		retrieds []retry
+	}{
+		{"success at once", nil, nil, 1, func(err error) bool { return err == nil }, nil},
+		{"retried, then success", []dialect.Class{serialization}, boom, 2, func(err error) bool { return err == nil }, []retry{{1, serialization}}},
+		{"not retryable", []dialect.Class{{}}, boom, 1, func(err error) bool { return errors.Is(err, boom) && !errors.Is(err, idempotent.ErrRetriesExhausted) }, nil},
+		{"a context error is never retried", []dialect.Class{serialization}, context.DeadlineExceeded, 1, func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }, nil},
+		{"exhausted", []dialect.Class{serialization, serialization, serialization, serialization}, boom, 3, func(err error) bool {
+			var re *idempotent.RetriesExhaustedError
+			return errors.As(err, &re) && re.Attempts == 3 && errors.Is(err, boom) && errors.Is(err, idempotent.ErrRetriesExhausted)
+		}, []retry{{1, serialization}, {2, serialization}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := 0
+			var got []retry
+			attempts, err := p.Run(ctx, func(context.Context) (dialect.Class, error) {
+				n++
+				if n <= len(c.fails) {
+					return c.fails[n-1], c.err
+				}
+				return dialect.Class{}, nil
+			}, func(attempt int, class dialect.Class, err error, backoff time.Duration) {
+				if !errors.Is(err, c.err) || backoff > time.Microsecond {
+					t.Errorf("retried with %v after %v", err, backoff)
+				}
+				got = append(got, retry{attempt, class})
+			})
+			if attempts != c.want || n != c.want || !c.wantErr(err) {
+				t.Fatalf("Run = (%d, %v) after %d attempts, want %d", attempts, err, n, c.want)
+			}
+			if !slices.Equal(got, c.retrieds) {
+				t.Fatalf("retried %v, want %v", got, c.retrieds)
+			}
+		})
+	}
+	t.Run("the context ends", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		attempts, err := p.Run(cctx, func(context.Context) (dialect.Class, error) {
+			cancel()
+			return serialization, boom
+		}, nil)
+		if attempts != 1 || !errors.Is(err, context.Canceled) || !errors.Is(err, boom) {
+			t.Fatalf("Run = (%d, %v), want one attempt and an error matching both", attempts, err)
+		}
+	})
 }

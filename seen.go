@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
-	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // Seen is a duplicate pre-check: a fast record of message keys whose claims
@@ -22,7 +21,7 @@ import (
 // cheaper: the claim in the database stays the authority.
 //
 //   - Seen reports whether key was recorded in scope and has not expired.
-//     A true answer makes Process return Duplicate without touching the
+//     A true answer makes ProcessMessage return Duplicate without touching the
 //     database, so it must never be true for a key that was not recorded
 //     in that scope. A miss, or any failure of the store, must answer
 //     false: the message then goes to the claim as usual.
@@ -38,7 +37,7 @@ import (
 // consumer name on different tables, databases or servers — tenants,
 // staging and production sharing one Redis — can share one Seen. Methods
 // must be safe for concurrent use and should return quickly; they are
-// called on the goroutine that called Process.
+// called on the goroutine that called ProcessMessage.
 //
 // # When a Duplicate from the pre-check is safe
 //
@@ -72,9 +71,10 @@ type Seen interface {
 
 // SeenBatch is implemented by a Seen that can answer and record many keys
 // in one call: one round trip to a shared store for a whole batch instead of
-// one per key. ProcessMessages (and ProcessBatch, WrapMessages, WrapBatch)
-// use it when the Seen has it, and Seen and Record key by key otherwise.
-// Its answers follow the rules of Seen and Record, key by key.
+// one per key. ProcessMessages (and ProcessMessagesTx, WrapMessages,
+// WrapMessagesTx) use it when the Seen has it, and Seen and Record key by
+// key otherwise (SeenBatchOf). Its answers follow the rules of Seen and
+// Record, key by key.
 type SeenBatch interface {
 	Seen
 	// SeenKeys reports, for each of keys, what Seen would: a slice as long
@@ -82,6 +82,56 @@ type SeenBatch interface {
 	SeenKeys(ctx context.Context, scope SeenScope, keys []string) []bool
 	// RecordKeys records every one of keys, as Record would.
 	RecordKeys(ctx context.Context, scope SeenScope, keys []string, ttl time.Duration)
+}
+
+// SeenBatchOf returns s as a SeenBatch, the one way the batch entry points
+// consult a pre-check, here and in the driver packages (idempgx): its
+// SeenKeys and RecordKeys are s's own when s is a SeenBatch, else Seen and
+// Record key by key. An answer of s's own SeenKeys that is not one per key
+// counts as a miss for every key. It returns nil for a nil s.
+func SeenBatchOf(s Seen) SeenBatch {
+	if s == nil {
+		return nil
+	}
+	return seenBatch{s}
+}
+
+// seenBatch is SeenBatchOf's SeenBatch.
+type seenBatch struct{ s Seen }
+
+func (b seenBatch) Seen(ctx context.Context, scope SeenScope, key string) bool {
+	return b.s.Seen(ctx, scope, key)
+}
+
+func (b seenBatch) Record(ctx context.Context, scope SeenScope, key string, ttl time.Duration) {
+	b.s.Record(ctx, scope, key, ttl)
+}
+
+func (b seenBatch) SeenKeys(ctx context.Context, scope SeenScope, keys []string) []bool {
+	if sb, ok := b.s.(SeenBatch); ok {
+		if hit := sb.SeenKeys(ctx, scope, keys); len(hit) == len(keys) {
+			return hit
+		}
+		return make([]bool, len(keys))
+	}
+	hit := make([]bool, len(keys))
+	for i, k := range keys {
+		hit[i] = b.s.Seen(ctx, scope, k)
+	}
+	return hit
+}
+
+func (b seenBatch) RecordKeys(ctx context.Context, scope SeenScope, keys []string, ttl time.Duration) {
+	if len(keys) == 0 {
+		return
+	}
+	if sb, ok := b.s.(SeenBatch); ok {
+		sb.RecordKeys(ctx, scope, keys, ttl)
+		return
+	}
+	for _, k := range keys {
+		b.s.Record(ctx, scope, k, ttl)
+	}
 }
 
 // SeenScope is the scope of a pre-check's entries (see Seen): a key
@@ -121,8 +171,9 @@ func (s SeenScope) String() string {
 // pre-check is then left out: every delivery goes to the claim.
 var ErrNoSeenScope = errors.New("idempotent: the claim table's database cannot be named, so the pre-check is left out")
 
-// WithSeen sets a duplicate pre-check (see Seen), consulted by Process,
-// ProcessMessage, ProcessMessages, ProcessTx and the Wrap functions after
+// WithSeen sets a duplicate pre-check (see Seen), consulted by
+// ProcessMessage, ProcessMessages, ProcessMessageTx, ProcessMessagesTx and
+// the Wrap functions after
 // the messages are validated and before a transaction is opened: a message
 // it knows is a Duplicate without touching the database, and a batch it
 // knows whole opens no transaction. Its entries are scoped by
@@ -184,20 +235,38 @@ func (m *Middleware) readSeenScope(ctx context.Context) (SeenScope, error) {
 }
 
 // seenBefore reports whether the pre-check, if any, already knows key.
+// Without a pre-check, or while its scope cannot be read, it is false: the
+// pre-check is left out.
 func (m *Middleware) seenBefore(ctx context.Context, key string) bool {
-	return seencheck.Before[SeenScope](ctx, m.seen, m, key)
+	if m.seen == nil {
+		return false
+	}
+	scope, err := m.SeenScope(ctx)
+	return err == nil && m.seen.Seen(ctx, scope, key)
 }
 
 // seenKeys reports which of keys the pre-check, if any, already knows: nil
 // when there is no pre-check or it is left out.
 func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
-	return seencheck.Known[SeenScope](ctx, m.seen, m, keys)
+	if m.seen == nil {
+		return nil
+	}
+	scope, err := m.SeenScope(ctx)
+	if err != nil {
+		return nil
+	}
+	return m.seenBatch.SeenKeys(ctx, scope, keys)
 }
 
 // recordSeenKeys tells the pre-check, if any, that keys' claims are
 // committed.
 func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
-	seencheck.After[SeenScope](ctx, m.seen, m, keys, m.ret.window)
+	if m.seen == nil || len(keys) == 0 {
+		return
+	}
+	if scope, err := m.SeenScope(ctx); err == nil {
+		m.seenBatch.RecordKeys(ctx, scope, keys, m.ret.window)
+	}
 }
 
 // recordSeen tells the pre-check, if any, that key's claim is committed.

@@ -103,7 +103,7 @@ func TestSeenHitSendsNothing(t *testing.T) {
 	r := newRecorded(t)
 	s := &recordingSeen{known: map[string]bool{entry(scope, key): true}}
 	mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
-	got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error {
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error {
 		t.Error("the handler ran for a known duplicate")
 		return nil
 	})
@@ -128,7 +128,7 @@ func TestSeenMissGoesToClaimAndRecordsAfterCommit(t *testing.T) {
 	}}
 	mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s), idempotent.WithRetention(48*time.Hour))
 	expectApplied(r.mock, key)
-	got, err := mw.Process(context.Background(), key, effect)
+	got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 	if err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
@@ -146,7 +146,7 @@ func TestSeenNotRecordedWhenTheClaimRolledBack(t *testing.T) {
 	expectClaim(r.mock, key, 1)
 	r.mock.ExpectRollback()
 	boom := errors.New("boom")
-	if _, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { return boom }); !errors.Is(err, boom) {
+	if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
 	if len(s.recorded) != 0 {
@@ -250,7 +250,7 @@ func TestSeenScopeReadOnceFromTheDatabase(t *testing.T) {
 	mw := newSeenMiddleware(t, r, pg, idempotent.WithSeen(s))
 	r.mock.ExpectQuery(identitySQL).WithArgs(identityArgs[0]).WillReturnRows(sqlmock.NewRows([]string{"identity"}).AddRow(database))
 	for i := 0; i < 3; i++ {
-		if got, err := mw.Process(ctx, key, effect); err != nil || got != idempotent.Duplicate {
+		if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 			t.Fatalf("delivery %d: got (%v, %v), want duplicate", i, got, err)
 		}
 	}
@@ -302,7 +302,7 @@ func TestSeenScopeUnreadableLeavesThePreCheckOut(t *testing.T) {
 			mw := newSeenMiddleware(t, r, d, idempotent.WithSeen(s))
 			for i := 0; i < 3; i++ {
 				expectApplied(r.mock, fmt.Sprint(key, i))
-				if got, err := mw.Process(ctx, fmt.Sprint(key, i), effect); err != nil || got != idempotent.Applied {
+				if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: fmt.Sprint(key, i)}, effect); err != nil || got != idempotent.Applied {
 					t.Fatalf("delivery %d: got (%v, %v), want applied by the claim", i, got, err)
 				}
 			}
@@ -336,17 +336,17 @@ func TestSeenScopeTablesApart(t *testing.T) {
 	a := newSeenMiddleware(t, r, nil, idempotent.WithSeen(lru))
 	b := newSeenMiddleware(t, r, nil, idempotent.WithSeen(lru), idempotent.WithTable("app.processed_messages"))
 	expectApplied(r.mock, key)
-	if got, err := a.Process(ctx, key, effect); err != nil || got != idempotent.Applied {
+	if got, err := a.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("first table: got (%v, %v), want applied", got, err)
 	}
 	r.mock.ExpectBegin()
 	r.mock.ExpectExec(pg.ClaimSQL(dialect.Table{Schema: "app", Name: "processed_messages"})).WithArgs(consumer, key).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectEffect(r.mock)
 	r.mock.ExpectCommit()
-	if got, err := b.Process(ctx, key, effect); err != nil || got != idempotent.Applied {
+	if got, err := b.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("second table: got (%v, %v), want applied", got, err)
 	}
-	if got, err := a.Process(ctx, key, effect); err != nil || got != idempotent.Duplicate {
+	if got, err := a.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
 		t.Fatalf("first table again: got (%v, %v), want duplicate from the pre-check", got, err)
 	}
 }
@@ -408,7 +408,7 @@ func TestSeenBatch(t *testing.T) {
 			expectEffect(r.mock)
 			r.mock.ExpectCommit()
 			var fresh []int
-			outs, err := mw.ProcessBatch(ctx, keys, func(ctx context.Context, tx *sql.Tx, f []int) error {
+			outs, err := mw.ProcessMessages(ctx, keyMessages(keys...), func(ctx context.Context, tx *sql.Tx, f []int) error {
 				fresh = f
 				return effect(ctx, tx)
 			})
@@ -429,7 +429,7 @@ func TestSeenBatch(t *testing.T) {
 		r := newRecorded(t)
 		s := &recordingSeen{known: map[string]bool{entry(scope, "a"): true, entry(scope, "b"): true, entry(scope, "c"): true}}
 		mw := newSeenMiddleware(t, r, nil, idempotent.WithSeen(s))
-		outs, err := mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error {
+		outs, err := mw.ProcessMessages(ctx, keyMessages(keys...), func(context.Context, *sql.Tx, []int) error {
 			t.Error("the handler ran for known duplicates")
 			return nil
 		})
@@ -447,7 +447,7 @@ func TestSeenBatch(t *testing.T) {
 			WillReturnRows(sqlmock.NewRows([]string{"message_key"}).AddRow("a").AddRow("b").AddRow("c"))
 		r.mock.ExpectRollback()
 		boom := errors.New("boom")
-		if _, err := mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error { return boom }); !errors.Is(err, boom) {
+		if _, err := mw.ProcessMessages(ctx, keyMessages(keys...), func(context.Context, *sql.Tx, []int) error { return boom }); !errors.Is(err, boom) {
 			t.Fatalf("err = %v, want boom", err)
 		}
 		if len(s.recorded) != 0 {
@@ -462,10 +462,49 @@ func TestSeenBatch(t *testing.T) {
 		r.mock.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg([]string{"a", "b", "c"})).
 			WillReturnRows(sqlmock.NewRows([]string{"message_key"}))
 		r.mock.ExpectRollback()
-		outs, err := mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error { return nil })
+		outs, err := mw.ProcessMessages(ctx, keyMessages(keys...), func(context.Context, *sql.Tx, []int) error { return nil })
 		if err != nil || slices.Contains(outs, idempotent.Applied) {
 			t.Fatalf("got (%v, %v), want four duplicates found by the claim", outs, err)
 		}
 		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK")
 	})
+}
+
+// TestSeenBatchOf: a batch is asked and recorded in one call where the
+// pre-check is a SeenBatch, key by key otherwise; an answer of the wrong
+// length is a miss for every key.
+func TestSeenBatchOf(t *testing.T) {
+	ctx := context.Background()
+	scope := idempotent.SeenScope{Database: "db", Table: "claims", Consumer: consumer}
+	keys := []string{"a", "b", "c"}
+	known := map[string]bool{entry(scope, "b"): true}
+	if idempotent.SeenBatchOf(nil) != nil {
+		t.Fatal("SeenBatchOf(nil) is not nil")
+	}
+	one := &recordingSeen{known: known}
+	b := idempotent.SeenBatchOf(one)
+	if got := b.SeenKeys(ctx, scope, keys); !slices.Equal(got, []bool{false, true, false}) || one.asked != 3 {
+		t.Fatalf("key by key: %v in %d asks", got, one.asked)
+	}
+	b.RecordKeys(ctx, scope, keys, time.Hour)
+	b.RecordKeys(ctx, scope, nil, time.Hour)
+	if want := []string{consumer + "/a", consumer + "/b", consumer + "/c"}; !slices.Equal(one.recorded, want) {
+		t.Fatalf("recorded %v, want %v", one.recorded, want)
+	}
+	many := &batchSeen{recordingSeen: recordingSeen{known: known}}
+	b = idempotent.SeenBatchOf(many)
+	if got := b.SeenKeys(ctx, scope, keys); !slices.Equal(got, []bool{false, true, false}) || many.batchAsks != 1 {
+		t.Fatalf("a batch: %v in %d batch asks, want one", got, many.batchAsks)
+	}
+	b.RecordKeys(ctx, scope, keys, time.Hour)
+	if many.batchRecords != 1 || len(many.recorded) != 3 {
+		t.Fatalf("a batch recorded in %d calls: %v", many.batchRecords, many.recorded)
+	}
+	many.wrongLength = true
+	if got := b.SeenKeys(ctx, scope, keys); slices.Contains(got, true) || len(got) != 3 {
+		t.Fatalf("an answer of the wrong length: %v, want three misses", got)
+	}
+	if !b.Seen(ctx, scope, "b") || b.Seen(ctx, scope, "a") {
+		t.Fatal("Seen does not ask the pre-check")
+	}
 }

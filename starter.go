@@ -4,8 +4,8 @@ import "context"
 
 // A Starter is an [Observer] that is also told when a delivery starts. When
 // the Observer given to [WithObserver] implements Starter, the middleware
-// calls Start once per call of Process, ProcessMessage, ProcessNatural and
-// ProcessMessageTx (and of the Wrap functions built on them), before the key
+// calls Start once per call of ProcessMessage, ProcessNatural and
+// ProcessMessageTx (and of WrapMessage and WrapMessageTx, built on them), before the key
 // is checked and before the first attempt, on the caller's goroutine.
 //
 // The context Start returns replaces the caller's for the rest of the call:
@@ -15,8 +15,9 @@ import "context"
 // the delivery's, and ends it in Outcome. Start must return a context
 // derived from ctx; a nil return leaves ctx unchanged.
 //
-// ProcessMessages, ProcessBatch, WrapMessages and WrapBatch do not call Start: their observer hears one
-// Outcome per message, with the caller's context.
+// ProcessMessages, ProcessMessagesTx, WrapMessages and WrapMessagesTx do
+// not call Start: their observer hears one Outcome per message, with the
+// caller's context.
 type Starter interface {
 	Start(ctx context.Context, consumer, key string) context.Context
 }

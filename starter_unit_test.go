@@ -62,26 +62,26 @@ func TestStarterContextReachesAttemptsRetryAndOutcome(t *testing.T) {
 		script func(r *recorded)
 		call   func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error)
 	}{
-		{"Process", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
-			return mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+		{"ProcessMessage", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
+			return mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 				marked(t, ctx)
 				return effect(ctx, tx)
 			})
 		}},
-		{"Wrap", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
-			h := idempotent.Wrap(mw, func(k string) (string, error) { return k, nil }, func(ctx context.Context, tx *sql.Tx, _ string) error {
+		{"WrapMessage", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
+			h := idempotent.WrapMessage(mw, func(k string) (idempotent.Message, error) { return idempotent.Message{Key: k}, nil }, func(ctx context.Context, tx *sql.Tx, _ string) error {
 				marked(t, ctx)
 				return effect(ctx, tx)
 			})
 			return h(context.Background(), key)
 		}},
-		{"ProcessTx", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
+		{"ProcessMessageTx", scriptClaimRetry, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
 			begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, *sql.Tx, error) {
 				marked(t, ctx)
 				tx, err := db.BeginTx(ctx, opts)
 				return tx, tx, err
 			}
-			return idempotent.ProcessTx(context.Background(), mw, key, begin, func(ctx context.Context, tx *sql.Tx) error {
+			return idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: key}, begin, func(ctx context.Context, tx *sql.Tx) error {
 				marked(t, ctx)
 				return effect(ctx, tx)
 			})
@@ -94,7 +94,7 @@ func TestStarterContextReachesAttemptsRetryAndOutcome(t *testing.T) {
 			expectEffect(r.mock)
 			r.mock.ExpectCommit()
 		}, func(t *testing.T, mw *idempotent.Middleware) (idempotent.Outcome, error) {
-			return mw.ProcessNatural(context.Background(), key, func(ctx context.Context, tx *sql.Tx) (bool, error) {
+			return mw.ProcessNatural(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 				marked(t, ctx)
 				return true, effect(ctx, tx)
 			})
@@ -137,7 +137,7 @@ func TestStarterSeesRejectedKey(t *testing.T) {
 	r := newRecorded(t)
 	s := &starter{r: r}
 	mw := newMiddleware(t, r, idempotent.WithObserver(s))
-	if _, err := mw.Process(context.Background(), "", effect); err == nil {
+	if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: ""}, effect); err == nil {
 		t.Fatal("empty key accepted")
 	}
 	if len(s.starts) != 1 || s.only(t).Err == nil || s.unseen != 0 {
@@ -150,7 +150,7 @@ func TestStarterNilContext(t *testing.T) {
 	r := newRecorded(t)
 	mw := newMiddleware(t, r, idempotent.WithObserver(&nilStarter{}))
 	expectApplied(r.mock, key)
-	if got, err := mw.Process(context.Background(), key, effect); got != idempotent.Applied || err != nil {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); got != idempotent.Applied || err != nil {
 		t.Fatalf("got (%v, %v), want Applied", got, err)
 	}
 }

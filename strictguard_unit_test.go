@@ -36,7 +36,7 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("0"))
 		r.mock.ExpectRollback()
 
-		_, err := mw.Process(context.Background(), key, failing)
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, failing)
 		if !errors.Is(err, idempotent.ErrAutocommit) || !errors.Is(err, errHandler) || !strings.Contains(err.Error(), "CLAIM COMMITTED WITHOUT ITS FULL EFFECT") {
 			t.Fatalf("got %v, want ErrAutocommit saying the claim committed, and the handler's error", err)
 		}
@@ -52,7 +52,7 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("731"))
 		r.mock.ExpectRollback()
 
-		_, err := mw.Process(context.Background(), key, failing)
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, failing)
 		if !errors.Is(err, errHandler) || errors.Is(err, idempotent.ErrAutocommit) {
 			t.Fatalf("got %v, want the handler's error alone", err)
 		}
@@ -78,7 +78,7 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnRows(txid("732"))
 		r.mock.ExpectCommit()
 
-		if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 			t.Fatalf("got (%v, %v), want applied after one retry", got, err)
 		}
 		r.wantCalls(t, "BEGIN", claimSQL, txidSQL, effectSQL, dialect.ProbeSavepointSQL, "ROLLBACK", "BEGIN", claimSQL, txidSQL, effectSQL, txidSQL, "COMMIT")
@@ -93,7 +93,7 @@ func TestStrictGuardOnTheErrorPath(t *testing.T) {
 		r.mock.ExpectQuery(txidSQL).WillReturnError(errors.New("current transaction is aborted"))
 		r.mock.ExpectRollback()
 
-		_, err := mw.Process(context.Background(), key, failing)
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, failing)
 		if !errors.Is(err, errHandler) || errors.Is(err, idempotent.ErrAutocommit) || strings.Contains(err.Error(), "aborted") {
 			t.Fatalf("got %v, want the handler's error alone: an unreadable id proves nothing", err)
 		}

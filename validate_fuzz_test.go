@@ -85,7 +85,7 @@ func FuzzProcessKey(f *testing.F) {
 		fuzzCheckRejection(t, err, ErrInvalidKey)
 		before := conn.dials.Load()
 		ran := false
-		outcome, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { ran = true; return nil })
+		outcome, err := mw.ProcessMessage(context.Background(), Message{Key: key}, func(context.Context, *sql.Tx) error { ran = true; return nil })
 		if outcome != 0 || ran {
 			t.Fatalf("Process(%q): outcome %v, handler ran %v; want neither", key, outcome, ran)
 		}
@@ -93,7 +93,7 @@ func FuzzProcessKey(f *testing.F) {
 		if n := conn.dials.Load() - before; n != 0 {
 			t.Fatalf("Process(%q) with an invalid key opened %d connections", key, n)
 		}
-		if _, err := mw.Claim(context.Background(), &sql.Tx{}, key); !errors.Is(err, ErrInvalidKey) {
+		if _, err := mw.ClaimMessage(context.Background(), &sql.Tx{}, Message{Key: key}); !errors.Is(err, ErrInvalidKey) {
 			t.Fatalf("Claim(%q) = %v, want ErrInvalidKey", key, err)
 		}
 	})
@@ -126,8 +126,8 @@ func FuzzNewConsumer(f *testing.F) {
 			t.Fatal("New opened a connection")
 		}
 		if want {
-			if mw.Consumer() != consumer {
-				t.Fatalf("Consumer() = %q, want %q", mw.Consumer(), consumer)
+			if mw.Config().Consumer != consumer {
+				t.Fatalf("Consumer() = %q, want %q", mw.Config().Consumer, consumer)
 			}
 			return
 		}
@@ -165,8 +165,8 @@ func FuzzNewTable(f *testing.F) {
 			t.Fatalf("New(WithTable(%q)) = %v but ParseTable says %v", name, err, perr)
 		}
 		if err == nil {
-			if mw.Table() != name {
-				t.Fatalf("Table() = %q, want %q", mw.Table(), name)
+			if mw.Config().Table != name {
+				t.Fatalf("Table() = %q, want %q", mw.Config().Table, name)
 			}
 			return
 		}

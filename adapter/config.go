@@ -225,7 +225,7 @@ func (c *Config[T]) Check(mw *idempotent.Middleware) error {
 			return fmt.Errorf("%w; WithoutEventTime reads none", err)
 		}
 	}
-	c.checked, c.partition = mw, mw.Partitioned()
+	c.checked, c.partition = mw, mw.Config().Partitioned()
 	return nil
 }
 
@@ -247,7 +247,8 @@ func (c *Config[T]) Rule() Rule {
 		r.Backoff = idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.retryInit, MaxBackoff: c.retryMax}
 	}
 	if c.checked != nil {
-		r.ClockSkew, r.Now = c.checked.ClockSkew(), c.checked.Now
+		cfg := c.checked.Config()
+		r.ClockSkew, r.Now = cfg.ClockSkew, cfg.Clock
 	}
 	return r
 }

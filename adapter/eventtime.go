@@ -51,9 +51,12 @@ var ErrNoProducerEventTime = errors.New("adapter: the claim table is partitioned
 // than terminating every message later. adapterName names the adapter in
 // the error.
 func CheckEventTimeSource(mw *idempotent.Middleware, adapterName string, producer bool) error {
-	if mw != nil && mw.Partitioned() && !producer {
+	if mw == nil || producer {
+		return nil
+	}
+	if cfg := mw.Config(); cfg.Partitioned() {
 		return fmt.Errorf("%s: %w (claim table %s): read it from the %s header (the default) or a function over the payload",
-			adapterName, ErrNoProducerEventTime, mw.Table(), EventTimeHeader)
+			adapterName, ErrNoProducerEventTime, cfg.Table, EventTimeHeader)
 	}
 	return nil
 }

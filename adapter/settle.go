@@ -63,10 +63,12 @@ type Rule struct {
 	// event time may be and still be requeued until the clock catches up.
 	// Default DefaultFutureBound.
 	FutureBound time.Duration
-	// ClockSkew is the Middleware's clock-skew margin (its ClockSkew()).
+	// ClockSkew is the Middleware's clock-skew margin (its
+	// Config().ClockSkew).
 	// Default idempotent.DefaultClockSkew.
 	ClockSkew time.Duration
-	// Now is the clock. Default time.Now.
+	// Now is the clock (the Middleware's Config().Clock). Default
+	// time.Now.
 	Now func() time.Time
 	// IsPoison, when set, marks more of a handler's errors as poison,
 	// besides those matching ErrPoison.

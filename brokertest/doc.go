@@ -11,8 +11,9 @@
 // a [ConsumerConfig] the suite gives: the *idempotent.Middleware (the
 // suite's, on a claim table in a schema of the scenario's own, with a
 // clock the suite sets through idempotent.WithClock), the effect, the mode,
-// and a callback the consumer reports each [Settlement] to (ack, requeue,
-// poison, by key). The suite then runs, against the real test Postgres and
+// and an adapter.Observer to give the adapter's WithObserver, from whose
+// events the suite reads each delivery's [Settlement] (ack, requeue,
+// dead-letter, by key). The suite then runs, against the real test Postgres and
 // the adapter's real broker, each as a subtest skipped where the features
 // say it does not apply:
 //
@@ -47,7 +48,10 @@
 //   - StrictGuard: a handler that runs COMMIT on the claim's transaction
 //     is refused (idempotent.ErrAutocommit), never acked, nothing commits;
 //   - TxOptions: idempotent.WithTxOptions reaches the handler's
-//     transaction.
+//     transaction;
+//   - PreCheck: with the duplicate pre-check on (idempotent.WithSeen), a
+//     redelivery is a Duplicate and a message whose first attempt failed
+//     is not taken as seen: each applied exactly once.
 //
 // With Features.Batch every scenario about a mode runs again as
 // "batch/<scenario>" with the adapter's batch consumer, which must settle

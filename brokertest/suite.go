@@ -297,7 +297,7 @@ var scenarios = []scenario{
 		e.clock.Set(now)
 		e.ensureSchema()
 		far, soon := newOrder(10), newOrder(11)
-		skew := e.mw.ClockSkew()
+		skew := e.mw.Config().ClockSkew
 		e.publish(far, now.Add(skew+adapter.DefaultFutureBound+time.Hour), time.Time{}, nil)
 		e.publish(soon, now.Add(skew+30*time.Minute), time.Time{}, nil)
 		e.start(e.config())

@@ -89,7 +89,7 @@ func (b *backend) middleware(t testing.TB, scope idemhttp.ScopeFunc, opts ...ide
 	if err := mw.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h, err := idemhttp.New(b.db, mw, scope, opts...)
+	h, err := idemhttp.New(mw, scope, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

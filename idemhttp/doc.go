@@ -12,7 +12,7 @@
 // byte, without the handler running.
 //
 //	mw, err := idempotent.New(db, postgres.New(), "orders-api", idempotent.WithLockTimeout(200*time.Millisecond))
-//	idem, err := idemhttp.New(db, mw, accountOf) // accountOf: the request's principal
+//	idem, err := idemhttp.New(mw, accountOf) // accountOf: the request's principal
 //	err = mw.EnsureSchema(ctx)                    // the claim table
 //	err = idem.EnsureSchema(ctx)                  // the response table beside it
 //	mux.Handle("POST /orders", idem.Wrap(createOrder))

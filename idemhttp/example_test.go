@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"log"
@@ -39,7 +38,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	idem, err := idemhttp.New(db, mw, accountOf)
+	idem, err := idemhttp.New(mw, accountOf)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -90,11 +89,8 @@ func Example() {
 // runs the handler again, so keep the claim table's retention window
 // (idempotent.WithRetention) longer than any client retries.
 func ExampleMiddleware_Cleanup() {
-	var (
-		db *sql.DB // the service's database
-		mw *idempotent.Middleware
-	)
-	idem, err := idemhttp.New(db, mw, idemhttp.GlobalScope)
+	var mw *idempotent.Middleware // the service's, with its claim table
+	idem, err := idemhttp.New(mw, idemhttp.GlobalScope)
 	if err != nil {
 		log.Fatal(err)
 	}

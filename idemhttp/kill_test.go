@@ -44,7 +44,7 @@ func runChild(spec string) {
 	if err != nil {
 		die(err)
 	}
-	h, err := idemhttp.New(db, mw, idemhttp.GlobalScope)
+	h, err := idemhttp.New(mw, idemhttp.GlobalScope)
 	if err != nil {
 		die(err)
 	}

@@ -31,8 +31,8 @@ type Middleware struct {
 
 // New returns the middleware for the claims of mw — the claim table, the
 // consumer name (use one of its own for the HTTP service, shared by no
-// broker consumer), the retry policy, the lock timeout — on db, the
-// database mw was created on. scope names the principal of each request
+// broker consumer), the retry policy, the lock timeout — on the database
+// mw was created on. scope names the principal of each request
 // (GlobalScope for none); it is required, because the right answer depends
 // on how the service authenticates, and a wrong default would let one
 // client read another's responses.
@@ -42,17 +42,22 @@ type Middleware struct {
 // can bound the claim's wait, a Middleware without
 // idempotent.WithLockTimeout (ErrNoLockTimeout). It sends nothing to the
 // database; call EnsureSchema (and mw's) before the first request.
-func New(db *sql.DB, mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middleware, error) {
-	if db == nil || mw == nil {
-		return nil, errors.New("idemhttp: New needs a database and an idempotent.Middleware")
+func New(mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middleware, error) {
+	if mw == nil {
+		return nil, errors.New("idemhttp: New needs an idempotent.Middleware")
 	}
+	path, err := adapter.NewPath(mw)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	db := path.DB()
 	if scope == nil {
 		return nil, errors.New("idemhttp: New needs a ScopeFunc (GlobalScope for a service whose clients share one key space)")
 	}
-	if mw.Partitioned() {
+	if mw.Config().Partitioned() {
 		return nil, fmt.Errorf("%w (%w)", ErrPartitioned, adapter.ErrNoProducerEventTime)
 	}
-	if mw.LockTimeout() <= 0 && mw.Dialect().LockTimeoutSQL(time.Second) != "" {
+	if mw.Config().LockTimeout <= 0 && mw.Config().Dialect.LockTimeoutSQL(time.Second) != "" {
 		return nil, fmt.Errorf("%w: without it a retry of a request still in flight waits for it instead of getting a 409", ErrNoLockTimeout)
 	}
 	cfg := defaultConfig()
@@ -61,7 +66,7 @@ func New(db *sql.DB, mw *idempotent.Middleware, scope ScopeFunc, opts ...Option)
 			return nil, err
 		}
 	}
-	claims, err := dialect.ParseTable(mw.Table())
+	claims, err := dialect.ParseTable(mw.Config().Table)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: claim table: %w", err)
 	}
@@ -76,7 +81,7 @@ func New(db *sql.DB, mw *idempotent.Middleware, scope ScopeFunc, opts ...Option)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: response table: %w", err)
 	}
-	st, err := newStatements(mw.Dialect().Name(), resp, claims)
+	st, err := newStatements(mw.Config().Dialect.Name(), resp, claims)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +213,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			}
 			return
 		}
-		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.mw.Consumer()))
+		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.mw.Config().Consumer))
 	})
 }
 

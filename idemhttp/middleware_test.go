@@ -82,7 +82,7 @@ func TestBadKeys(t *testing.T) {
 	mw, h := b.middleware(t, idemhttp.GlobalScope)
 	s := server(t, h.Wrap(a))
 	c := s.Client()
-	long := strings.Repeat("k", mw.Dialect().MaxKeyBytes())
+	long := strings.Repeat("k", mw.Config().Dialect.MaxKeyBytes())
 	for name, key := range map[string]string{
 		"missing":      "",
 		"too long":     long,
@@ -435,15 +435,15 @@ func TestNewRefuses(t *testing.T) {
 		"bad table":       {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithResponseTable("Bad-Name")}, nil},
 		"bad option":      {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithMaxResponseBody(0)}, nil},
 	} {
-		_, err := idemhttp.New(b.db, c.mw, c.scope, c.opts...)
+		_, err := idemhttp.New(c.mw, c.scope, c.opts...)
 		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want an error matching %v", name, err, c.want)
 		}
 	}
-	if _, err := idemhttp.New(b.db, newMW(withTimeout, idempotent.WithDailyPartitions(2)), idemhttp.GlobalScope); !errors.Is(err, adapter.ErrNoProducerEventTime) {
+	if _, err := idemhttp.New(newMW(withTimeout, idempotent.WithDailyPartitions(2)), idemhttp.GlobalScope); !errors.Is(err, adapter.ErrNoProducerEventTime) {
 		t.Errorf("partitioned: %v, want an error matching adapter.ErrNoProducerEventTime too", err)
 	}
-	if _, err := idemhttp.New(b.db, newMW(withTimeout), idemhttp.GlobalScope); err != nil {
+	if _, err := idemhttp.New(newMW(withTimeout), idemhttp.GlobalScope); err != nil {
 		t.Errorf("a good configuration: %v", err)
 	}
 }

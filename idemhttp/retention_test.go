@@ -117,7 +117,7 @@ func TestOrphanOverwritten(t *testing.T) {
 	mw, h := b.middleware(t, idemhttp.GlobalScope)
 	s := server(t, h.Wrap(a))
 	first := mustPost(t, s.Client(), s.URL, "k", "o", `{}`)
-	exec(t, b.db, "DELETE FROM "+mw.Table())
+	exec(t, b.db, "DELETE FROM "+mw.Config().Table)
 	// Younger than the retention window: Cleanup keeps it, as it keeps a
 	// response that a first request is re-writing at the same moment.
 	if n, err := h.Cleanup(context.Background(), 0); err != nil || n != 0 {

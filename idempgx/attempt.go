@@ -67,37 +67,19 @@ func (a *attempt) violate(err error) {
 	}
 }
 
-// run runs attempts until one ends, as the core's retry loop does. outcome
-// is set to Applied or Duplicate.
+// run runs attempts until one ends, in the core's one retry loop
+// (idempotent.RetryPolicy.Run). outcome is set to Applied or Duplicate.
 func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, outcome *idempotent.Outcome) (int, error) {
-	for n := 1; ; n++ {
-		class, err := m.once(ctx, c, body, outcome)
-		if err == nil {
-			return n, nil
-		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			if errors.Is(err, ctxErr) {
-				return n, err
-			}
-			return n, errors.Join(ctxErr, err)
-		}
-		if !class.Retryable() || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return n, err
-		}
-		if n >= m.policy.MaxAttempts {
-			return n, &idempotent.RetriesExhaustedError{Attempts: n, Err: err}
-		}
-		wait := m.policy.Backoff(n)
-		if m.observer != nil {
+	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
+	if m.observer != nil {
+		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
 			m.observer.Retry(ctx, idempotent.RetryEvent{
-				Consumer: m.consumer, Key: key, Attempt: n, Reason: class.Kind.String(),
-				Code: class.Code, Err: err, Backoff: wait,
+				Consumer: m.consumer, Key: key, Attempt: attempt, Reason: class.Kind.String(),
+				Code: class.Code, Err: err, Backoff: backoff,
 			})
 		}
-		if serr := sleep(ctx, wait); serr != nil {
-			return n, errors.Join(serr, err)
-		}
 	}
+	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) { return m.once(ctx, c, body, outcome) }, retried)
 }
 
 // once runs one attempt: BEGIN and the claim in one round trip, then the
@@ -222,18 +204,4 @@ func (a *attempt) rollback(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, _ = a.l.c.Exec(rctx, "rollback")
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

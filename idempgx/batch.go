@@ -12,25 +12,57 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // BatchFunc applies the effects of a batch's new messages inside the
 // transaction that claimed them, as idempotent.BatchFunc does: fresh holds
-// the indexes, in the batch given to ProcessBatch, of the messages whose
-// claims were new, in ascending order, and is never empty.
+// the indexes, in the batch given to ProcessMessages, of the messages
+// whose claims were new, in ascending order, and is never empty.
 type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) error
 
-// ProcessBatch is ProcessMessages for messages known by their keys alone
-// (no event times): keys[i] is message i's key. In partitioned mode every
-// message needs its event time, so ProcessBatch refuses any batch there
-// (idempotent.ErrInvalidEventTime): use ProcessMessages.
-func (m *Middleware) ProcessBatch(ctx context.Context, keys []string, fn BatchFunc) ([]idempotent.Outcome, error) {
-	msgs := make([]idempotent.Message, len(keys))
-	for i, k := range keys {
-		msgs[i].Key = k
+// BatchHandler applies the effects of a batch's new decoded messages, given
+// in their order in the batch, inside the transaction that claimed them, as
+// idempotent.BatchHandler does.
+type BatchHandler[M any] func(ctx context.Context, tx pgx.Tx, msgs []M) error
+
+// WrapMessages turns a handler of decoded messages into a function that
+// processes a batch of them exactly once with ProcessMessages, as
+// idempotent.WrapMessages does: h runs once per batch with the new
+// messages, and not at all when every one is a duplicate. If msg fails for
+// any message, the returned function fails the whole batch with an
+// *idempotent.BatchKeyError matching idempotent.ErrInvalidKey that names
+// the message's index, without taking a connection.
+func WrapMessages[M any](m *Middleware, msg func(M) (idempotent.Message, error), h BatchHandler[M]) func(ctx context.Context, msgs []M) ([]idempotent.Outcome, error) {
+	return func(ctx context.Context, vs []M) ([]idempotent.Outcome, error) {
+		if len(vs) == 0 {
+			return nil, nil
+		}
+		fail := func(err error) ([]idempotent.Outcome, error) {
+			m.observe(ctx, "", 0, 0, time.Time{}, err)
+			return nil, err
+		}
+		if msg == nil || h == nil {
+			return fail(errors.New("idempgx: WrapMessages: nil message function or handler"))
+		}
+		if len(vs) > idempotent.MaxBatchSize {
+			return fail(fmt.Errorf("%w: %d messages, the limit is %d", idempotent.ErrBatchTooLarge, len(vs), idempotent.MaxBatchSize))
+		}
+		msgs := make([]idempotent.Message, len(vs))
+		for i, v := range vs {
+			mm, err := msg(v)
+			if err != nil {
+				return fail(&idempotent.BatchKeyError{Index: i, Err: fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)})
+			}
+			msgs[i] = mm
+		}
+		return m.ProcessMessages(ctx, msgs, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+			sel := make([]M, len(fresh))
+			for j, i := range fresh {
+				sel[j] = vs[i]
+			}
+			return h(ctx, tx, sel)
+		})
 	}
-	return m.ProcessMessages(ctx, msgs, fn)
 }
 
 // ProcessMessages applies the effects of a batch of messages exactly once
@@ -111,7 +143,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
 	if hit := m.seenKeys(ctx, c.uniq); hit != nil {
-		if c.uniq, first = seencheck.Unknown(hit, c.uniq, first); len(c.uniq) == 0 {
+		if c.uniq, first = unknown(hit, c.uniq, first); len(c.uniq) == 0 {
 			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
 				outcomes[i] = idempotent.Duplicate

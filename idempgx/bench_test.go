@@ -30,9 +30,9 @@ import (
 //
 //	go test -run '^$' -bench HeadToHead -benchtime 4000x -count 3 ./idempgx
 //
-// ProcessVsHandWritten: Process against hand-written pgx code doing BEGIN,
+// ProcessVsHandWritten: ProcessMessage against hand-written pgx code doing BEGIN,
 // claim, effect and COMMIT as separate statements. DuplicateVsSQL: a
-// duplicate through Process against a duplicate through the database/sql
+// duplicate through ProcessMessage against a duplicate through the database/sql
 // Middleware (pgx's stdlib driver). SeenVsDuplicate: a duplicate answered by
 // the in-process pre-check against the database duplicate path.
 // Allocs/*: allocations per message, one worker; process_event and
@@ -98,7 +98,7 @@ func BenchmarkHeadToHead(b *testing.B) {
 	}
 	process := func() error {
 		k, oid, cid := next()
-		_, err := m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
 		return err
 	}
 	handWritten := func() error {
@@ -120,18 +120,20 @@ func BenchmarkHeadToHead(b *testing.B) {
 		}
 		return tx.Commit(ctx)
 	}
-	if _, err := m.Process(ctx, "dup", func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		b.Fatal(err)
 	}
-	dupPgx := func() error { return expect(m.Process(ctx, "dup", func(context.Context, pgx.Tx) error { return nil })) }
-	dupSQL := func() error {
-		return expect(core.Process(ctx, "dup", func(context.Context, *sql.Tx) error { return nil }))
+	dupPgx := func() error {
+		return expect(m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, pgx.Tx) error { return nil }))
 	}
-	if _, err := ms.Process(ctx, "dup", func(context.Context, pgx.Tx) error { return nil }); err != nil {
+	dupSQL := func() error {
+		return expect(core.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, *sql.Tx) error { return nil }))
+	}
+	if _, err := ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, pgx.Tx) error { return nil }); err != nil {
 		b.Fatal(err)
 	}
 	dupSeen := func() error {
-		return expect(ms.Process(ctx, "dup", func(context.Context, pgx.Tx) error { return nil }))
+		return expect(ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, pgx.Tx) error { return nil }))
 	}
 	at := time.Now().Add(-time.Hour)
 	processEvent := func() error {

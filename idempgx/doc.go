@@ -13,13 +13,15 @@
 // github.com/txclaim/idempotent): one transaction, a claim row inserted with
 // INSERT … ON CONFLICT DO NOTHING, the handler only if the claim is new, claim
 // and effect committed together; retries of serialization failures,
-// deadlocks and lost connections under an idempotent.RetryPolicy; a lock
-// timeout (idempotent.ErrClaimBusy); messages with event times, the
+// deadlocks and lost connections under an idempotent.RetryPolicy, in the
+// core's own loop (idempotent.RetryPolicy.Run); a lock timeout
+// (idempotent.ErrClaimBusy), a claim's failures mapped by the core's
+// idempotent.Config.ClaimError; messages with event times, the
 // retention fence and daily partitions (ProcessMessage); batches in one
 // statement, with the keys (and in partitioned mode their event days) as
-// native []string arrays (ProcessMessages, and ProcessBatch for keys alone);
-// an idempotent.Observer; and the duplicate pre-check
-// (WithSeen, an idempotent.Seen). Errors are the core's values, so
+// native []string arrays (ProcessMessages); the wrappers of decoded
+// messages (WrapMessage, WrapMessages); an idempotent.Observer; and the
+// duplicate pre-check (WithSeen, an idempotent.Seen). Errors are the core's values, so
 // errors.Is(err, idempotent.ErrInvalidKey) and the rest work the same on
 // both paths, and both paths share the claim table.
 //
@@ -57,7 +59,7 @@
 //     ROLLBACK statement run through it is found from the connection's
 //     transaction status before commit; both fail the delivery with an error
 //     matching idempotent.ErrAutocommit. Its Begin opens a savepoint.
-//   - Nested work: Process, ProcessMessage or ProcessMessages called with the
+//   - Nested work: ProcessMessage or ProcessMessages called with the
 //     context a handler was given fails with ErrNested (which matches
 //     idempotent.ErrAutocommit) before taking a connection: the inner call
 //     would commit on another connection, outside the outer claim.

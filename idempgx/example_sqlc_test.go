@@ -94,7 +94,7 @@ func examplePool() (*pgxpool.Pool, string, func()) {
 // A handler written with sqlc-generated pgx code runs inside the claim's
 // transaction through Queries.WithTx. The second delivery of the same
 // message is a duplicate and adds nothing.
-func ExampleMiddleware_Process_sqlc() {
+func ExampleMiddleware_ProcessMessage_sqlc() {
 	pool, schema, done := examplePool()
 	defer done()
 	ctx := context.Background()
@@ -108,7 +108,7 @@ func ExampleMiddleware_Process_sqlc() {
 	queries := NewQueries(pool)
 
 	for i := 0; i < 2; i++ {
-		outcome, err := m.Process(ctx, "order-completed:9912", func(ctx context.Context, tx pgx.Tx) error {
+		outcome, err := m.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx pgx.Tx) error {
 			// sqlc's queries are unqualified; here the example's own schema
 			// stands in for the application's.
 			if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+schema); err != nil {
@@ -132,8 +132,9 @@ func ExampleMiddleware_Process_sqlc() {
 	// points: 10
 }
 
-// Wrap turns a handler of decoded messages into an exactly-once function.
-func ExampleWrap() {
+// WrapMessage turns a handler of decoded messages into an exactly-once
+// function.
+func ExampleWrapMessage() {
 	pool, schema, done := examplePool()
 	defer done()
 	ctx := context.Background()
@@ -148,8 +149,10 @@ func ExampleWrap() {
 		EventID    string
 		CustomerID int64
 	}
-	handle := idempgx.Wrap(m,
-		func(e orderCompleted) (string, error) { return "order-completed:" + e.EventID, nil },
+	handle := idempgx.WrapMessage(m,
+		func(e orderCompleted) (idempotent.Message, error) {
+			return idempotent.Message{Key: "order-completed:" + e.EventID}, nil
+		},
 		func(ctx context.Context, tx pgx.Tx, e orderCompleted) error {
 			_, err := tx.Exec(ctx, "UPDATE "+schema+".balances SET points = points + 10 WHERE customer_id = $1", e.CustomerID)
 			return err

@@ -13,11 +13,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txclaim/idempotent"
+
 	"github.com/txclaim/idempotent/idempgx"
 )
 
-// BenchmarkGrowth measures Process on a claim table already holding
-// IDEMPGX_GROWTH_ROWS claims (default 10⁶) against Process on an empty
+// BenchmarkGrowth measures ProcessMessage on a claim table already holding
+// IDEMPGX_GROWTH_ROWS claims (default 10⁶) against ProcessMessage on an empty
 // table, head to head in one run (8 workers, alternating), for three key
 // shapes: random UUIDv4, time-ordered UUIDv7, and zero-padded sequential
 // numbers. x_faster below 1 is the cost of the full table:
@@ -70,7 +72,7 @@ func BenchmarkGrowth(b *testing.B) {
 			run := func(m *idempgx.Middleware) func() error {
 				return func() error {
 					k := shape.key(seq.Add(1))
-					_, err := m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error {
 						_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (k) VALUES ($1)", k)
 						return err
 					})

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idempgx"
 )
 
@@ -137,4 +138,13 @@ func withOptions(dsn string, options ...string) string {
 		sep = "&"
 	}
 	return dsn + sep + o
+}
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

@@ -72,7 +72,7 @@ func eachMode(t *testing.T, test func(t *testing.T, p *pgxpool.Pool, s, table st
 	}
 }
 
-func claimTable(t *testing.T, p *pgxpool.Pool, opts ...idempotent.Option) *idempotent.ClaimTable {
+func claimTable(t *testing.T, p *pgxpool.Pool, opts ...idempotent.TableOption) *idempotent.ClaimTable {
 	t.Helper()
 	db := stdlib.OpenDBFromPool(p)
 	t.Cleanup(func() { _ = db.Close() })
@@ -144,7 +144,7 @@ func TestHorizonRefusesReplayAfterCleanup(t *testing.T) {
 			t.Fatalf("a batch inside both windows: %v, %v", outs, err)
 		}
 		// No event time: no horizon refuses it.
-		if o, err := m.Process(ctx, "untimed", bump(s, "untimed")); err != nil || o != idempotent.Applied {
+		if o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "untimed"}, bump(s, "untimed")); err != nil || o != idempotent.Applied {
 			t.Fatalf("a message without an event time: %v, %v; want applied", o, err)
 		}
 		keys := []idempotent.Message{{Key: "untimed"}, {Key: "untimed-2"}}

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,14 +25,14 @@ type Func func(ctx context.Context, tx pgx.Tx) error
 // transaction.
 type Handler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
-// ErrNested reports Process (or ProcessMessage, ProcessMessages) called with a
-// context that a Middleware of this package handed to a handler: the inner
+// ErrNested reports ProcessMessage (or ProcessMessages, or a wrapper built
+// on them) called with a context that a Middleware of this package handed to a handler: the inner
 // call would take another connection from the pool and commit its claim and
 // effect on its own, outside the outer claim's transaction, which is the
 // mistake the core calls ErrAutocommit. errors.Is(err,
 // idempotent.ErrAutocommit) holds for it. Nothing was sent to the database.
 // To apply several effects exactly once together, do them in one handler.
-var ErrNested = fmt.Errorf("%w: Process called from inside a handler", idempotent.ErrAutocommit)
+var ErrNested = fmt.Errorf("%w: ProcessMessage called from inside a handler", idempotent.ErrAutocommit)
 
 // Middleware applies message effects exactly once for one consumer, on a
 // pgxpool.Pool. It is safe for concurrent use; create one per consumer and
@@ -57,10 +55,12 @@ type Middleware struct {
 	fencedName  string
 	lockSQL     string
 	lockTimeout time.Duration
+	cfg         idempotent.Config // Config(), for the core's claim-error mapping
 	table       string
 	policy      idempotent.RetryPolicy
 	observer    idempotent.Observer
 	seen        idempotent.Seen
+	seenBatch   idempotent.SeenBatch // SeenBatchOf(seen), for batches
 	retention   time.Duration
 	skew        time.Duration // the clock-skew margin, for the horizon's fence
 	partitioned bool
@@ -133,10 +133,11 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		horizonSQL:  horizonSQL,
 		horizonArgs: horizonArgs,
 		lockTimeout: cfg.lockTimeout,
-		table:       core.Table(),
+		table:       core.Config().Table,
 		policy:      cfg.retry,
 		observer:    cfg.observer,
 		seen:        cfg.seen,
+		seenBatch:   idempotent.SeenBatchOf(cfg.seen),
 		retention:   cfg.retention,
 		skew:        cfg.skew,
 		leadDays:    cfg.leadDays,
@@ -158,6 +159,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	if cfg.iso != "" {
 		m.beginStmt = "begin isolation level " + string(cfg.iso)
 	}
+	m.cfg = m.Config()
 	m.beginName = statementName("begin", m.beginStmt)
 	m.lockName = statementName("lock", m.lockSQL)
 	m.claimName = statementName("claim", m.claimSQL)
@@ -165,16 +167,20 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	return m, nil
 }
 
-// Consumer returns the consumer name given to New.
-func (m *Middleware) Consumer() string { return m.consumer }
-
-// Table returns the claim table's name as configured, unquoted.
-func (m *Middleware) Table() string { return m.table }
+// Config returns what the Middleware was configured with, as
+// idempotent.Middleware.Config does: its consumer, the Postgres dialect,
+// the claim table, the retention settings and the lock timeout. StrictGuard
+// is always false: this path has no strict guard.
+func (m *Middleware) Config() idempotent.Config {
+	cfg := m.core.Config()
+	cfg.LockTimeout = m.lockTimeout
+	return cfg
+}
 
 // Core returns the database/sql Middleware for the same consumer, claim
 // table and retention settings, running on the same pool through pgx's
-// stdlib adapter. Use it for the upkeep this package does not repeat:
-// Cleanup, MaintainPartitions, Partitions. Its claims and this Middleware's
+// stdlib adapter. Use its ClaimTable for the upkeep this package does not
+// repeat: Cleanup, MaintainPartitions, Partitions. Its claims and this Middleware's
 // are the same rows, so the two can serve one consumer side by side.
 func (m *Middleware) Core() *idempotent.Middleware { return m.core }
 
@@ -183,8 +189,8 @@ func (m *Middleware) Core() *idempotent.Middleware { return m.core }
 // partitions).
 func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.EnsureSchema(ctx) }
 
-// Process applies fn's effect for the message with the given key exactly
-// once for this consumer, with the semantics of idempotent.Middleware.Process.
+// ProcessMessage applies fn's effect for msg exactly once for this
+// consumer, with the semantics of idempotent.Middleware.ProcessMessage.
 //
 // It takes a connection from the pool and sends BEGIN (with the isolation
 // level and lock timeout, if set) and the claim's INSERT … ON CONFLICT DO
@@ -194,6 +200,18 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // and the result is idempotent.Duplicate: a duplicate costs two round trips
 // (the pipelined BEGIN and claim, then ROLLBACK). A new message's claim is
 // never committed without its effect: BEGIN travels first in the pipeline.
+//
+// When msg.EventTime is set, a message older than the retention window is
+// refused with an error matching idempotent.ErrBeyondRetention, one later
+// than the clock plus the clock-skew margin with
+// idempotent.ErrInvalidEventTime, before anything is sent; in partitioned
+// mode the event time is required and chooses the claim's partition, and a
+// day without its partition yet fails with idempotent.ErrNoPartition, which
+// is transient. The claim table's retention horizon fences it too, in the
+// claim statement itself (the same round trip): a message older than what a
+// cleanup or a partition drop has already forgotten is refused with
+// idempotent.ErrBeyondRetention whatever this Middleware's window, and so is
+// a day without its partition that the table dropped.
 //
 // An error from fn rolls back claim and effect together and is returned
 // wrapped, at once, unless it is a serialization failure (40001) or a
@@ -209,43 +227,10 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // middleware commits), recording an error matching idempotent.ErrAutocommit
 // that fails the delivery; a COMMIT or ROLLBACK statement run through it is
 // caught the same way, as the connection is then no longer in a transaction.
-// Its Begin opens a savepoint. Process called with fn's ctx fails with
-// ErrNested.
-func (m *Middleware) Process(ctx context.Context, key string, fn Func) (idempotent.Outcome, error) {
-	return m.processAt(ctx, key, time.Time{}, fn)
-}
-
-// ProcessMessage is Process for a message given with its event time, as
-// idempotent.Middleware.ProcessMessage: when msg.EventTime is set, a message
-// older than the retention window is refused with an error matching
-// idempotent.ErrBeyondRetention, one later than the clock plus the
-// clock-skew margin with idempotent.ErrInvalidEventTime, before anything is
-// sent; in partitioned mode the event time is required and chooses the
-// claim's partition, and a day without its partition yet fails with
-// idempotent.ErrNoPartition, which is transient.
-//
-// The claim table's retention horizon fences it too, in the claim statement
-// itself (the same round trip): a message older than what a cleanup or a
-// partition drop has already forgotten is refused with
-// idempotent.ErrBeyondRetention whatever this Middleware's window, and so is
-// a day without its partition that the table dropped.
+// Its Begin opens a savepoint. ProcessMessage called with fn's ctx fails
+// with ErrNested.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
 	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
-}
-
-// ProcessEvent is ProcessMessage for a message with an event time: a zero
-// eventTime is an error matching idempotent.ErrInvalidEventTime.
-//
-// Deprecated: use ProcessMessage with idempotent.Message{Key: key,
-// EventTime: eventTime}, as the core's ProcessEvent is replaced by its
-// ProcessMessage.
-func (m *Middleware) ProcessEvent(ctx context.Context, key string, eventTime time.Time, fn Func) (idempotent.Outcome, error) {
-	if eventTime.IsZero() {
-		err := fmt.Errorf("%w: consumer %q, key %q: zero event time", idempotent.ErrInvalidEventTime, m.consumer, key)
-		m.observe(ctx, key, 0, 0, time.Time{}, err)
-		return 0, err
-	}
-	return m.processAt(ctx, key, eventTime, fn)
 }
 
 func (m *Middleware) processAt(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, error) {
@@ -271,7 +256,7 @@ func (m *Middleware) observe(ctx context.Context, key string, o idempotent.Outco
 
 func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
 	if fn == nil {
-		return 0, 0, errors.New("idempgx: Process: nil function")
+		return 0, 0, errors.New("idempgx: ProcessMessage: nil function")
 	}
 	if ctx.Value(claimKey{}) != nil {
 		return 0, 0, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, ErrNested)
@@ -296,55 +281,35 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 }
 
 // claimError translates a failed claim statement's error into the core's
-// error values; at are the event days of the claim (several for a batch), in
-// partitioned mode. A day without its partition is a *missingDay, which the
-// attempt resolves after its rollback.
+// error values, with the core's own mapping (idempotent.Config.ClaimError);
+// at are the event times of the claim (several for a batch), in partitioned
+// mode. A day without its partition is a *missingDay, which the attempt
+// resolves after its rollback.
 func (m *Middleware) claimError(err error, at ...time.Time) error {
-	if m.partitioned && len(at) > 0 && m.pg.IsNoPartition(err) {
-		days := make([]string, 0, len(at))
-		for _, t := range at {
-			days = append(days, t.UTC().Format(time.DateOnly))
-		}
-		slices.Sort(days)
-		days = slices.Compact(days)
-		which := "event day " + days[0]
-		if len(days) > 1 {
-			which = "one of the event days " + strings.Join(days, ", ")
-		}
-		return &missingDay{
-			err: fmt.Errorf("%w: %s has no partition for %s yet (partitions cover the retention window and %d days ahead; run MaintainPartitions, then deliver again): %w",
-				idempotent.ErrNoPartition, m.table, which, m.leadDays, err),
-			cause: err, ats: at,
-		}
+	cerr := m.cfg.ClaimError(err, at...)
+	if len(at) > 0 && errors.Is(cerr, idempotent.ErrNoPartition) {
+		return &missingDay{err: cerr, cause: err, ats: at}
 	}
-	switch m.pg.Classify(err).Kind {
-	case dialect.KindLockTimeout:
-		if m.lockTimeout == 0 {
-			return fmt.Errorf("%w: %w", idempotent.ErrClaimBusy, err)
-		}
-		return fmt.Errorf("%w (lock timeout %v): %w", idempotent.ErrClaimBusy, m.lockTimeout, err)
-	case dialect.KindUndefinedTable:
-		return fmt.Errorf("%w: %s: %w", idempotent.ErrNoClaimTable, m.table, err)
-	}
-	return fmt.Errorf("idempgx: claim: %w", err)
+	return cerr
 }
 
-// Wrap turns a handler of decoded messages into a function that processes
-// each message exactly once, as idempotent.Wrap does. If key fails, the
-// returned function returns an error matching idempotent.ErrInvalidKey
-// without taking a connection.
-func Wrap[M any](m *Middleware, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
-	return func(ctx context.Context, msg M) (idempotent.Outcome, error) {
-		if key == nil || h == nil {
-			return 0, errors.New("idempgx: Wrap: nil key function or handler")
+// WrapMessage turns a handler of decoded messages into a function that
+// processes each message exactly once with ProcessMessage, as
+// idempotent.WrapMessage does: msg returns the message's key and, when it
+// has one, its event time. If msg fails, the returned function returns an
+// error matching idempotent.ErrInvalidKey without taking a connection.
+func WrapMessage[M any](m *Middleware, msg func(M) (idempotent.Message, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+	return func(ctx context.Context, v M) (idempotent.Outcome, error) {
+		if msg == nil || h == nil {
+			return 0, errors.New("idempgx: WrapMessage: nil message function or handler")
 		}
-		k, err := key(msg)
+		mm, err := msg(v)
 		if err != nil {
 			err = fmt.Errorf("%w: key function: %w", idempotent.ErrInvalidKey, err)
 			m.observe(ctx, "", 0, 0, time.Time{}, err)
 			return 0, err
 		}
-		return m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, msg) })
+		return m.ProcessMessage(ctx, mm, func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, v) })
 	}
 }
 

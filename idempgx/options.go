@@ -68,8 +68,8 @@ func WithTable(name string) Option {
 	})
 }
 
-// WithIsolation sets the isolation level of the transactions Process opens:
-// pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted or
+// WithIsolation sets the isolation level of the transactions the Middleware
+// opens: pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted or
 // pgx.ReadUncommitted. Under pgx.Serializable concurrent duplicates fail with
 // serialization errors instead of waiting; the middleware retries them and
 // they end as Duplicate. Default is the server's default level.
@@ -131,7 +131,7 @@ func WithObserver(o idempotent.Observer) Option {
 }
 
 // WithRetention sets the retention window, as idempotent.WithRetention does:
-// ProcessEvent refuses messages older than d with
+// ProcessMessage refuses messages older than d with
 // idempotent.ErrBeyondRetention. Default is idempotent.DefaultRetention.
 func WithRetention(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
@@ -169,7 +169,7 @@ func WithClock(now func() time.Time) Option {
 
 // WithDailyPartitions selects partitioned mode, as
 // idempotent.WithDailyPartitions does: every message needs its event time
-// (ProcessEvent), which chooses its claim's partition. Default is a plain
+// (Message.EventTime), which chooses its claim's partition. Default is a plain
 // table.
 func WithDailyPartitions(leadDays int) Option {
 	return optionFunc(func(c *config) error {

@@ -31,7 +31,7 @@ func TestProcessAppliesOnceAndDuplicates(t *testing.T) {
 	p, s, m := setup(t, 4)
 	ctx := context.Background()
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-		got, err := m.Process(ctx, "k1", insertEffect(s, "e1"))
+		got, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k1"}, insertEffect(s, "e1"))
 		if err != nil || got != want {
 			t.Fatalf("delivery %d: %v, %v; want %v", i, got, err, want)
 		}
@@ -58,7 +58,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			o, err := m.Process(context.Background(), "same", func(ctx context.Context, tx pgx.Tx) error {
+			o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "same"}, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id, n) VALUES ('x', 1) ON CONFLICT (id) DO UPDATE SET n = effects.n + 1")
 				return err
 			})
@@ -92,7 +92,7 @@ func TestRollbackTakeOver(t *testing.T) {
 	errBoom := errors.New("boom")
 	firstDone := make(chan error, 1)
 	go func() {
-		_, err := m.Process(context.Background(), "k", func(ctx context.Context, tx pgx.Tx) error {
+		_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(ctx context.Context, tx pgx.Tx) error {
 			close(holding)
 			<-release
 			return errBoom
@@ -105,7 +105,7 @@ func TestRollbackTakeOver(t *testing.T) {
 		err error
 	}, 1)
 	go func() {
-		o, err := m.Process(context.Background(), "k", insertEffect(s, "second"))
+		o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, insertEffect(s, "second"))
 		secondDone <- struct {
 			o   idempotent.Outcome
 			err error
@@ -143,7 +143,7 @@ func TestHandlerErrorNotRetried(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			_, err := m.Process(context.Background(), "err-"+tc.name, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "err-" + tc.name}, func(ctx context.Context, tx pgx.Tx) error {
 				calls++
 				return tc.err
 			})
@@ -186,7 +186,7 @@ func TestSerializableStorm(t *testing.T) {
 			for r := 0; r < rounds; r++ {
 				for i := 0; i < keys; i++ {
 					k := (i + w*keys/workers) % keys
-					o, err := m.Process(context.Background(), fmt.Sprintf("s%d", k), func(ctx context.Context, tx pgx.Tx) error {
+					o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: fmt.Sprintf("s%d", k)}, func(ctx context.Context, tx pgx.Tx) error {
 						var n int
 						if err := tx.QueryRow(ctx, "SELECT n FROM "+s+".effects WHERE id = 'total'").Scan(&n); err != nil {
 							return err
@@ -245,7 +245,7 @@ func TestBackendKilledMidHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = m
-	o, err := m2.Process(context.Background(), "killed", func(ctx context.Context, tx pgx.Tx) error {
+	o, err := m2.ProcessMessage(context.Background(), idempotent.Message{Key: "killed"}, func(ctx context.Context, tx pgx.Tx) error {
 		if calls.Add(1) == 1 {
 			var pid int
 			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -277,15 +277,15 @@ type observerFunc func(idempotent.RetryEvent)
 func (observerFunc) Outcome(context.Context, idempotent.Event)          {}
 func (f observerFunc) Retry(_ context.Context, e idempotent.RetryEvent) { f(e) }
 
-func TestProcessBatch(t *testing.T) {
+func TestProcessMessagesWithoutEventTimes(t *testing.T) {
 	t.Parallel()
 	p, s, m := setup(t, 4)
 	ctx := context.Background()
-	if _, err := m.Process(ctx, "b", insertEffect(s, "b")); err != nil {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "b"}, insertEffect(s, "b")); err != nil {
 		t.Fatal(err)
 	}
 	var got []int
-	outcomes, err := m.ProcessBatch(ctx, []string{"c", "b", "a", "c"}, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+	outcomes, err := m.ProcessMessages(ctx, keyMessages("c", "b", "a", "c"), func(ctx context.Context, tx pgx.Tx, fresh []int) error {
 		got = append([]int(nil), fresh...)
 		for _, i := range fresh {
 			if _, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ($1)", []string{"c", "b", "a", "c"}[i]); err != nil {
@@ -305,7 +305,7 @@ func TestProcessBatch(t *testing.T) {
 		t.Fatalf("%d effects, want 3", n)
 	}
 	// All duplicates: the function does not run.
-	outcomes, err = m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return errors.New("ran") })
+	outcomes, err = m.ProcessMessages(ctx, keyMessages("a", "b"), func(context.Context, pgx.Tx, []int) error { return errors.New("ran") })
 	if err != nil || fmt.Sprint(outcomes) != "[duplicate duplicate]" {
 		t.Fatalf("%v, %v", outcomes, err)
 	}
@@ -322,7 +322,7 @@ func TestContextEndsWhileClaimWaits(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := m.Process(context.Background(), "held", func(ctx context.Context, tx pgx.Tx) error {
+		_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "held"}, func(ctx context.Context, tx pgx.Tx) error {
 			close(holding)
 			<-release
 			return insertEffect(s, "held")(ctx, tx)
@@ -338,7 +338,7 @@ func TestContextEndsWhileClaimWaits(t *testing.T) {
 	defer cancel()
 	waited := make(chan error, 1)
 	go func() {
-		_, err := m.Process(ctx, "held", insertEffect(s, "second"))
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: "held"}, insertEffect(s, "second"))
 		waited <- err
 	}()
 	select {
@@ -353,7 +353,7 @@ func TestContextEndsWhileClaimWaits(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if o, err := m.Process(context.Background(), "after", insertEffect(s, "after")); err != nil || o != idempotent.Applied {
+	if o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "after"}, insertEffect(s, "after")); err != nil || o != idempotent.Applied {
 		t.Fatalf("the pool after the cut connection: %v, %v", o, err)
 	}
 	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 2 {
@@ -367,7 +367,7 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := m.Process(context.Background(), "busy", func(ctx context.Context, tx pgx.Tx) error {
+		_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "busy"}, func(ctx context.Context, tx pgx.Tx) error {
 			close(holding)
 			<-release
 			return nil
@@ -383,7 +383,7 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	// of hanging it.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err := m.Process(ctx, "busy", insertEffect(s, "second"))
+	_, err := m.ProcessMessage(ctx, idempotent.Message{Key: "busy"}, insertEffect(s, "second"))
 	close(release)
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("err = %v, want ErrClaimBusy", err)
@@ -404,11 +404,11 @@ func TestPartitionedEvent(t *testing.T) {
 			t.Fatalf("delivery %d: %v, %v", i, o, err)
 		}
 	}
-	if o, err := m.ProcessEvent(ctx, "e1", now.Add(-time.Hour), insertEffect(s, "e1")); err != nil || o != idempotent.Duplicate {
-		t.Fatalf("ProcessEvent of the same message: %v, %v; want duplicate", o, err)
+	if o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e1", EventTime: now.Add(-time.Hour)}, insertEffect(s, "e1")); err != nil || o != idempotent.Duplicate {
+		t.Fatalf("ProcessMessage of the same message: %v, %v; want duplicate", o, err)
 	}
-	if _, err := m.Process(ctx, "e2", insertEffect(s, "e2")); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("Process without event time in partitioned mode: %v, want ErrInvalidEventTime", err)
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "e2"}, insertEffect(s, "e2")); !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("ProcessMessage without event time in partitioned mode: %v, want ErrInvalidEventTime", err)
 	}
 	// Later than the clock plus the skew margin: refused before anything
 	// is sent, as the core does.
@@ -481,8 +481,8 @@ func TestPartitionedBatch(t *testing.T) {
 			t.Fatalf("%s: %v, want %v at index %d", name, err, c.want, c.idx)
 		}
 	}
-	if _, err := m.ProcessBatch(ctx, []string{"d"}, func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("ProcessBatch in partitioned mode: %v, want ErrInvalidEventTime", err)
+	if _, err := m.ProcessMessages(ctx, keyMessages("d"), func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("ProcessMessages without event times in partitioned mode: %v, want ErrInvalidEventTime", err)
 	}
 	exec(t, p, "DROP TABLE "+s+".claims_p20260305")
 	_, err = m.ProcessMessages(ctx, []idempotent.Message{{Key: "d", EventTime: now}, {Key: "e", EventTime: now.Add(-5 * 24 * time.Hour)}}, insert)
@@ -503,10 +503,10 @@ func TestErrorsMatchAcrossPaths(t *testing.T) {
 	t.Parallel()
 	_, s, m := setup(t, 4)
 	ctx := context.Background()
-	if o, err := m.Core().Process(ctx, "shared", func(context.Context, *sql.Tx) error { return nil }); err != nil || o != idempotent.Applied {
+	if o, err := m.Core().ProcessMessage(ctx, idempotent.Message{Key: "shared"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || o != idempotent.Applied {
 		t.Fatalf("core: %v, %v", o, err)
 	}
-	if o, err := m.Process(ctx, "shared", insertEffect(s, "x")); err != nil || o != idempotent.Duplicate {
+	if o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "shared"}, insertEffect(s, "x")); err != nil || o != idempotent.Duplicate {
 		t.Fatalf("pgx: %v, %v", o, err)
 	}
 }
@@ -527,13 +527,13 @@ func TestSeenPreCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	if _, err := m.Process(ctx, "k", func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
 	if lru.Seen(ctx, scope, "k") {
 		t.Fatal("a rolled-back delivery was recorded")
 	}
-	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Applied {
+	if o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k"}, insertEffect(s, "k")); err != nil || o != idempotent.Applied {
 		t.Fatalf("%v, %v; want applied", o, err)
 	}
 	if !lru.Seen(ctx, scope, "k") {
@@ -541,10 +541,10 @@ func TestSeenPreCheck(t *testing.T) {
 	}
 	// Drop the claim table: an answer now can only come from the pre-check.
 	exec(t, p, "DROP TABLE "+s+".claims")
-	if o, err := m.Process(ctx, "k", insertEffect(s, "k")); err != nil || o != idempotent.Duplicate {
+	if o, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k"}, insertEffect(s, "k")); err != nil || o != idempotent.Duplicate {
 		t.Fatalf("%v, %v; want duplicate from the pre-check", o, err)
 	}
-	if _, err := m.Process(ctx, "new", insertEffect(s, "new")); !errors.Is(err, idempotent.ErrNoClaimTable) {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "new"}, insertEffect(s, "new")); !errors.Is(err, idempotent.ErrNoClaimTable) {
 		t.Fatalf("a new key: %v, want it sent to the (missing) claim table", err)
 	}
 }
@@ -575,21 +575,21 @@ func TestSeenPreCheckBatch(t *testing.T) {
 		}
 	}
 	boom := errors.New("boom")
-	if _, err := m.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, pgx.Tx, []int) error { return boom }); !errors.Is(err, boom) {
+	if _, err := m.ProcessMessages(ctx, keyMessages("a", "b"), func(context.Context, pgx.Tx, []int) error { return boom }); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
 	if lru.Seen(ctx, scope, "a") || lru.Seen(ctx, scope, "b") {
 		t.Fatal("a rolled-back batch was recorded")
 	}
 	first := []string{"b", "a"}
-	if outs, err := m.ProcessBatch(ctx, first, insert(first)); err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Applied}) {
+	if outs, err := m.ProcessMessages(ctx, keyMessages(first...), insert(first)); err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Applied}) {
 		t.Fatalf("%v, %v; want both applied", outs, err)
 	}
 	// b's claim is gone from the table but the pre-check knows it: only a
 	// and c go to the claim.
 	exec(t, p, "DELETE FROM "+s+".claims WHERE message_key = 'b'")
 	second := []string{"c", "b", "a"}
-	outs, err := m.ProcessBatch(ctx, second, insert(second))
+	outs, err := m.ProcessMessages(ctx, keyMessages(second...), insert(second))
 	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate}) {
 		t.Fatalf("%v, %v; want c applied, b from the pre-check, a from the claim", outs, err)
 	}
@@ -598,7 +598,7 @@ func TestSeenPreCheckBatch(t *testing.T) {
 	}
 	// Drop the claim table: a batch it knows whole needs no database.
 	exec(t, p, "DROP TABLE "+s+".claims")
-	if outs, err := m.ProcessBatch(ctx, second, insert(second)); err != nil || slices.Contains(outs, idempotent.Applied) {
+	if outs, err := m.ProcessMessages(ctx, keyMessages(second...), insert(second)); err != nil || slices.Contains(outs, idempotent.Applied) {
 		t.Fatalf("%v, %v; want three duplicates from the pre-check", outs, err)
 	}
 }

@@ -35,10 +35,10 @@ func TestSeenTablesApart(t *testing.T) {
 	for round, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
 		for i, m := range []*idempgx.Middleware{a, b} {
 			id := func(k string) string { return string(rune('a'+i)) + k }
-			if out, err := m.Process(ctx, "m1", insertEffect(s, id("m1"))); err != nil || out != want {
-				t.Errorf("round %d, table %d: Process = %v, %v; want %v", round+1, i, out, err, want)
+			if out, err := m.ProcessMessage(ctx, idempotent.Message{Key: "m1"}, insertEffect(s, id("m1"))); err != nil || out != want {
+				t.Errorf("round %d, table %d: ProcessMessage = %v, %v; want %v", round+1, i, out, err, want)
 			}
-			outs, err := m.ProcessBatch(ctx, batch, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+			outs, err := m.ProcessMessages(ctx, keyMessages(batch...), func(ctx context.Context, tx pgx.Tx, fresh []int) error {
 				for _, j := range fresh {
 					if err := insertEffect(s, id(batch[j]))(ctx, tx); err != nil {
 						return err
@@ -47,7 +47,7 @@ func TestSeenTablesApart(t *testing.T) {
 				return nil
 			})
 			if err != nil || !slices.Equal(outs, []idempotent.Outcome{want, want}) {
-				t.Errorf("round %d, table %d: ProcessBatch = %v, %v; want two %v", round+1, i, outs, err, want)
+				t.Errorf("round %d, table %d: ProcessMessages = %v, %v; want two %v", round+1, i, outs, err, want)
 			}
 		}
 	}

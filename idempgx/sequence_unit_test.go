@@ -331,7 +331,7 @@ func TestSequence(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &script{t: t, steps: tc.steps}
 			m := scripted(t, s, tc.opts...)
-			got, err := m.Process(context.Background(), "k", tc.fn)
+			got, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, tc.fn)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)
@@ -346,7 +346,7 @@ func TestSequence(t *testing.T) {
 
 var errBoom = errors.New("boom")
 
-// TestBatchSequence: the statements of ProcessBatch. The batch ["c", "b",
+// TestBatchSequence: the statements of ProcessMessages. The batch ["c", "b",
 // "a", "c"] is claimed as its distinct keys in ascending order, ["a", "b",
 // "c"], in one statement after BEGIN; the keys it returns are the new ones.
 func TestBatchSequence(t *testing.T) {
@@ -399,7 +399,7 @@ func TestBatchSequence(t *testing.T) {
 			s := &script{t: t, steps: tc.steps}
 			m := scripted(t, s, tc.opts...)
 			var fresh []int
-			got, err := m.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx pgx.Tx, f []int) error {
+			got, err := m.ProcessMessages(context.Background(), messages(keys...), func(ctx context.Context, tx pgx.Tx, f []int) error {
 				fresh = f
 				if _, err := tx.Exec(ctx, effect); err != nil {
 					return err
@@ -441,25 +441,25 @@ func TestRefusedBeforeSending(t *testing.T) {
 		{"bad UTF-8", "\xff", idempotent.ErrInvalidKey},
 		{"too long", strings.Repeat("k", 2049), idempotent.ErrInvalidKey},
 	} {
-		if _, err := m.Process(ctx, tc.key, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, tc.want) {
+		if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: tc.key}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := m.ProcessEvent(ctx, "k", time.Now().Add(-31*24*time.Hour), func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k", EventTime: time.Now().Add(-31 * 24 * time.Hour)}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Errorf("old event: %v", err)
 	}
-	if _, err := m.ProcessEvent(ctx, "k", time.Time{}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Errorf("zero event time: %v", err)
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "k", EventTime: time.Now().Add(time.Hour)}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Errorf("future event time: %v", err)
 	}
-	if _, err := m.ProcessBatch(ctx, make([]string, idempotent.MaxBatchSize+1), func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrBatchTooLarge) {
+	if _, err := m.ProcessMessages(ctx, make([]idempotent.Message, idempotent.MaxBatchSize+1), func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrBatchTooLarge) {
 		t.Errorf("large batch: %v", err)
 	}
 	var bke *idempotent.BatchKeyError
-	if _, err := m.ProcessBatch(ctx, []string{"a", ""}, func(context.Context, pgx.Tx, []int) error { return nil }); !errors.As(err, &bke) || bke.Index != 1 || !errors.Is(err, idempotent.ErrInvalidKey) {
+	if _, err := m.ProcessMessages(ctx, []idempotent.Message{{Key: "a"}, {Key: ""}}, func(context.Context, pgx.Tx, []int) error { return nil }); !errors.As(err, &bke) || bke.Index != 1 || !errors.Is(err, idempotent.ErrInvalidKey) {
 		t.Errorf("bad batch key: %v", err)
 	}
 	nested := context.WithValue(ctx, claimKey{}, &attempt{})
-	if _, err := m.Process(nested, "k", func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, ErrNested) || !errors.Is(err, idempotent.ErrAutocommit) {
+	if _, err := m.ProcessMessage(nested, idempotent.Message{Key: "k"}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, ErrNested) || !errors.Is(err, idempotent.ErrAutocommit) {
 		t.Errorf("nested: %v", err)
 	}
 	if _, err := New(nil, "orders"); err == nil {
@@ -468,7 +468,7 @@ func TestRefusedBeforeSending(t *testing.T) {
 	s.done()
 }
 
-// TestNestedProcessRefused: Process with a handler's context is refused
+// TestNestedProcessRefused: ProcessMessage with a handler's context is refused
 // before it takes a connection, and the outer delivery goes on.
 func TestNestedProcessRefused(t *testing.T) {
 	s := &script{t: t, steps: []step{
@@ -477,8 +477,8 @@ func TestNestedProcessRefused(t *testing.T) {
 	}}
 	m := scripted(t, s)
 	var inner error
-	o, err := m.Process(context.Background(), "outer", func(ctx context.Context, tx pgx.Tx) error {
-		_, inner = m.Process(ctx, "inner", func(context.Context, pgx.Tx) error { return nil })
+	o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "outer"}, func(ctx context.Context, tx pgx.Tx) error {
+		_, inner = m.ProcessMessage(ctx, idempotent.Message{Key: "inner"}, func(context.Context, pgx.Tx) error { return nil })
 		return nil
 	})
 	if err != nil || o != idempotent.Applied {
@@ -551,4 +551,13 @@ func TestHorizonSequence(t *testing.T) {
 		}
 		s.done()
 	})
+}
+
+// messages returns one Message without an event time per key.
+func messages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

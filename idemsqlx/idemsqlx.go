@@ -5,7 +5,7 @@
 //	db := sqlx.NewDb(sqlDB, "postgres")
 //	mw, err := idempotent.New(sqlDB, postgres.New(), "loyalty")
 //	…
-//	handle := idemsqlx.Wrap(mw, db, orderKey, func(ctx context.Context, tx *sqlx.Tx, o OrderCompleted) error {
+//	handle := idemsqlx.WrapMessage(mw, orderMessage, db, func(ctx context.Context, tx *sqlx.Tx, o OrderCompleted) error {
 //		_, err := tx.NamedExecContext(ctx, `UPDATE balances SET points = points + :points WHERE customer_id = :customer_id`, o)
 //		return err
 //	})
@@ -13,9 +13,13 @@
 //
 // Each attempt's transaction is begun with db.BeginTxx, so the *sqlx.Tx
 // binds parameters for db's driver name and maps fields with db's Mapper.
-// Claim, retries, guard and observer are the Middleware's
-// (idempotent.ProcessMessageTx); ProcessMessages claims a batch in one
-// transaction (idempotent.ProcessMessagesTx).
+// Claim, retention fence, retries, guard and observer are the
+// Middleware's: ProcessMessage and WrapMessage are idempotent.ProcessMessageTx
+// and idempotent.WrapMessageTx with [Begin]; ProcessMessages and
+// WrapMessages claim a batch in one transaction (idempotent.ProcessMessagesTx,
+// idempotent.WrapMessagesTx). The arguments come in the core's order, db
+// where the core takes its begin function: ctx, the Middleware, the
+// message (or messages), db, the function.
 package idemsqlx
 
 import (
@@ -28,8 +32,8 @@ import (
 	"github.com/txclaim/idempotent"
 )
 
-// ErrOtherDB is returned, wrapped, when the *sqlx.DB given to Process or
-// Wrap does not wrap the *sql.DB the Middleware was created with: claim and
+// ErrOtherDB is returned, wrapped, when the *sqlx.DB given to an entry
+// point does not wrap the *sql.DB the Middleware was created with: claim and
 // effect would run in different transactions. Nothing was written.
 var ErrOtherDB = errors.New("idemsqlx: the *sqlx.DB does not wrap the Middleware's *sql.DB")
 
@@ -40,6 +44,11 @@ type TxFunc func(ctx context.Context, tx *sqlx.Tx) error
 
 // Handler applies one message's effect inside the claim's transaction.
 type Handler[M any] func(ctx context.Context, tx *sqlx.Tx, msg M) error
+
+// BatchHandler applies the effects of a batch's new messages, given in
+// their order in the batch, inside the transaction that claimed them (see
+// idempotent.BatchHandler).
+type BatchHandler[M any] func(ctx context.Context, tx *sqlx.Tx, msgs []M) error
 
 // BatchFunc applies the effects of a batch's new messages inside the
 // transaction that claimed them; fresh holds their indexes in the batch, in
@@ -62,17 +71,12 @@ func Begin(db *sqlx.DB) idempotent.BeginFunc[*sqlx.Tx] {
 	}
 }
 
-// Process is ProcessMessage for a message known by its key alone.
-func Process(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, key string, fn TxFunc) (idempotent.Outcome, error) {
-	return ProcessMessage(ctx, mw, db, idempotent.Message{Key: key}, fn)
-}
-
 // ProcessMessage is Middleware.ProcessMessage for fn on a *sqlx.Tx of db,
 // which must wrap the Middleware's *sql.DB: msg's event time, when it has
 // one, works as there (the retention fence, partitioned mode).
-func ProcessMessage(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, msg idempotent.Message, fn TxFunc) (idempotent.Outcome, error) {
+func ProcessMessage(ctx context.Context, mw *idempotent.Middleware, msg idempotent.Message, db *sqlx.DB, fn TxFunc) (idempotent.Outcome, error) {
 	if fn == nil {
-		return 0, errors.New("idemsqlx: Process: nil function")
+		return 0, errors.New("idemsqlx: ProcessMessage: nil function")
 	}
 	return idempotent.ProcessMessageTx(ctx, mw, msg, Begin(db), fn)
 }
@@ -81,25 +85,11 @@ func ProcessMessage(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB,
 // which must wrap the Middleware's *sql.DB: the messages are claimed
 // together in one transaction and fn runs once for the new ones
 // (idempotent.ProcessMessagesTx).
-func ProcessMessages(ctx context.Context, mw *idempotent.Middleware, db *sqlx.DB, msgs []idempotent.Message, fn BatchFunc) ([]idempotent.Outcome, error) {
+func ProcessMessages(ctx context.Context, mw *idempotent.Middleware, msgs []idempotent.Message, db *sqlx.DB, fn BatchFunc) ([]idempotent.Outcome, error) {
 	if fn == nil {
 		return nil, errors.New("idemsqlx: ProcessMessages: nil function")
 	}
 	return idempotent.ProcessMessagesTx(ctx, mw, msgs, Begin(db), fn)
-}
-
-// Wrap is idempotent.Wrap for a handler on a *sqlx.Tx of db, which must
-// wrap the Middleware's *sql.DB. If key fails, the returned function
-// returns an error matching idempotent.ErrInvalidKey without opening a
-// transaction.
-func Wrap[M any](mw *idempotent.Middleware, db *sqlx.DB, key func(M) (string, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
-	if key == nil {
-		return WrapMessage[M](mw, db, nil, h)
-	}
-	return WrapMessage(mw, db, func(msg M) (idempotent.Message, error) {
-		k, err := key(msg)
-		return idempotent.Message{Key: k}, err
-	}, h)
 }
 
 // WrapMessage is idempotent.WrapMessage for a handler on a *sqlx.Tx of db,
@@ -107,6 +97,16 @@ func Wrap[M any](mw *idempotent.Middleware, db *sqlx.DB, key func(M) (string, er
 // and, when it has one, its event time. If msg fails, the returned function
 // returns an error matching idempotent.ErrInvalidKey without opening a
 // transaction.
-func WrapMessage[M any](mw *idempotent.Middleware, db *sqlx.DB, msg func(M) (idempotent.Message, error), h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
-	return idempotent.WrapMessageTx(mw, Begin(db), msg, h)
+func WrapMessage[M any](mw *idempotent.Middleware, msg func(M) (idempotent.Message, error), db *sqlx.DB, h Handler[M]) func(ctx context.Context, msg M) (idempotent.Outcome, error) {
+	return idempotent.WrapMessageTx(mw, msg, Begin(db), h)
+}
+
+// WrapMessages is idempotent.WrapMessages for a handler on a *sqlx.Tx of
+// db, which must wrap the Middleware's *sql.DB: h runs once per batch with
+// its new messages, in one transaction. If msg fails for any message, the
+// returned function fails the whole batch with an
+// *idempotent.BatchKeyError matching idempotent.ErrInvalidKey, before
+// anything is sent.
+func WrapMessages[M any](mw *idempotent.Middleware, msg func(M) (idempotent.Message, error), db *sqlx.DB, h BatchHandler[M]) func(ctx context.Context, msgs []M) ([]idempotent.Outcome, error) {
+	return idempotent.WrapMessagesTx(mw, msg, Begin(db), h)
 }

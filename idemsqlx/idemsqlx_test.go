@@ -25,11 +25,11 @@ type orderCompleted struct {
 	TotalCents int64 `db:"total_cents"`
 }
 
-func orderKey(o orderCompleted) (string, error) {
+func orderMessage(o orderCompleted) (idempotent.Message, error) {
 	if o.OrderID <= 0 {
-		return "", fmt.Errorf("order id %d", o.OrderID)
+		return idempotent.Message{}, fmt.Errorf("order id %d", o.OrderID)
 	}
-	return fmt.Sprintf("order-completed:%d", o.OrderID), nil
+	return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
 }
 
 // credit is the named-query parameter struct of the handler's effect.
@@ -77,7 +77,7 @@ func setup(t *testing.T, opts ...idempotent.Option) (*sqlx.DB, *idempotent.Middl
 
 func TestWrapNamedQueries(t *testing.T) {
 	sdb, mw, m := setup(t)
-	handle := idemsqlx.Wrap(mw, sdb, orderKey, creditPoints)
+	handle := idemsqlx.WrapMessage(mw, orderMessage, sdb, creditPoints)
 	m.ExpectApplied("order-completed:9912")
 	expectCredit(m)
 	m.ExpectCommit()
@@ -100,7 +100,7 @@ func TestRetryGetsNewTx(t *testing.T) {
 	m.ExpectExec("SELECT 1").WillReturnResult(sqlmock.NewResult(0, 0))
 	m.ExpectCommit()
 	var seen []*sqlx.Tx
-	got, err := idemsqlx.Process(context.Background(), mw, sdb, "k", func(ctx context.Context, tx *sqlx.Tx) error {
+	got, err := idemsqlx.ProcessMessage(context.Background(), mw, idempotent.Message{Key: "k"}, sdb, func(ctx context.Context, tx *sqlx.Tx) error {
 		if tx.DriverName() != "postgres" {
 			t.Errorf("driver name %q, want postgres", tx.DriverName())
 		}
@@ -130,7 +130,7 @@ func TestBindTypeFollowsDriverName(t *testing.T) {
 	m.ExpectExec(`UPDATE balances SET points = points + ? WHERE customer_id = ?`).
 		WithArgs(50, 7).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
-	got, err := idemsqlx.Process(context.Background(), mw, sqlx.NewDb(db, "mysql"), "k", func(ctx context.Context, tx *sqlx.Tx) error {
+	got, err := idemsqlx.ProcessMessage(context.Background(), mw, idempotent.Message{Key: "k"}, sqlx.NewDb(db, "mysql"), func(ctx context.Context, tx *sqlx.Tx) error {
 		_, err := tx.NamedExecContext(ctx, creditSQL, credit{CustomerID: 7, Points: 50})
 		return err
 	})
@@ -158,7 +158,7 @@ func TestHandlerErrorRollsBack(t *testing.T) {
 	m.ExpectExec(`UPDATE balances SET points = points + $1 WHERE customer_id = $2`).
 		WithArgs(50, 7).WillReturnError(&pq.Error{Code: "23514"})
 	m.ExpectRollback()
-	_, err := idemsqlx.Wrap(mw, sdb, orderKey, creditPoints)(context.Background(), msg)
+	_, err := idemsqlx.WrapMessage(mw, orderMessage, sdb, creditPoints)(context.Background(), msg)
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) || pqErr.Code != "23514" {
 		t.Fatalf("got %v, want the handler's 23514", err)
@@ -178,35 +178,35 @@ func TestRejects(t *testing.T) {
 		is   error
 	}{
 		{"other database", func() error {
-			_, err := idemsqlx.Process(ctx, mw, sqlx.NewDb(other, "postgres"), "k", noop)
+			_, err := idemsqlx.ProcessMessage(ctx, mw, idempotent.Message{Key: "k"}, sqlx.NewDb(other, "postgres"), noop)
 			return err
 		}, idemsqlx.ErrOtherDB},
 		{"nil database", func() error {
-			_, err := idemsqlx.Process(ctx, mw, nil, "k", noop)
+			_, err := idemsqlx.ProcessMessage(ctx, mw, idempotent.Message{Key: "k"}, nil, noop)
 			return err
 		}, idemsqlx.ErrOtherDB},
 		{"wrap other database", func() error {
-			_, err := idemsqlx.Wrap(mw, sqlx.NewDb(other, "postgres"), orderKey, creditPoints)(ctx, msg)
+			_, err := idemsqlx.WrapMessage(mw, orderMessage, sqlx.NewDb(other, "postgres"), creditPoints)(ctx, msg)
 			return err
 		}, idemsqlx.ErrOtherDB},
 		{"key function fails", func() error {
-			_, err := idemsqlx.Wrap(mw, sdb, orderKey, creditPoints)(ctx, orderCompleted{})
+			_, err := idemsqlx.WrapMessage(mw, orderMessage, sdb, creditPoints)(ctx, orderCompleted{})
 			return err
 		}, idempotent.ErrInvalidKey},
 		{"invalid key", func() error {
-			_, err := idemsqlx.Process(ctx, mw, sdb, "", noop)
+			_, err := idemsqlx.ProcessMessage(ctx, mw, idempotent.Message{Key: ""}, sdb, noop)
 			return err
 		}, idempotent.ErrInvalidKey},
 		{"nil function", func() error {
-			_, err := idemsqlx.Process(ctx, mw, sdb, "k", nil)
+			_, err := idemsqlx.ProcessMessage(ctx, mw, idempotent.Message{Key: "k"}, sdb, nil)
 			return err
 		}, nil},
 		{"nil handler", func() error {
-			_, err := idemsqlx.Wrap[orderCompleted](mw, sdb, orderKey, nil)(ctx, msg)
+			_, err := idemsqlx.WrapMessage[orderCompleted](mw, orderMessage, sdb, nil)(ctx, msg)
 			return err
 		}, nil},
 		{"nil key function", func() error {
-			_, err := idemsqlx.Wrap(mw, sdb, nil, creditPoints)(ctx, msg)
+			_, err := idemsqlx.WrapMessage(mw, nil, sdb, creditPoints)(ctx, msg)
 			return err
 		}, nil},
 	}
@@ -224,7 +224,7 @@ func TestBeginError(t *testing.T) {
 	sdb, mw, m := setup(t)
 	boom := errors.New("too many connections")
 	m.ExpectBegin().WillReturnError(boom)
-	_, err := idemsqlx.Process(context.Background(), mw, sdb, "k", func(context.Context, *sqlx.Tx) error {
+	_, err := idemsqlx.ProcessMessage(context.Background(), mw, idempotent.Message{Key: "k"}, sdb, func(context.Context, *sqlx.Tx) error {
 		t.Error("handler ran without a transaction")
 		return nil
 	})
@@ -244,15 +244,16 @@ func TestMessageEventTime(t *testing.T) {
 	m.ExpectClaimAt("order-completed:9912", at).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectCredit(m)
 	m.ExpectCommit()
-	handle := idemsqlx.WrapMessage(mw, sdb, func(o orderCompleted) (idempotent.Message, error) {
-		k, err := orderKey(o)
-		return idempotent.Message{Key: k, EventTime: at}, err
-	}, creditPoints)
+	handle := idemsqlx.WrapMessage(mw, func(o orderCompleted) (idempotent.Message, error) {
+		m, err := orderMessage(o)
+		m.EventTime = at
+		return m, err
+	}, sdb, creditPoints)
 	if got, err := handle(context.Background(), msg); err != nil || got != idempotent.Applied {
 		t.Fatalf("WrapMessage: got (%v, %v), want applied", got, err)
 	}
 	old := idempotent.Message{Key: "order-completed:1", EventTime: now.AddDate(0, 0, -40)}
-	if got, err := idemsqlx.ProcessMessage(context.Background(), mw, sdb, old, func(context.Context, *sqlx.Tx) error {
+	if got, err := idemsqlx.ProcessMessage(context.Background(), mw, old, sdb, func(context.Context, *sqlx.Tx) error {
 		t.Error("the function ran")
 		return nil
 	}); got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) {

@@ -85,7 +85,7 @@ func TestPostgresNamedQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := pq.QuoteIdentifier(schema)
-	handle := idemsqlx.Wrap(mw, db, orderKey, func(ctx context.Context, tx *sqlx.Tx, o orderCompleted) error {
+	handle := idemsqlx.WrapMessage(mw, orderMessage, db, func(ctx context.Context, tx *sqlx.Tx, o orderCompleted) error {
 		c := credit{CustomerID: o.CustomerID, OrderID: o.OrderID, Points: o.TotalCents / 100}
 		if _, err := tx.NamedExecContext(ctx, "UPDATE "+q+".balances SET points = points + :points WHERE customer_id = :customer_id", c); err != nil {
 			return err
@@ -160,7 +160,7 @@ func TestPostgresTxOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	var level string
-	got, err := idemsqlx.Process(ctx, mw, db, "k", func(ctx context.Context, tx *sqlx.Tx) error {
+	got, err := idemsqlx.ProcessMessage(ctx, mw, idempotent.Message{Key: "k"}, db, func(ctx context.Context, tx *sqlx.Tx) error {
 		return tx.GetContext(ctx, &level, "SHOW transaction_isolation")
 	})
 	if err != nil || got != idempotent.Applied {
@@ -189,11 +189,12 @@ func TestPostgresProcessMessages(t *testing.T) {
 	orders := []orderCompleted{{OrderID: 1, CustomerID: 1, TotalCents: 1000}, {OrderID: 2, CustomerID: 2, TotalCents: 2000}, {OrderID: 1, CustomerID: 1, TotalCents: 1000}}
 	msgs := make([]idempotent.Message, len(orders))
 	for i, o := range orders {
-		k, err := orderKey(o)
+		m, err := orderMessage(o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs[i] = idempotent.Message{Key: k, EventTime: time.Now()}
+		m.EventTime = time.Now()
+		msgs[i] = m
 	}
 	apply := func(ctx context.Context, tx *sqlx.Tx, fresh []int) error {
 		credits := make([]credit, len(fresh))
@@ -205,10 +206,10 @@ func TestPostgresProcessMessages(t *testing.T) {
 		return err
 	}
 	want := []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Duplicate}
-	if outs, err := idemsqlx.ProcessMessages(ctx, mw, db, msgs, apply); err != nil || fmt.Sprint(outs) != fmt.Sprint(want) {
+	if outs, err := idemsqlx.ProcessMessages(ctx, mw, msgs, db, apply); err != nil || fmt.Sprint(outs) != fmt.Sprint(want) {
 		t.Fatalf("first delivery: (%v, %v), want %v", outs, err, want)
 	}
-	if outs, err := idemsqlx.ProcessMessages(ctx, mw, db, msgs, apply); err != nil || slices.Contains(outs, idempotent.Applied) {
+	if outs, err := idemsqlx.ProcessMessages(ctx, mw, msgs, db, apply); err != nil || slices.Contains(outs, idempotent.Applied) {
 		t.Fatalf("redelivery: (%v, %v), want all duplicates", outs, err)
 	}
 	var ledger int
@@ -218,7 +219,7 @@ func TestPostgresProcessMessages(t *testing.T) {
 	// A *sqlx.DB over another *sql.DB would claim and apply in two
 	// transactions: refused before anything is sent.
 	other := sqlx.NewDb(&sql.DB{}, "postgres")
-	if _, err := idemsqlx.ProcessMessages(ctx, mw, other, msgs[:1], apply); !errors.Is(err, idemsqlx.ErrOtherDB) {
+	if _, err := idemsqlx.ProcessMessages(ctx, mw, msgs[:1], other, apply); !errors.Is(err, idemsqlx.ErrOtherDB) {
 		t.Fatalf("another database: %v, want ErrOtherDB", err)
 	}
 }

@@ -95,7 +95,7 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	if err := cfg.ac.Check(mw); err != nil {
 		return nil, err
 	}
-	if name := mw.Dialect().Name(); name != "postgres" {
+	if name := mw.Config().Dialect.Name(); name != "postgres" {
 		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
 	}
 	path, err := adapter.NewPath(mw)
@@ -106,7 +106,7 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{db: path.DB(), mw: mw, path: path, consumer: mw.Consumer(), handle: h, batch: bh, cfg: cfg,
+	c := &Consumer{db: path.DB(), mw: mw, path: path, consumer: mw.Config().Consumer, handle: h, batch: bh, cfg: cfg,
 		rule: cfg.ac.Rule(), q: q, fold: newFold(mw, q)}
 	c.events.Next = cfg.ac.Observer()
 	return c, nil

@@ -11,9 +11,9 @@ import (
 	"github.com/txclaim/idempotent/dialect"
 )
 
-// ExpectBatchApplied expects the start of a ProcessBatch (or WrapBatch) call
-// for keys whose claims are new for the keys in fresh and exist for the
-// others: BEGIN, the batch's claim and, with WithStrictGuard, the
+// ExpectBatchApplied expects the start of a ProcessMessages (or
+// WrapMessages) call for messages without event times, with keys, whose
+// claims are new for the keys in fresh and exist for the others: BEGIN, the batch's claim and, with WithStrictGuard, the
 // transaction id query. The handler runs next, once for the new messages:
 // script its statements, then ExpectCommit (or ExpectRollback if it fails).
 //
@@ -24,8 +24,9 @@ import (
 //
 // fresh must be a non-empty subset of keys (a batch with no new message is
 // ExpectBatchDuplicate). ExpectBatchApplied panics otherwise, and in
-// partitioned mode, where ProcessBatch (keys alone) refuses batches before sending
-// anything.
+// partitioned mode, where a message without an event time is refused
+// before anything is sent (ExpectMessagesApplied scripts messages with
+// theirs).
 func (m *Mock) ExpectBatchApplied(keys []string, fresh ...string) {
 	uniq := m.batchKeys("ExpectBatchApplied", keys)
 	if len(fresh) == 0 {
@@ -44,9 +45,9 @@ func (m *Mock) ExpectBatchApplied(keys []string, fresh ...string) {
 	m.expectFirstTxID()
 }
 
-// ExpectBatchDuplicate expects a whole ProcessBatch call whose claims all
-// exist: BEGIN, the batch's claim inserting nothing, ROLLBACK. The handler
-// does not run.
+// ExpectBatchDuplicate expects a whole ProcessMessages call of messages
+// without event times whose claims all exist: BEGIN, the batch's claim
+// inserting nothing, ROLLBACK. The handler does not run.
 func (m *Mock) ExpectBatchDuplicate(keys []string) {
 	uniq := m.batchKeys("ExpectBatchDuplicate", keys)
 	m.Sqlmock.ExpectBegin()
@@ -54,8 +55,8 @@ func (m *Mock) ExpectBatchDuplicate(keys []string) {
 	m.Sqlmock.ExpectRollback()
 }
 
-// ExpectBatchClaimError expects a ProcessBatch call whose claim fails with
-// err: BEGIN, the batch's claim failing (with a dialect that claims key by
+// ExpectBatchClaimError expects a ProcessMessages call of messages without
+// event times whose claim fails with err: BEGIN, the batch's claim failing (with a dialect that claims key by
 // key, the first key's statement fails), ROLLBACK. If the dialect classifies
 // err as retryable, the whole batch is tried again: script the next attempt
 // after it.
@@ -224,11 +225,11 @@ func (m *Mock) expectMessagesClaim(b messageBatch, isNew []bool, horizon *time.T
 	m.expectLockReset()
 }
 
-// batchKeys checks a batch as ProcessBatch does and returns its distinct
+// batchKeys checks a batch of keys alone as ProcessMessages does and returns its distinct
 // keys in ascending order.
 func (m *Mock) batchKeys(helper string, keys []string) []string {
 	if m.part != nil {
-		panic(fmt.Sprintf("mocks: %s: the claim table is partitioned by event day, and ProcessBatch refuses a batch before sending anything", helper))
+		panic(fmt.Sprintf("mocks: %s: the claim table is partitioned by event day, and ProcessMessages refuses messages without event times before sending anything", helper))
 	}
 	if len(keys) == 0 {
 		panic(fmt.Sprintf("mocks: %s: an empty batch sends nothing", helper))

@@ -43,19 +43,20 @@
 //
 // Every entry point has its scripts:
 //
-//   - ProcessBatch and WrapBatch: [Mock.ExpectBatchApplied] (with the keys
-//     whose claims are new), [Mock.ExpectBatchDuplicate] and
+//   - ProcessMessages and WrapMessages of messages without event times,
+//     given by their keys: [Mock.ExpectBatchApplied] (with the keys whose
+//     claims are new), [Mock.ExpectBatchDuplicate] and
 //     [Mock.ExpectBatchClaimError]. The claim is the dialect's: one query
 //     for the whole batch with a dialect.BatchClaimer (Postgres), one
 //     statement per distinct key, in ascending order, otherwise.
-//   - ProcessMessages and WrapMessages: [Mock.ExpectMessagesApplied],
+//   - ProcessMessages and WrapMessages of any messages: [Mock.ExpectMessagesApplied],
 //     [Mock.ExpectMessagesDuplicate] and [Mock.ExpectMessagesBeyondHorizon],
 //     in plain and partitioned mode (there, each distinct key claimed in the
 //     event day of its first message).
 //   - ProcessNatural: [Mock.ExpectNatural] (BEGIN), the handler's own
 //     conflict-free insert, then ExpectCommit, sent whether or not the
 //     insert took effect.
-//   - ProcessMessage, ProcessEvent, WrapMessage, ClaimMessage and the
+//   - ProcessMessage, WrapMessage, ClaimMessage and the
 //     other entry points given a message with its event time, in either
 //     mode: [Mock.ExpectAppliedAt], [Mock.ExpectDuplicateAt],
 //     [Mock.ExpectClaimErrorAt], [Mock.ExpectBeyondHorizonAt] and

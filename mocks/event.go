@@ -6,8 +6,8 @@ import (
 )
 
 // The event-time helpers script messages that carry their
-// producer-assigned event time (ProcessMessage, ProcessEvent, WrapMessage,
-// ClaimMessage and the others), in plain and partitioned mode: the claim
+// producer-assigned event time (ProcessMessage, WrapMessage, ClaimMessage
+// and the others), in plain and partitioned mode: the claim
 // carries the event's fence value (see ExpectClaim). They check the
 // event time against the retention fence the Mock was told of
 // (WithRetention, WithClockSkew, WithClock, or the Middleware's own with
@@ -15,7 +15,7 @@ import (
 // anything: script such a message with ExpectFenced instead. In partitioned
 // mode (WithDailyPartitions) the claim carries the event's UTC day.
 
-// ExpectClaimAt is ExpectClaim for ClaimEvent and ClaimMessage: the claim
+// ExpectClaimAt is ExpectClaim for ClaimMessage: the claim
 // of key with event time at, which the test completes with one of the
 // Claim's Will methods — Claim.WillRefuse for a claim the table's retention
 // horizon refuses.
@@ -43,7 +43,7 @@ func (m *Mock) ExpectDuplicateAt(key string, at time.Time) {
 // ExpectClaimErrorAt is ExpectClaimError for a message with event time at:
 // BEGIN, the claim failing with err, ROLLBACK. For a day whose partition
 // does not exist yet, err is the dialect's error for it — with Postgres,
-// &pq.Error{Code: "23514"} — and ProcessEvent returns an error matching
+// &pq.Error{Code: "23514"} — and ProcessMessage returns an error matching
 // idempotent.ErrNoPartition without a retry.
 func (m *Mock) ExpectClaimErrorAt(key string, at time.Time, err error) {
 	m.mustPass("ExpectClaimErrorAt", at)
@@ -53,7 +53,7 @@ func (m *Mock) ExpectClaimErrorAt(key string, at time.Time, err error) {
 // ExpectBeyondHorizonAt expects a delivery of a message with event time at
 // that the table's retention horizon refuses: BEGIN, the claim refused by
 // horizon (see Claim.WillRefuse), ROLLBACK. The handler does not run, and
-// ProcessEvent returns an error matching idempotent.ErrBeyondRetention. Use
+// ProcessMessage returns an error matching idempotent.ErrBeyondRetention. Use
 // it for a message inside this Middleware's retention window whose claim a
 // cleanup or partition drop, run with a shorter window, may have forgotten.
 // It panics where Claim.WillRefuse does.
@@ -66,7 +66,7 @@ func (m *Mock) ExpectBeyondHorizonAt(key string, at, horizon time.Time) {
 }
 
 // ExpectFenced scripts a message the retention fence refuses: nothing, as
-// ProcessEvent returns an error matching idempotent.ErrBeyondRetention (at
+// ProcessMessage returns an error matching idempotent.ErrBeyondRetention (at
 // is older than the window) or idempotent.ErrInvalidEventTime (at is zero
 // or later than the clock plus the clock-skew margin) before it sends a
 // statement. It panics if the fence would let at through: the test means

@@ -23,11 +23,11 @@ type OrderCompleted struct {
 	TotalCents int64
 }
 
-func orderKey(o OrderCompleted) (string, error) {
+func orderMessage(o OrderCompleted) (idempotent.Message, error) {
 	if o.OrderID <= 0 {
-		return "", fmt.Errorf("order id %d", o.OrderID)
+		return idempotent.Message{}, fmt.Errorf("order id %d", o.OrderID)
 	}
-	return fmt.Sprintf("order-completed:%d", o.OrderID), nil
+	return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
 }
 
 // creditPoints is the handler under test: it credits one point per 100
@@ -50,7 +50,7 @@ func loyalty(db *sql.DB) func(context.Context, OrderCompleted) (idempotent.Outco
 	if err != nil {
 		panic(err)
 	}
-	return idempotent.Wrap(mw, orderKey, creditPoints)
+	return idempotent.WrapMessage(mw, orderMessage, creditPoints)
 }
 
 var order = OrderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
@@ -200,7 +200,7 @@ func ExampleForMiddleware() {
 	m := mocks.ForMiddleware(mock, mw, mocks.WithLockTimeout(2*time.Second))
 	m.ExpectDuplicate("order-completed:9912") // BEGIN, SET LOCAL lock_timeout, claim, ROLLBACK
 
-	outcome, err := mw.Process(context.Background(), "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+	outcome, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 		return errors.New("not run for a duplicate")
 	})
 	fmt.Println(outcome, err)
@@ -250,7 +250,8 @@ func ExampleMock_ExpectBatchApplied() {
 	m.ExpectExec("UPDATE balances SET points = points + 10 WHERE customer_id = 7").WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()
 
-	outcomes, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+	msgs := []idempotent.Message{{Key: keys[0]}, {Key: keys[1]}, {Key: keys[2]}}
+	outcomes, err := mw.ProcessMessages(context.Background(), msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 		fmt.Println("new:", fresh)
 		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + 10 WHERE customer_id = 7")
 		return err
@@ -285,11 +286,11 @@ func ExampleMock_ExpectAppliedAt() {
 	old := now.AddDate(0, 0, -45)
 	m.ExpectFenced(old)
 
-	outcome, err := mw.ProcessEvent(context.Background(), "order-completed:9912", at, func(ctx context.Context, tx *sql.Tx) error {
+	outcome, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912", EventTime: at}, func(ctx context.Context, tx *sql.Tx) error {
 		return creditPoints(ctx, tx, order)
 	})
 	fmt.Println(outcome, err)
-	_, err = mw.ProcessEvent(context.Background(), "order-completed:9913", old, func(context.Context, *sql.Tx) error { return nil })
+	_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9913", EventTime: old}, func(context.Context, *sql.Tx) error { return nil })
 	fmt.Println(errors.Is(err, idempotent.ErrBeyondRetention))
 	fmt.Println(mock.ExpectationsWereMet())
 	// Output:
@@ -318,7 +319,7 @@ func ExampleMock_ExpectBeyondHorizonAt() {
 	cleaned := now.AddDate(0, 0, -7) // a 7-day cleanup forgot claims processed before this
 	m.ExpectBeyondHorizonAt("order-completed:9912", at, cleaned)
 
-	_, err = mw.ProcessEvent(context.Background(), "order-completed:9912", at, func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "order-completed:9912", EventTime: at}, func(ctx context.Context, tx *sql.Tx) error {
 		return creditPoints(ctx, tx, order)
 	})
 	fmt.Println(errors.Is(err, idempotent.ErrBeyondRetention))

@@ -68,7 +68,7 @@ type settings struct {
 	fence       fence
 }
 
-// fence is the retention fence of ProcessEvent: the window, the clock-skew
+// fence is the retention fence of ProcessMessage: the window, the clock-skew
 // margin and the clock.
 type fence struct {
 	window time.Duration
@@ -178,38 +178,39 @@ func For(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts ...Optio
 	return m
 }
 
-// ForMiddleware is For with everything mw tells of its configuration: its
-// dialect, consumer and table, its lock timeout (LockTimeout), strict guard
-// (StrictGuard), retention window, clock-skew margin and clock (Retention,
-// ClockSkew, Now) and partitioned mode (PartitionLeadDays). opts are no
-// longer needed; any given are applied after what mw tells, and override it.
+// ForMiddleware is For with everything mw tells of its configuration
+// (Middleware.Config): its dialect, consumer and table, its lock timeout,
+// strict guard, retention window, clock-skew margin, clock and partitioned
+// mode. opts are no longer needed; any given are applied after what mw
+// tells, and override it.
 func ForMiddleware(mock sqlmock.Sqlmock, mw *idempotent.Middleware, opts ...Option) *Mock {
 	if mw == nil {
 		panic("mocks: ForMiddleware: nil Middleware")
 	}
-	m, err := newMock(mock, mw.Dialect(), mw.Consumer(), append(middlewareOptions(mw), opts...))
+	cfg := mw.Config()
+	m, err := newMock(mock, cfg.Dialect, cfg.Consumer, append(configOptions(cfg), opts...))
 	if err != nil {
 		panic("mocks: ForMiddleware: " + err.Error())
 	}
 	return m
 }
 
-// middlewareOptions returns the Options matching mw's configuration.
-func middlewareOptions(mw *idempotent.Middleware) []Option {
+// configOptions returns the Options matching a Middleware's configuration.
+func configOptions(cfg idempotent.Config) []Option {
 	opts := []Option{
-		WithTable(mw.Table()),
-		WithRetention(mw.Retention()),
-		WithClockSkew(mw.ClockSkew()),
-		WithClock(mw.Now),
+		WithTable(cfg.Table),
+		WithRetention(cfg.Retention),
+		WithClockSkew(cfg.ClockSkew),
+		WithClock(cfg.Clock),
 	}
-	if d := mw.LockTimeout(); d > 0 {
-		opts = append(opts, WithLockTimeout(d))
+	if cfg.LockTimeout > 0 {
+		opts = append(opts, WithLockTimeout(cfg.LockTimeout))
 	}
-	if mw.StrictGuard() {
+	if cfg.StrictGuard {
 		opts = append(opts, WithStrictGuard())
 	}
-	if n := mw.PartitionLeadDays(); n > 0 {
-		opts = append(opts, WithDailyPartitions(n))
+	if cfg.Partitioned() {
+		opts = append(opts, WithDailyPartitions(cfg.PartitionLeadDays))
 	}
 	return opts
 }
@@ -288,7 +289,7 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 // as MySQL's) — and returns the claim for the test to complete with one of
 // its Will methods: WillReturnResult with sqlmock.NewResult(0, 1) when the
 // claim inserts, (0, 0) when it exists, or WillReturnError. Use it for
-// Middleware.Claim in a transaction of the caller's; for Process,
+// Middleware.ClaimMessage in a transaction of the caller's; for ProcessMessage,
 // ExpectApplied, ExpectDuplicate and ExpectClaimError script the whole
 // transaction. In partitioned mode these four panic: a message there needs
 // its event time (ExpectClaimAt, ExpectAppliedAt, ExpectDuplicateAt,
@@ -323,7 +324,7 @@ type Claim struct {
 
 // WillReturnResult completes the claim with what it did, as an Exec's
 // result: RowsAffected 1 when the claim inserted, 0 when it existed
-// (Middleware.Claim reports false), or RowsAffected's error
+// (Middleware.ClaimMessage reports false), or RowsAffected's error
 // (sqlmock.NewErrorResult), which fails the claim. What the Middleware reads
 // of the retention horizon next is scripted too, answering none recorded:
 // with a dialect.HorizonClaimer (Postgres), after a claim of a message with
@@ -570,7 +571,7 @@ func (m *Mock) ExpectCommitError(err error) {
 // dialect.ProbeReleaseSQL). err is what the check meets:
 //
 //   - nil: the transaction is alive, so the handler met its failure
-//     elsewhere; Process returns it without a retry.
+//     elsewhere; ProcessMessage returns it without a retry.
 //   - an error, which fails the SAVEPOINT: the transaction was aborted (with
 //     Postgres, &pq.Error{Code: "25P02"}) or its connection lost
 //     (driver.ErrBadConn). The failure is the transaction's own, and the

@@ -59,9 +59,9 @@ var configs = []struct {
 	{"all", []idempotent.Option{idempotent.WithTable("claims"), idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
 }
 
-// TestBatch runs ProcessBatch against the batch scripts: the Postgres
-// dialect claims the whole batch with one query of its distinct keys in
-// ascending order, returning the new ones.
+// TestBatch runs ProcessMessages of messages without event times against
+// the batch scripts: the Postgres dialect claims the whole batch with one
+// query of its distinct keys in ascending order, returning the new ones.
 func TestBatch(t *testing.T) {
 	keys := []string{"c", "a", "b", "a"}
 	scenarios := []struct {
@@ -92,7 +92,7 @@ func TestBatch(t *testing.T) {
 				mw, m := newMiddleware(t, cfg.opts...)
 				sc.script(m)
 				var fresh []int
-				got, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, f []int) error {
+				got, err := mw.ProcessMessages(context.Background(), keyMessages(keys...), func(ctx context.Context, tx *sql.Tx, f []int) error {
 					fresh = f
 					return effect(ctx, tx)
 				})
@@ -106,7 +106,7 @@ func TestBatch(t *testing.T) {
 		mw, m := newMiddleware(t)
 		fatal := &pq.Error{Code: "23502"}
 		m.ExpectBatchClaimError(keys, fatal)
-		_, err := mw.ProcessBatch(context.Background(), keys, func(context.Context, *sql.Tx, []int) error {
+		_, err := mw.ProcessMessages(context.Background(), keyMessages(keys...), func(context.Context, *sql.Tx, []int) error {
 			t.Error("the handler ran")
 			return nil
 		})
@@ -132,7 +132,7 @@ func TestNatural(t *testing.T) {
 				}
 				m.ExpectExec(insert).WithArgs(9912, 50).WillReturnResult(sqlmock.NewResult(0, n))
 				m.ExpectCommit()
-				got, err := mw.ProcessNatural(context.Background(), "order-completed:9912", func(ctx context.Context, tx *sql.Tx) (bool, error) {
+				got, err := mw.ProcessNatural(context.Background(), idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 					res, err := tx.ExecContext(ctx, insert, 9912, 50)
 					if err != nil {
 						return false, err
@@ -148,7 +148,7 @@ func TestNatural(t *testing.T) {
 	}
 }
 
-// TestEvent runs ProcessEvent against the event-time scripts, in both
+// TestEvent runs ProcessMessage of messages with event times against the event-time scripts, in both
 // modes: partitioned, the claim carries the event's UTC day.
 func TestEvent(t *testing.T) {
 	const key = "order-completed:9912"
@@ -195,7 +195,7 @@ func TestEvent(t *testing.T) {
 				t.Parallel()
 				mw, m := newMiddleware(t, mode.opts...)
 				sc.script(m, sc.at)
-				got, err := mw.ProcessEvent(context.Background(), key, sc.at, effect)
+				got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: sc.at}, effect)
 				if sc.wantErr != nil {
 					if !errors.Is(err, sc.wantErr) {
 						t.Fatalf("got (%v, %v), want %v", got, err, sc.wantErr)
@@ -211,7 +211,7 @@ func TestEvent(t *testing.T) {
 	t.Run("partitioned/no-partition", func(t *testing.T) {
 		mw, m := newMiddleware(t, idempotent.WithClock(clock), idempotent.WithDailyPartitions(1))
 		m.ExpectClaimErrorAt(key, at, &pq.Error{Code: "23514"})
-		if _, err := mw.ProcessEvent(context.Background(), key, at, effect); !errors.Is(err, idempotent.ErrNoPartition) {
+		if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: at}, effect); !errors.Is(err, idempotent.ErrNoPartition) {
 			t.Fatalf("got %v, want ErrNoPartition", err)
 		}
 	})
@@ -229,7 +229,7 @@ func TestEvent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := mw.ClaimEvent(context.Background(), tx, key, at); err != nil || !ok {
+		if ok, err := mw.ClaimMessage(context.Background(), tx, idempotent.Message{Key: key, EventTime: at}); err != nil || !ok {
 			t.Fatalf("got (%v, %v), want (true, nil)", ok, err)
 		}
 		if err := tx.Rollback(); err != nil {
@@ -262,10 +262,10 @@ func TestForMiddlewareReadsOptions(t *testing.T) {
 		m.ExpectAppliedAt(key, now)
 		expectEffect(m)
 		m.ExpectCommit()
-		_, perr := mw.ProcessEvent(context.Background(), key, now, effect)
+		_, perr := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: now}, effect)
 		met := perr == nil && mock.ExpectationsWereMet() == nil
 		if met != byMiddleware {
-			t.Errorf("ForMiddleware %v: script met %v (Process: %v)", byMiddleware, met, perr)
+			t.Errorf("ForMiddleware %v: script met %v (ProcessMessage: %v)", byMiddleware, met, perr)
 		}
 	}
 }
@@ -289,7 +289,7 @@ func TestMisuse(t *testing.T) {
 	}{
 		{"applied without event time, partitioned", func() { partitioned().ExpectApplied("k") }, "use ExpectAppliedAt"},
 		{"claim without event time, partitioned", func() { partitioned().ExpectClaim("k") }, "use ExpectClaimAt"},
-		{"batch, partitioned", func() { partitioned().ExpectBatchDuplicate([]string{"k"}) }, "ProcessBatch refuses"},
+		{"batch, partitioned", func() { partitioned().ExpectBatchDuplicate([]string{"k"}) }, "ProcessMessages refuses"},
 		{"fenced message scripted as applied", func() { plain().ExpectAppliedAt("k", now.AddDate(0, 0, -31)) }, "use ExpectFenced"},
 		{"zero event time", func() { plain().ExpectDuplicateAt("k", time.Time{}) }, "is zero"},
 		{"future event time", func() { plain().ExpectClaimErrorAt("k", now.Add(time.Hour), nil) }, "clock-skew margin"},
@@ -405,7 +405,7 @@ func TestHorizon(t *testing.T) {
 		t.Run(mode.name+"/process", func(t *testing.T) {
 			mw, m := newMiddleware(t, mode.opts...)
 			m.ExpectBeyondHorizonAt(key, at, mode.horizon)
-			_, err := mw.ProcessEvent(ctx, key, at, func(context.Context, *sql.Tx) error {
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, func(context.Context, *sql.Tx) error {
 				t.Error("the handler ran")
 				return nil
 			})
@@ -491,4 +491,13 @@ func TestHorizon(t *testing.T) {
 			})
 		}
 	})
+}
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

@@ -32,7 +32,7 @@ func Example() {
 	if err := mw.EnsureSchema(ctx); err != nil {
 		log.Fatal(err)
 	}
-	outcome, err := mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+	outcome, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, "UPDATE balances SET points = points + ? WHERE customer_id = ?", 42, 7)
 		return err
 	})

@@ -211,7 +211,7 @@ func TestFutureDatedMessageIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 		soon := order{OrderID: 1, CustomerID: 4, Points: 10}
 		far := order{OrderID: 2, CustomerID: 4, Points: 20}
 		publishOrder(t, l.js, l.subject, far, clock().Add(2*adapter.DefaultFutureBound), "")
-		publishOrder(t, l.js, l.subject, soon, clock().Add(l.mw.ClockSkew()+200*time.Millisecond), "")
+		publishOrder(t, l.js, l.subject, soon, clock().Add(l.mw.Config().ClockSkew+200*time.Millisecond), "")
 
 		var got events
 		// One worker: the clock moves on in the observer, when the nak is

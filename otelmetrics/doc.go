@@ -20,9 +20,9 @@
 //
 // # Traces
 //
-// With [WithTracerProvider], each call of Process, ProcessMessage,
-// ProcessNatural or ProcessMessageTx (and of the Wrap functions and broker adapters
-// built on them) is one span of kind consumer, named "<consumer> process",
+// With [WithTracerProvider], each call of ProcessMessage, ProcessNatural or
+// ProcessMessageTx (and of WrapMessage, WrapMessageTx and the broker
+// adapters built on them) is one span of kind consumer, named "<consumer> process",
 // following OpenTelemetry's messaging conventions where they fit:
 //
 //	messaging.operation.type       "process"
@@ -57,7 +57,8 @@
 // Start on (implement idempotent.Starter) for the span to start before the
 // attempts; otherwise spans are made as for a batch, below.
 //
-// ProcessBatch and WrapBatch report one span per message, started at the
+// ProcessMessages, ProcessMessagesTx, WrapMessages and WrapMessagesTx
+// report one span per message, started at the
 // batch's start and ended with it; their retries are events on the span in
 // the caller's context, if one is recording.
 //

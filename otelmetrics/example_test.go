@@ -29,6 +29,6 @@ func ExampleNew() {
 	}
 	defer db.Close()
 	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithObserver(obs))
-	fmt.Println(mw.Consumer(), err)
+	fmt.Println(mw.Config().Consumer, err)
 	// Output: loyalty <nil>
 }

@@ -38,7 +38,7 @@ func ExampleWithTracerProvider() {
 		panic(err)
 	}
 
-	_, err = mw.Process(context.Background(), "", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: ""}, func(ctx context.Context, tx *sql.Tx) error {
 		// ctx carries the delivery's span: spans of an instrumented
 		// driver used through tx are its children.
 		return nil

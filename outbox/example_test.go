@@ -32,7 +32,7 @@ func ExampleOutbox_Enqueue() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(db, mw.Consumer())
+	ob, err := outbox.New(db, mw.Config().Consumer)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func ExampleOutbox_Enqueue() {
 
 	key := "order-completed:9912"
 	payload, _ := json.Marshal(map[string]any{"order_id": 9912, "to": "customer@example.com"})
-	outcome, err := mw.Process(ctx, key, func(ctx context.Context, tx *sql.Tx) error {
+	outcome, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := ob.Enqueue(ctx, tx, key, "send_receipt", payload)
 		return err
 	})

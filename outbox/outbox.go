@@ -114,8 +114,8 @@ func (o *Outbox) EnsureSchema(ctx context.Context) error {
 // Enqueue writes a call of the given kind with a JSON payload into the
 // outbox, inside tx: the call is made (by a Relay, later) if and only if tx
 // commits. Run it from the handler that applies the message with msgKey —
-// with idempotent's Middleware.Process, pass the handler's ctx and tx and the
-// key given to Process.
+// with idempotent's Middleware.ProcessMessage, pass the handler's ctx and tx
+// and the message's key (Message.Key).
 //
 // It returns the call's idempotency key: Key(consumer, msgKey, kind), or the
 // one given by WithKey. If a row with that kind and key already exists,

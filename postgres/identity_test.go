@@ -196,7 +196,7 @@ func TestSeenTenantsBySearchPath(t *testing.T) {
 		tenants, mws = append(tenants, s), append(mws, m)
 	}
 	for i, m := range mws {
-		out, err := m.Process(ctx, "order-1", func(ctx context.Context, tx *sql.Tx) error {
+		out, err := m.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "INSERT INTO effects (k) VALUES ('order-1')")
 			return err
 		})

@@ -52,10 +52,10 @@ func TestDefaultsTwoDatabasesOneRedis(t *testing.T) {
 	batch := []string{"order-2", "order-3"}
 	for round, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
 		for i, m := range mws {
-			if out, err := m.Process(ctx, "order-1", effect("order-1")); err != nil || out != want {
-				t.Errorf("round %d, database %d: Process = %v, %v; want %v", round+1, i, out, err, want)
+			if out, err := m.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, effect("order-1")); err != nil || out != want {
+				t.Errorf("round %d, database %d: ProcessMessage = %v, %v; want %v", round+1, i, out, err, want)
 			}
-			outs, err := m.ProcessBatch(ctx, batch, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+			outs, err := m.ProcessMessages(ctx, keyMessages(batch...), func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 				var keys []string
 				for _, j := range fresh {
 					keys = append(keys, batch[j])
@@ -63,7 +63,7 @@ func TestDefaultsTwoDatabasesOneRedis(t *testing.T) {
 				return effect(keys...)(ctx, tx)
 			})
 			if err != nil || !slices.Equal(outs, []idempotent.Outcome{want, want}) {
-				t.Errorf("round %d, database %d: ProcessBatch = %v, %v; want two %v", round+1, i, outs, err, want)
+				t.Errorf("round %d, database %d: ProcessMessages = %v, %v; want two %v", round+1, i, outs, err, want)
 			}
 		}
 	}

@@ -173,7 +173,7 @@ func TestKillRedisMidRun(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for k := range deliveries {
-				_, err := m.Process(context.Background(), k, func(ctx context.Context, tx *sql.Tx) error {
+				_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: k}, func(ctx context.Context, tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, "INSERT INTO "+schema+".effects (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = effects.n + 1", k)
 					return err
 				})
@@ -323,7 +323,7 @@ func TestSeenKeysAndRecordKeys(t *testing.T) {
 	}
 }
 
-// TestKillRedisMidRunBatches is TestKillRedisMidRun for ProcessBatch: every
+// TestKillRedisMidRunBatches is TestKillRedisMidRun for ProcessMessages: every
 // message arrives three times in batches of 10 from several workers, and
 // Redis is killed half way. Every effect is applied exactly once.
 func TestKillRedisMidRunBatches(t *testing.T) {
@@ -341,7 +341,7 @@ func TestKillRedisMidRunBatches(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for keys := range batches {
-				_, err := m.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+				_, err := m.ProcessMessages(context.Background(), keyMessages(keys...), func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 					ids := make([]string, len(fresh))
 					for j, i := range fresh {
 						ids[j] = keys[i]
@@ -397,4 +397,13 @@ func (c *countingSeenBatch) SeenKeys(ctx context.Context, scope idempotent.SeenS
 
 func (c *countingSeenBatch) RecordKeys(ctx context.Context, scope idempotent.SeenScope, keys []string, ttl time.Duration) {
 	c.s.RecordKeys(ctx, scope, keys, ttl)
+}
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

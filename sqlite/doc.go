@@ -16,7 +16,7 @@
 //     locked by another writer waits up to 5s before failing with
 //     SQLITE_BUSY, which the middleware retries.
 //   - synchronous=FULL: a commit is on disk before COMMIT returns, so a
-//     message acknowledged after Process cannot lose its effect to a power
+//     message acknowledged after ProcessMessage cannot lose its effect to a power
 //     cut (WAL's common NORMAL setting could).
 //   - _txlock=immediate: every read-write transaction begins with BEGIN
 //     IMMEDIATE, taking the write lock at once. Writers then queue at BEGIN,

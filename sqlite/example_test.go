@@ -46,7 +46,7 @@ func Example() {
 		return err
 	}
 	for i := 0; i < 2; i++ {
-		outcome, err := mw.Process(ctx, "order-completed:9912", credit)
+		outcome, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, credit)
 		if err != nil {
 			log.Fatal(err)
 		}

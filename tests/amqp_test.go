@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,41 +47,6 @@ func amqpURL(t testing.TB) string {
 		t.Skip(amqpReason)
 	}
 	return amqpAddr
-}
-
-// process is one consumer process's broker connection. crash ends it
-// abruptly, as a killed process or a dropped network does: the socket closes
-// under the client, with no AMQP close handshake, so the broker requeues
-// whatever the process had not acked. (The process's database connections
-// live on: a handler in flight finishes its transaction, and its ack fails.)
-type process struct {
-	conn    *amqp.Connection
-	mu      sync.Mutex
-	netConn net.Conn
-	crashed atomic.Bool
-}
-
-func dialProcess(url string) (*process, error) {
-	p := &process{}
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		c, err := amqp.DefaultDial(5*time.Second)(network, addr)
-		p.mu.Lock()
-		p.netConn = c
-		p.mu.Unlock()
-		return c, err
-	}})
-	if err != nil {
-		return nil, err
-	}
-	p.conn = conn
-	return p, nil
-}
-
-func (p *process) crash() {
-	p.crashed.Store(true)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_ = p.netConn.Close()
 }
 
 // dialTest opens a connection closed in Cleanup.
@@ -152,18 +115,6 @@ func declareTopology(t testing.TB, url string) topology {
 		}
 	})
 	return top
-}
-
-// depth returns how many messages are ready in queue.
-func depth(t testing.TB, conn *amqp.Connection, queue string) int {
-	t.Helper()
-	ch := openChannel(t, conn)
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-	if err != nil {
-		t.Fatalf("inspect queue %s: %v", queue, err)
-	}
-	return q.Messages
 }
 
 // publisher publishes with confirms to the test's queue.

@@ -72,7 +72,9 @@ func (l *loyalty) creditBatch(ctx context.Context, tx *sql.Tx, msgs []orderCompl
 	return err
 }
 
-func orderKey(o orderCompleted) (string, error) { return o.key(), nil }
+func orderMsg(o orderCompleted) (idempotent.Message, error) {
+	return idempotent.Message{Key: o.key()}, nil
+}
 
 // claimCount returns how many claims the loyalty consumer holds.
 func (l *loyalty) claimCount(t testing.TB) int {
@@ -136,7 +138,7 @@ func TestBatchAppliedThenDuplicate(t *testing.T) {
 			t.Parallel()
 			l := newLoyalty(t, openBatchDB(t, drv, 4))
 			var got [][]int64
-			process := idempotent.WrapBatch(l.mw, orderKey, func(ctx context.Context, tx *sql.Tx, msgs []orderCompleted) error {
+			process := idempotent.WrapMessages(l.mw, orderMsg, func(ctx context.Context, tx *sql.Tx, msgs []orderCompleted) error {
 				var ids []int64
 				for _, o := range msgs {
 					ids = append(ids, o.OrderID)
@@ -198,12 +200,12 @@ func TestBatchInBatchDuplicates(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			if _, err := l.mw.Process(ctx, "k-d", func(context.Context, *sql.Tx) error { return nil }); err != nil {
+			if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k-d"}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
 			}
 			keys := []string{"k-b", "k-a", "k-b", "k-d", "k-c", "k-a", "k-b"}
 			var fresh []int
-			outs, err := mw.ProcessBatch(ctx, keys, func(ctx context.Context, tx *sql.Tx, f []int) error {
+			outs, err := mw.ProcessMessages(ctx, keyMessages(keys...), func(ctx context.Context, tx *sql.Tx, f []int) error {
 				fresh = f
 				for _, i := range f {
 					if _, err := tx.ExecContext(ctx, "INSERT INTO "+pq.QuoteIdentifier(l.schema)+".point_ledger (customer_id, order_id, points) VALUES (1, $1, 1)", i); err != nil {
@@ -238,7 +240,7 @@ func TestBatchHandlerErrorRollsBackWholeBatch(t *testing.T) {
 	ctx := context.Background()
 	boom := errors.New("boom")
 	msgs := []orderCompleted{order(1), order(2), order(3)}
-	fail := idempotent.WrapBatch(l.mw, orderKey, func(ctx context.Context, tx *sql.Tx, msgs []orderCompleted) error {
+	fail := idempotent.WrapMessages(l.mw, orderMsg, func(ctx context.Context, tx *sql.Tx, msgs []orderCompleted) error {
 		if err := l.creditBatch(ctx, tx, msgs); err != nil {
 			return err
 		}
@@ -253,7 +255,7 @@ func TestBatchHandlerErrorRollsBackWholeBatch(t *testing.T) {
 	if rows, _ := l.ledgerTotals(t); rows != 0 {
 		t.Fatalf("%d ledger rows after a failed batch, want 0", rows)
 	}
-	ok := idempotent.WrapBatch(l.mw, orderKey, l.creditBatch)
+	ok := idempotent.WrapMessages(l.mw, orderMsg, l.creditBatch)
 	outs, err := ok(ctx, msgs)
 	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Applied}) {
 		t.Fatalf("redelivery: got (%v, %v), want all applied", outs, err)
@@ -333,7 +335,7 @@ CREATE TRIGGER slow_claim BEFORE INSERT ON ` + q + `.processed_messages FOR EACH
 	for i := range pool {
 		pool[i] = order(int64(i + 1))
 	}
-	applied := overlappingBatches(t, idempotent.WrapBatch(l.mw, orderKey, ledgerOnly), pool, 8, 15, 40)
+	applied := overlappingBatches(t, idempotent.WrapMessages(l.mw, orderMsg, ledgerOnly), pool, 8, 15, 40)
 	rows, orders := l.ledgerTotals(t)
 	if rows != orders || rows != len(applied) || rows != l.claimCount(t) {
 		t.Fatalf("%d ledger rows, %d distinct orders, %d orders reported applied, %d claims: want all equal", rows, orders, len(applied), l.claimCount(t))
@@ -359,7 +361,7 @@ func TestBatchSerializationStorm(t *testing.T) {
 	for i := range pool {
 		pool[i] = orderCompleted{OrderID: int64(i + 1), CustomerID: int64(i%5 + 1), TotalCents: 100}
 	}
-	applied := overlappingBatches(t, idempotent.WrapBatch(l.mw, orderKey, l.creditBatch), pool, 8, 10, 12)
+	applied := overlappingBatches(t, idempotent.WrapMessages(l.mw, orderMsg, l.creditBatch), pool, 8, 10, 12)
 	if counts.Retries() == 0 {
 		t.Fatal("no batch was retried: the test did not provoke serialization failures")
 	}
@@ -416,7 +418,7 @@ func TestBatchBadInput(t *testing.T) {
 		{name: "nil function", keys: []string{"a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			outs, err := mw.ProcessBatch(ctx, tc.keys, tc.fn)
+			outs, err := mw.ProcessMessages(ctx, keyMessages(tc.keys...), tc.fn)
 			if err == nil || outs != nil {
 				t.Fatalf("got (%v, %v), want an error", outs, err)
 			}
@@ -434,7 +436,7 @@ func TestBatchBadInput(t *testing.T) {
 			}
 		})
 	}
-	if outs, err := mw.ProcessBatch(ctx, nil, fn); outs != nil || err != nil {
+	if outs, err := mw.ProcessMessages(ctx, keyMessages(nil...), fn); outs != nil || err != nil {
 		t.Fatalf("empty batch: got (%v, %v), want (nil, nil)", outs, err)
 	}
 	if called {
@@ -442,15 +444,15 @@ func TestBatchBadInput(t *testing.T) {
 	}
 	// The same batch against an existing table reaches it: the checks above
 	// are what kept the others out.
-	if _, err := mw.ProcessBatch(ctx, []string{"a"}, fn); !errors.Is(err, idempotent.ErrNoClaimTable) {
+	if _, err := mw.ProcessMessages(ctx, keyMessages("a"), fn); !errors.Is(err, idempotent.ErrNoClaimTable) {
 		t.Fatalf("valid batch without a claim table: %v, want ErrNoClaimTable", err)
 	}
 
-	wrapped := idempotent.WrapBatch(mw, func(o orderCompleted) (string, error) {
+	wrapped := idempotent.WrapMessages(mw, func(o orderCompleted) (idempotent.Message, error) {
 		if o.OrderID < 0 {
-			return "", errors.New("negative order id")
+			return idempotent.Message{}, errors.New("negative order id")
 		}
-		return o.key(), nil
+		return idempotent.Message{Key: o.key()}, nil
 	}, func(context.Context, *sql.Tx, []orderCompleted) error { called = true; return nil })
 	_, err = wrapped(ctx, []orderCompleted{order(1), order(2), {OrderID: -1}})
 	var ke *idempotent.BatchKeyError
@@ -479,7 +481,7 @@ func TestBatchAwkwardKeys(t *testing.T) {
 			l := newLoyalty(t, openBatchDB(t, drv, 2))
 			ctx := context.Background()
 			for _, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-				outs, err := l.mw.ProcessBatch(ctx, keys, func(context.Context, *sql.Tx, []int) error { return nil })
+				outs, err := l.mw.ProcessMessages(ctx, keyMessages(keys...), func(context.Context, *sql.Tx, []int) error { return nil })
 				if err != nil {
 					t.Fatal(err)
 				}

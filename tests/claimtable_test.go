@@ -17,9 +17,9 @@ import (
 
 // newTable returns a ClaimTable on table (schema.name), with its schema made
 // by EnsureSchema.
-func newTable(t testing.TB, db *sql.DB, table string, opts ...idempotent.Option) *idempotent.ClaimTable {
+func newTable(t testing.TB, db *sql.DB, table string, opts ...idempotent.TableOption) *idempotent.ClaimTable {
 	t.Helper()
-	tab, err := idempotent.NewClaimTable(db, postgres.New(), append([]idempotent.Option{idempotent.WithTable(table)}, opts...)...)
+	tab, err := idempotent.NewClaimTable(db, postgres.New(), append([]idempotent.TableOption{idempotent.WithTable(table)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,9 +138,9 @@ func TestClaimTableMaintainPartitionsAsTheMiddlewareDid(t *testing.T) {
 	schema := tempSchema(t, db)
 	ctx := context.Background()
 	clock := testenv.NewClock(time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC))
-	opts := []idempotent.Option{idempotent.WithDailyPartitions(3), idempotent.WithClock(clock.Now)}
+	opts := []idempotent.TableOption{idempotent.WithDailyPartitions(3), idempotent.WithClock(clock.Now)}
 	tab := newTable(t, db, schema+".bytable", opts...)
-	mw := retMiddleware(t, db, schema+".bymw", "loyalty", opts...)
+	mw := retMiddleware(t, db, schema+".bymw", "loyalty", options(opts...)...)
 
 	// days returns the days of ps, dropping each table's own name.
 	days := func(ps []idempotent.Partition) string {
@@ -170,7 +170,7 @@ func TestClaimTableMaintainPartitionsAsTheMiddlewareDid(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: ClaimTable: %v", step.name, err)
 		}
-		old, err := mw.MaintainPartitions(ctx)
+		old, err := mw.ClaimTable().MaintainPartitions(ctx)
 		if err != nil {
 			t.Fatalf("%s: Middleware: %v", step.name, err)
 		}

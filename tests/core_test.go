@@ -67,7 +67,7 @@ func TestVerificationRedeliveryAppliesOnce(t *testing.T) {
 			msg := orderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 			var ran int
 			handle := func() (idempotent.Outcome, error) {
-				return l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+				return l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 					ran++
 					return l.credit(ctx, tx, msg)
 				})
@@ -125,7 +125,7 @@ func TestHandlerErrorRollsBackClaimAndEffect(t *testing.T) {
 	db := openGuarded(t, "pq", 4)
 	l := newLoyalty(t, db)
 	msg := orderCompleted{OrderID: 1, CustomerID: 1, TotalCents: 700}
-	_, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+	_, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := l.credit(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -183,7 +183,7 @@ func TestWaitingDuplicate(t *testing.T) {
 			}
 			t1 := make(chan result, 1)
 			go func() {
-				o, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+				o, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 					if err := l.credit(ctx, tx, msg); err != nil {
 						return err
 					}
@@ -200,7 +200,7 @@ func TestWaitingDuplicate(t *testing.T) {
 			var t2Ran atomic.Int32
 			t2 := make(chan result, 1)
 			go func() {
-				o, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+				o, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 					t2Ran.Add(1)
 					return l.credit(ctx, tx, msg)
 				})
@@ -258,7 +258,7 @@ func TestSerializableStorm(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-gate
-					outcomes[i], errs[i] = l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+					outcomes[i], errs[i] = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 						if ran.Add(1) == 1 {
 							// Hold the claim until the other 31 wait on it, so
 							// that every one of them must be retried.
@@ -382,7 +382,7 @@ func TestHandlerSerializationFailureRetried(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			attempt := 0
-			outcomes[doctor], errs[doctor] = l.mw.Process(context.Background(), fmt.Sprintf("off-call:%d", doctor), func(ctx context.Context, tx *sql.Tx) error {
+			outcomes[doctor], errs[doctor] = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: fmt.Sprintf("off-call:%d", doctor)}, func(ctx context.Context, tx *sql.Tx) error {
 				attempt++
 				var on int
 				if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM "+q+".on_call WHERE on_call").Scan(&on); err != nil {
@@ -436,7 +436,7 @@ func TestHandlerDeadlockRetried(t *testing.T) {
 			defer wg.Done()
 			attempt := 0
 			msg := fmt.Sprintf("transfer:%d", i)
-			outcomes[i], errs[i] = l.mw.Process(context.Background(), msg, func(ctx context.Context, tx *sql.Tx) error {
+			outcomes[i], errs[i] = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg}, func(ctx context.Context, tx *sql.Tx) error {
 				attempt++
 				if super {
 					// Detect the deadlock in 20ms instead of the default 1s.
@@ -492,7 +492,7 @@ func TestRetriesExhausted(t *testing.T) {
 			l := newLoyalty(t, db, idempotent.WithRetry(fastRetry(3)), idempotent.WithObserver(&counts))
 			msg := orderCompleted{OrderID: 5, CustomerID: 5, TotalCents: 500}
 			calls := 0
-			_, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+			_, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 				calls++
 				if err := l.credit(ctx, tx, msg); err != nil {
 					return err
@@ -536,7 +536,7 @@ func TestNoRetryOnOtherErrors(t *testing.T) {
 	for i, code := range []string{"40003", "23505", "22012", "55P03", "42P01"} {
 		calls := 0
 		key := fmt.Sprintf("no-retry:%d", i)
-		_, err := l.mw.Process(context.Background(), key, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 			calls++
 			return raise(ctx, tx, code)
 		})
@@ -567,7 +567,7 @@ func TestPanicInHandler(t *testing.T) {
 			pid := 0
 			recovered := func() (r any) {
 				defer func() { r = recover() }()
-				_, _ = l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+				_, _ = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 					if err := l.credit(ctx, tx, msg); err != nil {
 						return err
 					}
@@ -622,7 +622,7 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	defer safety.Stop()
 	holder := make(chan error, 1)
 	go func() {
-		_, err := l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 			close(claimed)
 			<-released
 			return l.credit(ctx, tx, msg)
@@ -632,7 +632,7 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	<-claimed
 	ran := false
 	credit := func(ctx context.Context, tx *sql.Tx) error { ran = true; return l.credit(ctx, tx, msg) }
-	_, err = busy.Process(context.Background(), msg.key(), credit)
+	_, err = busy.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, credit)
 	release()
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("waiting duplicate: %v, want ErrClaimBusy", err)
@@ -646,14 +646,14 @@ func TestLockTimeoutClaimBusy(t *testing.T) {
 	if err := <-holder; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
-	if got, err := busy.Process(context.Background(), msg.key(), credit); err != nil || got != idempotent.Duplicate {
+	if got, err := busy.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, credit); err != nil || got != idempotent.Duplicate {
 		t.Fatalf("redelivery after the holder committed: (%v, %v), want duplicate", got, err)
 	}
 	if b := l.balance(t, 8); b != pointsFor(msg) {
 		t.Errorf("balance %d, want %d", b, pointsFor(msg))
 	}
 	// Without a competing holder, the lock timeout changes nothing.
-	if got, err := busy.Process(context.Background(), "free", func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
+	if got, err := busy.ProcessMessage(context.Background(), idempotent.Message{Key: "free"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
 		t.Fatalf("uncontended claim with a lock timeout: (%v, %v)", got, err)
 	}
 }
@@ -685,7 +685,7 @@ func TestConsumersShareTable(t *testing.T) {
 		if got, err := l.handle(context.Background(), msg); err != nil || got != want {
 			t.Fatalf("loyalty delivery %d: (%v, %v), want %v", i+1, got, err, want)
 		}
-		if got, err := analytics.Process(context.Background(), msg.key(), record); err != nil || got != want {
+		if got, err := analytics.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, record); err != nil || got != want {
 			t.Fatalf("analytics delivery %d: (%v, %v), want %v", i+1, got, err, want)
 		}
 	}
@@ -740,7 +740,7 @@ func TestEnsureSchemaTwiceAndConcurrently(t *testing.T) {
 			t.Fatalf("EnsureSchema again: %v", err)
 		}
 	}
-	if got, err := mw.Process(context.Background(), "k", func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
 		t.Fatalf("Process on the ensured table: (%v, %v)", got, err)
 	}
 	if n := count(t, db, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'claims'", schema); n != 2 {
@@ -804,7 +804,7 @@ func TestContextCanceledMidHandler(t *testing.T) {
 				calls := 0
 				done := make(chan error, 1)
 				go func() {
-					_, err := l.mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+					_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 						calls++
 						if err := l.credit(ctx, tx, msg); err != nil {
 							return err
@@ -863,7 +863,7 @@ func TestClaimOnCallerTransaction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := l.mw.Claim(ctx, tx, msg.key())
+		claimed, err := l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: msg.key()})
 		if err != nil || claimed != want {
 			_ = tx.Rollback()
 			t.Fatalf("Claim %d: (%v, %v), want %v", i+1, claimed, err, want)
@@ -885,7 +885,7 @@ func TestClaimOnCallerTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if claimed, err := l.mw.Claim(ctx, tx, "rolled-back"); err != nil || !claimed {
+	if claimed, err := l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "rolled-back"}); err != nil || !claimed {
 		t.Fatalf("Claim: (%v, %v)", claimed, err)
 	}
 	if err := tx.Rollback(); err != nil {
@@ -894,7 +894,7 @@ func TestClaimOnCallerTransaction(t *testing.T) {
 	if n := claims(t, db, l.schema+".processed_messages", "loyalty", "rolled-back"); n != 0 {
 		t.Errorf("%d claims after rollback, want 0", n)
 	}
-	if _, err := l.mw.Claim(ctx, nil, "k"); err == nil {
+	if _, err := l.mw.ClaimMessage(ctx, nil, idempotent.Message{Key: "k"}); err == nil {
 		t.Error("Claim with a nil transaction succeeded")
 	}
 }
@@ -917,7 +917,7 @@ func TestClaimBusyOnCallerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback() //nolint:errcheck
-	if ok, err := l.mw.Claim(ctx, holder, "k"); err != nil || !ok {
+	if ok, err := l.mw.ClaimMessage(ctx, holder, idempotent.Message{Key: "k"}); err != nil || !ok {
 		t.Fatalf("holder Claim: (%v, %v)", ok, err)
 	}
 	tx, err := db.BeginTx(ctx, nil)
@@ -925,7 +925,7 @@ func TestClaimBusyOnCallerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback() //nolint:errcheck
-	_, err = busy.Claim(ctx, tx, "k")
+	_, err = busy.ClaimMessage(ctx, tx, idempotent.Message{Key: "k"})
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("Claim behind a holder: %v, want ErrClaimBusy", err)
 	}
@@ -941,7 +941,7 @@ func TestMissingClaimTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	ran := false
-	_, err = mw.Process(context.Background(), "k", func(context.Context, *sql.Tx) error { ran = true; return nil })
+	_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { ran = true; return nil })
 	if !errors.Is(err, idempotent.ErrNoClaimTable) || sqlState(err) != "42P01" {
 		t.Fatalf("Process without a claim table: %v, want ErrNoClaimTable wrapping 42P01", err)
 	}
@@ -965,17 +965,17 @@ func TestObserverEvents(t *testing.T) {
 		}
 		return nil
 	}
-	if got, err := l.mw.Process(ctx, "a", flaky); err != nil || got != idempotent.Applied {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "a"}, flaky); err != nil || got != idempotent.Applied {
 		t.Fatalf("(%v, %v)", got, err)
 	}
-	if got, err := l.mw.Process(ctx, "a", flaky); err != nil || got != idempotent.Duplicate {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "a"}, flaky); err != nil || got != idempotent.Duplicate {
 		t.Fatalf("(%v, %v)", got, err)
 	}
 	errFail := errors.New("fail")
-	if _, err := l.mw.Process(ctx, "b", func(context.Context, *sql.Tx) error { return errFail }); !errors.Is(err, errFail) {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "b"}, func(context.Context, *sql.Tx) error { return errFail }); !errors.Is(err, errFail) {
 		t.Fatal(err)
 	}
-	if _, err := l.mw.Process(ctx, "", flaky); !errors.Is(err, idempotent.ErrInvalidKey) {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: ""}, flaky); !errors.Is(err, idempotent.ErrInvalidKey) {
 		t.Fatal(err)
 	}
 	rec.mu.Lock()
@@ -1006,12 +1006,13 @@ func TestObserverEvents(t *testing.T) {
 	}
 }
 
-// Wrap decodes nothing itself: it keys the message, then processes it.
-func TestWrap(t *testing.T) {
+// WrapMessage decodes nothing itself: it reads the message's Message, then
+// processes it.
+func TestWrapMessage(t *testing.T) {
 	t.Parallel()
 	db := openGuarded(t, "pgx", 2)
 	l := newLoyalty(t, db)
-	handle := idempotent.Wrap(l.mw, func(o orderCompleted) (string, error) { return o.key(), nil }, l.credit)
+	handle := idempotent.WrapMessage(l.mw, orderMsg, l.credit)
 	msg := orderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 	for _, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
 		if got, err := handle(context.Background(), msg); err != nil || got != want {
@@ -1101,7 +1102,7 @@ func TestRetryBackoffHonoursContext(t *testing.T) {
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		_, err := l.mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error {
+		_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error {
 			calls++
 			return raise(ctx, tx, "40001")
 		})
@@ -1133,7 +1134,7 @@ func TestContextAlreadyCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	ran := false
-	_, err := l.mw.Process(ctx, "k", func(context.Context, *sql.Tx) error { ran = true; return nil })
+	_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { ran = true; return nil })
 	if !errors.Is(err, context.Canceled) || ran {
 		t.Errorf("Process with a cancelled context: %v (handler ran: %v), want context.Canceled", err, ran)
 	}

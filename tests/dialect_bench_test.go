@@ -95,7 +95,7 @@ func BenchmarkDialects(b *testing.B) {
 					return err
 				}
 				if mode == "duplicate" {
-					if _, err := mw.Process(ctx, "dup", bump); err != nil {
+					if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, bump); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -109,7 +109,7 @@ func BenchmarkDialects(b *testing.B) {
 					if mode != "duplicate" {
 						key = fmt.Sprintf("key-%d", i)
 					}
-					out, err := mw.Process(ctx, key, bump)
+					out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, bump)
 					if err != nil || out != want {
 						b.Fatalf("%v, %v; want %v", out, err, want)
 					}

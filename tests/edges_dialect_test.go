@@ -125,7 +125,7 @@ func TestMariaDBImplicitCommitIsRefusedBeforeTheServer(t *testing.T) {
 			}
 			stmt := tc.stmt(e)
 			var stmtErr error
-			_, err = mw.Process(ctx, "order-1", func(ctx context.Context, tx *sql.Tx) error {
+			_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, func(ctx context.Context, tx *sql.Tx) error {
 				if err := e.bump(ctx, tx); err != nil {
 					return err
 				}
@@ -143,7 +143,7 @@ func TestMariaDBImplicitCommitIsRefusedBeforeTheServer(t *testing.T) {
 			}
 			tc.check(t, e)
 			for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-				got, err := mw.Process(ctx, "order-1", e.bump)
+				got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, e.bump)
 				if err != nil || got != want {
 					t.Fatalf("redelivery %d = (%v, %v), want %v", i+1, got, err, want)
 				}
@@ -177,7 +177,7 @@ func TestMariaDBStrictGuardSeesAnImplicitCommitOnTheErrorPath(t *testing.T) {
 		t.Fatalf("EnsureSchema with the strict guard on MariaDB: %v", err)
 	}
 	handlerErr := errors.New("pricing service failed after the DDL")
-	_, err = mw.Process(ctx, "order-1", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := e.bump(ctx, tx); err != nil {
 			return err
 		}
@@ -244,7 +244,7 @@ func TestFutureEventTimeIsRefused(t *testing.T) {
 			ran := 0
 			apply := func(ctx context.Context, tx *sql.Tx) error { ran++; return l.credit(ctx, tx, msg) }
 			for _, at := range []time.Time{daysAhead, msAsSeconds} {
-				got, err := l.mw.ProcessEvent(ctx, msg.key(), at, apply)
+				got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply)
 				if got != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention) {
 					t.Fatalf("event at %v = (%v, %v), want ErrInvalidEventTime", at, got, err)
 				}
@@ -255,17 +255,17 @@ func TestFutureEventTimeIsRefused(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, err = l.mw.ClaimEvent(ctx, tx, msg.key(), at)
+				_, err = l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: msg.key(), EventTime: at})
 				_ = tx.Rollback()
 				if !errors.Is(err, idempotent.ErrInvalidEventTime) {
-					t.Fatalf("ClaimEvent at %v: %v, want ErrInvalidEventTime", at, err)
+					t.Fatalf("ClaimMessage at %v: %v, want ErrInvalidEventTime", at, err)
 				}
 			}
 			if ran != 0 || retCount(t, l.db, l.schema+".processed_messages", "") != 0 || l.balance(t, 12) != 0 {
 				t.Fatalf("handler ran %d times, balance %d: want nothing written", ran, l.balance(t, 12))
 			}
 			// Inside the margin is fine.
-			if got, err := l.mw.ProcessEvent(ctx, "order-completed:skewed", now.Add(idempotent.DefaultClockSkew-time.Second), func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
+			if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:skewed", EventTime: now.Add(idempotent.DefaultClockSkew - time.Second)}, func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
 				t.Fatalf("event within the clock-skew margin = (%v, %v), want Applied", got, err)
 			}
 			if mode == "partitioned" {
@@ -274,10 +274,10 @@ func TestFutureEventTimeIsRefused(t *testing.T) {
 			// A month on: Cleanup, then the message replayed with its
 			// (then plausible) event time applies once in all.
 			clock.Add(idempotent.DefaultRetention + idempotent.DefaultClockSkew + 24*time.Hour)
-			if _, err := l.mw.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err != nil {
+			if _, err := l.mw.ClaimTable().CleanupConsumer(ctx, l.mw.Config().Consumer, idempotent.DefaultCleanupOptions()); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := l.mw.ProcessEvent(ctx, msg.key(), daysAhead, apply); err != nil {
+			if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: daysAhead}, apply); err != nil {
 				t.Fatalf("replay a month on: %v", err)
 			}
 			if b := l.balance(t, 12); b != pointsFor(msg) || ran != 1 {
@@ -299,7 +299,7 @@ func TestMissingPartitionInsideTheWindowIsTransient(t *testing.T) {
 	msg := orderCompleted{OrderID: 316, CustomerID: 3, TotalCents: 1600}
 	at := clock.Now().Add(-time.Hour)
 	apply := func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }
-	got, err := l.mw.ProcessEvent(ctx, msg.key(), at, apply)
+	got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply)
 	var pqErr *pq.Error
 	if got != 0 || !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) || !errors.As(err, &pqErr) {
 		t.Fatalf("event on a day without its partition yet = (%v, %v), want ErrNoPartition (not ErrBeyondRetention)", got, err)
@@ -307,10 +307,10 @@ func TestMissingPartitionInsideTheWindowIsTransient(t *testing.T) {
 	if !strings.Contains(err.Error(), "2031-03-16") {
 		t.Errorf("error does not name the day: %v", err)
 	}
-	if _, err := l.mw.MaintainPartitions(ctx); err != nil {
+	if _, err := l.mw.ClaimTable().MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := l.mw.ProcessEvent(ctx, msg.key(), at, apply); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply); got != idempotent.Applied || err != nil {
 		t.Fatalf("once the partition exists = (%v, %v), want Applied", got, err)
 	}
 	if b := l.balance(t, 3); b != pointsFor(msg) {
@@ -348,7 +348,7 @@ func checkLevelsRun(t *testing.T, db *sql.DB, d dialect.Dialect, table string, l
 		if err := mw.EnsureSchema(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := mw.Process(ctx, "level-"+l.String(), func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
+		if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "level-" + l.String()}, func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
 			t.Errorf("%s: Process under %v = (%v, %v)", d.Name(), l, got, err)
 		}
 	}

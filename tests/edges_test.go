@@ -114,7 +114,7 @@ func TestHandlerOwnFailureNotRetried(t *testing.T) {
 					defer cancel()
 					calls := 0
 					var own error
-					_, err := l.mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+					_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 						calls++
 						if err := l.credit(ctx, tx, msg); err != nil {
 							return err
@@ -186,7 +186,7 @@ func TestTransactionFailureRetried(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 					defer cancel()
 					calls := 0
-					got, err := l.mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+					got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 						calls++
 						if err := l.credit(ctx, tx, msg); err != nil {
 							return err
@@ -227,31 +227,31 @@ var nestedWorks = []nestedWork{
 		return idempotent.RunTx(ctx, l.db, postgres.New(), nil, fastRetry(3), write)
 	}},
 	{"Process/other", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
-		_, err := other.Process(ctx, key, write)
+		_, err := other.ProcessMessage(ctx, idempotent.Message{Key: key}, write)
 		return err
 	}},
 	{"Process/same key", func(ctx context.Context, l *loyalty, _ *idempotent.Middleware, key string, write idempotent.TxFunc) error {
-		_, err := l.mw.Process(ctx, key, write)
+		_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: key}, write)
 		return err
 	}},
-	{"ProcessEvent", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
-		_, err := other.ProcessEvent(ctx, key, time.Now(), write)
+	{"ProcessMessage with an event time", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
+		_, err := other.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: time.Now()}, write)
 		return err
 	}},
-	{"ProcessBatch", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
-		_, err := other.ProcessBatch(ctx, []string{key}, func(ctx context.Context, tx *sql.Tx, _ []int) error { return write(ctx, tx) })
+	{"ProcessMessages", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
+		_, err := other.ProcessMessages(ctx, keyMessages(key), func(ctx context.Context, tx *sql.Tx, _ []int) error { return write(ctx, tx) })
 		return err
 	}},
 	{"ProcessNatural", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
-		_, err := other.ProcessNatural(ctx, key, func(ctx context.Context, tx *sql.Tx) (bool, error) { return true, write(ctx, tx) })
+		_, err := other.ProcessNatural(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) (bool, error) { return true, write(ctx, tx) })
 		return err
 	}},
-	{"ProcessTx", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
+	{"ProcessMessageTx", func(ctx context.Context, _ *loyalty, other *idempotent.Middleware, key string, write idempotent.TxFunc) error {
 		begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, *sql.Tx, error) {
 			tx, err := db.BeginTx(ctx, opts)
 			return tx, tx, err
 		}
-		_, err := idempotent.ProcessTx(ctx, other, key, begin, write)
+		_, err := idempotent.ProcessMessageTx(ctx, other, idempotent.Message{Key: key}, begin, write)
 		return err
 	}},
 }
@@ -285,7 +285,7 @@ func TestNestedTransactionRefused(t *testing.T) {
 						// waited would end with it, and fail below.
 						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 						var nestedErr error
-						_, err := l.mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+						_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 							if err := l.credit(ctx, tx, msg); err != nil {
 								return err
 							}
@@ -344,7 +344,7 @@ func TestNestedTransactionTakesNoConnection(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			var nestedErr error
-			_, err := l.mw.Process(ctx, "nested-one-conn", func(ctx context.Context, tx *sql.Tx) error {
+			_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "nested-one-conn"}, func(ctx context.Context, tx *sql.Tx) error {
 				nestedErr = idempotent.RunTx(ctx, db, postgres.New(), nil, fastRetry(1), func(context.Context, *sql.Tx) error { return nil })
 				return nestedErr
 			})
@@ -372,7 +372,7 @@ func TestIndependentWorkOnBackgroundContext(t *testing.T) {
 	l := newLoyalty(t, db)
 	q := pq.QuoteIdentifier(l.schema)
 	var nestedErr error
-	_, err := l.mw.Process(context.Background(), "without-cancel", func(ctx context.Context, tx *sql.Tx) error {
+	_, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: "without-cancel"}, func(ctx context.Context, tx *sql.Tx) error {
 		nestedErr = idempotent.RunTx(context.WithoutCancel(ctx), db, postgres.New(), nil, fastRetry(1), func(context.Context, *sql.Tx) error { return nil })
 		return nil
 	})
@@ -381,7 +381,7 @@ func TestIndependentWorkOnBackgroundContext(t *testing.T) {
 	}
 	var detachedErr error
 	handlerFailed := errors.New("the handler fails afterwards")
-	_, err = l.mw.Process(context.Background(), "independent", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: "independent"}, func(ctx context.Context, tx *sql.Tx) error {
 		detachedErr = idempotent.RunTx(context.Background(), db, postgres.New(), nil, fastRetry(1), func(ctx context.Context, tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (customer_id, order_id, points) VALUES (7, 74, 1)")
 			return err
@@ -399,7 +399,7 @@ func TestIndependentWorkOnBackgroundContext(t *testing.T) {
 	}
 }
 
-// ProcessBatch with WithLockTimeout on MariaDB restores the session's
+// ProcessMessages with WithLockTimeout on MariaDB restores the session's
 // innodb_lock_wait_timeout after its claim, as Process does: the handler's
 // own waits and the pooled connection afterwards keep the session's value.
 func TestBatchRestoresLockTimeoutMySQL(t *testing.T) {
@@ -440,13 +440,13 @@ func TestBatchRestoresLockTimeoutMySQL(t *testing.T) {
 		return n, err
 	}
 	var inside int
-	outs, err := mw.ProcessBatch(ctx, []string{"b", "a"}, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+	outs, err := mw.ProcessMessages(ctx, keyMessages("b", "a"), func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 		n, err := session(tx)
 		inside = n
 		return err
 	})
 	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Applied}) {
-		t.Fatalf("ProcessBatch = %v, %v", outs, err)
+		t.Fatalf("ProcessMessages = %v, %v", outs, err)
 	}
 	after, err := session(db)
 	if err != nil {
@@ -537,7 +537,7 @@ func TestHandlerForeignDeadlockNotRetriedMySQL(t *testing.T) {
 	}
 	calls := 0
 	var own error
-	_, err = mw.Process(ctx, "foreign-deadlock", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "foreign-deadlock"}, func(ctx context.Context, tx *sql.Tx) error {
 		calls++
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" VALUES (1)"); err != nil {
 			return err
@@ -585,7 +585,7 @@ func TestHandlerBusyElsewhereNotRetriedSQLite(t *testing.T) {
 	}
 	calls := 0
 	var own error
-	_, err = mw.Process(ctx, "busy-elsewhere", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "busy-elsewhere"}, func(ctx context.Context, tx *sql.Tx) error {
 		calls++
 		if _, err := tx.ExecContext(ctx, "INSERT INTO effects VALUES (1)"); err != nil {
 			return err

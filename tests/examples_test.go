@@ -51,7 +51,7 @@ func TestRootExamplesOnPostgres(t *testing.T) {
 		db, mw, schema := setup(t)
 		var got []idempotent.Outcome
 		for range 2 {
-			o, err := mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+			o, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + $1 WHERE customer_id = $2", 50, 7)
 				return err
 			})
@@ -74,7 +74,7 @@ func TestRootExamplesOnPostgres(t *testing.T) {
 				return false, err
 			}
 			defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-			claimed, err := mw.Claim(ctx, tx, "order-completed:9912")
+			claimed, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "order-completed:9912"})
 			if err != nil || !claimed {
 				return false, err
 			}
@@ -96,7 +96,7 @@ func TestRootExamplesOnPostgres(t *testing.T) {
 	t.Run("GuardConnector", func(t *testing.T) {
 		t.Parallel()
 		db, mw, schema := setup(t)
-		_, err := mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+		_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := db.ExecContext(ctx, "UPDATE "+schema+".balances SET points = points + 50 WHERE customer_id = 7")
 			return err
 		})
@@ -108,12 +108,14 @@ func TestRootExamplesOnPostgres(t *testing.T) {
 		}
 	})
 
-	t.Run("WrapBatch", func(t *testing.T) {
+	t.Run("WrapMessages", func(t *testing.T) {
 		t.Parallel()
 		db, mw, schema := setup(t)
 		type order struct{ OrderID, CustomerID, Points int64 }
-		process := idempotent.WrapBatch(mw,
-			func(o order) (string, error) { return fmt.Sprintf("order-completed:%d", o.OrderID), nil },
+		process := idempotent.WrapMessages(mw,
+			func(o order) (idempotent.Message, error) {
+				return idempotent.Message{Key: fmt.Sprintf("order-completed:%d", o.OrderID)}, nil
+			},
 			func(ctx context.Context, tx *sql.Tx, msgs []order) error {
 				var customers, pts []int64
 				for _, o := range msgs {

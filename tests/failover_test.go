@@ -323,7 +323,7 @@ func (l *failoverLoad) run(ctx context.Context, workers int, mw *idempotent.Midd
 					return
 				}
 				late := l.linkCut.Load()
-				out, err := mw.Process(ctx, l.key(k), func(ctx context.Context, tx *sql.Tx) error {
+				out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: l.key(k)}, func(ctx context.Context, tx *sql.Tx) error {
 					if _, err := tx.ExecContext(ctx, "INSERT INTO ledger (order_id) VALUES ($1)", k); err != nil {
 						return err
 					}

@@ -55,7 +55,7 @@ func TestBackendKilledMidHandler(t *testing.T) {
 					}
 					return err
 				}
-				got, err := l.mw.Process(context.Background(), msg.key(), handler)
+				got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler)
 				if mode.attempts > 1 {
 					if err != nil || got != idempotent.Applied || calls != 2 {
 						t.Fatalf("(%v, %v) after %d handler runs; want applied after 2", got, err, calls)
@@ -71,7 +71,7 @@ func TestBackendKilledMidHandler(t *testing.T) {
 					if n := claims(t, mon, l.schema+".processed_messages", "loyalty", msg.key()); n != 0 {
 						t.Fatalf("%d claims after the kill, want 0", n)
 					}
-					if got, err := l.mw.Process(context.Background(), msg.key(), handler); err != nil || got != idempotent.Applied {
+					if got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler); err != nil || got != idempotent.Applied {
 						t.Fatalf("redelivery: (%v, %v), want applied", got, err)
 					}
 				}
@@ -158,7 +158,7 @@ func TestBackendKilledDuringCommit(t *testing.T) {
 				}
 				done := make(chan result, 1)
 				go func() {
-					o, err := l.mw.Process(context.Background(), msg.key(), handler)
+					o, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler)
 					done <- result{o, err}
 				}()
 				pid := <-pids
@@ -186,7 +186,7 @@ func TestBackendKilledDuringCommit(t *testing.T) {
 					if n := claims(t, mon, l.schema+".processed_messages", "loyalty", msg.key()); n != 0 {
 						t.Fatalf("%d claims after the killed COMMIT, want 0", n)
 					}
-					if got, err := l.mw.Process(context.Background(), msg.key(), handler); err != nil || got != idempotent.Applied {
+					if got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler); err != nil || got != idempotent.Applied {
 						t.Fatalf("redelivery: (%v, %v), want applied", got, err)
 					}
 				}
@@ -227,7 +227,7 @@ func TestAmbiguousCommit(t *testing.T) {
 					}
 					return l.credit(ctx, tx, msg)
 				}
-				got, err := l.mw.Process(context.Background(), msg.key(), handler)
+				got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler)
 				if proxy.cut.Load() != 1 {
 					t.Fatalf("the proxy cut %d commits, want 1", proxy.cut.Load())
 				}
@@ -250,7 +250,7 @@ func TestAmbiguousCommit(t *testing.T) {
 					if n := claims(t, mon, l.schema+".processed_messages", "loyalty", msg.key()); n != 1 {
 						t.Fatalf("%d claims: the cut COMMIT should have landed", n)
 					}
-					if got, err := l.mw.Process(context.Background(), msg.key(), handler); err != nil || got != idempotent.Duplicate {
+					if got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler); err != nil || got != idempotent.Duplicate {
 						t.Fatalf("redelivery: (%v, %v), want duplicate", got, err)
 					}
 				}

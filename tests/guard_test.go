@@ -155,7 +155,7 @@ func TestGuardCatchesStatementsOutsideTheTransaction(t *testing.T) {
 					t.Run(sub, func(t *testing.T) {
 						msg := orderCompleted{OrderID: customer, CustomerID: customer, TotalCents: 100}
 						var escErr error
-						_, err := f.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+						_, err := f.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 							if err := f.credit(ctx, tx, msg); err != nil {
 								return err
 							}
@@ -215,7 +215,7 @@ func TestGuardHandlerEndsTheTransaction(t *testing.T) {
 								mw = strictMW
 							}
 							msg := orderCompleted{OrderID: customer, CustomerID: customer, TotalCents: 200}
-							_, err := mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+							_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 								if err := f.credit(ctx, tx, msg); err != nil {
 									return err
 								}
@@ -294,7 +294,7 @@ func TestStrictGuardCatchesExplicitCommit(t *testing.T) {
 							mw = strictMW
 						}
 						msg := orderCompleted{OrderID: customer, CustomerID: customer, TotalCents: 300}
-						got, err := mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+						got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 							if err := f.credit(ctx, tx, msg); err != nil {
 								return err
 							}
@@ -422,7 +422,7 @@ func TestGuardedDatabaseOrdinaryUse(t *testing.T) {
 			}
 			// Inside a handler, through the tx.
 			msg := orderCompleted{OrderID: 5, CustomerID: 5, TotalCents: 500}
-			got, err := f.mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+			got, err := f.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 				s, err := tx.PrepareContext(ctx, "UPDATE "+f.q+".balances SET points = points + $1 WHERE customer_id = $2")
 				if err != nil {
 					return err
@@ -467,7 +467,7 @@ func TestOpenGuarded(t *testing.T) {
 			t.Cleanup(func() { closeChecked(t, db) })
 			f := newGuardFixture(t, db)
 			msg := orderCompleted{OrderID: 6, CustomerID: 6, TotalCents: 600}
-			_, err = f.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+			_, err = f.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 				_, err := db.ExecContext(ctx, "INSERT INTO "+f.q+".escaped VALUES ('x')")
 				return err
 			})
@@ -489,7 +489,7 @@ func TestGuardViolationAndOtherFailure(t *testing.T) {
 	db := openGuarded(t, "pq", 3)
 	f := newGuardFixture(t, db)
 	errOwn := errors.New("handler's own failure")
-	_, err := f.mw.Process(context.Background(), "k", func(ctx context.Context, tx *sql.Tx) error {
+	_, err := f.mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error {
 		_, _ = db.ExecContext(ctx, "INSERT INTO "+f.q+".escaped VALUES ('x')")
 		return errOwn
 	})

@@ -253,3 +253,21 @@ func dsnHost(t testing.TB, dsn string) string {
 	}
 	return host
 }
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
+}
+
+// options returns table options as the Options New takes.
+func options(ts ...idempotent.TableOption) []idempotent.Option {
+	opts := make([]idempotent.Option, len(ts))
+	for i, o := range ts {
+		opts[i] = o
+	}
+	return opts
+}

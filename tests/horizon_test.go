@@ -20,9 +20,9 @@ import (
 const day = 24 * time.Hour
 
 // horizonTable is a ClaimTable on l's claim table with clock and opts.
-func horizonTable(t testing.TB, l *loyalty, clock *testenv.Clock, opts ...idempotent.Option) *idempotent.ClaimTable {
+func horizonTable(t testing.TB, l *loyalty, clock *testenv.Clock, opts ...idempotent.TableOption) *idempotent.ClaimTable {
 	t.Helper()
-	tab, err := idempotent.NewClaimTable(l.db, postgres.New(), append([]idempotent.Option{
+	tab, err := idempotent.NewClaimTable(l.db, postgres.New(), append([]idempotent.TableOption{
 		idempotent.WithTable(l.schema + ".processed_messages"), idempotent.WithClock(clock.Now)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

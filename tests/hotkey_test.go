@@ -30,7 +30,7 @@ func stalledHolder(t *testing.T, mw *idempotent.Middleware, l *loyalty, msg orde
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		_, err := mw.Process(ctx, msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 			if err := l.credit(ctx, tx, msg); err != nil {
 				return err
 			}
@@ -106,7 +106,7 @@ func TestStalledHolderMakesDuplicatesBusy(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = l.mw.Process(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) error {
+			_, errs[i] = l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
 				ran[i] = true
 				return l.credit(ctx, tx, msg)
 			})
@@ -154,7 +154,7 @@ func TestDeadHolderIsTakenOver(t *testing.T) {
 			db := openDB(t)
 			db.SetMaxOpenConns(8)
 			l := newLoyalty(t, db)
-			dead, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(l.mw.Table()),
+			dead, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(l.mw.Config().Table),
 				idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 1}))
 			if err != nil {
 				t.Fatal(err)

@@ -83,16 +83,16 @@ func TestBadKeys(t *testing.T) {
 	}
 	ran := false
 	fn := func(context.Context, *sql.Tx) error { ran = true; return nil }
-	wrapped := idempotent.Wrap(mw, func(k string) (string, error) { return k, nil }, func(context.Context, *sql.Tx, string) error { ran = true; return nil })
+	wrapped := idempotent.WrapMessage(mw, func(k string) (idempotent.Message, error) { return idempotent.Message{Key: k}, nil }, func(context.Context, *sql.Tx, string) error { ran = true; return nil })
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := mw.Process(context.Background(), c.key, fn)
-			checkBadKey(t, "Process", err, c.says)
+			_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: c.key}, fn)
+			checkBadKey(t, "ProcessMessage", err, c.says)
 			_, err = wrapped(context.Background(), c.key)
-			checkBadKey(t, "Wrap", err, c.says)
+			checkBadKey(t, "WrapMessage", err, c.says)
 			// Claim rejects the key before touching the (nil-safe) tx.
-			_, err = mw.Claim(context.Background(), &sql.Tx{}, c.key)
-			checkBadKey(t, "Claim", err, c.says)
+			_, err = mw.ClaimMessage(context.Background(), &sql.Tx{}, idempotent.Message{Key: c.key})
+			checkBadKey(t, "ClaimMessage", err, c.says)
 		})
 	}
 	if ran {
@@ -137,7 +137,7 @@ func TestLongestKeyAndConsumer(t *testing.T) {
 			t.Fatalf("key of %d bytes", len(key))
 		}
 		for _, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-			if got, err := mw.Process(context.Background(), key, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != want {
+			if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != want {
 				t.Fatalf("key of %d bytes: (%v, %v), want %v", len(key), got, err, want)
 			}
 		}
@@ -157,11 +157,11 @@ func TestWrapKeyFunctionError(t *testing.T) {
 	}
 	errNoID := errors.New("message has no order id")
 	ran := false
-	h := idempotent.Wrap(mw, func(o orderCompleted) (string, error) {
+	h := idempotent.WrapMessage(mw, func(o orderCompleted) (idempotent.Message, error) {
 		if o.OrderID == 0 {
-			return "", errNoID
+			return idempotent.Message{}, errNoID
 		}
-		return "", nil // a key function that returns an empty key
+		return idempotent.Message{}, nil // a message function that returns an empty key
 	}, func(context.Context, *sql.Tx, orderCompleted) error { ran = true; return nil })
 	_, err = h(context.Background(), orderCompleted{})
 	if !errors.Is(err, idempotent.ErrInvalidKey) || !errors.Is(err, errNoID) {
@@ -277,7 +277,7 @@ func TestBadTableNames(t *testing.T) {
 		if err := mw.EnsureSchema(context.Background()); err != nil {
 			t.Fatalf("EnsureSchema(%q): %v", name, err)
 		}
-		if got, err := mw.Process(context.Background(), "k", func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
+		if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
 			t.Fatalf("Process on %q: (%v, %v)", name, got, err)
 		}
 		if n := claims(t, setup, name, "loyalty", "k"); n != 1 {
@@ -319,7 +319,7 @@ func TestBadOptionsAndArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mw.Process(context.Background(), "k", nil); err == nil {
+	if _, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, nil); err == nil {
 		t.Error("Process with a nil function succeeded")
 	}
 	if err := idempotent.RunTx(context.Background(), db, d, nil, idempotent.DefaultRetryPolicy(), nil); err == nil {
@@ -339,7 +339,7 @@ func TestHugeLockTimeout(t *testing.T) {
 		t.Logf("New refused it: %v", err)
 		return
 	}
-	if got, err := mw.Process(context.Background(), "k", func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || got != idempotent.Applied {
 		t.Fatalf("Process with a one-year lock timeout: (%v, %v)", got, err)
 	}
 }
@@ -366,8 +366,8 @@ func TestOptionsTheDialectCannotHonour(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mw.Consumer() != "loyalty" || mw.Table() != "app.claims" || mw.Dialect() != d {
-		t.Errorf("accessors: %q %q %v", mw.Consumer(), mw.Table(), mw.Dialect())
+	if mw.Config().Consumer != "loyalty" || mw.Config().Table != "app.claims" || mw.Config().Dialect != d {
+		t.Errorf("accessors: %q %q %v", mw.Config().Consumer, mw.Config().Table, mw.Config().Dialect)
 	}
 	assertNothingSent(t, db)
 }

@@ -64,7 +64,7 @@ func (l *loyalty) credit(ctx context.Context, tx *sql.Tx, o orderCompleted) erro
 }
 
 func (l *loyalty) handle(ctx context.Context, o orderCompleted) (idempotent.Outcome, error) {
-	return l.mw.Process(ctx, o.key(), func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) })
+	return l.mw.ProcessMessage(ctx, idempotent.Message{Key: o.key()}, func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) })
 }
 
 func (l *loyalty) balance(t testing.TB, customer int64) int64 {

@@ -105,7 +105,7 @@ func TestMeasureCleanup(t *testing.T) {
 				}
 				took = append(took, p.Took)
 			}
-			n, err := mw.Cleanup(ctx, opts)
+			n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 			if err != nil || n != expired {
 				t.Fatalf("Cleanup = (%d, %v)", n, err)
 			}
@@ -165,7 +165,7 @@ func TestMeasurePartitionDrop(t *testing.T) {
 		n := sizes[i%2]
 		clock.Add(24 * time.Hour)
 		start := time.Now()
-		rep, err := mw.MaintainPartitions(ctx)
+		rep, err := mw.ClaimTable().MaintainPartitions(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

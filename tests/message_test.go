@@ -72,7 +72,7 @@ func TestMessageBatchPartitionedRedeliveredLaterIsDuplicate(t *testing.T) {
 
 	// Two days later the same batch comes again, with one new message.
 	clock.Set(now.Add(2 * 24 * time.Hour))
-	if _, err := l.mw.MaintainPartitions(ctx); err != nil {
+	if _, err := l.mw.ClaimTable().MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
 	again := append(slices.Clone(events), orderEvent{orderCompleted{OrderID: 4, CustomerID: 4, TotalCents: 4000}, now.Add(2 * 24 * time.Hour)})
@@ -172,7 +172,7 @@ func TestMessageTxPartitioned(t *testing.T) {
 	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
 	l, _ := partitionedLoyalty(t, now, 2)
 	begun := 0
-	handle := idempotent.WrapMessageTx(l.mw, beginApp(&begun), orderEvent.message, func(ctx context.Context, tx appTx, e orderEvent) error {
+	handle := idempotent.WrapMessageTx(l.mw, orderEvent.message, beginApp(&begun), func(ctx context.Context, tx appTx, e orderEvent) error {
 		return l.credit(ctx, tx.Tx, e.order)
 	})
 	e := orderEvent{orderCompleted{OrderID: 5, CustomerID: 5, TotalCents: 900}, time.Date(2031, 3, 10, 23, 30, 0, 0, time.FixedZone("UTC-2", -2*3600))}

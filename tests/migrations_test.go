@@ -123,9 +123,9 @@ func TestMigrationFilesMatchEnsureSchema(t *testing.T) {
 				var got idempotent.Outcome
 				var err error
 				if c.partitioned {
-					got, err = mw.ProcessEvent(ctx, "order-completed:1", time.Date(2031, 3, 14, 9, 0, 0, 0, time.UTC), nop)
+					got, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:1", EventTime: time.Date(2031, 3, 14, 9, 0, 0, 0, time.UTC)}, nop)
 				} else {
-					got, err = mw.Process(ctx, "order-completed:1", nop)
+					got, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:1"}, nop)
 				}
 				if got != want || err != nil {
 					t.Fatalf("delivery %d: (%v, %v), want %v", i+1, got, err, want)
@@ -168,7 +168,7 @@ func TestRenderedMigrationForAnotherTable(t *testing.T) {
 		t.Fatalf("%v\n%s", err, up)
 	}
 	mw := retMiddleware(t, db, schema+".claims", "loyalty")
-	if got, err := mw.Process(context.Background(), "k", func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { return nil }); got != idempotent.Applied || err != nil {
 		t.Fatalf("(%v, %v)", got, err)
 	}
 	if _, err := db.Exec(down); err != nil {

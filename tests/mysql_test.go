@@ -39,7 +39,7 @@ func mysqlClientFoundRows(t *testing.T, e *dialecttest.Env, dsn string) {
 	ctx := context.Background()
 	bump := func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate} {
-		out, err := mw.Process(ctx, "k", bump)
+		out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, bump)
 		if err != nil || out != want {
 			t.Errorf("clientFoundRows=true, delivery %d = %v, %v; want %v", i+1, out, err, want)
 		}
@@ -48,7 +48,7 @@ func mysqlClientFoundRows(t *testing.T, e *dialecttest.Env, dsn string) {
 	outs := make(chan idempotent.Outcome, 8)
 	for i := 0; i < 8; i++ {
 		go func() {
-			out, err := mw.Process(ctx, "concurrent", bump)
+			out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "concurrent"}, bump)
 			if err != nil {
 				t.Error(err)
 			}
@@ -107,7 +107,7 @@ func mysqlLockTimeoutRestored(t *testing.T, e *dialecttest.Env, dsn string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := mw.Process(ctx, "free", func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "free"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
 		t.Fatalf("Process = %v, %v", out, err)
 	}
 	if n := session(); n != 7 {
@@ -122,11 +122,11 @@ func mysqlLockTimeoutRestored(t *testing.T, e *dialecttest.Env, dsn string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := plain.Claim(ctx, holder, "held"); err != nil || !ok {
+	if ok, err := plain.ClaimMessage(ctx, holder, idempotent.Message{Key: "held"}); err != nil || !ok {
 		t.Fatalf("holder's Claim = %v, %v", ok, err)
 	}
 	start := time.Now()
-	_, err = mw.Process(ctx, "held", func(context.Context, *sql.Tx) error { return nil })
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "held"}, func(context.Context, *sql.Tx) error { return nil })
 	waited := time.Since(start)
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("Process behind the holder = %v, want ErrClaimBusy", err)
@@ -136,7 +136,7 @@ func mysqlLockTimeoutRestored(t *testing.T, e *dialecttest.Env, dsn string) {
 		t.Errorf("after a timed-out claim: session innodb_lock_wait_timeout %d, want 7 restored", n)
 	}
 	// The handler's own waits keep the session's timeout, not the claim's.
-	if _, err := mw.Process(ctx, "probe", func(ctx context.Context, tx *sql.Tx) error {
+	if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "probe"}, func(ctx context.Context, tx *sql.Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&n); err != nil {
 			return err

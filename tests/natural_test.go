@@ -34,7 +34,7 @@ func TestProcessNaturalKeyAppliesOnce(t *testing.T) {
 UPDATE ` + q + `.balances b SET points = b.points + c.points FROM credit c WHERE b.customer_id = c.customer_id`
 	msg := orderCompleted{OrderID: 42, CustomerID: 9, TotalCents: 4200}
 	handle := func() (idempotent.Outcome, error) {
-		return l.mw.ProcessNatural(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		return l.mw.ProcessNatural(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 			res, err := tx.ExecContext(ctx, credit, msg.CustomerID, msg.OrderID, pointsFor(msg))
 			if err != nil {
 				return false, err
@@ -85,7 +85,7 @@ func TestVersionedUpsertOutOfOrder(t *testing.T) {
 	if _, err := db.Exec("CREATE TABLE " + pq.QuoteIdentifier(schema) + ".order_status (order_id bigint PRIMARY KEY, version bigint NOT NULL, status text NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	up, err := idempotent.NewVersionedUpsert(postgres.New(), idempotent.VersionedUpsert{
+	up, err := dialect.NewVersionedUpsert(postgres.New(), dialect.VersionedUpsert{
 		Table: table, Key: []string{"order_id"}, Version: "version", Columns: []string{"status"},
 	})
 	if err != nil {
@@ -123,17 +123,17 @@ func TestVersionedUpsertRejectsBadInput(t *testing.T) {
 	d := postgres.New()
 	for _, tc := range []struct {
 		name string
-		u    idempotent.VersionedUpsert
+		u    dialect.VersionedUpsert
 		want string
 	}{
-		{"bad table", idempotent.VersionedUpsert{Table: "t; DROP TABLE x", Key: []string{"id"}, Version: "v"}, "table name"},
-		{"no key", idempotent.VersionedUpsert{Table: "t", Version: "v"}, "no key columns"},
-		{"bad column", idempotent.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "v", Columns: []string{`a"b`}}, "column"},
-		{"empty version", idempotent.VersionedUpsert{Table: "t", Key: []string{"id"}}, "column"},
-		{"repeated column", idempotent.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "id"}, "listed twice"},
+		{"bad table", dialect.VersionedUpsert{Table: "t; DROP TABLE x", Key: []string{"id"}, Version: "v"}, "table name"},
+		{"no key", dialect.VersionedUpsert{Table: "t", Version: "v"}, "no key columns"},
+		{"bad column", dialect.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "v", Columns: []string{`a"b`}}, "column"},
+		{"empty version", dialect.VersionedUpsert{Table: "t", Key: []string{"id"}}, "column"},
+		{"repeated column", dialect.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "id"}, "listed twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := idempotent.NewVersionedUpsert(d, tc.u)
+			_, err := dialect.NewVersionedUpsert(d, tc.u)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
@@ -142,7 +142,7 @@ func TestVersionedUpsertRejectsBadInput(t *testing.T) {
 			}
 		})
 	}
-	up, err := idempotent.NewVersionedUpsert(d, idempotent.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "v", Columns: []string{"s"}})
+	up, err := dialect.NewVersionedUpsert(d, dialect.VersionedUpsert{Table: "t", Key: []string{"id"}, Version: "v", Columns: []string{"s"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestProcessNaturalStrictGuard(t *testing.T) {
 	t.Cleanup(func() { closeChecked(t, db) })
 	l := newLoyalty(t, db, idempotent.WithStrictGuard())
 	msg := orderCompleted{OrderID: 77, CustomerID: 3, TotalCents: 700}
-	_, err := l.mw.ProcessNatural(context.Background(), msg.key(), func(ctx context.Context, tx *sql.Tx) (bool, error) {
+	_, err := l.mw.ProcessNatural(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		if err := l.credit(ctx, tx, msg); err != nil {
 			return false, err
 		}
@@ -183,7 +183,7 @@ func TestProcessNaturalStrictGuard(t *testing.T) {
 		t.Fatalf("ProcessNatural with an explicit COMMIT under the strict guard: %v, want ErrAutocommit", err)
 	}
 	// An ordinary natural-key delivery passes the guard.
-	got, err := l.mw.ProcessNatural(context.Background(), "order-completed:78", func(ctx context.Context, tx *sql.Tx) (bool, error) {
+	got, err := l.mw.ProcessNatural(context.Background(), idempotent.Message{Key: "order-completed:78"}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		return true, l.credit(ctx, tx, orderCompleted{OrderID: 78, CustomerID: 4, TotalCents: 100})
 	})
 	if err != nil || got != idempotent.Applied {

@@ -81,17 +81,17 @@ func TestOTelSpansOfRealDeliveries(t *testing.T) {
 		defer span.End()
 		return l.credit(ctx, tx, a)
 	}
-	if got, err := l.mw.Process(ctx, a.key(), credit); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: a.key()}, credit); got != idempotent.Applied || err != nil {
 		t.Fatalf("first delivery: (%v, %v)", got, err)
 	}
 	// duplicate
-	if got, err := l.mw.Process(ctx, a.key(), credit); got != idempotent.Duplicate || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: a.key()}, credit); got != idempotent.Duplicate || err != nil {
 		t.Fatalf("redelivery: (%v, %v)", got, err)
 	}
 	// a serialization failure raised by the server, retried once
 	b := orderCompleted{OrderID: 2, CustomerID: 2, TotalCents: 2000}
 	attempt := 0
-	if got, err := l.mw.Process(ctx, b.key(), func(ctx context.Context, tx *sql.Tx) error {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: b.key()}, func(ctx context.Context, tx *sql.Tx) error {
 		if attempt++; attempt == 1 {
 			return raise(ctx, tx, "40001")
 		}
@@ -102,12 +102,12 @@ func TestOTelSpansOfRealDeliveries(t *testing.T) {
 	// the handler's error
 	c := orderCompleted{OrderID: 3, CustomerID: 3, TotalCents: 3000}
 	herr := &handlerError{order: 3}
-	if _, err := l.mw.Process(ctx, c.key(), func(context.Context, *sql.Tx) error { return herr }); !errors.Is(err, herr) {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: c.key()}, func(context.Context, *sql.Tx) error { return herr }); !errors.Is(err, herr) {
 		t.Fatalf("failing delivery: %v", err)
 	}
 	// 40001 on every attempt
 	d := orderCompleted{OrderID: 4, CustomerID: 4, TotalCents: 4000}
-	if _, err := l.mw.Process(ctx, d.key(), func(ctx context.Context, tx *sql.Tx) error { return raise(ctx, tx, "40001") }); !errors.Is(err, idempotent.ErrRetriesExhausted) {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: d.key()}, func(ctx context.Context, tx *sql.Tx) error { return raise(ctx, tx, "40001") }); !errors.Is(err, idempotent.ErrRetriesExhausted) {
 		t.Fatalf("exhausted delivery: %v", err)
 	}
 	root.End()

@@ -460,7 +460,7 @@ func TestOutboxChaos(t *testing.T) {
 			defer workers.Done()
 			for d := range work {
 				payload := fmt.Sprintf(`{"msg": %q, "amount_cents": %d}`, msgKey(d.msg), 100+d.msg)
-				out, err := mw.Process(context.Background(), msgKey(d.msg), func(ctx context.Context, tx *sql.Tx) error {
+				out, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: msgKey(d.msg)}, func(ctx context.Context, tx *sql.Tx) error {
 					if _, err := ob.Enqueue(ctx, tx, msgKey(d.msg), kind, []byte(payload)); err != nil {
 						return err
 					}

@@ -83,7 +83,7 @@ SELECT (SELECT string_agg(a.attname, ',' ORDER BY k.ord)
 
 	// EnsureSchema made every day of the window (30 days + 5 minutes back
 	// from noon on 14 March is 12 February) and 3 days ahead.
-	ps, err := l.mw.Partitions(ctx)
+	ps, err := l.mw.ClaimTable().Partitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,15 +94,14 @@ SELECT (SELECT string_agg(a.attname, ',' ORDER BY k.ord)
 	if err := l.mw.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := l.mw.MaintainPartitions(ctx); err != nil || len(rep.Created)+len(rep.Dropped) != 0 {
+	if rep, err := l.mw.ClaimTable().MaintainPartitions(ctx); err != nil || len(rep.Created)+len(rep.Dropped) != 0 {
 		t.Fatalf("MaintainPartitions on a maintained table = (%+v, %v)", rep, err)
 	}
 
 	// A claim lands in its event day's partition.
 	msg := orderCompleted{OrderID: 5, CustomerID: 5, TotalCents: 900}
-	if got, err := l.mw.ProcessEvent(ctx, msg.key(), time.Date(2031, 3, 10, 23, 30, 0, 0, time.FixedZone("UTC-2", -2*3600)),
-		func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }); got != idempotent.Applied || err != nil {
-		t.Fatalf("ProcessEvent = (%v, %v)", got, err)
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: time.Date(2031, 3, 10, 23, 30, 0, 0, time.FixedZone("UTC-2", -2*3600))}, func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }); got != idempotent.Applied || err != nil {
+		t.Fatalf("ProcessMessage = (%v, %v)", got, err)
 	}
 	if got, want := partitionOf(t, l, msg.key()), l.schema+".processed_messages_p20310311"; got != want {
 		t.Fatalf("claim in %s, want %s (the event's UTC day)", got, want)
@@ -138,7 +137,7 @@ CREATE TABLE %[1]s.naive_horizon (consumer text PRIMARY KEY, forgotten_before ti
 			t.Fatal(err)
 		}
 		apply := func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }
-		if got, err := naive.Process(ctx, msg.key(), apply); got != idempotent.Applied || err != nil {
+		if got, err := naive.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, apply); got != idempotent.Applied || err != nil {
 			t.Fatalf("first delivery = (%v, %v)", got, err)
 		}
 		// Midnight passes: day 1 ends just after the first claim's
@@ -154,7 +153,7 @@ ALTER TABLE %[1]s.naive ATTACH PARTITION %[1]s.naive_day1 FOR VALUES FROM (MINVA
 CREATE TABLE %[1]s.naive_day2 PARTITION OF %[1]s.naive FOR VALUES FROM (%[2]s) TO (MAXVALUE);`, s, midnight)); err != nil {
 			t.Fatal(err)
 		}
-		got, err := naive.Process(ctx, msg.key(), apply)
+		got, err := naive.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, apply)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,14 +168,14 @@ CREATE TABLE %[1]s.naive_day2 PARTITION OF %[1]s.naive FOR VALUES FROM (%[2]s) T
 		eventTime := time.Date(2031, 3, 14, 23, 59, 0, 0, time.UTC)
 		l, clock := partitionedLoyalty(t, eventTime.Add(30*time.Second), 2)
 		apply := func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }
-		if got, err := l.mw.ProcessEvent(ctx, msg.key(), eventTime, apply); got != idempotent.Applied || err != nil {
+		if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: eventTime}, apply); got != idempotent.Applied || err != nil {
 			t.Fatalf("first delivery = (%v, %v)", got, err)
 		}
 		clock.Set(time.Date(2031, 3, 15, 0, 0, 30, 0, time.UTC)) // the next day
-		if _, err := l.mw.MaintainPartitions(ctx); err != nil {
+		if _, err := l.mw.ClaimTable().MaintainPartitions(ctx); err != nil {
 			t.Fatal(err)
 		}
-		got, err := l.mw.ProcessEvent(ctx, msg.key(), eventTime, apply)
+		got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: eventTime}, apply)
 		if got != idempotent.Duplicate || err != nil {
 			t.Fatalf("redelivery the next day = (%v, %v), want Duplicate", got, err)
 		}
@@ -198,13 +197,13 @@ func TestMaintainPartitionsCreatesAheadAndDropsOldDays(t *testing.T) {
 		"oldest": time.Date(2031, 2, 12, 13, 0, 0, 0, time.UTC),
 		"middle": time.Date(2031, 3, 1, 8, 0, 0, 0, time.UTC),
 	} {
-		if got, err := l.mw.ProcessEvent(ctx, key, at, nop); got != idempotent.Applied || err != nil {
+		if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, nop); got != idempotent.Applied || err != nil {
 			t.Fatalf("%s: (%v, %v)", key, got, err)
 		}
 	}
 
 	clock.Add(5 * 24 * time.Hour) // noon on 19 March
-	rep, err := l.mw.MaintainPartitions(ctx)
+	rep, err := l.mw.ClaimTable().MaintainPartitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +213,7 @@ func TestMaintainPartitionsCreatesAheadAndDropsOldDays(t *testing.T) {
 	if got, want := partNames(rep.Dropped), dayNames(partDay(2031, 2, 12), partDay(2031, 2, 16)); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("dropped %v, want %v", got, want)
 	}
-	ps, err := l.mw.Partitions(ctx)
+	ps, err := l.mw.ClaimTable().Partitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,10 +233,10 @@ func TestMaintainPartitionsCreatesAheadAndDropsOldDays(t *testing.T) {
 	}
 	// The fence and the drop agree: the oldest day kept still takes
 	// messages, older ones are refused before they reach the database.
-	if got, err := l.mw.ProcessEvent(ctx, "edge", time.Date(2031, 2, 17, 12, 0, 1, 0, time.UTC), nop); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "edge", EventTime: time.Date(2031, 2, 17, 12, 0, 1, 0, time.UTC)}, nop); got != idempotent.Applied || err != nil {
 		t.Fatalf("event inside the window on the oldest day kept = (%v, %v)", got, err)
 	}
-	if _, err := l.mw.ProcessEvent(ctx, "oldest", time.Date(2031, 2, 12, 13, 0, 0, 0, time.UTC), nop); !errors.Is(err, idempotent.ErrBeyondRetention) {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "oldest", EventTime: time.Date(2031, 2, 12, 13, 0, 0, 0, time.UTC)}, nop); !errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("replay of a dropped day: %v, want ErrBeyondRetention", err)
 	}
 
@@ -246,7 +245,7 @@ func TestMaintainPartitionsCreatesAheadAndDropsOldDays(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Add(24 * time.Hour)
-	rep, err = l.mw.MaintainPartitions(ctx)
+	rep, err = l.mw.ClaimTable().MaintainPartitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +277,7 @@ func TestMissingPartitionIsNotTooOld(t *testing.T) {
 
 	// Beyond the days created ahead (the last is 17 March), and beyond the
 	// clock: refused before the claim.
-	_, err := l.mw.ProcessEvent(ctx, "future", time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC), count)
+	_, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "future", EventTime: time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC)}, count)
 	if !errors.Is(err, idempotent.ErrInvalidEventTime) || errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("event after the last partition: %v, want ErrInvalidEventTime", err)
 	}
@@ -286,19 +285,19 @@ func TestMissingPartitionIsNotTooOld(t *testing.T) {
 	if _, err := l.db.Exec("DROP TABLE " + pq.QuoteIdentifier(l.schema) + ".processed_messages_p20310310"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.mw.ProcessEvent(ctx, "gap", time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC), count)
+	_, err = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "gap", EventTime: time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC)}, count)
 	check("event on a dropped day", err)
 	if !strings.Contains(err.Error(), "has no partition for event day 2031-03-10") {
 		t.Errorf("error does not name the day: %v", err)
 	}
-	// ClaimEvent in the caller's transaction.
+	// ClaimMessage in the caller's transaction.
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.mw.ClaimEvent(ctx, tx, "gap", time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC))
+	_, err = l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "gap", EventTime: time.Date(2031, 3, 10, 9, 0, 0, 0, time.UTC)})
 	_ = tx.Rollback()
-	check("ClaimEvent on a dropped day", err)
+	check("ClaimMessage on a dropped day", err)
 	// A batch whose claim statement has a row for the dropped day fails
 	// whole: its rows for the days that exist are not written either.
 	_, err = l.mw.ProcessMessages(ctx, []idempotent.Message{
@@ -314,10 +313,10 @@ func TestMissingPartitionIsNotTooOld(t *testing.T) {
 	}
 	// Once its day has come and its partition exists, the message applies.
 	clock.Add(5 * 24 * time.Hour)
-	if _, err := l.mw.MaintainPartitions(ctx); err != nil {
+	if _, err := l.mw.ClaimTable().MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := l.mw.ProcessEvent(ctx, "future", time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC), count); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "future", EventTime: time.Date(2031, 3, 19, 1, 0, 0, 0, time.UTC)}, count); got != idempotent.Applied || err != nil {
 		t.Fatalf("the event once its day exists = (%v, %v)", got, err)
 	}
 }
@@ -328,22 +327,22 @@ func TestPartitionedModeNeedsTheEventTime(t *testing.T) {
 	l, _ := partitionedLoyalty(t, time.Now(), 1)
 	ran := 0
 	fn := func(context.Context, *sql.Tx) error { ran++; return nil }
-	if _, err := l.mw.Process(ctx, "k", fn); err == nil || !strings.Contains(err.Error(), "is partitioned by event day: give the message its event time (Message.EventTime)") {
+	if _, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, fn); err == nil || !strings.Contains(err.Error(), "is partitioned by event day: give the message its event time (Message.EventTime)") {
 		t.Fatalf("Process: %v", err)
 	}
-	h := idempotent.Wrap(l.mw, func(s string) (string, error) { return s, nil }, func(context.Context, *sql.Tx, string) error { ran++; return nil })
+	h := idempotent.WrapMessage(l.mw, func(s string) (idempotent.Message, error) { return idempotent.Message{Key: s}, nil }, func(context.Context, *sql.Tx, string) error { ran++; return nil })
 	if _, err := h(ctx, "k"); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
-		t.Fatalf("Wrap: %v", err)
+		t.Fatalf("WrapMessage: %v", err)
 	}
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.mw.Claim(ctx, tx, "k"); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
+	if _, err := l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "k"}); err == nil || !strings.Contains(err.Error(), "partitioned by event day") {
 		t.Fatalf("Claim: %v", err)
 	}
 	_ = tx.Rollback()
-	if _, err := l.mw.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err == nil || !strings.Contains(err.Error(), "MaintainPartitions drops old days instead") {
+	if _, err := l.mw.ClaimTable().CleanupConsumer(ctx, l.mw.Config().Consumer, idempotent.DefaultCleanupOptions()); err == nil || !strings.Contains(err.Error(), "MaintainPartitions drops old days instead") {
 		t.Fatalf("Cleanup: %v", err)
 	}
 	if ran != 0 || retCount(t, l.db, l.schema+".processed_messages", "") != 0 {
@@ -366,7 +365,7 @@ func TestSchemaModeMismatchIsAnError(t *testing.T) {
 	if err := onPlain.EnsureSchema(ctx); err == nil || !strings.Contains(err.Error(), schema+".plain exists and is not partitioned") {
 		t.Fatalf("partitioned EnsureSchema on a plain table: %v", err)
 	}
-	if _, err := onPlain.MaintainPartitions(ctx); err == nil || !strings.Contains(err.Error(), "is not partitioned") {
+	if _, err := onPlain.ClaimTable().MaintainPartitions(ctx); err == nil || !strings.Contains(err.Error(), "is not partitioned") {
 		t.Fatalf("MaintainPartitions on a plain table: %v", err)
 	}
 	onParted, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".parted"))
@@ -376,26 +375,26 @@ func TestSchemaModeMismatchIsAnError(t *testing.T) {
 	if err := onParted.EnsureSchema(ctx); err == nil || !strings.Contains(err.Error(), schema+".parted is partitioned, but the Middleware was not given WithDailyPartitions") {
 		t.Fatalf("plain EnsureSchema on a partitioned table: %v", err)
 	}
-	if _, err := onParted.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err == nil || !strings.Contains(err.Error(), "is partitioned") {
+	if _, err := onParted.ClaimTable().CleanupConsumer(ctx, onParted.Config().Consumer, idempotent.DefaultCleanupOptions()); err == nil || !strings.Contains(err.Error(), "is partitioned") {
 		t.Fatalf("plain Cleanup on a partitioned table: %v", err)
 	}
-	if _, err := plain.MaintainPartitions(ctx); err == nil || !strings.Contains(err.Error(), "not in partitioned mode") {
+	if _, err := plain.ClaimTable().MaintainPartitions(ctx); err == nil || !strings.Contains(err.Error(), "not in partitioned mode") {
 		t.Fatalf("MaintainPartitions in plain mode: %v", err)
 	}
 	missing, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".nope"), idempotent.WithDailyPartitions(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := missing.MaintainPartitions(ctx); !errors.Is(err, idempotent.ErrNoClaimTable) || !strings.Contains(err.Error(), schema+".nope") {
+	if _, err := missing.ClaimTable().MaintainPartitions(ctx); !errors.Is(err, idempotent.ErrNoClaimTable) || !strings.Contains(err.Error(), schema+".nope") {
 		t.Fatalf("MaintainPartitions on a missing table: %v", err)
 	}
-	if _, err := missing.Partitions(ctx); !errors.Is(err, idempotent.ErrNoClaimTable) {
+	if _, err := missing.ClaimTable().Partitions(ctx); !errors.Is(err, idempotent.ErrNoClaimTable) {
 		t.Fatalf("Partitions of a missing table: %v", err)
 	}
 	// A batch has no event times to choose partitions by: refused, nothing sent.
 	ran := false
-	if _, err := parted.ProcessBatch(ctx, []string{"a", "b"}, func(context.Context, *sql.Tx, []int) error { ran = true; return nil }); err == nil || !strings.Contains(err.Error(), "partitioned by event day") || ran {
-		t.Fatalf("ProcessBatch in partitioned mode: %v (handler ran: %v)", err, ran)
+	if _, err := parted.ProcessMessages(ctx, keyMessages("a", "b"), func(context.Context, *sql.Tx, []int) error { ran = true; return nil }); err == nil || !strings.Contains(err.Error(), "partitioned by event day") || ran {
+		t.Fatalf("ProcessMessages without event times in partitioned mode: %v (handler ran: %v)", err, ran)
 	}
 	if n := retCount(t, db, schema+".parted", ""); n != 0 {
 		t.Fatalf("%d claims after a refused batch, want 0", n)
@@ -424,7 +423,7 @@ func TestMaintainPartitionsConcurrently(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep, err := mw.MaintainPartitions(ctx)
+			rep, err := mw.ClaimTable().MaintainPartitions(ctx)
 			if err != nil {
 				t.Error(err)
 			}

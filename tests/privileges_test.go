@@ -148,7 +148,7 @@ GRANT SELECT, INSERT, UPDATE ON %[1]s_horizon TO %[4]s;`, claims, s, qc, qd))
 		order++
 		key := fmt.Sprintf("order-completed:%d", order)
 		for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-			got, err := mw.Process(ctx, key, credit(order))
+			got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, credit(order))
 			if err != nil || got != want {
 				t.Fatalf("%v, delivery %d as the consumer role: (%v, %v), want %v", iso, i+1, got, err, want)
 			}
@@ -179,7 +179,7 @@ GRANT SELECT, INSERT, UPDATE ON %[1]s_horizon TO %[4]s;`, claims, s, qc, qd))
 		t.Fatal(err)
 	}
 	ran := false
-	if _, err := mw.Process(ctx, "order-completed:99", func(context.Context, *sql.Tx) error { ran = true; return nil }); !isDenied(err) || ran {
+	if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:99"}, func(context.Context, *sql.Tx) error { ran = true; return nil }); !isDenied(err) || ran {
 		t.Fatalf("Process without INSERT on the claim table: %v (handler ran: %v), want permission denied and no handler", err, ran)
 	}
 	mustExec(t, ownerDB, fmt.Sprintf("GRANT INSERT ON %s TO %s", claims, qc))
@@ -192,7 +192,7 @@ GRANT SELECT, INSERT, UPDATE ON %[1]s_horizon TO %[4]s;`, claims, s, qc, qd))
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := cleanMW.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+	deleted, err := cleanMW.ClaimTable().CleanupConsumer(ctx, cleanMW.Config().Consumer, idempotent.DefaultCleanupOptions())
 	if err != nil {
 		t.Fatalf("Cleanup as the cleanup role: %v", err)
 	}

@@ -137,8 +137,8 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	clock := testenv.NewClock(now)
 	const window, skew = 30 * 24 * time.Hour, 5 * time.Minute
 	mw := retMiddleware(t, db, table, "loyalty", idempotent.WithClock(clock.Now))
-	if mw.Retention() != window {
-		t.Fatalf("default retention %v, want %v", mw.Retention(), window)
+	if mw.Config().Retention != window {
+		t.Fatalf("default retention %v, want %v", mw.Config().Retention, window)
 	}
 	cutoff := now.Add(-window - skew)
 	retInsertClaims(t, db, table, "loyalty", "expired", 2500, cutoff.Add(-time.Hour))
@@ -153,7 +153,7 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	opts := idempotent.DefaultCleanupOptions()
 	opts.BatchSize = 1000
 	opts.DryRun = true
-	if n, err := mw.Cleanup(ctx, opts); err != nil || n != 2503 {
+	if n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts); err != nil || n != 2503 {
 		t.Fatalf("dry run = (%d, %v), want 2503", n, err)
 	}
 	if n := retCount(t, db, table, ""); n != 2639 {
@@ -163,7 +163,7 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	opts.DryRun = false
 	var progress []idempotent.CleanupProgress
 	opts.Progress = func(p idempotent.CleanupProgress) { progress = append(progress, p) }
-	n, err := mw.Cleanup(ctx, opts)
+	n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 	if err != nil || n != 2503 {
 		t.Fatalf("Cleanup = (%d, %v), want 2503", n, err)
 	}
@@ -187,9 +187,9 @@ func TestCleanupDeletesOnlyClaimsOlderThanTheWindow(t *testing.T) {
 	}
 
 	// An operator's cleanup of every consumer.
-	opts.AllConsumers, opts.Progress = true, nil
-	if n, err := mw.Cleanup(ctx, opts); err != nil || n != 100 {
-		t.Fatalf("AllConsumers Cleanup = (%d, %v), want 100", n, err)
+	opts.Progress = nil
+	if n, err := mw.ClaimTable().Cleanup(ctx, opts); err != nil || n != 100 {
+		t.Fatalf("Cleanup of every consumer = (%d, %v), want 100", n, err)
 	}
 	if n := retCount(t, db, table, ""); n != 36 {
 		t.Fatalf("%d claims left, want 36", n)
@@ -236,7 +236,7 @@ func TestCleanupHalvesTheBatchWhenItTimesOut(t *testing.T) {
 			stop()
 		}
 	}
-	n, err := mw.Cleanup(guard, opts)
+	n, err := mw.ClaimTable().CleanupConsumer(guard, mw.Config().Consumer, opts)
 	if err != nil || n != 300 {
 		t.Fatalf("Cleanup = (%d, %v), want 300", n, err)
 	}
@@ -248,7 +248,7 @@ func TestCleanupHalvesTheBatchWhenItTimesOut(t *testing.T) {
 	// At the floor a timeout is an error, and nothing was deleted.
 	retInsertClaims(t, db, table, "loyalty", "again", 300, time.Now().AddDate(0, -2, 0))
 	opts.MinBatchSize, opts.Progress = 200, nil
-	n, err = mw.Cleanup(ctx, opts)
+	n, err = mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 	var pqErr *pq.Error
 	if n != 0 || !errors.As(err, &pqErr) || pqErr.Code != "57014" || !strings.Contains(err.Error(), "a batch of 200 claims (the floor) ran longer than 200ms") {
 		t.Fatalf("Cleanup at the floor = (%d, %v), want 0 and a 57014 error naming the floor", n, err)
@@ -279,7 +279,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 	}
 	opts := idempotent.DefaultCleanupOptions()
 	opts.BatchSize = 100
-	n, err := mw.Cleanup(ctx, opts)
+	n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 	if n != 0 || !errors.Is(err, idempotent.ErrCleanupBusy) {
 		t.Fatalf("Cleanup while another holds the lock = (%d, %v), want 0 and ErrCleanupBusy", n, err)
 	}
@@ -287,7 +287,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 	// path) takes the same lock.
 	db2 := openDBWith(t, "search_path="+tab.Schema)
 	other := retMiddleware(t, db2, "claims", "loyalty")
-	if n, err := other.Cleanup(ctx, opts); n != 0 || !errors.Is(err, idempotent.ErrCleanupBusy) {
+	if n, err := other.ClaimTable().CleanupConsumer(ctx, other.Config().Consumer, opts); n != 0 || !errors.Is(err, idempotent.ErrCleanupBusy) {
 		t.Fatalf("Cleanup of another spelling of the table = (%d, %v), want 0 and ErrCleanupBusy", n, err)
 	}
 	if err := tx.Rollback(); err != nil {
@@ -306,7 +306,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := mw.Cleanup(ctx, opts)
+			n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 			total.Add(n)
 			errs[i] = err
 		}()
@@ -323,7 +323,7 @@ func TestCleanupSecondRunnerReturnsAtOnce(t *testing.T) {
 	}
 	// The runners that stopped busy left the rest to the others; run once
 	// more in case the last holder stopped busy too.
-	rest, err := mw.Cleanup(ctx, opts)
+	rest, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func TestCleanupStopsBetweenBatchesWhenTheContextEnds(t *testing.T) {
 		calls++
 		cancel()
 	}
-	n, err := mw.Cleanup(ctx, opts)
+	n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, opts)
 	if n != 100 || !errors.Is(err, context.Canceled) || calls != 1 {
 		t.Fatalf("Cleanup = (%d, %v) after %d batches, want 100 and context.Canceled after 1", n, err, calls)
 	}
@@ -383,7 +383,7 @@ func TestCleanupRejectsBadInput(t *testing.T) {
 		{"negative pause", mod(func(o *idempotent.CleanupOptions) { o.Pause = -time.Second }), "Pause is negative"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			n, err := mw.Cleanup(ctx, c.opts)
+			n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, c.opts)
 			if n != 0 || err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Cleanup = (%d, %v), want an error containing %q", n, err, c.want)
 			}
@@ -400,7 +400,7 @@ func TestCleanupRejectsBadInput(t *testing.T) {
 	for _, dry := range []bool{false, true} {
 		opts := idempotent.DefaultCleanupOptions()
 		opts.DryRun = dry
-		n, err := missing.Cleanup(ctx, opts)
+		n, err := missing.ClaimTable().CleanupConsumer(ctx, missing.Config().Consumer, opts)
 		if n != 0 || !errors.Is(err, idempotent.ErrNoClaimTable) || !strings.Contains(err.Error(), schema+".nope") {
 			t.Fatalf("dry=%v: Cleanup of a missing table = (%d, %v), want ErrNoClaimTable naming it", dry, n, err)
 		}
@@ -410,8 +410,8 @@ func TestCleanupRejectsBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bare.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err == nil ||
-		err.Error() != "idempotent: Cleanup: the bare dialect does not support batched cleanup" {
+	if _, err := bare.ClaimTable().CleanupConsumer(ctx, bare.Config().Consumer, idempotent.DefaultCleanupOptions()); err == nil ||
+		err.Error() != "idempotent: CleanupConsumer: the bare dialect does not support batched cleanup" {
 		t.Fatalf("Cleanup on a dialect without it: %v", err)
 	}
 }
@@ -436,7 +436,7 @@ func TestRetentionFenceRefusesMessagesOlderThanTheWindow(t *testing.T) {
 	}
 
 	old := orderCompleted{OrderID: 1, CustomerID: 1, TotalCents: 5000}
-	got, err := l.mw.ProcessEvent(ctx, old.key(), now.Add(-7*24*time.Hour-time.Second), credit(old))
+	got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: old.key(), EventTime: now.Add(-7*24*time.Hour - time.Second)}, credit(old))
 	if got != 0 || !errors.Is(err, idempotent.ErrBeyondRetention) || ran != 0 {
 		t.Fatalf("8-day-old event = (%v, %v), handler ran %d times; want ErrBeyondRetention and no run", got, err, ran)
 	}
@@ -450,7 +450,7 @@ func TestRetentionFenceRefusesMessagesOlderThanTheWindow(t *testing.T) {
 	young := orderCompleted{OrderID: 2, CustomerID: 2, TotalCents: 5000}
 	at := now.Add(-7*24*time.Hour + time.Minute)
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-		if got, err := l.mw.ProcessEvent(ctx, young.key(), at, credit(young)); got != want || err != nil {
+		if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: young.key(), EventTime: at}, credit(young)); got != want || err != nil {
 			t.Fatalf("delivery %d of a 7-day-old event = (%v, %v), want %v", i+1, got, err, want)
 		}
 	}
@@ -458,41 +458,43 @@ func TestRetentionFenceRefusesMessagesOlderThanTheWindow(t *testing.T) {
 		t.Fatalf("balance %d after %d runs, want 50 after 1", l.balance(t, 2), ran)
 	}
 
-	if got, err := l.mw.ProcessEvent(ctx, young.key(), time.Time{}, credit(young)); got != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) {
-		t.Fatalf("zero event time = (%v, %v), want ErrInvalidEventTime", got, err)
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: young.key(), EventTime: now.Add(24 * time.Hour)}, credit(young)); got != 0 || !errors.Is(err, idempotent.ErrInvalidEventTime) {
+		t.Fatalf("an event time a day ahead = (%v, %v), want ErrInvalidEventTime", got, err)
 	}
 
-	// WrapEvent takes the time from the message.
+	// WrapMessage takes the time from the message.
 	type event struct {
 		order orderCompleted
 		at    time.Time
 	}
-	h := idempotent.WrapEvent(l.mw, func(e event) (string, time.Time, error) { return e.order.key(), e.at, nil },
+	h := idempotent.WrapMessage(l.mw, func(e event) (idempotent.Message, error) {
+		return idempotent.Message{Key: e.order.key(), EventTime: e.at}, nil
+	},
 		func(ctx context.Context, tx *sql.Tx, e event) error { ran++; return l.credit(ctx, tx, e.order) })
 	third := orderCompleted{OrderID: 3, CustomerID: 3, TotalCents: 7000}
 	if got, err := h(ctx, event{third, now.Add(-8 * 24 * time.Hour)}); !errors.Is(err, idempotent.ErrBeyondRetention) {
-		t.Fatalf("WrapEvent old = (%v, %v)", got, err)
+		t.Fatalf("WrapMessage old = (%v, %v)", got, err)
 	}
 	if got, err := h(ctx, event{third, now}); got != idempotent.Applied || err != nil {
-		t.Fatalf("WrapEvent fresh = (%v, %v)", got, err)
+		t.Fatalf("WrapMessage fresh = (%v, %v)", got, err)
 	}
-	failing := idempotent.WrapEvent(l.mw, func(event) (string, time.Time, error) { return "", time.Time{}, errors.New("no id") },
+	failing := idempotent.WrapMessage(l.mw, func(event) (idempotent.Message, error) { return idempotent.Message{}, errors.New("no id") },
 		func(context.Context, *sql.Tx, event) error { ran++; return nil })
 	if _, err := failing(ctx, event{}); !errors.Is(err, idempotent.ErrInvalidKey) {
 		t.Fatalf("failing key function: %v", err)
 	}
 
-	// ClaimEvent in a transaction the caller owns.
+	// ClaimMessage in a transaction the caller owns.
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := l.mw.ClaimEvent(ctx, tx, "order-completed:4", now.Add(-8*24*time.Hour)); !errors.Is(err, idempotent.ErrBeyondRetention) {
-		t.Fatalf("ClaimEvent old: %v", err)
+	if _, err := l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "order-completed:4", EventTime: now.Add(-8 * 24 * time.Hour)}); !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("ClaimMessage old: %v", err)
 	}
-	if ok, err := l.mw.ClaimEvent(ctx, tx, "order-completed:4", now); !ok || err != nil {
-		t.Fatalf("ClaimEvent fresh = (%v, %v)", ok, err)
+	if ok, err := l.mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "order-completed:4", EventTime: now}); !ok || err != nil {
+		t.Fatalf("ClaimMessage fresh = (%v, %v)", ok, err)
 	}
 	if ran != 2 {
 		t.Fatalf("handlers ran %d times, want 2", ran)
@@ -509,16 +511,16 @@ func TestFenceStopsAReplayAfterCleanup(t *testing.T) {
 	msg := orderCompleted{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 	eventTime := clock.Now()
 	apply := func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, msg) }
-	if got, err := l.mw.ProcessEvent(ctx, msg.key(), eventTime, apply); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: eventTime}, apply); got != idempotent.Applied || err != nil {
 		t.Fatalf("first delivery = (%v, %v)", got, err)
 	}
 
 	// 31 days later the claim is past the window and the margin.
 	clock.Add(idempotent.DefaultRetention + idempotent.DefaultClockSkew + 24*time.Hour)
-	if n, err := l.mw.Cleanup(ctx, idempotent.DefaultCleanupOptions()); n != 1 || err != nil {
+	if n, err := l.mw.ClaimTable().CleanupConsumer(ctx, l.mw.Config().Consumer, idempotent.DefaultCleanupOptions()); n != 1 || err != nil {
 		t.Fatalf("Cleanup = (%d, %v), want the one claim", n, err)
 	}
-	got, err := l.mw.ProcessEvent(ctx, msg.key(), eventTime, apply)
+	got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: eventTime}, apply)
 	if !errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("replay with its event time = (%v, %v), want ErrBeyondRetention", got, err)
 	}
@@ -527,7 +529,7 @@ func TestFenceStopsAReplayAfterCleanup(t *testing.T) {
 	}
 	// Without an event time nothing is fenced: the replay applies again.
 	// This is why messages should carry their event time.
-	if got, err := l.mw.Process(ctx, msg.key(), apply); got != idempotent.Applied || err != nil {
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key()}, apply); got != idempotent.Applied || err != nil {
 		t.Fatalf("replay without event time = (%v, %v)", got, err)
 	}
 	if b := l.balance(t, 7); b != 100 {
@@ -543,9 +545,9 @@ func TestFenceObserverSeesRefusals(t *testing.T) {
 	l, clock := fenceFixture(t, idempotent.WithObserver(&counts))
 	ctx := context.Background()
 	nop := func(context.Context, *sql.Tx) error { return nil }
-	_, _ = l.mw.ProcessEvent(ctx, "k1", clock.Now().AddDate(0, -2, 0), nop)
-	_, _ = l.mw.ProcessEvent(ctx, "k2", time.Time{}, nop)
-	_, _ = l.mw.ProcessEvent(ctx, "k3", clock.Now(), nop)
+	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k1", EventTime: clock.Now().AddDate(0, -2, 0)}, nop)
+	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k2", EventTime: clock.Now().Add(24 * time.Hour)}, nop)
+	_, _ = l.mw.ProcessMessage(ctx, idempotent.Message{Key: "k3", EventTime: clock.Now()}, nop)
 	if counts.Failed() != 2 || counts.Applied() != 1 {
 		t.Fatalf("observer counted %d failed, %d applied; want 2 and 1", counts.Failed(), counts.Applied())
 	}

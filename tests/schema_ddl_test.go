@@ -263,7 +263,7 @@ func TestEnsureSchemaBehindAnOpenClaim(t *testing.T) {
 				// if it has not returned, while EnsureSchema waits).
 				applied := make(chan error, 1)
 				go func() {
-					out, err := mw.Process(ctx, "unrelated", func(context.Context, *sql.Tx) error { return nil })
+					out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "unrelated"}, func(context.Context, *sql.Tx) error { return nil })
 					if err == nil && out != idempotent.Applied {
 						err = fmt.Errorf("outcome %v, want applied", out)
 					}
@@ -375,8 +375,8 @@ func TestEnsureSchemaPartitionGivesUpBehindAnOpenClaim(t *testing.T) {
 	ctx := context.Background()
 	admin := openGuarded(t, "pq", 4)
 	table := tempSchema(t, admin) + ".claims"
-	opts := []idempotent.Option{idempotent.WithTable(table), idempotent.WithDailyPartitions(2)}
-	mw, err := idempotent.New(admin, postgres.New(), "loyalty", opts...)
+	opts := []idempotent.TableOption{idempotent.WithTable(table), idempotent.WithDailyPartitions(2)}
+	mw, err := idempotent.New(admin, postgres.New(), "loyalty", options(opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

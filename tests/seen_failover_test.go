@@ -48,7 +48,7 @@ func TestSeenAfterFailover(t *testing.T) {
 	if err := before.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := before.Process(ctx, "kept", effect("kept")); err != nil || out != idempotent.Applied {
+	if out, err := before.ProcessMessage(ctx, idempotent.Message{Key: "kept"}, effect("kept")); err != nil || out != idempotent.Applied {
 		t.Fatalf("kept: %v, %v; want applied", out, err)
 	}
 	waitFor(t, "the standby to replay the claim of kept", func() (bool, error) {
@@ -60,7 +60,7 @@ func TestSeenAfterFailover(t *testing.T) {
 		return n == 1, err
 	})
 	p.link.Cut()
-	if out, err := before.Process(ctx, "lost", effect("lost")); err != nil || out != idempotent.Applied {
+	if out, err := before.ProcessMessage(ctx, idempotent.Message{Key: "lost"}, effect("lost")); err != nil || out != idempotent.Applied {
 		t.Fatalf("lost: %v, %v; want applied (on the primary alone)", out, err)
 	}
 	if err := p.primary.Kill(); err != nil {
@@ -71,10 +71,10 @@ func TestSeenAfterFailover(t *testing.T) {
 	}
 
 	after := newConsumer(standby)
-	if out, err := after.Process(ctx, "lost", effect("lost")); err != nil || out != idempotent.Applied {
+	if out, err := after.ProcessMessage(ctx, idempotent.Message{Key: "lost"}, effect("lost")); err != nil || out != idempotent.Applied {
 		t.Errorf("the redelivery of lost after the failover: %v, %v; want applied again (its claim went with the old primary)", out, err)
 	}
-	if out, err := after.Process(ctx, "kept", effect("kept")); err != nil || out != idempotent.Duplicate {
+	if out, err := after.ProcessMessage(ctx, idempotent.Message{Key: "kept"}, effect("kept")); err != nil || out != idempotent.Duplicate {
 		t.Errorf("the redelivery of kept after the failover: %v, %v; want duplicate (its claim was replicated)", out, err)
 	}
 	for _, k := range []string{"kept", "lost"} {

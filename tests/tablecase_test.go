@@ -47,7 +47,7 @@ func TestMixedCaseTableNameRefused(t *testing.T) {
 		if err := mw.EnsureSchema(ctx); err != nil {
 			t.Fatal(err)
 		}
-		out, err := mw.Process(ctx, "order-1", func(context.Context, *sql.Tx) error { return nil })
+		out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-1"}, func(context.Context, *sql.Tx) error { return nil })
 		t.Errorf("with the name accepted, order-1, already claimed in %s.processed_x, was processed again: %v, %v", schema, out, err)
 	}
 	if n := count(t, db, "SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema); n != 1 {

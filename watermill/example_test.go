@@ -116,7 +116,7 @@ func ExampleOutbox() {
 	var db *sql.DB                // opened as above
 	var mw *idempotent.Middleware // as above
 	var pub message.Publisher     // any Watermill publisher
-	ob, err := outbox.New(db, mw.Consumer())
+	ob, err := outbox.New(db, mw.Config().Consumer)
 	if err != nil {
 		log.Fatal(err)
 	}

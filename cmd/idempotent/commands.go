@@ -95,14 +95,14 @@ func dialectSchema(c *command, e env, kind string, partitioned bool, format, off
 
 // claimTable opens the database and returns its claim table, configured by
 // opts after the -table flag.
-func (c *command) claimTable(ctx context.Context, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
+func (c *command) claimTable(ctx context.Context, opts ...idempotent.TableOption) (*database, *idempotent.ClaimTable, error) {
 	return c.claimTableFor(ctx, "", opts...)
 }
 
 // claimTableFor is claimTable that also checks, before the network is
 // touched, consumer's name when it is not "".
-func (c *command) claimTableFor(ctx context.Context, consumer string, opts ...idempotent.Option) (*database, *idempotent.ClaimTable, error) {
-	opts = append([]idempotent.Option{idempotent.WithTable(c.table)}, opts...)
+func (c *command) claimTableFor(ctx context.Context, consumer string, opts ...idempotent.TableOption) (*database, *idempotent.ClaimTable, error) {
+	opts = append([]idempotent.TableOption{idempotent.WithTable(c.table)}, opts...)
 	d, err := c.open(c.creates)
 	if err != nil {
 		return nil, nil, err
@@ -148,7 +148,7 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 		}
 		offsetsUp = up
 	}
-	opts := []idempotent.Option{idempotent.WithRetention(retention.d)}
+	opts := []idempotent.TableOption{idempotent.WithRetention(retention.d)}
 	if *partitioned {
 		opts = append(opts, idempotent.WithDailyPartitions(*lead))
 	}

@@ -30,9 +30,9 @@
 //     MaxKeyBytes) and bad table names, upper-case letters included, are
 //     rejected with nothing written;
 //     a missing claim table is reported as ErrNoClaimTable;
-//   - the batch claim: ProcessBatch applies each distinct new key once,
+//   - the batch claim: ProcessMessages applies each distinct new key once,
 //     reports repeats and earlier claims as duplicates, rolls back whole,
-//     and shares its claims with Process;
+//     and shares its claims with ProcessMessage;
 //   - the lock timeout's scope: after a claim and after a batch claim with
 //     WithLockTimeout, the session's lock timeout (Harness.LockTimeoutQuery)
 //     is what it was before, and in the handler too where the dialect is a

@@ -56,17 +56,17 @@ func checkBatchClaim(t *testing.T, e *Env) {
 		}
 		return nil
 	}
-	outs, err := mw.ProcessBatch(ctx, keys, bump)
+	outs, err := mw.ProcessMessages(ctx, keyMessages(keys...), bump)
 	want := []idempotent.Outcome{idempotent.Applied, idempotent.Applied, idempotent.Duplicate, idempotent.Applied}
 	if err != nil || !slices.Equal(outs, want) {
-		t.Fatalf("ProcessBatch(%q) = %v, %v; want %v", keys, outs, err, want)
+		t.Fatalf("ProcessMessages(%q) = %v, %v; want %v", keys, outs, err, want)
 	}
 	if len(got) != 1 || !slices.Equal(got[0], []int{0, 1, 3}) {
 		t.Fatalf("the batch function saw fresh %v, want one call with [0 1 3]", got)
 	}
 	// A failing batch rolls back its claims and effects together.
 	boom := errors.New("batch handler failed")
-	if _, err := mw.ProcessBatch(ctx, []string{"d", "a", "e"}, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+	if _, err := mw.ProcessMessages(ctx, keyMessages("d", "a", "e"), func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 		if err := bump(ctx, tx, fresh); err != nil {
 			return err
 		}
@@ -74,14 +74,14 @@ func checkBatchClaim(t *testing.T, e *Env) {
 	}); !errors.Is(err, boom) {
 		t.Fatalf("failing batch: %v, want the handler's error", err)
 	}
-	outs, err = mw.ProcessBatch(ctx, []string{"e", "c", "d"}, bump)
+	outs, err = mw.ProcessMessages(ctx, keyMessages("e", "c", "d"), bump)
 	want = []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Applied}
 	if err != nil || !slices.Equal(outs, want) {
 		t.Fatalf("batch after the failed one = %v, %v; want %v", outs, err, want)
 	}
 	// All duplicates: the function does not run, nothing is committed.
 	calls := len(got)
-	outs, err = mw.ProcessBatch(ctx, []string{"a", "e"}, bump)
+	outs, err = mw.ProcessMessages(ctx, keyMessages("a", "e"), bump)
 	if err != nil || !slices.Equal(outs, []idempotent.Outcome{idempotent.Duplicate, idempotent.Duplicate}) || len(got) != calls {
 		t.Fatalf("batch of duplicates = %v, %v (function ran %d more times)", outs, err, len(got)-calls)
 	}
@@ -89,8 +89,8 @@ func checkBatchClaim(t *testing.T, e *Env) {
 		t.Fatalf("effect %d, claims %q; want 5 and a to e", n, claims)
 	}
 	// The single claim sees the batch's claims.
-	if out, err := mw.Process(ctx, "c", func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Duplicate {
-		t.Fatalf("Process of a key the batch claimed = %v, %v; want duplicate", out, err)
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "c"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Duplicate {
+		t.Fatalf("ProcessMessage of a key the batch claimed = %v, %v; want duplicate", out, err)
 	}
 }
 
@@ -133,9 +133,9 @@ func checkLockTimeoutRestored(t *testing.T, e *Env, batch bool) {
 	what := "claim"
 	if batch {
 		what = "batch claim"
-		_, err = mw.ProcessBatch(ctx, []string{"k1", "k2"}, func(ctx context.Context, tx *sql.Tx, _ []int) error { return handler(ctx, tx) })
+		_, err = mw.ProcessMessages(ctx, keyMessages("k1", "k2"), func(ctx context.Context, tx *sql.Tx, _ []int) error { return handler(ctx, tx) })
 	} else {
-		_, err = mw.Process(ctx, "k1", handler)
+		_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "k1"}, handler)
 	}
 	if err != nil {
 		t.Fatalf("%s with a lock timeout: %v", what, err)
@@ -180,7 +180,7 @@ func checkImplicitCommit(t *testing.T, e *Env) {
 	}
 	var ddlErr error
 	failed := errors.New("handler failed after its DDL")
-	_, err := mw.Process(ctx, "ddl", func(ctx context.Context, tx *sql.Tx) error {
+	_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "ddl"}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := fx.Bump(ctx, tx, 1); err != nil {
 			return err
 		}
@@ -188,11 +188,11 @@ func checkImplicitCommit(t *testing.T, e *Env) {
 		return failed
 	})
 	if !errors.Is(err, failed) {
-		t.Fatalf("Process = %v, want the handler's error", err)
+		t.Fatalf("ProcessMessage = %v, want the handler's error", err)
 	}
 	if implicit {
 		if !errors.Is(ddlErr, idempotent.ErrAutocommit) || !errors.Is(err, idempotent.ErrAutocommit) {
-			t.Fatalf("DDL through the claim's transaction on a database that commits it implicitly: statement %v, Process %v; want ErrAutocommit for both", ddlErr, err)
+			t.Fatalf("DDL through the claim's transaction on a database that commits it implicitly: statement %v, ProcessMessage %v; want ErrAutocommit for both", ddlErr, err)
 		}
 		t.Logf("refused: %v", ddlErr)
 	} else if ddlErr != nil {
@@ -205,7 +205,7 @@ func checkImplicitCommit(t *testing.T, e *Env) {
 		t.Fatalf("%s exists after the failed delivery: the DDL committed", scratch)
 	}
 	for i, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
-		if out, err := mw.Process(ctx, "ddl", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != want {
+		if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "ddl"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != want {
 			t.Fatalf("redelivery %d = %v, %v; want %v", i+1, out, err, want)
 		}
 	}
@@ -256,8 +256,8 @@ func checkIsolationLevels(t *testing.T, e *Env) {
 			t.Errorf("%v: New = %v", l, err)
 			continue
 		}
-		if out, err := mw.Process(ctx, "level-"+strings.ReplaceAll(l.String(), " ", "-"), func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
-			t.Errorf("%v: the dialect accepts it, but Process = %v, %v", l, out, err)
+		if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "level-" + strings.ReplaceAll(l.String(), " ", "-")}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
+			t.Errorf("%v: the dialect accepts it, but ProcessMessage = %v, %v", l, out, err)
 		}
 	}
 	if !slices.Contains(accepted, sql.LevelDefault.String()) {
@@ -275,11 +275,11 @@ func checkCleaner(t *testing.T, e *Env) {
 	ctx := testContext(t)
 	db, table, mw := setup(t, e)
 	for _, k := range []string{"x", "y"} {
-		if out, err := mw.Process(ctx, k, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
-			t.Fatalf("Process(%q) = %v, %v", k, out, err)
+		if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
+			t.Fatalf("ProcessMessage(%q) = %v, %v", k, out, err)
 		}
 	}
-	if n, err := mw.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err != nil || n != 0 {
+	if n, err := mw.ClaimTable().CleanupConsumer(ctx, mw.Config().Consumer, idempotent.DefaultCleanupOptions()); err != nil || n != 0 {
 		t.Fatalf("Cleanup now = %d, %v; want nothing deleted", n, err)
 	}
 	later := time.Now().Add(idempotent.DefaultRetention + idempotent.DefaultClockSkew + 24*time.Hour)
@@ -287,7 +287,7 @@ func checkCleaner(t *testing.T, e *Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := aged.Cleanup(ctx, idempotent.DefaultCleanupOptions()); err != nil || n != 2 {
+	if n, err := aged.ClaimTable().CleanupConsumer(ctx, aged.Config().Consumer, idempotent.DefaultCleanupOptions()); err != nil || n != 2 {
 		t.Fatalf("Cleanup a window later = %d, %v; want the 2 claims", n, err)
 	}
 	if claims := e.Claims(t, db, table); len(claims) != 0 {
@@ -313,7 +313,7 @@ func checkPartitioner(t *testing.T, e *Env) {
 	t.Cleanup(func() {
 		// Attached partitions go with the claim table; a detached one (on
 		// a database where a partition is a table of its own) is left.
-		ps, err := mw.Partitions(context.Background())
+		ps, err := mw.ClaimTable().Partitions(context.Background())
 		if err != nil {
 			return
 		}
@@ -334,7 +334,7 @@ func checkPartitioner(t *testing.T, e *Env) {
 	if !errors.Is(err, idempotent.ErrNoPartition) || errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("a day inside the window without its partition yet: %v, want ErrNoPartition and not ErrBeyondRetention", err)
 	}
-	if _, err := mw.MaintainPartitions(ctx); err != nil {
+	if _, err := mw.ClaimTable().MaintainPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "q", EventTime: now.Add(-time.Hour)}, nop); err != nil || out != idempotent.Applied {
@@ -344,14 +344,14 @@ func checkPartitioner(t *testing.T, e *Env) {
 	// A week later the days of both claims are past the window: they are
 	// dropped with their claims, and the days of the window are there.
 	now = now.Add(7 * 24 * time.Hour)
-	rep, err := mw.MaintainPartitions(ctx)
+	rep, err := mw.ClaimTable().MaintainPartitions(ctx)
 	if err != nil {
 		t.Fatalf("MaintainPartitions a week later: %v", err)
 	}
 	if len(rep.Dropped) < 3 || len(rep.Created) == 0 {
 		t.Fatalf("MaintainPartitions a week later dropped %v and created %v; want the old days dropped and the new ones created", rep.Dropped, rep.Created)
 	}
-	ps, err := mw.Partitions(ctx)
+	ps, err := mw.ClaimTable().Partitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,4 +469,13 @@ func checkClaimFolder(t *testing.T, e *Env) {
 	if got := e.Claims(t, db, table); n != 2 || !slices.Equal(got, []string{"fold-a", "fold-b"}) {
 		t.Fatalf("after the folds: counter %d, claims %v; want 2 and [fold-a fold-b]", n, got)
 	}
+}
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

@@ -34,11 +34,11 @@ func checkSeenTablesApart(t *testing.T, e *Env) {
 	for round, want := range []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate} {
 		for i, mw := range mws {
 			fx := fxs[i]
-			out, err := mw.Process(ctx, "a", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) })
+			out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) })
 			if err != nil || out != want {
-				t.Fatalf("round %d, table %s: Process = %v, %v; want %v", round+1, tables[i], out, err, want)
+				t.Fatalf("round %d, table %s: ProcessMessage = %v, %v; want %v", round+1, tables[i], out, err, want)
 			}
-			outs, err := mw.ProcessBatch(ctx, batch, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+			outs, err := mw.ProcessMessages(ctx, keyMessages(batch...), func(ctx context.Context, tx *sql.Tx, fresh []int) error {
 				for _, j := range fresh {
 					if err := fx.Bump(ctx, tx, 2+j); err != nil {
 						return err
@@ -47,7 +47,7 @@ func checkSeenTablesApart(t *testing.T, e *Env) {
 				return nil
 			})
 			if err != nil || !slices.Equal(outs, []idempotent.Outcome{want, want}) {
-				t.Fatalf("round %d, table %s: ProcessBatch = %v, %v; want two %v", round+1, tables[i], outs, err, want)
+				t.Fatalf("round %d, table %s: ProcessMessages = %v, %v; want two %v", round+1, tables[i], outs, err, want)
 			}
 		}
 	}
@@ -123,10 +123,10 @@ func checkIdentifier(t *testing.T, e *Env) {
 		t.Fatalf("Identity = %q, %v; want %q", name, err, scope.Database)
 	}
 	noop := func(context.Context, *sql.Tx) error { return nil }
-	if out, err := mw.Process(ctx, "k", noop); err != nil || out != idempotent.Applied {
-		t.Fatalf("Process = %v, %v; want applied", out, err)
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, noop); err != nil || out != idempotent.Applied {
+		t.Fatalf("ProcessMessage = %v, %v; want applied", out, err)
 	}
-	if out, err := mw.Process(ctx, "k", noop); err != nil || out != idempotent.Duplicate || seen.hits.Load() != 1 {
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, noop); err != nil || out != idempotent.Duplicate || seen.hits.Load() != 1 {
 		t.Fatalf("redelivery = %v, %v with %d pre-check hits; want a duplicate from the pre-check", out, err, seen.hits.Load())
 	}
 }

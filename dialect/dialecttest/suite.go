@@ -166,11 +166,11 @@ func checkEnsureSchema(t *testing.T, e *Env) {
 	if _, err := db.ExecContext(ctx, "SELECT consumer, message_key, processed_at FROM "+table+" WHERE 1 = 0"); err != nil {
 		t.Errorf("claim table lacks the guide's columns: %v", err)
 	}
-	if out, err := mw.Process(ctx, "after-schema", func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
-		t.Errorf("Process after EnsureSchema x6 = %v, %v; want applied", out, err)
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "after-schema"}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Applied {
+		t.Errorf("ProcessMessage after EnsureSchema x6 = %v, %v; want applied", out, err)
 	}
 	if got := e.Claims(t, db, table); len(got) != 1 {
-		t.Errorf("claims after EnsureSchema x6 and one Process: %q, want one", got)
+		t.Errorf("claims after EnsureSchema x6 and one ProcessMessage: %q, want one", got)
 	}
 	checkEnsureSchemaBehindAClaim(t, e, mw, table)
 }
@@ -187,7 +187,7 @@ func checkEnsureSchemaBehindAClaim(t *testing.T, e *Env, mw *idempotent.Middlewa
 	claimed, free := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		_, err := mw.Process(ctx, "held-during-schema", func(context.Context, *sql.Tx) error {
+		_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "held-during-schema"}, func(context.Context, *sql.Tx) error {
 			close(claimed)
 			<-free
 			return nil
@@ -224,7 +224,7 @@ func checkClaimOnce(t *testing.T, e *Env) {
 
 	want := []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate, idempotent.Duplicate}
 	for i, w := range want {
-		out, err := mw.Process(ctx, "order-completed:9912", bump)
+		out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, bump)
 		if err != nil {
 			t.Fatalf("delivery %d: %v", i+1, err)
 		}
@@ -237,10 +237,10 @@ func checkClaimOnce(t *testing.T, e *Env) {
 	}
 	// Another consumer has claims of its own.
 	other := e.Middleware(t, db, table, "analytics")
-	if out, err := other.Process(ctx, "order-completed:9912", bump); err != nil || out != idempotent.Applied {
+	if out, err := other.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, bump); err != nil || out != idempotent.Applied {
 		t.Errorf("another consumer, same key = %v, %v; want applied", out, err)
 	}
-	if out, err := other.Process(ctx, "order-completed:9912", bump); err != nil || out != idempotent.Duplicate {
+	if out, err := other.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, bump); err != nil || out != idempotent.Duplicate {
 		t.Errorf("another consumer, again = %v, %v; want duplicate", out, err)
 	}
 	if n := fx.Get(t, 1); n != 2 {
@@ -267,7 +267,7 @@ func checkKeysByteExact(t *testing.T, e *Env) {
 		strings.Repeat("é", max/2) + strings.Repeat("k", max%2),
 	}
 	for _, k := range keys {
-		out, err := mw.Process(ctx, k, func(context.Context, *sql.Tx) error { return nil })
+		out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, func(context.Context, *sql.Tx) error { return nil })
 		if err != nil {
 			t.Fatalf("key %s: %v", short(k), err)
 		}
@@ -283,7 +283,7 @@ func checkKeysByteExact(t *testing.T, e *Env) {
 		t.Errorf("stored keys differ from the keys claimed (lost, altered or padded):\n got %s\nwant %s", shortAll(got), shortAll(wantKeys))
 	}
 	for _, k := range keys {
-		if out, err := mw.Process(ctx, k, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Duplicate {
+		if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, func(context.Context, *sql.Tx) error { return nil }); err != nil || out != idempotent.Duplicate {
 			t.Errorf("key %s again = %v, %v; want duplicate", short(k), out, err)
 		}
 	}
@@ -313,7 +313,7 @@ func checkCallerTransaction(t *testing.T, e *Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claimed, err := mw.Claim(ctx, tx, "caller-owned")
+		claimed, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "caller-owned"})
 		if err != nil {
 			_ = tx.Rollback()
 			t.Fatalf("Claim: %v", err)
@@ -347,14 +347,14 @@ func checkHandlerError(t *testing.T, e *Env) {
 	db, table, mw := setup(t, e)
 	fx := e.NewEffects(t, db, table, 1)
 	boom := errors.New("handler failed")
-	_, err := mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error {
+	_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := fx.Bump(ctx, tx, 1); err != nil {
 			return err
 		}
 		return boom
 	})
 	if !errors.Is(err, boom) {
-		t.Fatalf("Process = %v, want the handler's error", err)
+		t.Fatalf("ProcessMessage = %v, want the handler's error", err)
 	}
 	if n, claims := fx.Get(t, 1), e.Claims(t, db, table); n != 0 || len(claims) != 0 {
 		t.Fatalf("after a failed handler: effect %d, claims %q; want both rolled back", n, claims)
@@ -365,7 +365,7 @@ func checkHandlerError(t *testing.T, e *Env) {
 				t.Errorf("recovered %v, want the handler's panic", r)
 			}
 		}()
-		_, _ = mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error {
+		_, _ = mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error {
 			if err := fx.Bump(ctx, tx, 1); err != nil {
 				return err
 			}
@@ -375,7 +375,7 @@ func checkHandlerError(t *testing.T, e *Env) {
 	if n, claims := fx.Get(t, 1), e.Claims(t, db, table); n != 0 || len(claims) != 0 {
 		t.Fatalf("after a panicking handler: effect %d, claims %q; want both rolled back", n, claims)
 	}
-	if out, err := mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
 		t.Fatalf("redelivery = %v, %v; want applied", out, err)
 	}
 	if n := fx.Get(t, 1); n != 1 {
@@ -408,7 +408,7 @@ func checkConcurrentDuplicates(t *testing.T, e *Env, n int) {
 	db, table, mw := setup(t, e)
 	fx := e.NewEffects(t, db, table, 1)
 	outs, errs := concurrently(ctx, n, func(ctx context.Context, _ int) (idempotent.Outcome, error) {
-		return mw.Process(ctx, "order-completed:9912", func(ctx context.Context, tx *sql.Tx) error {
+		return mw.ProcessMessage(ctx, idempotent.Message{Key: "order-completed:9912"}, func(ctx context.Context, tx *sql.Tx) error {
 			// Hold the claim a moment, so the others pile up behind it.
 			time.Sleep(20 * time.Millisecond)
 			return fx.Bump(ctx, tx, 1)
@@ -438,7 +438,7 @@ func checkConcurrentDistinct(t *testing.T, e *Env) {
 	db, table, mw := setup(t, e)
 	fx := e.NewEffects(t, db, table, 32)
 	outs, errs := concurrently(ctx, 32, func(ctx context.Context, i int) (idempotent.Outcome, error) {
-		return mw.Process(ctx, fmt.Sprintf("key-%d", i), func(ctx context.Context, tx *sql.Tx) error {
+		return mw.ProcessMessage(ctx, idempotent.Message{Key: fmt.Sprintf("key-%d", i)}, func(ctx context.Context, tx *sql.Tx) error {
 			return fx.Bump(ctx, tx, i+1)
 		})
 	})
@@ -469,7 +469,7 @@ func checkTakeOver(t *testing.T, e *Env, commit bool) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback()
-	if claimed, err := mw.Claim(ctx, holder, "k"); err != nil || !claimed {
+	if claimed, err := mw.ClaimMessage(ctx, holder, idempotent.Message{Key: "k"}); err != nil || !claimed {
 		t.Fatalf("holder's Claim = %v, %v", claimed, err)
 	}
 	if err := fx.Bump(ctx, holder, 1); err != nil {
@@ -481,7 +481,7 @@ func checkTakeOver(t *testing.T, e *Env, commit bool) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, err := mw.Process(ctx, "k", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) })
+		out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) })
 		done <- result{out, err}
 	}()
 	select {
@@ -547,7 +547,7 @@ func checkDeadlock(t *testing.T, e *Env) {
 	var attempts [2]atomic.Int32
 	outs, errs := concurrently(ctx, 2, func(ctx context.Context, i int) (idempotent.Outcome, error) {
 		first, second := i+1, 2-i
-		return mw.Process(ctx, fmt.Sprintf("deadlock-%d", i), func(ctx context.Context, tx *sql.Tx) error {
+		return mw.ProcessMessage(ctx, idempotent.Message{Key: fmt.Sprintf("deadlock-%d", i)}, func(ctx context.Context, tx *sql.Tx) error {
 			if err := fx.Bump(ctx, tx, first); err != nil {
 				return err
 			}
@@ -600,14 +600,14 @@ func checkLostSession(t *testing.T, e *Env) {
 	fx := e.NewEffects(t, db, table, 1)
 	admin := e.DB(t)
 	var attempts atomic.Int32
-	out, err := mw.Process(ctx, "lost-session", func(ctx context.Context, tx *sql.Tx) error {
+	out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "lost-session"}, func(ctx context.Context, tx *sql.Tx) error {
 		if attempts.Add(1) == 1 {
 			e.h.KillSession(t, tx, admin)
 		}
 		return fx.Bump(ctx, tx, 1)
 	})
 	if err != nil || out != idempotent.Applied {
-		t.Fatalf("Process = %v, %v; want applied after a retry", out, err)
+		t.Fatalf("ProcessMessage = %v, %v; want applied after a retry", out, err)
 	}
 	if n := fx.Get(t, 1); n != 1 {
 		t.Errorf("effect %d, want 1", n)
@@ -670,8 +670,8 @@ func checkLockTimeout(t *testing.T, e *Env) {
 	}
 	db, table, mw := setup(t, e, idempotent.WithLockTimeout(timeout))
 	fx := e.NewEffects(t, db, table, 1)
-	if out, err := mw.Process(ctx, "free", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
-		t.Fatalf("uncontended Process with a lock timeout = %v, %v", out, err)
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "free"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
+		t.Fatalf("uncontended ProcessMessage with a lock timeout = %v, %v", out, err)
 	}
 	holder, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -679,16 +679,16 @@ func checkLockTimeout(t *testing.T, e *Env) {
 	}
 	defer holder.Rollback()
 	plain := e.Middleware(t, db, table, "conformance")
-	if claimed, err := plain.Claim(ctx, holder, "held"); err != nil || !claimed {
+	if claimed, err := plain.ClaimMessage(ctx, holder, idempotent.Message{Key: "held"}); err != nil || !claimed {
 		t.Fatalf("holder's Claim = %v, %v", claimed, err)
 	}
 	ran := false
-	_, err = mw.Process(ctx, "held", func(ctx context.Context, tx *sql.Tx) error {
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "held"}, func(ctx context.Context, tx *sql.Tx) error {
 		ran = true
 		return fx.Bump(ctx, tx, 1)
 	})
 	if !errors.Is(err, idempotent.ErrClaimBusy) {
-		t.Fatalf("Process behind a held claim = %v, want ErrClaimBusy", err)
+		t.Fatalf("ProcessMessage behind a held claim = %v, want ErrClaimBusy", err)
 	}
 	t.Logf("lock timeout: %v", err)
 	if ran {
@@ -700,7 +700,7 @@ func checkLockTimeout(t *testing.T, e *Env) {
 	if n, claims := fx.Get(t, 1), e.Claims(t, db, table); n != 1 || len(claims) != 1 {
 		t.Errorf("after the timeout: effect %d, claims %q; want 1 and only the uncontended one", n, claims)
 	}
-	if out, err := mw.Process(ctx, "held", func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
+	if out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "held"}, func(ctx context.Context, tx *sql.Tx) error { return fx.Bump(ctx, tx, 1) }); err != nil || out != idempotent.Applied {
 		t.Errorf("redelivery after the holder rolled back = %v, %v; want applied", out, err)
 	}
 }
@@ -721,7 +721,7 @@ func checkStrictGuard(t *testing.T, e *Env) {
 	fx := e.NewEffects(t, db, table, 1)
 	// No false alarm, also under concurrency.
 	outs, errs := concurrently(ctx, 8, func(ctx context.Context, i int) (idempotent.Outcome, error) {
-		return mw.Process(ctx, fmt.Sprintf("guarded-%d", i), func(ctx context.Context, tx *sql.Tx) error {
+		return mw.ProcessMessage(ctx, idempotent.Message{Key: fmt.Sprintf("guarded-%d", i)}, func(ctx context.Context, tx *sql.Tx) error {
 			return fx.Bump(ctx, tx, 1)
 		})
 	})
@@ -731,7 +731,7 @@ func checkStrictGuard(t *testing.T, e *Env) {
 		}
 	}
 	// A handler that commits by itself is caught.
-	_, err := mw.Process(ctx, "commits-itself", func(ctx context.Context, tx *sql.Tx) error {
+	_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "commits-itself"}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := fx.Bump(ctx, tx, 1); err != nil {
 			return err
 		}
@@ -756,9 +756,9 @@ func checkBadKeys(t *testing.T, e *Env) {
 		"over by multibyte": strings.Repeat("k", max-1) + "é",
 	} {
 		ran := false
-		_, err := mw.Process(ctx, key, func(context.Context, *sql.Tx) error { ran = true; return nil })
+		_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(context.Context, *sql.Tx) error { ran = true; return nil })
 		if !errors.Is(err, idempotent.ErrInvalidKey) {
-			t.Errorf("%s: Process = %v, want ErrInvalidKey", name, err)
+			t.Errorf("%s: ProcessMessage = %v, want ErrInvalidKey", name, err)
 		}
 		if ran {
 			t.Errorf("%s: the handler ran", name)
@@ -767,7 +767,7 @@ func checkBadKeys(t *testing.T, e *Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := mw.Claim(ctx, tx, key); !errors.Is(err, idempotent.ErrInvalidKey) {
+		if _, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key}); !errors.Is(err, idempotent.ErrInvalidKey) {
 			t.Errorf("%s: Claim = %v, want ErrInvalidKey", name, err)
 		}
 		if err := tx.Commit(); err != nil {
@@ -818,9 +818,9 @@ func checkMissingTable(t *testing.T, e *Env) {
 		t.Fatal(err)
 	}
 	ran := false
-	_, err = mw.Process(ctx, "k", func(context.Context, *sql.Tx) error { ran = true; return nil })
+	_, err = mw.ProcessMessage(ctx, idempotent.Message{Key: "k"}, func(context.Context, *sql.Tx) error { ran = true; return nil })
 	if !errors.Is(err, idempotent.ErrNoClaimTable) {
-		t.Errorf("Process without the claim table = %v, want ErrNoClaimTable", err)
+		t.Errorf("ProcessMessage without the claim table = %v, want ErrNoClaimTable", err)
 	}
 	if ran {
 		t.Error("the handler ran without a claim table")

@@ -439,7 +439,7 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 		t.mu.Lock()
 		t.stored = func(ctx context.Context) (int64, error) {
 			var n int64
-			err := s.db.QueryRowContext(ctx, "SELECT coalesce(sum(next_offset), 0)::bigint FROM "+offsets+" WHERE consumer = $1 AND topic = $2", mw.Consumer(), t.name).Scan(&n)
+			err := s.db.QueryRowContext(ctx, "SELECT coalesce(sum(next_offset), 0)::bigint FROM "+offsets+" WHERE consumer = $1 AND topic = $2", mw.Config().Consumer, t.name).Scan(&n)
 			return n, err
 		}
 		t.mu.Unlock()

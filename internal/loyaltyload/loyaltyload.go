@@ -2,7 +2,7 @@
 // the benchmark command (bench/) and the go test benchmarks (tests/): per
 // message, add points to a balance and write a ledger row, in the variants
 // the benchmarks compare — the effect alone, the guide's hand-written claim
-// and effect, the middleware's Process, its strict guard, batches with
+// and effect, the middleware's ProcessMessage, its strict guard, batches with
 // set-wise effects, and the duplicate path.
 package loyaltyload
 
@@ -82,7 +82,7 @@ type Msg struct {
 // Key is the message's claim key.
 func (m Msg) Key() string { return "order-completed:" + strconv.FormatInt(m.OrderID, 10) }
 
-func msgKey(m Msg) (string, error) { return m.Key(), nil }
+func msgOf(m Msg) (idempotent.Message, error) { return idempotent.Message{Key: m.Key()}, nil }
 
 // Gen makes messages for one worker: unique order ids from a shared
 // counter, random customers.
@@ -163,7 +163,7 @@ func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool) (*Env, error) {
 			return nil, err
 		}
 	}
-	e.batch = idempotent.WrapBatch(e.plain, msgKey, e.creditBatch)
+	e.batch = idempotent.WrapMessages(e.plain, msgOf, e.creditBatch)
 	return e, nil
 }
 
@@ -220,13 +220,13 @@ func Variants() []Variant {
 	return []Variant{
 		{Name: "effect", Label: "(a) effect alone, hand-written", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Effect(ctx, g) }},
 		{Name: "handwritten", Label: "(b) guide's claim + effect, hand-written", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.HandWritten(ctx, g) }},
-		{Name: "process", Label: "(c) Process, defaults", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Process(ctx, g) }},
+		{Name: "process", Label: "(c) ProcessMessage, defaults", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Process(ctx, g) }},
 		{Name: "event", Label: "(c\") ProcessMessage with an event time (the retention horizon's fence)", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Event(ctx, g) }},
-		{Name: "guarded", Label: "(c') Process on a GuardConnector database", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Guarded(ctx, g) }},
-		{Name: "strict", Label: "(d) Process, WithStrictGuard", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Strict(ctx, g) }},
-		{Name: "batch10", Label: "(e) ProcessBatch, 10 per tx, set-wise effect", PerCall: 10, Run: batchOf(10)},
-		{Name: "batch100", Label: "(e) ProcessBatch, 100 per tx, set-wise effect", PerCall: 100, Run: batchOf(100)},
-		{Name: "duplicate", Label: "(f) Process, duplicate path", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Duplicate(ctx, g) }},
+		{Name: "guarded", Label: "(c') ProcessMessage on a GuardConnector database", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Guarded(ctx, g) }},
+		{Name: "strict", Label: "(d) ProcessMessage, WithStrictGuard", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Strict(ctx, g) }},
+		{Name: "batch10", Label: "(e) ProcessMessages, 10 per tx, set-wise effect", PerCall: 10, Run: batchOf(10)},
+		{Name: "batch100", Label: "(e) ProcessMessages, 100 per tx, set-wise effect", PerCall: 100, Run: batchOf(100)},
+		{Name: "duplicate", Label: "(f) ProcessMessage, duplicate path", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Duplicate(ctx, g) }},
 	}
 }
 
@@ -305,7 +305,7 @@ func (e *Env) Guarded(ctx context.Context, g *Gen) error {
 
 func (e *Env) process(ctx context.Context, mw *idempotent.Middleware, g *Gen) error {
 	m := g.Next()
-	out, err := mw.Process(ctx, m.Key(), func(ctx context.Context, tx *sql.Tx) error { return e.credit(ctx, tx, m) })
+	out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: m.Key()}, func(ctx context.Context, tx *sql.Tx) error { return e.credit(ctx, tx, m) })
 	if err == nil && out != idempotent.Applied {
 		err = fmt.Errorf("message %d: %v, want applied", m.OrderID, out)
 	}
@@ -314,7 +314,7 @@ func (e *Env) process(ctx context.Context, mw *idempotent.Middleware, g *Gen) er
 
 // Duplicate processes a message claimed before: the handler never runs.
 func (e *Env) Duplicate(ctx context.Context, g *Gen) error {
-	out, err := e.plain.Process(ctx, g.DupKey(), func(context.Context, *sql.Tx) error {
+	out, err := e.plain.ProcessMessage(ctx, idempotent.Message{Key: g.DupKey()}, func(context.Context, *sql.Tx) error {
 		return errors.New("the handler ran for a duplicate")
 	})
 	if err == nil && out != idempotent.Duplicate {

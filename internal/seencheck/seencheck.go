@@ -1,9 +1,8 @@
-// Package seencheck consults a duplicate pre-check (an idempotent.Seen) for
-// a batch of keys: in one call where the pre-check can answer a batch (an
-// idempotent.SeenBatch), key by key otherwise; and it holds the pre-check's
-// scope, read once. Package idempotent and the idempgx module share it, so
-// that both read and record a batch the same way. It is generic in the
-// scope's type, idempotent.SeenScope, which it cannot import.
+// Package seencheck holds a duplicate pre-check's scope, read once, and
+// leaves the keys the pre-check knows out of a batch. It is generic in the
+// scope's type, idempotent.SeenScope, which it cannot import. How a batch
+// is asked and recorded (in one call where the pre-check can) is
+// idempotent.SeenBatchOf, which the idempgx module uses too.
 package seencheck
 
 import (
@@ -12,89 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 )
-
-// Seen is idempotent.Seen, with S the scope.
-type Seen[S any] interface {
-	Seen(ctx context.Context, scope S, key string) bool
-	Record(ctx context.Context, scope S, key string, ttl time.Duration)
-}
-
-// batch is idempotent.SeenBatch less Seen.
-type batch[S any] interface {
-	SeenKeys(ctx context.Context, scope S, keys []string) []bool
-	RecordKeys(ctx context.Context, scope S, keys []string, ttl time.Duration)
-}
-
-// Scoper gives a pre-check's scope: idempotent.Middleware, whose SeenScope
-// reads it once.
-type Scoper[S any] interface {
-	SeenScope(ctx context.Context) (S, error)
-}
-
-// Before reports whether s, if any, knows key in sc's scope. Without a
-// pre-check, or while the scope cannot be read, it is false: the pre-check
-// is left out.
-func Before[S any](ctx context.Context, s Seen[S], sc Scoper[S], key string) bool {
-	if s == nil {
-		return false
-	}
-	scope, err := sc.SeenScope(ctx)
-	return err == nil && s.Seen(ctx, scope, key)
-}
-
-// Known reports which of keys s, if any, knows in sc's scope: nil without
-// a pre-check or while the scope cannot be read.
-func Known[S any](ctx context.Context, s Seen[S], sc Scoper[S], keys []string) []bool {
-	if s == nil {
-		return nil
-	}
-	scope, err := sc.SeenScope(ctx)
-	if err != nil {
-		return nil
-	}
-	return Keys(ctx, s, scope, keys)
-}
-
-// After tells s, if any, that the claims of keys in sc's scope are
-// committed, to be remembered for ttl.
-func After[S any](ctx context.Context, s Seen[S], sc Scoper[S], keys []string, ttl time.Duration) {
-	if s == nil || len(keys) == 0 {
-		return
-	}
-	if scope, err := sc.SeenScope(ctx); err == nil {
-		Record(ctx, s, scope, keys, ttl)
-	}
-}
-
-// Keys reports which of keys s knows in scope. An answer of the wrong
-// length from a batch pre-check counts as a miss for every key.
-func Keys[S any](ctx context.Context, s Seen[S], scope S, keys []string) []bool {
-	if b, ok := s.(batch[S]); ok {
-		if hit := b.SeenKeys(ctx, scope, keys); len(hit) == len(keys) {
-			return hit
-		}
-		return make([]bool, len(keys))
-	}
-	hit := make([]bool, len(keys))
-	for i, k := range keys {
-		hit[i] = s.Seen(ctx, scope, k)
-	}
-	return hit
-}
-
-// Record tells s that the claims of keys in scope are committed.
-func Record[S any](ctx context.Context, s Seen[S], scope S, keys []string, ttl time.Duration) {
-	if len(keys) == 0 {
-		return
-	}
-	if b, ok := s.(batch[S]); ok {
-		b.RecordKeys(ctx, scope, keys, ttl)
-		return
-	}
-	for _, k := range keys {
-		s.Record(ctx, scope, k, ttl)
-	}
-}
 
 // Unknown keeps, in place, the keys whose hit is false and the entries of
 // first at the same positions, and returns both shortened.

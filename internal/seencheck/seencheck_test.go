@@ -9,67 +9,6 @@ import (
 	"time"
 )
 
-// one answers and records key by key.
-type one struct {
-	known    map[string]bool
-	recorded []string
-}
-
-func (o *one) Seen(_ context.Context, _ string, key string) bool { return o.known[key] }
-func (o *one) Record(_ context.Context, _, key string, _ time.Duration) {
-	o.recorded = append(o.recorded, key)
-}
-
-// many answers and records batches, or answers with the wrong length.
-type many struct {
-	one
-	calls int
-	wrong bool
-}
-
-func (m *many) SeenKeys(ctx context.Context, scope string, keys []string) []bool {
-	m.calls++
-	if m.wrong {
-		return []bool{true}
-	}
-	out := make([]bool, len(keys))
-	for i, k := range keys {
-		out[i] = m.one.Seen(ctx, scope, k)
-	}
-	return out
-}
-
-func (m *many) RecordKeys(ctx context.Context, scope string, keys []string, ttl time.Duration) {
-	m.calls++
-	for _, k := range keys {
-		m.one.Record(ctx, scope, k, ttl)
-	}
-}
-
-func TestKeysAndRecord(t *testing.T) {
-	ctx := context.Background()
-	keys := []string{"a", "b", "c"}
-	known := map[string]bool{"b": true}
-	o := &one{known: known}
-	if got := Keys[string](ctx, o, "c", keys); !slices.Equal(got, []bool{false, true, false}) {
-		t.Fatalf("key by key: %v", got)
-	}
-	m := &many{one: one{known: known}}
-	if got := Keys[string](ctx, m, "c", keys); !slices.Equal(got, []bool{false, true, false}) || m.calls != 1 {
-		t.Fatalf("a batch: %v in %d calls, want one call", got, m.calls)
-	}
-	m.wrong = true
-	if got := Keys[string](ctx, m, "c", keys); slices.Contains(got, true) || len(got) != 3 {
-		t.Fatalf("an answer of the wrong length: %v, want three misses", got)
-	}
-	Record[string](ctx, m, "c", keys, time.Hour)
-	Record[string](ctx, o, "c", keys, time.Hour)
-	Record[string](ctx, o, "c", nil, time.Hour)
-	if m.calls != 3 || !slices.Equal(m.recorded, keys) || !slices.Equal(o.recorded, keys) {
-		t.Fatalf("recorded %v (%d calls) and %v", m.recorded, m.calls, o.recorded)
-	}
-}
-
 func TestUnknown(t *testing.T) {
 	keys, first := Unknown([]bool{true, false, true, false}, []string{"a", "b", "c", "d"}, []int{3, 0, 2, 1})
 	if !slices.Equal(keys, []string{"b", "d"}) || !slices.Equal(first, []int{0, 1}) {
@@ -149,36 +88,5 @@ func TestScope(t *testing.T) {
 	wg.Wait()
 	if n != 1 || slices.ContainsFunc(got, func(v string) bool { return v != "scope" }) {
 		t.Fatalf("%d reads, answers %q; want one read and four answers", n, got)
-	}
-}
-
-// scoper gives scope, or err.
-type scoper struct {
-	scope string
-	err   error
-}
-
-func (s scoper) SeenScope(context.Context) (string, error) { return s.scope, s.err }
-
-// TestBeforeKnownAfter: without a pre-check, or while its scope cannot be
-// read, nothing is known and nothing recorded.
-func TestBeforeKnownAfter(t *testing.T) {
-	ctx := context.Background()
-	o := &one{known: map[string]bool{"a": true}}
-	ok, broken := scoper{scope: "s"}, scoper{err: errors.New("no scope")}
-	if !Before[string](ctx, o, ok, "a") || Before[string](ctx, o, broken, "a") || Before[string](ctx, nil, ok, "a") {
-		t.Fatal("Before: want true only with a pre-check and a scope")
-	}
-	if got := Known[string](ctx, o, ok, []string{"a", "b"}); !slices.Equal(got, []bool{true, false}) {
-		t.Fatalf("Known = %v", got)
-	}
-	if Known[string](ctx, o, broken, []string{"a"}) != nil || Known[string](ctx, nil, ok, []string{"a"}) != nil {
-		t.Fatal("Known: want nil without a pre-check or a scope")
-	}
-	After[string](ctx, o, broken, []string{"x"}, time.Hour)
-	After[string](ctx, nil, ok, []string{"x"}, time.Hour)
-	After[string](ctx, o, ok, []string{"y"}, time.Hour)
-	if !slices.Equal(o.recorded, []string{"y"}) {
-		t.Fatalf("recorded %v, want [y]", o.recorded)
 	}
 }

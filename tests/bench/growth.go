@@ -220,7 +220,7 @@ func (t *growthTable) op(ctx context.Context, m *idempotent.Middleware) func() e
 		if t.partitioned {
 			_, err = m.ProcessMessage(ctx, idempotent.Message{Key: k, EventTime: time.Now()}, fn)
 		} else {
-			_, err = m.Process(ctx, k, fn)
+			_, err = m.ProcessMessage(ctx, idempotent.Message{Key: k}, fn)
 		}
 		return err
 	}
@@ -364,7 +364,7 @@ func growthReport(w io.Writer, server string, args []string, sizes []int, batch,
 	fmt.Fprintf(w, "## Claim table growth per key shape, plain and partitioned\n\n")
 	fmt.Fprintf(w, "Command: `go run ./tests/bench %s` (Postgres %s, lib/pq, %d workers each alternating between the full and the empty table operation by operation, %d round%s of %v, %v in all)\n\n",
 		strings.Join(args, " "), server, workers, rounds, plural(rounds), cell, took.Round(time.Second))
-	what := "`Process` (claim + one INSERT effect)"
+	what := "`ProcessMessage` (claim + one INSERT effect)"
 	if batch > 1 {
 		what = fmt.Sprintf("`ProcessMessages`, %d messages per transaction (claims + one INSERT of the fresh ones; msgs/s counts messages)", batch)
 	}
@@ -416,7 +416,7 @@ func findCell(cells []*growthCell, shape string, partitioned bool, rows int) *gr
 // growthSVG draws the ratio against the claim table's size (log scale), a
 // line per key shape and table kind, the rounds' range as a bar.
 func growthSVG(sizes []int, cells []*growthCell) []byte {
-	return growthSVGTitled(sizes, cells, "Process on a full claim table ÷ on an empty one (8 workers)")
+	return growthSVGTitled(sizes, cells, "ProcessMessage on a full claim table ÷ on an empty one (8 workers)")
 }
 
 func growthSVGTitled(sizes []int, cells []*growthCell, title string) []byte {

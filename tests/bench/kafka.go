@@ -41,7 +41,7 @@ func kafkaReport(w io.Writer, server string, args []string, started time.Time, t
 	fmt.Fprintf(w, "%d round%s; each round runs the three in turn (%s records each), then a head-to-head cell where the hand-written "+
 		"consumer and the per-record consumer consume at the same time, each in its own group, and the ratio of the records each "+
 		"applied while both ran (from the moment both had applied a tenth of the topic to the moment either had applied nine tenths) "+
-		"is taken. (b) is a hand-written franz-go loop: `Middleware.Process` (claim + effect) per record, then a Kafka offset commit "+
+		"is taken. (b) is a hand-written franz-go loop: `Middleware.ProcessMessage` (claim + effect) per record, then a Kafka offset commit "+
 		"after each poll. Per record: `kafka.NewConsumer`, the offset advance in each record's transaction. Batch: "+
 		"`kafka.NewBatchConsumer`, one transaction per poll and partition (up to 100 records: 600 per poll over %d partitions).\n\n",
 		len(res.Rounds), plural(len(res.Rounds)), thousands(res.Records), kafkabench.Partitions)

@@ -66,8 +66,8 @@ type pgxComparison struct {
 }
 
 var pgxComparisons = []pgxComparison{
-	{"process-vs-handwritten", "`Process` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head", 1.15,
-		"`Process`", "hand-written pgx",
+	{"process-vs-handwritten", "`ProcessMessage` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head", 1.15,
+		"`ProcessMessage`", "hand-written pgx",
 		func(e *pgxEnv) func(context.Context) error { return e.process },
 		func(e *pgxEnv) func(context.Context) error { return e.handwritten }},
 	{"dup-vs-sql", "pgx duplicate ≥ 1.3× `database/sql` duplicate (pgx stdlib), head to head", 1.3,
@@ -191,7 +191,7 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 	}
 	e.process = func(ctx context.Context) error {
 		k, oid, cid := next()
-		_, err := m.Process(ctx, k, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
 		return err
 	}
 	e.handwritten = func(ctx context.Context) error {
@@ -214,17 +214,21 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 		return tx.Commit(ctx)
 	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
-	if _, err := m.Process(ctx, "dup", noop); err != nil {
+	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
 		return fail(err)
 	}
-	if _, err := ms.Process(ctx, "dup", noop); err != nil {
+	if _, err := ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
 		return fail(err)
 	}
-	e.dupPgx = func(ctx context.Context) error { return expectDuplicate(m.Process(ctx, "dup", noop)) }
+	e.dupPgx = func(ctx context.Context) error {
+		return expectDuplicate(m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop))
+	}
 	e.dupSQL = func(ctx context.Context) error {
-		return expectDuplicate(core.Process(ctx, "dup", func(context.Context, *sql.Tx) error { return nil }))
+		return expectDuplicate(core.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, func(context.Context, *sql.Tx) error { return nil }))
 	}
-	e.dupSeen = func(ctx context.Context) error { return expectDuplicate(ms.Process(ctx, "dup", noop)) }
+	e.dupSeen = func(ctx context.Context) error {
+		return expectDuplicate(ms.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop))
+	}
 	return e, nil
 }
 
@@ -495,21 +499,21 @@ func pgxReport(w io.Writer, server string, args []string, o pgxOptions, started 
 			continue
 		}
 		p, h := median(st.allocs["process"]), median(st.allocs["handwritten"])
-		fmt.Fprintf(w, "| allocations/msg of `Process` ≤ hand-written pgx + 3 | %s | %s | **%+.1f** (%.1f vs %.1f) | %s |\n",
+		fmt.Fprintf(w, "| allocations/msg of `ProcessMessage` ≤ hand-written pgx + 3 | %s | %s | **%+.1f** (%.1f vs %.1f) | %s |\n",
 			st.label(), joinDiffs(st.allocs["process"], st.allocs["handwritten"]), p-h, p, h, met(p <= h+3))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| measure | network | by round | median |")
 	fmt.Fprintln(w, "|---|---|---|---:|")
 	for _, st := range settings {
-		for _, v := range []struct{ name, label string }{{"process", "`Process` alone, msgs/s"}, {"handwritten", "hand-written pgx alone, msgs/s"}} {
+		for _, v := range []struct{ name, label string }{{"process", "`ProcessMessage` alone, msgs/s"}, {"handwritten", "hand-written pgx alone, msgs/s"}} {
 			fmt.Fprintf(w, "| %s | %s | %s | %.0f |\n", v.label, st.label(), joinFunc(st.alone[v.name], func(x float64) string { return fmt.Sprintf("%.0f", x) }), median(st.alone[v.name]))
 		}
 		for _, c := range pgxComparisons {
 			fmt.Fprintf(w, "| head to head: %s, %s, mean µs/msg | %s | %s | %s, %s |\n", c.aName, c.bName, st.label(),
 				joinPairs(st.meanA[c.name], st.meanB[c.name]), us(median(st.meanA[c.name])), us(median(st.meanB[c.name])))
 		}
-		for _, v := range []struct{ name, label string }{{"process", "`Process`"}, {"handwritten", "hand-written pgx"}, {"pgx_dup", "pgx duplicate"}} {
+		for _, v := range []struct{ name, label string }{{"process", "`ProcessMessage`"}, {"handwritten", "hand-written pgx"}, {"pgx_dup", "pgx duplicate"}} {
 			if a := st.allocs[v.name]; len(a) > 0 {
 				fmt.Fprintf(w, "| allocations/msg, %s | %s | %s | %.1f |\n", v.label, st.label(), joinFunc(a, func(x float64) string { return fmt.Sprintf("%.1f", x) }), median(a))
 			}

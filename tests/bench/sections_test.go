@@ -63,16 +63,16 @@ func TestPgxReport(t *testing.T) {
 		"## The pgx path (idempgx) and the duplicate pre-check",
 		"Command: `go run ./tests/bench -pgx -latency 0,1ms`",
 		"; 2 rounds; 8 workers;",
-		"| `Process` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head | loopback (rtt 64 µs) | 1.120×, 1.140× | **1.130×** | **no** |",
-		"| `Process` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head | proxy, 1ms each way (rtt 2.65 ms) | 1.200×, 1.220× | **1.210×** | yes |",
-		"| allocations/msg of `Process` ≤ hand-written pgx + 3 | loopback (rtt 64 µs) | -4.0, -4.0 | **-4.0** (15.0 vs 19.0) | yes |",
-		"| `Process` alone, msgs/s | loopback (rtt 64 µs) | 2800, 2900 | 2850 |",
+		"| `ProcessMessage` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head | loopback (rtt 64 µs) | 1.120×, 1.140× | **1.130×** | **no** |",
+		"| `ProcessMessage` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head | proxy, 1ms each way (rtt 2.65 ms) | 1.200×, 1.220× | **1.210×** | yes |",
+		"| allocations/msg of `ProcessMessage` ≤ hand-written pgx + 3 | loopback (rtt 64 µs) | -4.0, -4.0 | **-4.0** (15.0 vs 19.0) | yes |",
+		"| `ProcessMessage` alone, msgs/s | loopback (rtt 64 µs) | 2800, 2900 | 2850 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "allocations/msg of `Process` ≤ hand-written pgx + 3 | proxy") {
+	if strings.Contains(out, "allocations/msg of `ProcessMessage` ≤ hand-written pgx + 3 | proxy") {
 		t.Errorf("allocations reported through the proxy:\n%s", out)
 	}
 }

@@ -1,9 +1,13 @@
+// Package kafkatests holds the benchmark of the kafka package's consumers
+// against a hand-written franz-go consumer (package kafkabench, which the
+// bench command shares). The kafka package's own tests are in kafka/.
 package kafkatests
 
 import (
 	"context"
 	"testing"
 
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/tests/internal/kafkabench"
 )
 
@@ -20,9 +24,10 @@ import (
 // -kafka mode prints the same figures round by round. Run it with
 // -benchtime=1x.
 func BenchmarkConsumers(b *testing.B) {
-	openDB(b, 1) // skips, or fails under CI, when Postgres does not answer
+	testenv.OpenPostgres(b, 1) // skips, or fails under CI, when Postgres does not answer
+	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	for range b.N {
-		res, err := kafkabench.Run(context.Background(), kafkabench.Config{DSN: dsn(), Records: 1000, Rounds: 3})
+		res, err := kafkabench.Run(context.Background(), kafkabench.Config{DSN: dsn, Records: 1000, Rounds: 3})
 		if err != nil {
 			b.Fatal(err)
 		}

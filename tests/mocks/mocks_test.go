@@ -226,7 +226,7 @@ func TestDeliveries(t *testing.T) {
 					}
 					m := mocks.For(mock, dc.d, "loyalty", cfg.mock...)
 					sc.script(m, dc)
-					got, err := mw.Process(context.Background(), key, effect)
+					got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 					if sc.wantErr != nil {
 						if err == nil || !sc.wantErr(dc, err) {
 							t.Fatalf("got (%v, %v), want the scenario's error", got, err)
@@ -263,7 +263,7 @@ func TestForMiddleware(t *testing.T) {
 			m.ExpectApplied(key)
 			expectEffect(m)
 			m.ExpectCommit()
-			if got, err := mw.Process(context.Background(), key, effect); err != nil || got != idempotent.Applied {
+			if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
 				t.Fatalf("got (%v, %v)", got, err)
 			}
 		})
@@ -289,13 +289,13 @@ func TestExpectClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := mw.Claim(ctx, tx, key); err != nil || !ok {
+	if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: key}); err != nil || !ok {
 		t.Fatalf("claim %q: got (%v, %v), want (true, nil)", key, ok, err)
 	}
-	if ok, err := mw.Claim(ctx, tx, "other"); err != nil || ok {
+	if ok, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "other"}); err != nil || ok {
 		t.Fatalf("claim other: got (%v, %v), want (false, nil)", ok, err)
 	}
-	if _, err := mw.Claim(ctx, tx, "busy"); !errors.Is(err, idempotent.ErrClaimBusy) {
+	if _, err := mw.ClaimMessage(ctx, tx, idempotent.Message{Key: "busy"}); !errors.Is(err, idempotent.ErrClaimBusy) {
 		t.Fatalf("claim busy: got %v, want ErrClaimBusy", err)
 	}
 	if err := tx.Rollback(); err != nil {
@@ -392,7 +392,7 @@ func TestScriptMismatch(t *testing.T) {
 			m.ExpectApplied(key)
 			expectEffect(m)
 			m.ExpectCommit()
-			_, perr := mw.Process(context.Background(), key, effect)
+			_, perr := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect)
 			if perr == nil && mock.ExpectationsWereMet() == nil {
 				t.Fatal("a mismatched script passed")
 			}
@@ -519,10 +519,11 @@ func TestForRejects(t *testing.T) {
 	}
 }
 
-// TestProcessEvent scripts ProcessEvent on a table that is not
-// partitioned: the event time is checked before any transaction, and the
-// statements are Process's.
-func TestProcessEvent(t *testing.T) {
+// TestProcessMessageWithEventTime scripts ProcessMessage of a message with
+// an event time on a table that is not partitioned: the event time is
+// checked before any transaction, and the statements are those of a
+// message without one.
+func TestProcessMessageWithEventTime(t *testing.T) {
 	db, mock := mocks.New(t)
 	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithRetention(30*24*time.Hour))
 	if err != nil {
@@ -534,11 +535,11 @@ func TestProcessEvent(t *testing.T) {
 	expectEffect(m)
 	m.ExpectCommit()
 	ctx := context.Background()
-	if got, err := mw.ProcessEvent(ctx, key, at, effect); err != nil || got != idempotent.Applied {
+	if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: at}, effect); err != nil || got != idempotent.Applied {
 		t.Fatalf("got (%v, %v), want applied", got, err)
 	}
 	// Older than the window: refused with nothing sent.
-	if _, err := mw.ProcessEvent(ctx, key, time.Now().Add(-40*24*time.Hour), effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
+	if _, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key, EventTime: time.Now().Add(-40 * 24 * time.Hour)}, effect); !errors.Is(err, idempotent.ErrBeyondRetention) {
 		t.Fatalf("got %v, want ErrBeyondRetention", err)
 	}
 }

@@ -28,7 +28,7 @@ func TestModes(t *testing.T) {
 		err      error
 	}
 	batch := func(mw *idempotent.Middleware) result {
-		got, err := mw.ProcessBatch(context.Background(), keys, func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
+		got, err := mw.ProcessMessages(context.Background(), keyMessages(keys...), func(ctx context.Context, tx *sql.Tx, _ []int) error { return effect(ctx, tx) })
 		return result{got, err}
 	}
 	one := func(o idempotent.Outcome, err error) result { return result{[]idempotent.Outcome{o}, err} }
@@ -58,7 +58,7 @@ func TestModes(t *testing.T) {
 			m.ExpectExec(insert).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 			m.ExpectCommit()
 		}, func(mw *idempotent.Middleware) result {
-			return one(mw.ProcessNatural(context.Background(), key, func(ctx context.Context, tx *sql.Tx) (bool, error) {
+			return one(mw.ProcessNatural(context.Background(), idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 				res, err := tx.ExecContext(ctx, insert)
 				if err != nil {
 					return false, err
@@ -72,12 +72,12 @@ func TestModes(t *testing.T) {
 			expectEffect(m)
 			m.ExpectCommit()
 		}, func(mw *idempotent.Middleware) result {
-			return one(mw.ProcessEvent(context.Background(), key, now.Add(-time.Hour), effect))
+			return one(mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: now.Add(-time.Hour)}, effect))
 		}, []idempotent.Outcome{A}},
 		{"event-fenced", func(m *mocks.Mock, _ dialectCase) {
 			m.ExpectFenced(now.AddDate(0, 0, -31))
 		}, func(mw *idempotent.Middleware) result {
-			o, err := mw.ProcessEvent(context.Background(), key, now.AddDate(0, 0, -31), effect)
+			o, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key, EventTime: now.AddDate(0, 0, -31)}, effect)
 			if errors.Is(err, idempotent.ErrBeyondRetention) {
 				err = nil
 			}
@@ -106,4 +106,13 @@ func TestModes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// keyMessages returns one Message without an event time per key.
+func keyMessages(keys ...string) []idempotent.Message {
+	msgs := make([]idempotent.Message, len(keys))
+	for i, k := range keys {
+		msgs[i].Key = k
+	}
+	return msgs
 }

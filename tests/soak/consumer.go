@@ -242,7 +242,7 @@ func (c *consumer) work(ctx context.Context, stop <-chan struct{}) {
 		if d.leases > 1 {
 			c.redelivered.Add(1)
 		}
-		_, err = c.mw.Process(ctx, d.key(), func(ctx context.Context, tx *sql.Tx) error { return c.credit(ctx, tx, d) })
+		_, err = c.mw.ProcessMessage(ctx, idempotent.Message{Key: d.key()}, func(ctx context.Context, tx *sql.Tx) error { return c.credit(ctx, tx, d) })
 		if err != nil {
 			c.fail(err)
 			continue

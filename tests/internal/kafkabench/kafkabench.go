@@ -401,7 +401,7 @@ func (b *bench) handwritten(ctx context.Context, applied func()) (time.Duration,
 			// benchmark's deliveries have no reason to fail, so a few
 			// failures in a row end the run.
 			for attempt := 1; ; attempt++ {
-				_, err := mw.Process(ctx, key, func(ctx context.Context, tx *sql.Tx) error {
+				_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, insert, string(r.Value), name)
 					return err
 				})

@@ -1,4 +1,4 @@
-package tests
+package rabbitmq_test
 
 import (
 	"context"
@@ -25,10 +25,9 @@ func TestRabbitMQResendAcrossMidnightIsDuplicate(t *testing.T) {
 	url := amqpURL(t)
 	now := time.Date(2031, 3, 15, 0, 30, 0, 0, time.UTC)
 	l, _ := partitionedLoyalty(t, now, 1)
-	l.db.SetMaxOpenConns(4)
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	o := orderCompleted{OrderID: 9912, CustomerID: 12, TotalCents: 5000}
+	o := order{OrderID: 9912, CustomerID: 12, Points: 50}
 	produced := eventOrderMessage(t, o, now.Add(-24*time.Hour))
 	produced.Timestamp = now.Add(-24 * time.Hour)
 	resent := eventOrderMessage(t, o, now.Add(-24*time.Hour))
@@ -45,14 +44,14 @@ func TestRabbitMQResendAcrossMidnightIsDuplicate(t *testing.T) {
 	if s := c.Stats(); s != (adapter.Stats{Applied: 1, Duplicates: 1}) {
 		t.Fatalf("stats %+v, want 1 applied and 1 duplicate, both acked", s)
 	}
-	if got, want := partitionOf(t, l, o.key()), l.schema+".processed_messages_p20310314"; got != want {
+	if got, want := partitionOf(t, l, o.Key()), l.schema+".processed_messages_p20310314"; got != want {
 		t.Fatalf("claim in %s, want %s (the producer's event day)", got, want)
 	}
-	if n := count(t, l.db, "SELECT count(*) FROM "+quoteTable(l.schema+".processed_messages")); n != 1 {
+	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != 1 {
 		t.Fatalf("%d claims, want 1", n)
 	}
-	if b, n := l.balance(t, 12), l.ledgerRows(t, 9912); b != pointsFor(o) || n != 1 {
-		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, pointsFor(o))
+	if b, n := l.balance(t, 12), l.ledgerRows(t, 9912); b != o.Points || n != 1 {
+		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, o.Points)
 	}
 }
 
@@ -90,11 +89,10 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	url := amqpURL(t)
 	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
 	l, clock := partitionedLoyalty(t, now, 1)
-	l.db.SetMaxOpenConns(4)
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	soon := orderCompleted{OrderID: 31, CustomerID: 13, TotalCents: 3100}
-	far := orderCompleted{OrderID: 32, CustomerID: 13, TotalCents: 3200}
+	soon := order{OrderID: 31, CustomerID: 13, Points: 31}
+	far := order{OrderID: 32, CustomerID: 13, Points: 32}
 	soonAt := now.Add(30 * time.Minute)
 	farAt := soonAt.Add(idempotent.DefaultClockSkew + adapter.DefaultFutureBound + time.Hour) // beyond the bound even after the clock moves
 	newPublisher(t, admin, top.queue).publish(t, eventOrderMessage(t, soon, soonAt), eventOrderMessage(t, far, farAt))
@@ -104,7 +102,7 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	c := l.orderConsumer(t, rabbitmq.WithRetryDelay(10*time.Millisecond, 10*time.Millisecond),
 		rabbitmq.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
 			log.Observe(ctx, e)
-			if e.Message.Key == soon.key() && e.Type == adapter.EventRequeued {
+			if e.Message.Key == soon.Key() && e.Type == adapter.EventRequeued {
 				// Nothing may be written while it waits.
 				if n := l.ledgerRows(t, soon.OrderID); n != 0 {
 					t.Errorf("%d ledger rows for the requeued message", n)
@@ -118,20 +116,20 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	acts := log.types(soon.key())
+	acts := log.types(soon.Key())
 	if len(acts) < 2 || acts[0] != adapter.EventRequeued || acts[len(acts)-1] != adapter.EventApplied {
 		t.Fatalf("the message %v ahead: %v, want requeued, then applied", soonAt.Sub(now), acts)
 	}
-	if e := log.first(soon.key()); !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 10*time.Millisecond {
+	if e := log.first(soon.Key()); !errors.Is(e.Err, idempotent.ErrInvalidEventTime) || e.Delay <= 0 || e.Delay > 10*time.Millisecond {
 		t.Fatalf("requeued with %v after %v, want ErrInvalidEventTime after at most the retry delay's maximum", e.Err, e.Delay)
 	}
-	if acts := log.types(far.key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
+	if acts := log.types(far.Key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
 		t.Fatalf("the message %v ahead: %v, want dead-lettered once", farAt.Sub(now), acts)
 	}
-	if b, n, nf := l.balance(t, 13), l.ledgerRows(t, soon.OrderID), l.ledgerRows(t, far.OrderID); b != pointsFor(soon) || n != 1 || nf != 0 {
-		t.Fatalf("balance %d, %d and %d ledger rows; want %d, 1 and 0", b, n, nf, pointsFor(soon))
+	if b, n, nf := l.balance(t, 13), l.ledgerRows(t, soon.OrderID), l.ledgerRows(t, far.OrderID); b != soon.Points || n != 1 || nf != 0 {
+		t.Fatalf("balance %d, %d and %d ledger rows; want %d, 1 and 0", b, n, nf, soon.Points)
 	}
-	if n := count(t, l.db, "SELECT count(*) FROM "+quoteTable(l.schema+".processed_messages")); n != 1 {
+	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != 1 {
 		t.Fatalf("%d claims, want 1", n)
 	}
 	// The broker's dead-lettering keeps the producer's event time.
@@ -140,8 +138,8 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("dead-letter queue: %v (got one: %v)", err, ok)
 	}
-	if dead.MessageId != far.key() || dead.Headers[adapter.EventTimeHeader] != adapter.FormatEventTime(farAt) {
-		t.Fatalf("dead letter %q with event time %v, want %q with %s", dead.MessageId, dead.Headers[adapter.EventTimeHeader], far.key(), adapter.FormatEventTime(farAt))
+	if dead.MessageId != far.Key() || dead.Headers[adapter.EventTimeHeader] != adapter.FormatEventTime(farAt) {
+		t.Fatalf("dead letter %q with event time %v, want %q with %s", dead.MessageId, dead.Headers[adapter.EventTimeHeader], far.Key(), adapter.FormatEventTime(farAt))
 	}
 }
 
@@ -153,13 +151,12 @@ func TestRabbitMQFutureDatedIsRequeuedUntilTheClockCatchesUp(t *testing.T) {
 func TestRabbitMQBadEventTimeHeaderIsPoison(t *testing.T) {
 	t.Parallel()
 	url := amqpURL(t)
-	db := openDB(t)
-	db.SetMaxOpenConns(4)
+	db := openDB(t, 4)
 	l := newLoyalty(t, db)
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	good := orderCompleted{OrderID: 41, CustomerID: 14, TotalCents: 4100}
-	bad := orderCompleted{OrderID: 42, CustomerID: 14, TotalCents: 4200}
+	good := order{OrderID: 41, CustomerID: 14, Points: 41}
+	bad := order{OrderID: 42, CustomerID: 14, Points: 42}
 	badMsg := orderMessage(t, bad)
 	badMsg.Headers = amqp.Table{adapter.EventTimeHeader: "1773489600"}
 	newPublisher(t, admin, top.queue).publish(t, badMsg, eventOrderMessage(t, good, time.Now().Add(-time.Minute)))
@@ -172,17 +169,17 @@ func TestRabbitMQBadEventTimeHeaderIsPoison(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if acts := log.types(bad.key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
+	if acts := log.types(bad.Key()); len(acts) != 1 || acts[0] != adapter.EventDeadLettered {
 		t.Fatalf("the bad header: %v, want dead-lettered once", acts)
 	}
-	if err := log.last(bad.key()).Err; !errors.Is(err, adapter.ErrBadEventTime) || !errors.Is(err, idempotent.ErrInvalidEventTime) {
+	if err := log.last(bad.Key()).Err; !errors.Is(err, adapter.ErrBadEventTime) || !errors.Is(err, idempotent.ErrInvalidEventTime) {
 		t.Fatalf("dead-lettered with %v, want ErrBadEventTime", err)
 	}
-	if acts := log.types(good.key()); len(acts) != 1 || acts[0] != adapter.EventApplied {
+	if acts := log.types(good.Key()); len(acts) != 1 || acts[0] != adapter.EventApplied {
 		t.Fatalf("the good header: %v, want applied", acts)
 	}
-	if b, n := l.balance(t, 14), l.ledgerRows(t, bad.OrderID); b != pointsFor(good) || n != 0 {
-		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, pointsFor(good))
+	if b, n := l.balance(t, 14), l.ledgerRows(t, bad.OrderID); b != good.Points || n != 0 {
+		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, good.Points)
 	}
-	waitFor(t, "the dead letter", func() (bool, error) { return depth(t, admin, top.dlq) == 1, nil })
+	waitFor(t, "the dead letter", func() bool { return depth(t, admin, top.dlq) == 1 })
 }

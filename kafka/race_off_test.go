@@ -1,7 +1,7 @@
-//go:build race
+//go:build !race
 
-package kafkatests
+package kafka_test
 
 // raceDetector is true when the tests run with -race, which makes the
 // in-process cluster several times slower: the churn test scales down.
-const raceDetector = true
+const raceDetector = false

@@ -1,4 +1,4 @@
-package tests
+package rabbitmq_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package tests
+package rabbitmq_test
 
 import (
 	"context"
@@ -20,11 +20,10 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 	t.Parallel()
 	url := amqpURL(t)
 	l, clock := partitionedLoyalty(t, time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC), 1) // days up to 15 March
-	l.db.SetMaxOpenConns(4)
-	clock.Add(2 * 24 * time.Hour) // 16 March, and MaintainPartitions has not run
+	clock.Add(2 * 24 * time.Hour)                                                       // 16 March, and MaintainPartitions has not run
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	msg := orderCompleted{OrderID: 1603, CustomerID: 16, TotalCents: 3100}
+	msg := order{OrderID: 1603, CustomerID: 16, Points: 31}
 	pub := eventOrderMessage(t, msg, clock.Now().Add(-time.Hour)) // the producer's event time
 	newPublisher(t, admin, top.queue).publish(t, pub)
 
@@ -63,7 +62,7 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 		t.Fatalf("first delivery settled as %v (%v), want requeued: the day's partition is only not there yet", first.Type, first.Err)
 	}
 	t.Logf("first delivery requeued: %v", first.Err)
-	if _, err := l.mw.MaintainPartitions(context.Background()); err != nil {
+	if _, err := l.mw.ClaimTable().MaintainPartitions(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -85,7 +84,7 @@ func TestRabbitMQMissingPartitionIsRequeuedNotDeadLettered(t *testing.T) {
 	if n := depth(t, admin, top.dlq); n != 0 {
 		t.Fatalf("%d messages in the dead-letter queue", n)
 	}
-	if b, n := l.balance(t, 16), l.ledgerRows(t, 1603); b != pointsFor(msg) || n != 1 {
-		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, pointsFor(msg))
+	if b, n := l.balance(t, 16), l.ledgerRows(t, 1603); b != msg.Points || n != 1 {
+		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, msg.Points)
 	}
 }

@@ -1,4 +1,4 @@
-package tests
+package rabbitmq_test
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 
 // eventOrderMessage is orderMessage with the producer's event time in the
 // adapter.EventTimeHeader header.
-func eventOrderMessage(t testing.TB, o orderCompleted, at time.Time) amqp.Publishing {
+func eventOrderMessage(t testing.TB, o order, at time.Time) amqp.Publishing {
 	t.Helper()
 	m := orderMessage(t, o)
 	m.Headers = amqp.Table{adapter.EventTimeHeader: adapter.FormatEventTime(at)}
@@ -32,10 +32,9 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	url := amqpURL(t)
 	now := time.Date(2031, 3, 14, 23, 30, 0, 0, time.UTC)
 	l, clock := partitionedLoyalty(t, now, 2)
-	l.db.SetMaxOpenConns(4)
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	msg := orderCompleted{OrderID: 9913, CustomerID: 8, TotalCents: 5000}
+	msg := order{OrderID: 9913, CustomerID: 8, Points: 50}
 	newPublisher(t, admin, top.queue).publish(t, eventOrderMessage(t, msg, now.Add(-time.Hour)))
 
 	var log settlements
@@ -47,7 +46,7 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 		t.Fatalf("first consumer: %+v, want 1 applied whose ack failed", s)
 	}
 	wantPart := l.schema + ".processed_messages_p20310314"
-	if got := partitionOf(t, l, msg.key()); got != wantPart {
+	if got := partitionOf(t, l, msg.Key()); got != wantPart {
 		t.Fatalf("claim in %s, want %s (the event's day)", got, wantPart)
 	}
 
@@ -60,8 +59,8 @@ func TestRabbitMQPartitionedCrashAfterCommitBeforeAckIsRedeliveredAsDuplicate(t 
 	if got := log.outcomes(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("deliveries (outcome, redelivered) %v, want %v", got, want)
 	}
-	if b, n := l.balance(t, 8), l.ledgerRows(t, 9913); b != pointsFor(msg) || n != 1 {
-		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, pointsFor(msg))
+	if b, n := l.balance(t, 8), l.ledgerRows(t, 9913); b != msg.Points || n != 1 {
+		t.Fatalf("balance %d with %d ledger rows, want %d with 1", b, n, msg.Points)
 	}
 	if n := depth(t, admin, top.queue); n != 0 {
 		t.Fatalf("%d messages left in the queue, want 0", n)
@@ -77,12 +76,11 @@ func TestRabbitMQPartitionedFenceDeadLetters(t *testing.T) {
 	url := amqpURL(t)
 	now := time.Date(2031, 3, 14, 12, 0, 0, 0, time.UTC)
 	l, _ := partitionedLoyalty(t, now, 1)
-	l.db.SetMaxOpenConns(4)
 	top := declareTopology(t, url)
 	admin := dialTest(t, url)
-	good := orderCompleted{OrderID: 21, CustomerID: 9, TotalCents: 1200}
-	old := orderCompleted{OrderID: 22, CustomerID: 9, TotalCents: 900}
-	unstamped := orderCompleted{OrderID: 23, CustomerID: 9, TotalCents: 700}
+	good := order{OrderID: 21, CustomerID: 9, Points: 12}
+	old := order{OrderID: 22, CustomerID: 9, Points: 9}
+	unstamped := order{OrderID: 23, CustomerID: 9, Points: 7}
 	newPublisher(t, admin, top.queue).publish(t,
 		eventOrderMessage(t, old, now.Add(-idempotent.DefaultRetention-time.Hour)),
 		orderMessage(t, unstamped),
@@ -99,16 +97,16 @@ func TestRabbitMQPartitionedFenceDeadLetters(t *testing.T) {
 	if s := c.Stats(); s != (adapter.Stats{Applied: 1, DeadLettered: 2}) {
 		t.Fatalf("stats %+v, want 1 applied and acked, 2 dead-lettered", s)
 	}
-	for id, want := range map[string]error{old.key(): idempotent.ErrBeyondRetention, unstamped.key(): adapter.ErrNoEventTime} {
+	for id, want := range map[string]error{old.Key(): idempotent.ErrBeyondRetention, unstamped.Key(): adapter.ErrNoEventTime} {
 		if e := log.last(id); e.Type != adapter.EventDeadLettered || !errors.Is(e.Err, want) {
 			t.Errorf("message %q settled %v with %v, want dead-lettered with %v", id, e.Type, e.Err, want)
 		}
 	}
-	waitFor(t, "two messages in the dead-letter queue", func() (bool, error) { return depth(t, admin, top.dlq) == 2, nil })
-	if n := count(t, l.db, "SELECT count(*) FROM "+quoteTable(l.schema+".processed_messages")); n != 1 {
+	waitFor(t, "two messages in the dead-letter queue", func() bool { return depth(t, admin, top.dlq) == 2 })
+	if n := l.count(t, "SELECT count(*) FROM $S.processed_messages"); n != 1 {
 		t.Fatalf("%d claims, want 1", n)
 	}
-	if b, n := l.balance(t, 9), l.ledgerRows(t, 22)+l.ledgerRows(t, 23); b != pointsFor(good) || n != 0 {
-		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, pointsFor(good))
+	if b, n := l.balance(t, 9), l.ledgerRows(t, 22)+l.ledgerRows(t, 23); b != good.Points || n != 0 {
+		t.Fatalf("balance %d with %d ledger rows for the poison, want %d with none", b, n, good.Points)
 	}
 }

@@ -1,4 +1,4 @@
-package kafkatests
+package kafka_test
 
 import (
 	"context"
@@ -84,7 +84,7 @@ var errKilled = errors.New("brokertest harness: the consumer was killed before t
 // which reads the settlements from the events.
 func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
 	db := cfg.DB
-	schema, _, _ := strings.Cut(cfg.Middleware.Table(), ".")
+	schema, _, _ := strings.Cut(cfg.Middleware.Config().Table, ".")
 	if err := kafka.EnsureSchema(context.Background(), db, schema+".kafka_offsets"); err != nil {
 		tr.t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 	opts := []kafka.Option{
 		kafka.WithWorkers(cfg.Workers), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
 		kafka.WithOffsetsTable(schema + ".kafka_offsets"),
-		kafka.WithDeadLetter(newOutbox(tr.t, db, schema, cfg.Middleware.Consumer()), "orders.dead"),
+		kafka.WithDeadLetter(newOutbox(tr.t, db, schema, cfg.Middleware.Config().Consumer), "orders.dead"),
 		kafka.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
 			if d, ok := e.Detail.(kafka.Rebalance); ok && e.Type == adapter.EventAssigned && len(d.Partitions[brokertestTopic]) > 0 {
 				c.once.Do(func() { close(c.assigned) })

@@ -1,4 +1,4 @@
-package kafkatests
+package kafka_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package kafkatests
+package kafka_test
 
 import (
 	"context"
@@ -254,7 +254,7 @@ func TestFutureEventTime(t *testing.T) {
 		}
 		// The rule's delay: until the clock reaches the event time, less the
 		// clock-skew margin.
-		wait := soon.Sub(now) - mw.ClockSkew()
+		wait := soon.Sub(now) - mw.Config().ClockSkew
 		rq := obs.of(adapter.EventRequeued)
 		for _, e := range rq {
 			if whereOf(t, e).offset != 1 || e.Message.Key != "soon" || !e.Message.EventTime.Equal(soon) || e.Attempt != 1 ||

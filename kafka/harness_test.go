@@ -1,50 +1,44 @@
-// Package kafkatests runs the kafka package against an in-process Kafka
-// cluster (franz-go's kfake, which speaks the real protocol, group
-// coordination included) and a real Postgres.
-//
-// The database comes from IDEMPOTENT_POSTGRES_DSN, or the local server at
-// postgres://postgres@127.0.0.1:5432/test. If it does not answer the tests
-// skip — except when CI is set, where they fail.
-package kafkatests
+package kafka_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	_ "github.com/lib/pq"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/kafka"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
 )
 
-const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+// The integration tests of the package run it against an in-process Kafka
+// cluster (franz-go's kfake, which speaks the real protocol, group
+// coordination included) and a real Postgres.
+//
+// The database comes from IDEMPOTENT_POSTGRES_DSN, or the local server at
+// postgres://postgres@127.0.0.1:5432/test. If it does not answer the tests
+// skip — except when CI is set, where they fail.
 
-func dsn() string {
-	if d := os.Getenv("IDEMPOTENT_POSTGRES_DSN"); d != "" {
-		return d
-	}
-	return localDSN
-}
-
-// openDB opens the test database; extra are connection parameters such as
-// "synchronous_commit=off".
+// openDB opens the test database (testenv.OpenPostgres); extra are
+// connection parameters such as "synchronous_commit=off", on every
+// connection of the pool.
 func openDB(t testing.TB, maxConns int, extra ...string) *sql.DB {
 	t.Helper()
-	d := dsn()
+	db := testenv.OpenPostgres(t, maxConns) // skips, or fails under CI, when Postgres does not answer
+	if len(extra) == 0 {
+		return db
+	}
+	d := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	for _, e := range extra {
 		if strings.Contains(d, "?") {
 			d += "&" + e
@@ -52,31 +46,20 @@ func openDB(t testing.TB, maxConns int, extra ...string) *sql.DB {
 			d += "?" + e
 		}
 	}
-	db, err := sql.Open("postgres", d)
+	withExtra, err := sql.Open("postgres", d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.SetMaxOpenConns(maxConns)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("Postgres at %s does not answer: %v", dsn(), err)
-		}
-		t.Skipf("Postgres at %s does not answer (set IDEMPOTENT_POSTGRES_DSN): %v", dsn(), err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
+	withExtra.SetMaxOpenConns(maxConns)
+	t.Cleanup(func() { withExtra.Close() })
+	return withExtra
 }
 
 // schema creates a schema of the test's own, with the claim, offsets and
 // outbox tables in it, dropped at the end.
 func schema(t testing.TB, db *sql.DB) string {
 	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	s := "kt_" + hex.EncodeToString(b)
+	s := testenv.UniqueName("kt")
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+s); err != nil {
 		t.Fatal(err)
