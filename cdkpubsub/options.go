@@ -117,7 +117,8 @@ func WithoutEventTime() Option {
 // WithObserver sets the Observer told of every settlement — one
 // adapter.Event of type EventApplied, EventDuplicate, EventRequeued,
 // EventDeadLettered or EventReleased per delivery, with Detail the
-// *pubsub.Message — and, in addition, of every dead letter that could not
+// *pubsub.Message and Source its LoggableID (Attempt is zero:
+// gocloud.dev/pubsub counts no deliveries) — and, in addition, of every dead letter that could not
 // be written (EventSettleFailed, the message then requeued). Observe runs
 // on the worker's goroutine, after the message was acked or nacked; it must
 // be safe for concurrent use and return quickly. Consumer.Stats counts the
