@@ -57,6 +57,7 @@ var knownImports = map[string]string{
 	"dialect":     "github.com/txclaim/idempotent/dialect",
 	"dialecttest": "github.com/txclaim/idempotent/dialect/dialecttest",
 	"idempgx":     "github.com/txclaim/idempotent/idempgx",
+	"idemhttp":    "github.com/txclaim/idempotent/idemhttp",
 	"idemsqlx":    "github.com/txclaim/idempotent/idemsqlx",
 	"migrations":  "github.com/txclaim/idempotent/migrations",
 	"mocks":       "github.com/txclaim/idempotent/mocks",
