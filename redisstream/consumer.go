@@ -731,6 +731,11 @@ func (r *run) settle(ctx context.Context, items []item) {
 			failed[i] = cmds[j].Err()
 			r.unhold(items[i].d.ID)
 		}
+		for _, err := range failed {
+			if err != nil && r.failed(err) {
+				break // the client is closed: read nothing more
+			}
+		}
 	}
 	for i, e := range evs {
 		c.events.Observe(ctx, e)
