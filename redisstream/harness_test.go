@@ -258,7 +258,6 @@ func (h loseAcks) dropped(cmd redis.Cmder) bool {
 	return ok && h.lose(id)
 }
 
-
 func mustJSON(t testing.TB, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
