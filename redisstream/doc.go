@@ -82,10 +82,11 @@
 // idle bound ([WithClaimIdle], default [DefaultClaimIdle]) with
 // XCLAIM … JUSTID, which resets an entry's idle time without counting a
 // delivery, so no other consumer takes them however long a handler or a
-// delay runs. Every quarter of the bound it runs XAUTOCLAIM for the
-// group's entries idle longer than the bound: those of consumers that died
-// or were stopped, and its own left behind by an XACK that failed. Each
-// re-claim counts a delivery; the Consumer reads the count with XPENDING.
+// delay runs. Every quarter of the bound (at least every five seconds) it
+// runs XAUTOCLAIM for the group's entries idle longer than the bound:
+// those of consumers that died or were stopped, and its own left behind by
+// an XACK that failed. Each re-claim counts a delivery; the Consumer reads
+// the count with XPENDING.
 //
 // Choose the claim idle bound longer than the longest pause a live
 // consumer may take between two touches — a garbage-collection pause, a
