@@ -308,8 +308,8 @@ func (r *run) read(reading, hctx context.Context) {
 }
 
 // reclaim re-claims, every quarter of the claim idle bound (at most five
-// seconds), the group's
-// entries pending longer than it, until reading ends.
+// seconds), the group's entries pending longer than it, until reading
+// ends.
 func (r *run) reclaim(reading, hctx context.Context) {
 	every := min(max(r.c.cfg.claimIdle/4, 5*time.Millisecond), 5*time.Second)
 	t := time.NewTicker(every)
