@@ -433,3 +433,70 @@ func TestLongHandlerKept(t *testing.T) {
 	}
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
+
+// TestBatchPoisonItem: an entry the batch handler names poison is
+// dead-lettered alone; the rest of its batch runs again without it and is
+// applied, each entry settled on its own.
+func TestBatchPoisonItem(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty")
+	rdb := newClient(t, redisAddr())
+	stream := newStream(t, rdb, group)
+	orders := testenv.MakeOrders(5)
+	at := time.Now().Add(-time.Minute)
+	for _, o := range orders[:2] {
+		publish(t, rdb, stream, o, at)
+	}
+	bad, err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{redisstream.DefaultKeyField, "order-completed:bad",
+		adapter.EventTimeHeader, adapter.FormatEventTime(at), redisstream.PayloadField, "not an order"}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range orders[2:] {
+		publish(t, rdb, stream, o, at)
+	}
+	var ev events
+	c, err := redisstream.NewBatchConsumer(l.mw, l.batchHandler(), redisstream.WithObserver(&ev), redisstream.WithBatchSize(10),
+		redisstream.WithBlock(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(c, rdb, stream, group)
+	waitFor(t, 10*time.Second, "every entry settled", func() bool { s := c.Stats(); return s.Applied+s.DeadLettered == 6 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Applied != 5 || s.DeadLettered != 1 || s.Requeued != 0 {
+		t.Fatalf("stats %+v, want 5 applied and 1 dead-lettered", s)
+	}
+	dl := ev.of(adapter.EventDeadLettered)[0]
+	if d := dl.Detail.(redisstream.Dropped).Delivery; d.ID != bad || !errors.Is(dl.Err, adapter.ErrUndecodable) || dl.Message.Key != "order-completed:bad" {
+		t.Fatalf("dead letter %+v, want entry %s, undecodable", dl, bad)
+	}
+	if n := pending(t, rdb, stream); n != 0 {
+		t.Fatalf("%d entries pending, want 0", n)
+	}
+	testenv.AuditOrders(t, l.db, l.schema, orders)
+}
+
+// TestStreamDeleted: Run ends with ErrNoGroup once its stream (and with it
+// the group) is deleted.
+func TestStreamDeleted(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t, testenv.OpenPostgres(t, 2), "loyalty")
+	rdb := newClient(t, redisAddr())
+	stream := newStream(t, rdb, group)
+	publish(t, rdb, stream, testenv.MakeOrders(1)[0], time.Now().Add(-time.Minute))
+	c, err := redisstream.NewConsumer(l.mw, l.handler(), redisstream.WithBlock(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(c, rdb, stream, group)
+	waitFor(t, 10*time.Second, "the entry applied", func() bool { return c.Stats().Applied == 1 })
+	if err := rdb.Del(context.Background(), stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.wait(t); !errors.Is(err, redisstream.ErrNoGroup) {
+		t.Fatalf("Run after its stream was deleted: %v, want ErrNoGroup", err)
+	}
+}
