@@ -1,0 +1,44 @@
+package redisstream
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/txclaim/idempotent/adapter"
+)
+
+// A Handler applies one entry's effect through tx, the transaction that
+// claimed the entry's key. The Consumer runs it only when the claim is new
+// — an entry applied before is a Duplicate and acknowledged without it —
+// and commits the claim and the effect together when it returns nil. It
+// must do all its database work through tx with ctx, and must not XACK the
+// entry: the Consumer does, once the transaction has committed. An error
+// rolls both back and is settled by adapter.Rule.Settle: dead-lettered
+// when it is poison (mark it with adapter.Poison), requeued with a delay
+// otherwise.
+type Handler func(ctx context.Context, tx *sql.Tx, d *Delivery) error
+
+// A BatchHandler applies the effects of the fresh entries of one read —
+// those whose claims are new, in their order in the stream — through tx,
+// the one transaction that claimed them all. Like a Handler it must not
+// acknowledge them itself. An error rolls the whole batch back; to
+// dead-letter one entry alone and have the rest run again without it,
+// return adapter.PoisonItem(i, err), i being its index in ds.
+type BatchHandler func(ctx context.Context, tx *sql.Tx, ds []*Delivery) error
+
+// Decode returns a Handler that decodes each entry's PayloadField into an
+// M with decode and runs h with it. A decode error (wrapped with
+// adapter.ErrUndecodable unless it matches it already) makes the delivery
+// poison; since the Handler runs inside the claim's transaction, nothing
+// of it is written. [JSON] is a ready-made decode function. Decode panics
+// if decode or h is nil.
+func Decode[M any](decode func(payload []byte) (M, error), h func(ctx context.Context, tx *sql.Tx, m M, d *Delivery) error) Handler {
+	return adapter.DecodeHandler((*Delivery).Payload,
+		func(d *Delivery) string { return "redisstream: " + d.String() }, decode, h)
+}
+
+// JSON decodes a JSON payload into an M, for use with Decode. Fields of
+// the payload that M does not have are ignored, so producers can add
+// fields without breaking consumers. An error matches
+// adapter.ErrUndecodable.
+func JSON[M any](payload []byte) (M, error) { return adapter.JSON[M](payload) }
