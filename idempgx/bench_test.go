@@ -18,6 +18,7 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/idempgx"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -83,7 +84,7 @@ func BenchmarkHeadToHead(b *testing.B) {
 	claimSQL := postgres.New().ClaimSQL(mustTable(b, table))
 	upd := "UPDATE " + s + ".balances SET points = points + 10 WHERE customer_id = $1"
 	ins := "INSERT INTO " + s + ".ledger (customer_id, order_id, points) VALUES ($1, $2, 10)"
-	prefix := uniqueName("o")
+	prefix := testenv.UniqueName("o")
 	var seq atomic.Int64
 	next := func() (string, int64, int64) {
 		n := seq.Add(1)

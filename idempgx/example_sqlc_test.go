@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idempgx"
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // The code from here to the examples is what sqlc generates for pgx/v5
@@ -66,16 +66,13 @@ func (q *Queries) Points(ctx context.Context, customerID int64) (int64, error) {
 // local server) and a schema of its own with a balances table, which the
 // returned function drops.
 func examplePool() (*pgxpool.Pool, string, func()) {
-	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if dsn == "" {
-		dsn = localDSN
-	}
+	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		log.Fatal(err)
 	}
-	schema := uniqueName("example")
+	schema := testenv.UniqueName("example")
 	for _, q := range []string{
 		"CREATE SCHEMA " + schema,
 		"CREATE TABLE " + schema + ".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL)",

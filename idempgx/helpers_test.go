@@ -2,9 +2,6 @@ package idempgx_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,26 +11,19 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idempgx"
+	"github.com/txclaim/idempotent/internal/testenv"
 )
-
-const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // dsn returns the test database: IDEMPOTENT_POSTGRES_DSN, or the local
 // server. Tests skip when neither answers, unless CI is set.
 func dsn(t testing.TB) string {
 	t.Helper()
-	d := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if d == "" {
-		d = localDSN
-	}
+	d := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, d)
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("integration tests need Postgres: %v", err)
-		}
-		t.Skipf("no database at %s: %v", d, err)
+		testenv.Unavailable(t, "no database at %s: %v", d, err)
 	}
 	_ = c.Close(ctx)
 	return d
@@ -61,16 +51,10 @@ func newPoolAt(t testing.TB, d string, maxConns int32, options ...string) *pgxpo
 	return p
 }
 
-func uniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "_" + hex.EncodeToString(b)
-}
-
 // tempSchema creates a schema of the test's own, dropped in Cleanup.
 func tempSchema(t testing.TB, p *pgxpool.Pool) string {
 	t.Helper()
-	name := uniqueName("t")
+	name := testenv.UniqueName("t")
 	exec(t, p, "CREATE SCHEMA "+name)
 	t.Cleanup(func() {
 		if _, err := p.Exec(context.Background(), "DROP SCHEMA "+name+" CASCADE"); err != nil {

@@ -2,12 +2,9 @@ package idemsqlx_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -18,20 +15,16 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idemsqlx"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
-
-const localDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // openPostgres connects to IDEMPOTENT_POSTGRES_DSN, or the local default,
 // and gives the test a schema of its own with the loyalty tables. Without a
 // database the test skips — or fails when CI is set.
 func openPostgres(t *testing.T) (*sqlx.DB, string) {
 	t.Helper()
-	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if dsn == "" {
-		dsn = localDSN
-	}
+	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	db, err := sqlx.Open("postgres", dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -41,15 +34,9 @@ func openPostgres(t *testing.T) (*sqlx.DB, string) {
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		msg := fmt.Sprintf("no Postgres at %s (%v): set IDEMPOTENT_POSTGRES_DSN, or run bash scripts/test", dsn, err)
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.Unavailable(t, "no Postgres at %s (%v): set IDEMPOTENT_POSTGRES_DSN, or run bash scripts/test", dsn, err)
 	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "idemsqlx_" + hex.EncodeToString(b)
+	schema := testenv.UniqueName("idemsqlx")
 	q := pq.QuoteIdentifier(schema)
 	if _, err := db.Exec(fmt.Sprintf(`
 CREATE SCHEMA %[1]s;

@@ -2,12 +2,9 @@ package mysql_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,27 +14,9 @@ import (
 
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/internal/golden"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/mysql"
 )
-
-// unavailable is internal/testenv.Unavailable, which this module cannot
-// import without taking on testenv's Postgres driver: it skips the test,
-// or fails it when CI is set.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-// uniqueName is internal/testenv.UniqueName: prefix and 12 random hex
-// digits.
-func uniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "_" + hex.EncodeToString(b)
-}
 
 // TestIdentitySQLGolden: the queries Identity sends, with their arguments,
 // on MySQL and on MariaDB, for an unqualified and a qualified table.
@@ -93,10 +72,7 @@ func TestIdentitySQLGolden(t *testing.T) {
 // table re-created has another CREATE_TIME only from the next second on,
 // which the test does not wait for.)
 func TestIdentityOnTheServer(t *testing.T) {
-	dsn := os.Getenv("IDEMPOTENT_MYSQL_DSN")
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
-	}
+	dsn := testenv.Getenv("IDEMPOTENT_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test")
 	open := func() *sql.DB {
 		db, err := sql.Open("mysql", dsn)
 		if err != nil {
@@ -110,7 +86,7 @@ func TestIdentityOnTheServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		unavailable(t, "no MySQL/MariaDB at %s: %v", dsn, err)
+		testenv.Unavailable(t, "no MySQL/MariaDB at %s: %v", dsn, err)
 	}
 	exec := func(q string) {
 		t.Helper()
@@ -118,7 +94,7 @@ func TestIdentityOnTheServer(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	table, other := uniqueName("identity"), uniqueName("identity")
+	table, other := testenv.UniqueName("identity"), testenv.UniqueName("identity")
 	exec("CREATE TABLE " + table + " (k INT)")
 	exec("CREATE TABLE " + other + " (k INT)")
 	t.Cleanup(func() { exec("DROP TABLE IF EXISTS " + table + ", " + other) })

@@ -4,11 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
-	"os"
 	"slices"
 	"testing"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -22,7 +22,7 @@ func TestDefaultsTwoDatabasesOneRedis(t *testing.T) {
 	r := startRedis(t)
 	prod := openDB(t)
 	staging := createDatabase(t, prod)
-	schema := "t_" + randomHex()
+	schema := testenv.UniqueName("t")
 	ctx := context.Background()
 	var mws []*idempotent.Middleware
 	for _, db := range []*sql.DB{prod, staging} {
@@ -95,13 +95,10 @@ func TestDefaultsTwoDatabasesOneRedis(t *testing.T) {
 // dropped in Cleanup, and returns a pool on it.
 func createDatabase(t *testing.T, db *sql.DB) *sql.DB {
 	t.Helper()
-	name := "seenredis_" + randomHex()
+	name := testenv.UniqueName("seenredis")
 	mustExec(t, db, "CREATE DATABASE "+name)
 	t.Cleanup(func() { mustExec(t, db, "DROP DATABASE "+name+" WITH (FORCE)") })
-	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)

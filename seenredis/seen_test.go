@@ -2,12 +2,9 @@ package seenredis_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -20,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/seenredis"
 )
@@ -36,10 +34,7 @@ func startRedis(t *testing.T) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("redis-server not found")
-		}
-		t.Skip("redis-server not found")
+		testenv.Unavailable(t, "redis-server not found: %v", err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -210,7 +205,7 @@ func TestKillRedisMidRun(t *testing.T) {
 func effectsSetup(t *testing.T, seen idempotent.Seen) (*sql.DB, string, *idempotent.Middleware) {
 	t.Helper()
 	db := openDB(t)
-	schema := "t_" + randomHex()
+	schema := testenv.UniqueName("t")
 	mustExec(t, db, "CREATE SCHEMA "+schema)
 	t.Cleanup(func() { mustExec(t, db, "DROP SCHEMA "+schema+" CASCADE") })
 	mustExec(t, db, "CREATE TABLE "+schema+".effects (id text PRIMARY KEY, n int NOT NULL)")
@@ -256,23 +251,7 @@ func (c *countingSeen) Seen(ctx context.Context, scope idempotent.SeenScope, key
 
 func openDB(t *testing.T) *sql.DB {
 	t.Helper()
-	dsn := os.Getenv("IDEMPOTENT_POSTGRES_DSN")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	db, err := sql.Open("postgres", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Ping(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("no database: %v", err)
-	}
-	db.SetMaxOpenConns(8)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
+	return testenv.OpenPostgres(t, 8)
 }
 
 func mustExec(t *testing.T, db *sql.DB, q string) {
@@ -280,12 +259,6 @@ func mustExec(t *testing.T, db *sql.DB, q string) {
 	if _, err := db.Exec(q); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
-}
-
-func randomHex() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func TestSeenKeysAndRecordKeys(t *testing.T) {
