@@ -212,12 +212,6 @@ func (w worker) read(m *pubsub.Message) (delivery, error) {
 	return delivery{m: m, msg: msg}, err
 }
 
-// result is how one message ended.
-type result struct {
-	out idempotent.Outcome
-	err error
-}
-
 // handleOne claims one message, runs the handler if the claim is new, and
 // settles the message.
 func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
@@ -229,7 +223,7 @@ func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
 			return c.handle(ctx, tx, m)
 		})
 	}
-	w.settle(ctx, []delivery{d}, []result{{out, err}})
+	w.settle(ctx, []delivery{d}, []adapter.Result{{Outcome: out, Err: err}})
 }
 
 // handleBatch claims the messages of one batch in one transaction, runs
@@ -242,81 +236,14 @@ func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
 func (w worker) handleBatch(ctx context.Context, msgs []*pubsub.Message) {
 	c := w.c
 	ds := make([]delivery, len(msgs))
-	res := make([]result, len(msgs))
-	var live []int // the indexes in msgs of the messages to claim
+	claims := make([]idempotent.Message, len(msgs))
+	errs := make([]error, len(msgs))
 	for i, m := range msgs {
-		var err error
-		ds[i], err = w.read(m)
-		if err == nil {
-			err = c.mw.CheckMessage(ds[i].msg)
-		}
-		if err != nil {
-			res[i].err = err
-			continue
-		}
-		live = append(live, i)
+		ds[i], errs[i] = w.read(m)
+		claims[i] = ds[i].msg
 	}
-	for len(live) > 0 {
-		claims := make([]idempotent.Message, len(live))
-		for j, i := range live {
-			claims[j] = ds[i].msg
-		}
-		var given []int // the indexes in msgs of the messages the handler was given
-		outs, err := c.mw.ProcessMessages(ctx, claims, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
-			given = given[:0]
-			sel := make([]*pubsub.Message, len(fresh))
-			for j, k := range fresh {
-				given = append(given, live[k])
-				sel[j] = msgs[live[k]]
-			}
-			return c.batch(ctx, tx, sel)
-		})
-		if err == nil {
-			for j, i := range live {
-				res[i].out = outs[j]
-			}
-			break
-		}
-		if i, ok := culprit(err, live, given); ok && ctx.Err() == nil {
-			res[i].err = err
-			live = without(live, i)
-			continue
-		}
-		for _, i := range live {
-			res[i].err = err
-		}
-		break
-	}
+	res := adapter.ProcessBatch[*pubsub.Message](ctx, c.mw, msgs, claims, errs, c.batch)
 	w.settle(ctx, ds, res)
-}
-
-// culprit returns the index in msgs of the one message err blames: the
-// handler's adapter.ItemError (an index into given) or the Middleware's
-// idempotent.BatchKeyError (an index into live).
-func culprit(err error, live, given []int) (int, bool) {
-	if ie := (*adapter.ItemError)(nil); errors.As(err, &ie) {
-		if ie.Index >= 0 && ie.Index < len(given) {
-			return given[ie.Index], true
-		}
-		return 0, false
-	}
-	if ke := (*idempotent.BatchKeyError)(nil); errors.As(err, &ke) {
-		if ke.Index >= 0 && ke.Index < len(live) {
-			return live[ke.Index], true
-		}
-	}
-	return 0, false
-}
-
-// without returns s without the value v.
-func without(s []int, v int) []int {
-	out := make([]int, 0, len(s))
-	for _, x := range s {
-		if x != v {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // settle acks, dead-letters or requeues each delivery as the settle rule
@@ -324,19 +251,19 @@ func without(s []int, v int) []int {
 // requeued ones are held for the longest of their delays (at most the
 // retry policy's maximum, and only until the Run stops receiving), then
 // nacked where the driver can.
-func (w worker) settle(ctx context.Context, ds []delivery, res []result) {
+func (w worker) settle(ctx context.Context, ds []delivery, res []adapter.Result) {
 	c := w.c
 	var requeue []int
 	var wait time.Duration
 	for i, d := range ds {
-		err := res[i].err
+		err := res[i].Err
 		// gocloud.dev/pubsub counts no deliveries: every one is a first
 		// attempt for the backoff.
 		dec := c.rule.Settle(d.msg, err, 1)
 		switch dec.Action {
 		case adapter.Ack:
 			typ := adapter.EventApplied
-			if res[i].out == idempotent.Duplicate {
+			if res[i].Outcome == idempotent.Duplicate {
 				typ = adapter.EventDuplicate
 			}
 			d.m.Ack()
@@ -345,7 +272,7 @@ func (w worker) settle(ctx context.Context, ds []delivery, res []result) {
 			if c.path != nil {
 				if derr := c.deadLetter(ctx, d, err); derr != nil {
 					c.events.Observe(ctx, adapter.Event{Type: adapter.EventSettleFailed, Message: d.msg, Source: d.m.LoggableID, Err: derr, Detail: d.m})
-					res[i].err = fmt.Errorf("%w (poison: %w)", derr, err)
+					res[i].Err = fmt.Errorf("%w (poison: %w)", derr, err)
 					requeue = append(requeue, i)
 					wait = max(wait, c.rule.Backoff.Backoff(1))
 					continue
@@ -367,7 +294,7 @@ func (w worker) settle(ctx context.Context, ds []delivery, res []result) {
 		if d.m.Nackable() {
 			d.m.Nack()
 		}
-		c.events.Observe(ctx, adapter.Event{Type: adapter.EventRequeued, Message: d.msg, Source: d.m.LoggableID, Delay: held, Err: res[i].err, Detail: d.m})
+		c.events.Observe(ctx, adapter.Event{Type: adapter.EventRequeued, Message: d.msg, Source: d.m.LoggableID, Delay: held, Err: res[i].Err, Detail: d.m})
 	}
 }
 

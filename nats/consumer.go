@@ -347,12 +347,6 @@ func (w worker) handleOne(ctx context.Context, m jetstream.Msg) {
 	w.settle(ctx, d, out, err)
 }
 
-// result is how one message of a batch ended.
-type result struct {
-	out idempotent.Outcome
-	err error
-}
-
 // handleBatch claims the messages of one fetch in one transaction, runs
 // the batch handler with the fresh ones, and settles every message on its
 // own; acks go out concurrently. A message that cannot be claimed (its key
@@ -364,86 +358,19 @@ func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 	c := w.c
 	stop := w.heartbeat(msgs)
 	ds := make([]delivery, len(msgs))
-	res := make([]result, len(msgs))
-	var live []int // the indexes in msgs of the messages to claim
+	claims := make([]idempotent.Message, len(msgs))
+	errs := make([]error, len(msgs))
 	for i, m := range msgs {
-		var err error
-		ds[i], err = w.read(m)
-		if err == nil {
-			err = c.mw.CheckMessage(ds[i].msg)
-		}
-		if err != nil {
-			res[i].err = err
-			continue
-		}
-		live = append(live, i)
+		ds[i], errs[i] = w.read(m)
+		claims[i] = ds[i].msg
 	}
-	for len(live) > 0 {
-		claims := make([]idempotent.Message, len(live))
-		for j, i := range live {
-			claims[j] = ds[i].msg
-		}
-		var given []int // the indexes in msgs of the messages the handler was given
-		outs, err := c.mw.ProcessMessages(ctx, claims, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
-			given = given[:0]
-			sel := make([]jetstream.Msg, len(fresh))
-			for j, k := range fresh {
-				given = append(given, live[k])
-				sel[j] = msgs[live[k]]
-			}
-			return c.batch(ctx, tx, sel)
-		})
-		if err == nil {
-			for j, i := range live {
-				res[i].out = outs[j]
-			}
-			break
-		}
-		if i, ok := culprit(err, live, given); ok && ctx.Err() == nil {
-			res[i].err = err
-			live = without(live, i)
-			continue
-		}
-		for _, i := range live {
-			res[i].err = err
-		}
-		break
-	}
+	res := adapter.ProcessBatch[jetstream.Msg](ctx, c.mw, msgs, claims, errs, c.batch)
 	stop()
 	var wg sync.WaitGroup
 	for i := range msgs {
-		wg.Go(func() { w.settle(ctx, ds[i], res[i].out, res[i].err) })
+		wg.Go(func() { w.settle(ctx, ds[i], res[i].Outcome, res[i].Err) })
 	}
 	wg.Wait()
-}
-
-// culprit returns the index in msgs of the one message err blames: the
-// handler's adapter.ItemError (an index into given) or the Middleware's
-// idempotent.BatchKeyError (an index into live).
-func culprit(err error, live, given []int) (int, bool) {
-	if ie := (*adapter.ItemError)(nil); errors.As(err, &ie) {
-		if ie.Index >= 0 && ie.Index < len(given) {
-			return given[ie.Index], true
-		}
-		return 0, false
-	}
-	if ke := (*idempotent.BatchKeyError)(nil); errors.As(err, &ke) {
-		if ke.Index >= 0 && ke.Index < len(live) {
-			return live[ke.Index], true
-		}
-	}
-	return 0, false
-}
-
-// without returns s without the value v.
-func without(s []int, v int) []int {
-	out := make([]int, 0, len(s))
-	for _, x := range s {
-		if x != v {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // settle acks, naks or terminates d's message as the settle rule decides

@@ -596,7 +596,8 @@ func (r *run) handleOne(ctx context.Context, d *Delivery) {
 func (r *run) handleBatch(ctx context.Context, ds []*Delivery) {
 	c := r.c
 	items := make([]item, len(ds))
-	var live []int // the indexes in ds of the entries to claim
+	claims := make([]idempotent.Message, len(ds))
+	errs := make([]error, len(ds))
 	for i, d := range ds {
 		it := &items[i]
 		it.d = d
@@ -604,74 +605,12 @@ func (r *run) handleBatch(ctx context.Context, ds []*Delivery) {
 		if it.err == nil {
 			it.err = r.over(d)
 		}
-		if it.err == nil {
-			it.err = c.mw.CheckMessage(it.msg)
-		}
-		if it.err == nil {
-			live = append(live, i)
-		}
+		claims[i], errs[i] = it.msg, it.err
 	}
-	for len(live) > 0 {
-		claims := make([]idempotent.Message, len(live))
-		for j, i := range live {
-			claims[j] = items[i].msg
-		}
-		var given []int // the indexes in ds of the entries the handler was given
-		outs, err := c.mw.ProcessMessages(ctx, claims, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
-			given = given[:0]
-			sel := make([]*Delivery, len(fresh))
-			for j, k := range fresh {
-				given = append(given, live[k])
-				sel[j] = ds[live[k]]
-			}
-			return c.batch(ctx, tx, sel)
-		})
-		if err == nil {
-			for j, i := range live {
-				items[i].out = outs[j]
-			}
-			break
-		}
-		if i, ok := culprit(err, live, given); ok && ctx.Err() == nil {
-			items[i].err = err
-			live = without(live, i)
-			continue
-		}
-		for _, i := range live {
-			items[i].err = err
-		}
-		break
+	for i, res := range adapter.ProcessBatch[*Delivery](ctx, c.mw, ds, claims, errs, c.batch) {
+		items[i].out, items[i].err = res.Outcome, res.Err
 	}
 	r.settle(ctx, items)
-}
-
-// culprit returns the index in ds of the one entry err blames: the
-// handler's adapter.ItemError (an index into given) or the Middleware's
-// idempotent.BatchKeyError (an index into live).
-func culprit(err error, live, given []int) (int, bool) {
-	if ie := (*adapter.ItemError)(nil); errors.As(err, &ie) {
-		if ie.Index >= 0 && ie.Index < len(given) {
-			return given[ie.Index], true
-		}
-		return 0, false
-	}
-	if ke := (*idempotent.BatchKeyError)(nil); errors.As(err, &ke) {
-		if ke.Index >= 0 && ke.Index < len(live) {
-			return live[ke.Index], true
-		}
-	}
-	return 0, false
-}
-
-// without returns s without the value v.
-func without(s []int, v int) []int {
-	out := make([]int, 0, len(s))
-	for _, x := range s {
-		if x != v {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // settle settles each delivery of items as the settle rule decides: an
