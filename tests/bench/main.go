@@ -35,10 +35,20 @@
 //
 //	go run ./tests/bench -pgx -latency 0,1ms -rounds 3
 //
-// Modes combine: -kafka, -pgx and -growth run each in turn, in that order,
-// after the loyalty variants when -loyalty is given too, and print a
-// section each, so that one command makes all the sections of
-// BENCHMARKS.md that come from this command:
+// With -cleanup N it measures Cleanup of N expired claims (beside N/10
+// live ones) in batches of 10,000 and 50,000 against the guide's ctid IN
+// batch and one DELETE; with -partitions N, MaintainPartitions dropping
+// days of N and N/100 claims, -rounds of each; with -outbox, the outbox
+// relay's throughput to a local no-op provider (-outbox-rows pending rows)
+// and its delay from commit to call (-outbox-messages); see retention.go
+// and outbox.go:
+//
+//	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
+//
+// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions and -outbox
+// run each in turn, in that order, after the loyalty variants when -loyalty
+// is given too, and print a section each, so that one command makes all
+// the sections of BENCHMARKS.md that come from this command:
 //
 //	go run ./tests/bench -loyalty -workers 1,8 -kafka -pgx -latency 0,1ms -growth 1000000 -growth-workers 8 -rounds 3
 //
@@ -102,6 +112,10 @@ type plan struct {
 	kafka   *kafkaOptions
 	pgx     *pgxOptions
 	growth  *growthOptions
+
+	cleanup    *cleanupOptions
+	partitions *partitionOptions
+	outbox     *outboxOptions
 }
 
 // growthOptions is what -growth measures.
@@ -169,6 +183,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.cleanup != nil {
+		section()
+		if err := runCleanup(ctx, p.dsn, *p.cleanup, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	if p.partitions != nil {
+		section()
+		if err := runPartitions(ctx, p.dsn, *p.partitions, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
+	if p.outbox != nil {
+		section()
+		if err := runOutbox(ctx, p.dsn, *p.outbox, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -192,7 +224,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	customers := fs.Int("customers", 100000, "number of customer balances")
 	h2h := fs.String("h2h", "handwritten:process", "pair of variants A:B run at the same time, half the workers each, every round (\"\" for none)")
 	sqlLimit := fs.String("sql-limit", "", "path of sql-limit.sh: run it after the rounds and append its pgbench figures")
-	loyalty := fs.Bool("loyalty", false, "measure the loyalty variants (the default when neither -kafka, -pgx nor -growth is given)")
+	loyalty := fs.Bool("loyalty", false, "measure the loyalty variants (the default when no other mode is given)")
 	kafkaMode := fs.Bool("kafka", false, "measure the kafka package's consumers against a hand-written franz-go consumer on an in-process kfake cluster (see kafka.go)")
 	kafkaRecords := fs.Int("kafka-records", 1000, "with -kafka: records each consumer consumes per cell")
 	pgxMode := fs.Bool("pgx", false, "measure the pgx path (idempgx) against hand-written pgx code and the database/sql path (see pgx.go)")
@@ -203,6 +235,11 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
 	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
 	growthWorkers := fs.Int("growth-workers", 0, "with -growth: concurrent workers (default: the first of -workers)")
+	cleanup := fs.Int("cleanup", 0, "expired claims (e.g. 1000000): measure Cleanup of them, beside a tenth as many live ones (see retention.go)")
+	partitions := fs.Int("partitions", 0, "claims of a big day (e.g. 1000000): measure MaintainPartitions dropping days of this many and of a hundredth as many claims, -rounds of each (see retention.go)")
+	outboxMode := fs.Bool("outbox", false, "measure the outbox relay's throughput and delay from commit to call against a local no-op provider (see outbox.go)")
+	outboxRows := fs.Int("outbox-rows", 10000, "with -outbox: pending rows each throughput run relays")
+	outboxMessages := fs.Int("outbox-messages", 400, "with -outbox: messages enqueued at 100 a second for the delay")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -212,7 +249,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx", "latency": "pgx",
-		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth"} {
+		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
+		"outbox-rows": "outbox", "outbox-messages": "outbox"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -272,7 +310,13 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		}
 		p.growth = g
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil) {
+	if err := p.parseRetention(set, *cleanup, *partitions, *rounds); err != nil {
+		return nil, err
+	}
+	if err := p.parseOutbox(*outboxMode, *outboxRows, *outboxMessages, *rounds); err != nil {
+		return nil, err
+	}
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
