@@ -1,0 +1,284 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+)
+
+// coalesced is the outcome of one coalesced ProcessMessage call.
+type coalesced struct {
+	outcome  idempotent.Outcome
+	err      error
+	panicked any
+}
+
+type callerKey struct{}
+
+// runGroup calls ProcessMessage once per key, concurrently, on a Middleware
+// whose groups close when they have len(keys) members (the wait is long
+// enough never to end one first), and returns each call's result by key.
+// Each call's context carries its key under callerKey, and fn(key) is its
+// handler.
+func runGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idempotent.TxFunc, opts ...idempotent.Option) map[string]coalesced {
+	t.Helper()
+	opts = append(opts, idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second}))
+	mw := newMiddleware(t, r, opts...)
+	var mu sync.Mutex
+	got := map[string]coalesced{}
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res coalesced
+			defer func() {
+				res.panicked = recover()
+				mu.Lock()
+				got[fmt.Sprint(i, k)] = res
+				mu.Unlock()
+			}()
+			ctx := context.WithValue(context.Background(), callerKey{}, k)
+			res.outcome, res.err = mw.ProcessMessage(ctx, idempotent.Message{Key: k}, fn(k))
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
+// expectGroupClaim scripts the group's one claim statement for keys,
+// inserting fresh.
+func expectGroupClaim(m sqlmock.Sqlmock, keys []string, fresh ...string) {
+	rows := sqlmock.NewRows([]string{"message_key"})
+	for _, k := range fresh {
+		rows.AddRow(k)
+	}
+	m.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg(keys)).WillReturnRows(rows)
+}
+
+// ownEffect is a handler that checks it runs with its own caller's context
+// and applies effectSQL.
+func ownEffect(t *testing.T, key string) idempotent.TxFunc {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if got := ctx.Value(callerKey{}); got != key {
+			t.Errorf("the handler of %q ran with the context of %v", key, got)
+		}
+		return effect(ctx, tx)
+	}
+}
+
+func TestCoalescing(t *testing.T) {
+	t.Run("one transaction: one claim in key order, each new message's handler, one commit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "c")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"c", "b", "a"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+			}
+			return ownEffect(t, k)
+		})
+		want := map[string]coalesced{"0c": {outcome: idempotent.Applied}, "1b": {outcome: idempotent.Duplicate}, "2a": {outcome: idempotent.Applied}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a key twice in a group: one claim, one handler run", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a"}, "a")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "a"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		outs := []idempotent.Outcome{got["0a"].outcome, got["1a"].outcome}
+		slices.Sort(outs)
+		if !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) || got["0a"].err != nil || got["1a"].err != nil {
+			t.Fatalf("got %v, want one applied and one duplicate", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler's failure fails its message alone: rolled back, the others run again without it", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "b", "c")
+		expectEffect(r.mock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "c"}, "a", "c")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		bad := errors.New("bad payload")
+		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { return bad }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].outcome != idempotent.Applied || got["2c"].outcome != idempotent.Applied || got["0a"].err != nil || got["2c"].err != nil {
+			t.Fatalf("got %v, want a and c applied", got)
+		}
+		if b := got["1b"]; !errors.Is(b.err, bad) || b.outcome != 0 {
+			t.Fatalf("b got %v, want its own error", b)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a panicking handler: the panic reaches its caller after the rollback, the others commit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { panic("boom") }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].panicked != "boom" || got["1b"].outcome != idempotent.Applied || got["1b"].panicked != nil {
+			t.Fatalf("got %v, want a's panic and b applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a failed commit is retried for the whole group", func(t *testing.T) {
+		r := newRecorded(t)
+		for _, commitErr := range []error{&pq.Error{Code: "40001"}, nil} {
+			r.mock.ExpectBegin()
+			expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+			expectEffect(r.mock)
+			expectEffect(r.mock)
+			r.mock.ExpectCommit().WillReturnError(commitErr)
+		}
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a serialization failure in a handler's statement is the group's: retried for all", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "40001"})
+		expectProbe(r.mock, aborted)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+	})
+	t.Run("a caller whose context ends mid-group gets its error; its work is rolled back", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		actx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aDone := make(chan error, 1)
+		bRan := make(chan struct{}, 2)
+		bGo := make(chan struct{})
+		runs := 0 // b's handler runs, on b's goroutine
+		go func() {
+			_, err := mw.ProcessMessage(actx, idempotent.Message{Key: "a"}, effect)
+			aDone <- err
+		}()
+		var bOut idempotent.Outcome
+		var bErr error
+		bFinished := make(chan struct{})
+		go func() {
+			defer close(bFinished)
+			bOut, bErr = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx *sql.Tx) error {
+				bRan <- struct{}{}
+				if runs++; runs == 1 {
+					<-bGo // the first run: hold the group until a's caller has left
+				}
+				return effect(ctx, tx)
+			})
+		}()
+		<-bRan
+		cancel()
+		if err := <-aDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a got %v, want context.Canceled", err)
+		}
+		close(bGo)
+		<-bFinished
+		if bErr != nil || bOut != idempotent.Applied {
+			t.Fatalf("b got (%v, %v), want applied", bOut, bErr)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a call left alone runs as without the option", func(t *testing.T) {
+		r := newRecorded(t)
+		expectApplied(r.mock, key)
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Microsecond}))
+		if out, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || out != idempotent.Applied {
+			t.Fatalf("got (%v, %v), want applied", out, err)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler's nested ProcessMessage is refused", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		var nested error
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					nested = idempotent.RunTx(ctx, r.db, pg, nil, idempotent.DefaultRetryPolicy(), effect)
+					return nil // swallowed: the guard remembers
+				}
+			}
+			return ownEffect(t, k)
+		})
+		if !errors.Is(nested, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v (nested %v), want a failed with ErrAutocommit and b applied", got, nested)
+		}
+	})
+}
+
+func TestWithCoalescingRefusesBadBounds(t *testing.T) {
+	r := newRecorded(t)
+	for _, c := range []idempotent.Coalescing{{Max: 1, Wait: time.Millisecond}, {Max: idempotent.MaxBatchSize + 1, Wait: time.Millisecond}, {Max: 8}, {Max: 8, Wait: 2 * time.Second}} {
+		if _, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(c)); err == nil {
+			t.Errorf("New accepted %+v", c)
+		}
+	}
+	mw, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Millisecond}))
+	if err != nil || mw.Config().Coalescing != (idempotent.Coalescing{Max: 8, Wait: time.Millisecond}) {
+		t.Fatalf("got (%+v, %v)", mw.Config().Coalescing, err)
+	}
+}
