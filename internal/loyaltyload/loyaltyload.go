@@ -118,10 +118,12 @@ func (g *Gen) DupKey() string { return "dup:" + strconv.Itoa(g.rng.IntN(Duplicat
 // Env runs the variants on one database (and, for the guarded variant, a
 // second one opened through idempotent.GuardConnector).
 type Env struct {
-	db        *sql.DB
-	plain     *idempotent.Middleware
-	strict    *idempotent.Middleware
-	guarded   *idempotent.Middleware
+	db      *sql.DB
+	plain   *idempotent.Middleware
+	strict  *idempotent.Middleware
+	guarded *idempotent.Middleware
+	// coalesced are WithCoalescing Middlewares, by Max.
+	coalesced map[int]*idempotent.Middleware
 	batch     func(context.Context, []Msg) ([]idempotent.Outcome, error)
 	int64s    func([]int64) any
 	updateSQL string
@@ -157,6 +159,12 @@ func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool) (*Env, error) {
 	}
 	if e.strict, err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithStrictGuard()); err != nil {
 		return nil, err
+	}
+	e.coalesced = map[int]*idempotent.Middleware{}
+	for _, n := range []int{4, 8} {
+		if e.coalesced[n], err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithCoalescing(Coalescing(n))); err != nil {
+			return nil, err
+		}
 	}
 	if guarded != nil {
 		if e.guarded, err = idempotent.New(guarded, postgres.New(), Consumer, table); err != nil {
@@ -226,6 +234,8 @@ func Variants() []Variant {
 		{Name: "strict", Label: "(d) ProcessMessage, WithStrictGuard", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Strict(ctx, g) }},
 		{Name: "batch10", Label: "(e) ProcessMessages, 10 per tx, set-wise effect", PerCall: 10, Run: batchOf(10)},
 		{Name: "batch100", Label: "(e) ProcessMessages, 100 per tx, set-wise effect", PerCall: 100, Run: batchOf(100)},
+		{Name: "coalesce4", Label: "(g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.process(ctx, e.coalesced[4], g) }},
+		{Name: "coalesce8", Label: "(g) ProcessMessage, WithCoalescing: up to 8 per tx, 1ms wait", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.process(ctx, e.coalesced[8], g) }},
 		{Name: "duplicate", Label: "(f) ProcessMessage, duplicate path", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Duplicate(ctx, g) }},
 	}
 }
@@ -321,6 +331,12 @@ func (e *Env) Duplicate(ctx context.Context, g *Gen) error {
 		err = fmt.Errorf("duplicate path: %v, want duplicate", out)
 	}
 	return err
+}
+
+// Coalescing is the bound the coalesced variants run with: groups of up to
+// max messages, open 1ms.
+func Coalescing(max int) idempotent.Coalescing {
+	return idempotent.Coalescing{Max: max, Wait: time.Millisecond}
 }
 
 // batchOf returns a variant running batches of n new messages.
