@@ -43,11 +43,12 @@ const (
 // coalescer gathers a Middleware's concurrent ProcessMessage calls into
 // groups.
 type coalescer struct {
-	m    *Middleware
-	max  int
-	wait time.Duration
-	mu   sync.Mutex
-	open *group // the group accepting members, nil if none
+	m          *Middleware
+	max        int
+	wait       time.Duration
+	savepoints bool
+	mu         sync.Mutex
+	open       *group // the group accepting members, nil if none
 }
 
 // group is the members gathered for one transaction; full is closed when
@@ -314,11 +315,41 @@ func (c *coalescer) prune(live []*member) []*member {
 	return out
 }
 
-// pass is the body of one transaction of a group: the claims of live (in
-// key order) in one statement, then each new message's handler on its
-// caller's goroutine, then every member marked committing. A member that
-// fails on its own goes to p.failed and the pass returns errRegroup.
+// pass is the body of one transaction of a group: the claims of live, in
+// key order, and each new message's handler on its caller's goroutine,
+// then every member marked committing. Without savepoints the claims are
+// one statement (claimBatch) and a member that fails on its own goes to
+// p.failed while the pass returns errRegroup; with savepoints each member's
+// claim and handler run under a savepoint of their own, and a member that
+// fails on its own is rolled back to it while the pass goes on.
 func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+	p.outcomes = make([]Outcome, len(live))
+	for i := range p.outcomes {
+		p.outcomes[i] = Duplicate
+	}
+	var err error
+	if c.savepoints {
+		err = c.passSavepoints(ctx, tx, st, live, p)
+	} else {
+		err = c.passOptimistic(ctx, tx, st, live, p)
+	}
+	if err != nil || st.skipCommit {
+		return err
+	}
+	for i, mb := range live {
+		if p.outcomes[i] == 0 {
+			continue // failed on its own, rolled back to its savepoint
+		}
+		if !mb.state.CompareAndSwap(memberWaiting, memberCommitting) {
+			return errRegroup // withdrew: its work is rolled back with the rest
+		}
+	}
+	return nil
+}
+
+// passOptimistic claims live in one statement and runs the new messages'
+// handlers; the first that fails on its own ends the pass (errRegroup).
+func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	m := c.m
 	uniq := make([]string, 0, len(live))
 	first := make([]int, 0, len(live))
@@ -341,10 +372,6 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 		p.claimFailed = true
 		return err
 	}
-	p.outcomes = make([]Outcome, len(live))
-	for i := range p.outcomes {
-		p.outcomes[i] = Duplicate
-	}
 	if !claimed {
 		st.skipCommit = true
 		return nil
@@ -354,55 +381,105 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 			continue
 		}
 		i := first[j]
-		mb := live[i]
 		p.outcomes[i] = Applied
-		// The member's own guard token, bound to the group's connection:
-		// a violation is that handler's alone.
-		tok := &txToken{implicit: st.token.implicit}
-		if conn := st.token.conn.Load(); conn != nil {
-			tok.conn.Store(conn)
-		}
-		mb.in <- turn{ctx: context.WithValue(mb.ctx, tokenKey{}, tok), tx: tx}
-		var h handled
-		select {
-		case h = <-mb.ret:
-		case <-mb.gone:
+		if own, err := c.handle(ctx, tx, st, live[i], p); err != nil {
+			return err
+		} else if own {
 			return errRegroup
-		}
-		if h.panicked {
-			p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{})
-			return errRegroup
-		}
-		err := h.err
-		v := tok.violation()
-		switch {
-		case err == nil:
-			err = v
-		case v != nil && !errors.Is(err, ErrAutocommit):
-			err = errors.Join(err, v)
-		}
-		if err != nil {
-			if v == nil && !contextError(err) && mb.ctx.Err() == nil {
-				if class := m.d.Classify(err); class.Retryable() && m.run.suffered(ctx, tx, class, err) {
-					// The transaction's own failure: the group retries.
-					return fmt.Errorf("key %q: %w", mb.msg.Key, err)
-				}
-			}
-			p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{err: c.keyError(mb.msg.Key, err)})
-			return errRegroup
-		}
-		if m.txidSQL != "" {
-			// The strict guard after each handler: a handler that left the
-			// transaction fails the group, loudly (ErrAutocommit).
-			if err := m.checkTxID(ctx, tx, st); err != nil {
-				return err
-			}
-		}
-	}
-	for _, mb := range live {
-		if !mb.state.CompareAndSwap(memberWaiting, memberCommitting) {
-			return errRegroup // withdrew: its work is rolled back with the rest
 		}
 	}
 	return nil
+}
+
+// passSavepoints claims and handles each member of live under a savepoint
+// of its own; a member that fails on its own is rolled back to it.
+func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+	m := c.m
+	applied := false
+	for i, mb := range live {
+		if _, err := tx.ExecContext(ctx, dialect.MessageSavepointSQL); err != nil {
+			return fmt.Errorf("idempotent: savepoint: %w", err)
+		}
+		// A key given twice is claimed twice: the second claim is new only
+		// if the first member's was rolled back to its savepoint.
+		claimed, err := m.claimKey(ctx, tx, st, mb.msg.Key, mb.msg.EventTime)
+		if err != nil {
+			p.claimFailed = true
+			return err
+		}
+		if claimed {
+			p.outcomes[i] = Applied
+			own, err := c.handle(ctx, tx, st, mb, p)
+			if err != nil {
+				return err
+			}
+			if own {
+				if _, err := tx.ExecContext(ctx, dialect.MessageRollbackSQL); err != nil {
+					return errRegroup // the savepoint is gone: the whole pass goes
+				}
+				p.outcomes[i] = 0
+				continue
+			}
+			applied = true
+		}
+		if _, err := tx.ExecContext(ctx, dialect.MessageReleaseSQL); err != nil {
+			return fmt.Errorf("idempotent: release savepoint: %w", err)
+		}
+	}
+	if !applied {
+		st.skipCommit = true
+	}
+	return nil
+}
+
+// handle hands tx to mb's caller, which runs its handler, and judges how it
+// ended. own reports a failure of mb's own (its error, panic, guard
+// violation or context), recorded in p.failed; err a failure of the
+// transaction (the group retries), of the strict guard (the group fails),
+// or mb's withdrawal in its turn (errRegroup).
+func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb *member, p *pass) (own bool, err error) {
+	m := c.m
+	// The member's own guard token, bound to the group's connection: a
+	// violation is that handler's alone.
+	tok := &txToken{implicit: st.token.implicit}
+	if conn := st.token.conn.Load(); conn != nil {
+		tok.conn.Store(conn)
+	}
+	mb.in <- turn{ctx: context.WithValue(mb.ctx, tokenKey{}, tok), tx: tx}
+	var h handled
+	select {
+	case h = <-mb.ret:
+	case <-mb.gone:
+		return false, errRegroup
+	}
+	if h.panicked {
+		p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{})
+		return true, nil
+	}
+	err = h.err
+	v := tok.violation()
+	switch {
+	case err == nil:
+		err = v
+	case v != nil && !errors.Is(err, ErrAutocommit):
+		err = errors.Join(err, v)
+	}
+	if err != nil {
+		if v == nil && !contextError(err) && mb.ctx.Err() == nil {
+			if class := m.d.Classify(err); class.Retryable() && m.run.suffered(ctx, tx, class, err) {
+				// The transaction's own failure: the group retries.
+				return false, fmt.Errorf("key %q: %w", mb.msg.Key, err)
+			}
+		}
+		p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{err: c.keyError(mb.msg.Key, err)})
+		return true, nil
+	}
+	if m.txidSQL != "" {
+		// The strict guard after each handler: a handler that left the
+		// transaction fails the group, loudly (ErrAutocommit).
+		if err := m.checkTxID(ctx, tx, st); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 )
 
 // coalesced is the outcome of one coalesced ProcessMessage call.
@@ -27,12 +28,13 @@ type callerKey struct{}
 
 // runGroup calls ProcessMessage once per key, concurrently, on a Middleware
 // whose groups close when they have len(keys) members (the wait is long
-// enough never to end one first), and returns each call's result by key.
+// enough never to end one first; an option of opts may replace that bound),
+// and returns each call's result by key.
 // Each call's context carries its key under callerKey, and fn(key) is its
 // handler.
 func runGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idempotent.TxFunc, opts ...idempotent.Option) map[string]coalesced {
 	t.Helper()
-	opts = append(opts, idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second}))
+	opts = append([]idempotent.Option{idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second})}, opts...)
 	mw := newMiddleware(t, r, opts...)
 	var mu sync.Mutex
 	got := map[string]coalesced{}
@@ -267,6 +269,67 @@ func TestCoalescing(t *testing.T) {
 		if !errors.Is(nested, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v (nested %v), want a failed with ErrAutocommit and b applied", got, nested)
 		}
+	})
+}
+
+func TestCoalescingWithSavepoints(t *testing.T) {
+	sp := func(n int) idempotent.Option {
+		return idempotent.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: true})
+	}
+	expectSP := func(m sqlmock.Sqlmock, q string) {
+		m.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	t.Run("each message's claim and handler under a savepoint of its own", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		expectEffect(r.mock)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "b", 0)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+			}
+			return ownEffect(t, k)
+		}, sp(2))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Duplicate {
+			t.Fatalf("got %v, want a applied, b duplicate", got)
+		}
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL,
+			dialect.MessageSavepointSQL, claimSQL, dialect.MessageReleaseSQL, "COMMIT")
+	})
+	t.Run("a failed or panicking handler rolls back to its savepoint, claim and all; the others do not run again", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "b", 1)
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "c", 1)
+		expectEffect(r.mock)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { panic("boom") }
+			}
+			return ownEffect(t, k)
+		}, sp(3))
+		var pqErr *pq.Error
+		if !errors.As(got["0a"].err, &pqErr) || got["1b"].panicked != "boom" || got["2c"].outcome != idempotent.Applied || got["2c"].err != nil {
+			t.Fatalf("got %v, want a's error, b's panic, c applied", got)
+		}
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
 	})
 }
 

@@ -175,25 +175,38 @@ type Coalescing struct {
 	// first arrived, from 1µs to 1s. It is latency every coalesced
 	// message may pay.
 	Wait time.Duration
+	// Savepoints puts each message's claim and handler under a savepoint
+	// of its own: a handler's failure rolls back to it — the claim with
+	// the effect — and the group goes on in the same transaction without
+	// that message, so no other handler runs again. It costs three
+	// statements per message (SAVEPOINT, its own claim, RELEASE) where the
+	// optimistic default claims the whole group in one statement and
+	// spends more only when a handler fails. Default is false.
+	Savepoints bool
 }
 
 // WithCoalescing makes concurrent ProcessMessage calls (and WrapMessage's,
 // and so every adapter's per-message workers) share transactions: calls
 // arriving within c.Wait of the first, up to c.Max of them, run in one
 // transaction on one connection — one BEGIN, their claims in one statement
-// in key order (as ProcessMessages claims a batch), each new message's
+// in key order (as ProcessMessages claims a batch; with c.Savepoints, one
+// claim per message, in key order), each new message's
 // handler on its own caller's goroutine, one at a time (so the *sql.Tx is
 // never used concurrently, and a handler's panic and context values stay its
 // caller's), one COMMIT — and each call returns its own outcome only after
 // that COMMIT. Duplicates in a group run no handler. A call left alone when
 // the wait ends runs as it would without the option.
 //
-// A handler's failure fails its own message only: its error (or its
-// panic, its guard violation, its context's end before the COMMIT) rolls the
-// whole transaction back, and the group runs again without that message.
-// The others' handlers therefore run again: nothing of them had committed,
-// so running them again is as safe as a retry is — but work a handler does
-// outside the transaction (a call to another service) happens again too.
+// A handler's failure fails its own message only. By default the design
+// is optimistic, with no savepoints: the failure (an error, a panic, a
+// guard violation, or the caller's context ending before the COMMIT) rolls
+// the whole transaction back, and the group runs again without that
+// message. The others' handlers therefore run again: nothing of them had
+// committed, so running them again is as safe as a retry is — but work a
+// handler does outside the transaction (a call to another service) happens
+// again too. With c.Savepoints a handler's error or panic rolls back to a
+// savepoint taken before it instead, and the others do not run again; a
+// caller whose context ends after its handler ran still costs a re-run.
 // A failure of the transaction itself (a serialization failure, a deadlock,
 // a lost connection, a COMMIT whose answer was lost) is retried for the
 // whole group under the retry policy; a lost COMMIT that landed makes every

@@ -27,13 +27,14 @@ import (
 // audit table (one row per applied effect, no unique key, so a double
 // application shows) named for the test.
 type coDB struct {
-	name    string
-	d       dialect.Dialect
-	db      *sql.DB
-	table   string
-	audit   string
-	ph      func(n int) string // the n-th placeholder
-	openDSN func(t *testing.T) *sql.DB
+	name  string
+	d     dialect.Dialect
+	db    *sql.DB
+	table string
+	audit string
+	ph    func(n int) string // the n-th placeholder
+	// savepoints is the design under test (Coalescing.Savepoints).
+	savepoints bool
 }
 
 // coDBs returns the databases every coalescing test runs on: Postgres,
@@ -86,7 +87,7 @@ func setupCoDB(t *testing.T, c *coDB) *coDB {
 // mw returns a Middleware on c whose groups close at max members.
 func (c *coDB) mw(t *testing.T, max int, opts ...idempotent.Option) *idempotent.Middleware {
 	t.Helper()
-	opts = append([]idempotent.Option{idempotent.WithTable(c.table), idempotent.WithCoalescing(idempotent.Coalescing{Max: max, Wait: time.Second})}, opts...)
+	opts = append([]idempotent.Option{idempotent.WithTable(c.table), idempotent.WithCoalescing(idempotent.Coalescing{Max: max, Wait: time.Second, Savepoints: c.savepoints})}, opts...)
 	mw, err := idempotent.New(c.db, c.d, "coalesce", opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +167,20 @@ func sameTx(t *testing.T, res []coResult, idx ...int) {
 }
 
 func TestCoalescedGroup(t *testing.T) {
-	for i, open := range coDBs() {
-		t.Run([]string{"postgres", "mariadb", "sqlite"}[i], func(t *testing.T) { testCoalescedGroup(t, open) })
+	for _, savepoints := range []bool{false, true} {
+		for i, open := range coDBs() {
+			name := []string{"postgres", "mariadb", "sqlite"}[i]
+			if savepoints {
+				name += "/savepoints"
+			}
+			t.Run(name, func(t *testing.T) {
+				testCoalescedGroup(t, func(t *testing.T) *coDB {
+					c := open(t)
+					c.savepoints = savepoints
+					return c
+				})
+			})
+		}
 	}
 }
 
