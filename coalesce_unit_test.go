@@ -333,6 +333,55 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 	})
 }
 
+func TestCoalescingKeepsTheSinglePathsOptions(t *testing.T) {
+	expectTxID := func(m sqlmock.Sqlmock, id string) {
+		m.ExpectQuery(txidSQL).WithoutArgs().WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(id))
+	}
+	lockSQL := pg.LockTimeoutSQL(time.Second)
+	guards := []idempotent.Option{idempotent.WithStrictGuard(), idempotent.WithLockTimeout(time.Second)}
+	t.Run("lock timeout around the claim; the strict guard after every handler and before COMMIT", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectTxID(r.mock, "77")
+		for range 2 {
+			expectEffect(r.mock)
+			expectTxID(r.mock, "77")
+		}
+		expectTxID(r.mock, "77")
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", lockSQL, batchSQL, txidSQL, effectSQL, txidSQL, effectSQL, txidSQL, txidSQL, "COMMIT")
+	})
+	t.Run("a handler that left the transaction fails the whole group with ErrAutocommit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectTxID(r.mock, "77")
+		expectEffect(r.mock)
+		expectTxID(r.mock, "78") // a's handler committed behind the middleware's back
+		r.mock.ExpectRollback()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
+		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["1b"].err, idempotent.ErrAutocommit) {
+			t.Fatalf("got %v, want ErrAutocommit for both", got)
+		}
+	})
+	t.Run("the retention fence refuses a message before it joins a group", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "a", EventTime: time.Now().Add(-365 * 24 * time.Hour)}, effect)
+		if !errors.Is(err, idempotent.ErrBeyondRetention) {
+			t.Fatalf("got %v, want ErrBeyondRetention", err)
+		}
+		r.wantCalls(t)
+	})
+}
+
 func TestWithCoalescingRefusesBadBounds(t *testing.T) {
 	r := newRecorded(t)
 	for _, c := range []idempotent.Coalescing{{Max: 1, Wait: time.Millisecond}, {Max: idempotent.MaxBatchSize + 1, Wait: time.Millisecond}, {Max: 8}, {Max: 8, Wait: 2 * time.Second}} {
