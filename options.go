@@ -219,7 +219,10 @@ type Coalescing struct {
 // outcome. The autocommit guard, the strict guard (which then checks after
 // every handler; a handler that left the transaction fails the whole group
 // with ErrAutocommit), the lock timeout, the retention fence and the
-// pre-check work as without it. A handler that swallows a database error on
+// pre-check work as without it. The group's own statements (BEGIN, the
+// claims, COMMIT) run with no caller's context, so a caller that leaves
+// does not cut them short: bound the claim's lock waits with
+// WithLockTimeout. A handler that swallows a database error on
 // a database where that aborts the transaction (Postgres) fails the group's
 // COMMIT, and with it every message of the group.
 //
