@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -156,6 +157,26 @@ func TestCoalescing(t *testing.T) {
 		})
 		if got["0a"].panicked != "boom" || got["1b"].outcome != idempotent.Applied || got["1b"].panicked != nil {
 			t.Fatalf("got %v, want a's panic and b applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler that calls runtime.Goexit leaves the group, which goes on without it", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { runtime.Goexit(); return nil }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].outcome != 0 || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want a gone and b applied", got)
 		}
 		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
 	})
