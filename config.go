@@ -40,6 +40,9 @@ type Config struct {
 	// StrictGuard reports whether the Middleware was created
 	// WithStrictGuard.
 	StrictGuard bool
+	// Coalescing is WithCoalescing's bound, the zero value when
+	// ProcessMessage calls do not share transactions.
+	Coalescing Coalescing
 }
 
 // Partitioned reports whether the claim table is partitioned by event day
@@ -48,7 +51,7 @@ func (c Config) Partitioned() bool { return c.PartitionLeadDays > 0 }
 
 // Config returns what the Middleware was configured with.
 func (m *Middleware) Config() Config {
-	return Config{
+	c := Config{
 		Consumer:          m.consumer,
 		Dialect:           m.d,
 		Table:             m.table.String(),
@@ -59,6 +62,10 @@ func (m *Middleware) Config() Config {
 		LockTimeout:       m.lockTimeout,
 		StrictGuard:       m.txidSQL != "",
 	}
+	if m.co != nil {
+		c.Coalescing = Coalescing{Max: m.co.max, Wait: m.co.wait, Savepoints: m.co.savepoints}
+	}
+	return c
 }
 
 // ClaimError is the one mapping of a failed claim statement's error into

@@ -294,7 +294,7 @@
 // [NewClaimTable], or taken from a Middleware with [Middleware.ClaimTable].
 // Scheduled jobs and the command cmd/idempotent use it without naming a
 // consumer. The options of a consumer's deliveries (WithTxOptions,
-// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen) are plain
+// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen, WithCoalescing) are plain
 // Options, which NewClaimTable does not take: handing it one does not
 // compile.
 //
@@ -336,6 +336,21 @@
 // ErrInvalidKey, ErrBeyondRetention or ErrInvalidEventTime — set that
 // message aside and send the rest again. Retries re-run the whole batch;
 // an [Observer] gets one [Event] per message.
+//
+// # Coalesced transactions
+//
+// Most handlers are written one message at a time and run from several
+// workers. [WithCoalescing] lets such concurrent [Middleware.ProcessMessage]
+// calls share one transaction: those arriving within [Coalescing].Wait of
+// the first, up to Coalescing.Max, are claimed in one statement in key
+// order, their handlers run one after the other — each on its own caller's
+// goroutine, with its own context, so the *sql.Tx is never used
+// concurrently and a panic stays its caller's — and one COMMIT ends them;
+// each call returns its own outcome after that COMMIT. A handler's failure
+// fails its own message: by default the group is rolled back and runs again
+// without it (the others' handlers run again; nothing of theirs had
+// committed), or with Coalescing.Savepoints it rolls back to a savepoint
+// of its own. docs/performance.md says when it pays and what it costs.
 //
 // # Natural keys and versioned upserts
 //

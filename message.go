@@ -107,10 +107,20 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 	if err := m.checkMessage(msg); err != nil {
 		return 0, 0, err
 	}
-	key := msg.Key
-	if m.seenBefore(ctx, key) {
+	if m.seenBefore(ctx, msg.Key) {
 		return Duplicate, 0, nil
 	}
+	if m.co != nil && r == &m.run {
+		return m.co.process(ctx, msg, fn)
+	}
+	return m.claimAndRun(ctx, r, msg, fn)
+}
+
+// claimAndRun claims msg in a transaction of its own and runs fn there
+// under r's retries: the single-message path after its checks, and what a
+// coalesced call that finds itself alone runs.
+func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn TxFunc) (Outcome, int, error) {
+	key := msg.Key
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		claimed, err := m.claimKey(ctx, tx, st, key, msg.EventTime)

@@ -71,6 +71,7 @@ type Middleware struct {
 	seen        Seen
 	seenBatch   SeenBatch                  // SeenBatchOf(seen), for batches
 	seenScope   seencheck.Scope[SeenScope] // read once, see SeenScope
+	co          *coalescer                 // nil without WithCoalescing
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -147,6 +148,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	if m.txidSQL != "" {
 		m.run.beforeCommit = m.checkTxID
 		m.run.afterFailure = m.checkTxIDAfterFailure
+	}
+	if cfg.coalesce.Max > 0 {
+		m.co = &coalescer{m: m, max: cfg.coalesce.Max, wait: cfg.coalesce.Wait, savepoints: cfg.coalesce.Savepoints}
 	}
 	if err := checkSeen(cfg.seen, d); err != nil {
 		return nil, err

@@ -17,7 +17,7 @@ const DefaultTable = "processed_messages"
 // name, retention, clock, partitions and the retry policy of its
 // transactions — and is accepted by New and by NewClaimTable alike. Every
 // other Option configures one consumer's deliveries (WithTxOptions,
-// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen) and is accepted
+// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen, WithCoalescing) and is accepted
 // by New only: given to NewClaimTable it does not compile.
 type Option interface {
 	apply(*config) error
@@ -60,6 +60,7 @@ type config struct {
 	strictGuard bool
 	retention   retentionConfig
 	seen        Seen
+	coalesce    Coalescing
 }
 
 func defaultConfig() config {
@@ -159,6 +160,88 @@ func WithObserver(o Observer) Option {
 func WithStrictGuard() Option {
 	return optionFunc(func(c *config) error {
 		c.strictGuard = true
+		return nil
+	})
+}
+
+// Coalescing is the bound of WithCoalescing: how many concurrent
+// ProcessMessage calls may share one transaction, and how long the first of
+// them waits for the others.
+type Coalescing struct {
+	// Max is the most messages in one transaction, from 2 to
+	// MaxBatchSize. A group closes as soon as it has Max members.
+	Max int
+	// Wait is how long a group stays open for more members after its
+	// first arrived, from 1µs to 1s. It is latency every coalesced
+	// message may pay.
+	Wait time.Duration
+	// Savepoints puts each message's claim and handler under a savepoint
+	// of its own: a handler's failure rolls back to it — the claim with
+	// the effect — and the group goes on in the same transaction without
+	// that message, so no other handler runs again. It costs three
+	// statements per message (SAVEPOINT, its own claim, RELEASE) where the
+	// optimistic default claims the whole group in one statement and
+	// spends more only when a handler fails. Default is false.
+	Savepoints bool
+}
+
+// WithCoalescing makes concurrent ProcessMessage calls (and WrapMessage's,
+// and so every adapter's per-message workers) share transactions: calls
+// arriving within c.Wait of the first, up to c.Max of them, run in one
+// transaction on one connection — one BEGIN, their claims in one statement
+// in key order (as ProcessMessages claims a batch; with c.Savepoints, one
+// claim per message, in key order), each new message's
+// handler on its own caller's goroutine, one at a time (so the *sql.Tx is
+// never used concurrently, and a handler's panic and context values stay its
+// caller's), one COMMIT — and each call returns its own outcome only after
+// that COMMIT. Duplicates in a group run no handler. A call left alone when
+// the wait ends runs as it would without the option.
+//
+// A handler's failure fails its own message only. By default the design
+// is optimistic, with no savepoints: the failure (an error, a panic, a
+// guard violation, or the caller's context ending before the COMMIT) rolls
+// the whole transaction back, and the group runs again without that
+// message. The others' handlers therefore run again: nothing of them had
+// committed, so running them again is as safe as a retry is — but work a
+// handler does outside the transaction (a call to another service) happens
+// again too. With c.Savepoints a handler's error or panic rolls back to a
+// savepoint taken before it instead, and the others do not run again; a
+// caller whose context ends after its handler ran still costs a re-run.
+// A failure of the transaction itself (a serialization failure, a deadlock,
+// a lost connection, a COMMIT whose answer was lost) is retried for the
+// whole group under the retry policy; a lost COMMIT that landed makes every
+// message of the group Duplicate on the retry. A caller whose context ends
+// before the COMMIT starts gets the context's error, and its work is rolled
+// back with the group's attempt; once the COMMIT has started the caller
+// waits for it. A claim that fails for good (ErrClaimBusy under
+// WithLockTimeout, ErrNoPartition, the retention fence) sends every message
+// of the group back to a transaction of its own, so each gets its own
+// outcome. The autocommit guard, the strict guard (which then checks after
+// every handler; a handler that left the transaction fails the whole group
+// with ErrAutocommit), the lock timeout, the retention fence and the
+// pre-check work as without it. The group's own statements (BEGIN, the
+// claims, COMMIT) run with no caller's context, so a caller that leaves
+// does not cut them short: bound the claim's lock waits with
+// WithLockTimeout. A handler that swallows a database error on
+// a database where that aborts the transaction (Postgres) fails the group's
+// COMMIT, and with it every message of the group.
+//
+// It pays where several calls are in flight at once (a consumer with
+// several workers): every message of a group shares BEGIN, the claim and
+// COMMIT, and each may wait up to Wait for the group to close (a group of
+// one waits the whole Wait). ProcessMessageTx, the batch entry points and
+// the Kafka consumers' own path are not coalesced. docs/performance.md
+// says when to use it and what it costs. Default is off: one transaction
+// per call.
+func WithCoalescing(c Coalescing) Option {
+	return optionFunc(func(cfg *config) error {
+		switch {
+		case c.Max < 2 || c.Max > MaxBatchSize:
+			return fmt.Errorf("idempotent: WithCoalescing: Max is %d, want 2 to %d", c.Max, MaxBatchSize)
+		case c.Wait < time.Microsecond || c.Wait > time.Second:
+			return fmt.Errorf("idempotent: WithCoalescing: Wait is %v, want 1µs to 1s", c.Wait)
+		}
+		cfg.coalesce = c
 		return nil
 	})
 }

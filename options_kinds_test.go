@@ -39,6 +39,7 @@ func TestOptionKinds(t *testing.T) {
 		"WithObserver":        {idempotent.WithObserver, false},
 		"WithStrictGuard":     {idempotent.WithStrictGuard, false},
 		"WithSeen":            {idempotent.WithSeen, false},
+		"WithCoalescing":      {idempotent.WithCoalescing, false},
 	}
 	if optionType.Implements(tableType) {
 		t.Fatal("an Option is a TableOption: a consumer's option given to NewClaimTable would compile")

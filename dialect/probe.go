@@ -23,3 +23,14 @@ const (
 	ProbeSavepointSQL = "SAVEPOINT idempotent_probe"
 	ProbeReleaseSQL   = "RELEASE SAVEPOINT idempotent_probe"
 )
+
+// The statements around each handler of a coalesced group with savepoints
+// (idempotent.Coalescing.Savepoints): a savepoint before the handler,
+// released after it succeeded, rolled back to after it failed, so that the
+// failure undoes that message's work alone and the group goes on. Standard
+// SQL, which every dialect's database runs alike.
+const (
+	MessageSavepointSQL = "SAVEPOINT idempotent_message"
+	MessageReleaseSQL   = "RELEASE SAVEPOINT idempotent_message"
+	MessageRollbackSQL  = "ROLLBACK TO SAVEPOINT idempotent_message"
+)

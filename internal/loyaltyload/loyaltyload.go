@@ -118,10 +118,12 @@ func (g *Gen) DupKey() string { return "dup:" + strconv.Itoa(g.rng.IntN(Duplicat
 // Env runs the variants on one database (and, for the guarded variant, a
 // second one opened through idempotent.GuardConnector).
 type Env struct {
-	db        *sql.DB
-	plain     *idempotent.Middleware
-	strict    *idempotent.Middleware
-	guarded   *idempotent.Middleware
+	db      *sql.DB
+	plain   *idempotent.Middleware
+	strict  *idempotent.Middleware
+	guarded *idempotent.Middleware
+	// coalesced are WithCoalescing Middlewares, by variant name.
+	coalesced map[string]*idempotent.Middleware
 	batch     func(context.Context, []Msg) ([]idempotent.Outcome, error)
 	int64s    func([]int64) any
 	updateSQL string
@@ -157,6 +159,12 @@ func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool) (*Env, error) {
 	}
 	if e.strict, err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithStrictGuard()); err != nil {
 		return nil, err
+	}
+	e.coalesced = map[string]*idempotent.Middleware{}
+	for name, c := range coalescings {
+		if e.coalesced[name], err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithCoalescing(c)); err != nil {
+			return nil, err
+		}
 	}
 	if guarded != nil {
 		if e.guarded, err = idempotent.New(guarded, postgres.New(), Consumer, table); err != nil {
@@ -226,6 +234,10 @@ func Variants() []Variant {
 		{Name: "strict", Label: "(d) ProcessMessage, WithStrictGuard", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Strict(ctx, g) }},
 		{Name: "batch10", Label: "(e) ProcessMessages, 10 per tx, set-wise effect", PerCall: 10, Run: batchOf(10)},
 		{Name: "batch100", Label: "(e) ProcessMessages, 100 per tx, set-wise effect", PerCall: 100, Run: batchOf(100)},
+		coalesced("coalesce4", "(g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait"),
+		coalesced("coalesce8", "(g) ProcessMessage, WithCoalescing: up to 8 per tx, 1ms wait"),
+		coalesced("coalesce4sp", "(g') ProcessMessage, WithCoalescing with savepoints: up to 4 per tx, 1ms wait"),
+		coalesced("coalesce8sp", "(g') ProcessMessage, WithCoalescing with savepoints: up to 8 per tx, 1ms wait"),
 		{Name: "duplicate", Label: "(f) ProcessMessage, duplicate path", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Duplicate(ctx, g) }},
 	}
 }
@@ -321,6 +333,22 @@ func (e *Env) Duplicate(ctx context.Context, g *Gen) error {
 		err = fmt.Errorf("duplicate path: %v, want duplicate", out)
 	}
 	return err
+}
+
+// coalescings are the bounds of the coalesced variants (g) and (g'), by
+// name: groups of up to 4 or 8 messages, open 1ms, optimistic or with
+// savepoints.
+var coalescings = map[string]idempotent.Coalescing{
+	"coalesce4":   {Max: 4, Wait: time.Millisecond},
+	"coalesce8":   {Max: 8, Wait: time.Millisecond},
+	"coalesce4sp": {Max: 4, Wait: time.Millisecond, Savepoints: true},
+	"coalesce8sp": {Max: 8, Wait: time.Millisecond, Savepoints: true},
+}
+
+// coalesced returns the variant that runs ProcessMessage on the coalesced
+// Middleware of that name.
+func coalesced(name, label string) Variant {
+	return Variant{Name: name, Label: label, PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.process(ctx, e.coalesced[name], g) }}
 }
 
 // batchOf returns a variant running batches of n new messages.

@@ -84,6 +84,16 @@ func headToHead(w io.Writer, o options, groups []group, res results) {
 	fmt.Fprintln(w)
 }
 
+// variantNamed returns the variant of o with that name.
+func variantNamed(o options, name string) loyaltyload.Variant {
+	for _, v := range o.variants {
+		if v.Name == name {
+			return v
+		}
+	}
+	return loyaltyload.Variant{Label: name}
+}
+
 // short returns a variant's letter, such as "(c)".
 func short(v loyaltyload.Variant) string {
 	l, _, _ := strings.Cut(v.Label, " ")
@@ -127,6 +137,15 @@ func targets(w io.Writer, o options, groups []group, res results) {
 		if ev, c := get("event"), get("process"); ev != nil && c != nil && ev.msgs > 0 && c.msgs > 0 {
 			v := float64(ev.writes)/float64(ev.msgs) - float64(c.writes)/float64(c.msgs)
 			row("writes/msg (c\") − (c) = 0 (the horizon costs no round trip)", g, v, "", "–", v < 0.01)
+		}
+		for _, t := range []struct {
+			name string
+			want float64
+		}{{"coalesce4", 2.2}, {"coalesce8", 2.2}, {"coalesce4sp", 1.4}, {"coalesce8sp", 1.4}} {
+			if co, c := get(t.name), get("process"); co != nil && c != nil && c.msgs > 0 && g.workers >= 8 {
+				v := co.rate() / c.rate()
+				row(fmt.Sprintf("%s/(c) ≥ %.1f (%s)", short(variantNamed(o, t.name)), t.want, t.name), g, v, "×", roundRange(co, c), v >= t.want)
+			}
 		}
 		if c, b := get("process"), get("handwritten"); c != nil && b != nil {
 			v := float64(c.mallocs)/float64(c.msgs) - float64(b.mallocs)/float64(b.msgs)

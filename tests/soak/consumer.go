@@ -28,6 +28,7 @@ type consumerConfig struct {
 	Lane     string
 	Instance string // "read_committed/1#3": lane, slot, incarnation
 	Workers  int
+	Coalesce int // WithCoalescing's Max, 0 for none
 	Lease    time.Duration
 }
 
@@ -132,14 +133,18 @@ func runConsumer(cfg consumerConfig) error {
 	db.SetMaxOpenConns(cfg.Workers + 1)
 	db.SetMaxIdleConns(cfg.Workers + 1)
 	obs := &soakObserver{reasons: map[string]int64{}}
-	mw, err := idempotent.New(db, postgres.New(), "loyalty",
+	opts := []idempotent.Option{}
+	if cfg.Coalesce > 0 {
+		opts = append(opts, idempotent.WithCoalescing(idempotent.Coalescing{Max: cfg.Coalesce, Wait: time.Millisecond}))
+	}
+	mw, err := idempotent.New(db, postgres.New(), "loyalty", append(opts,
 		idempotent.WithTable(l.claimTable()),
 		idempotent.WithTxOptions(sql.TxOptions{Isolation: l.isolation}),
 		// Patient enough to ride out a server restart (crash recovery takes
 		// about a second here); a delivery that still fails is not acked and
 		// comes back when its lease expires.
 		idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 30, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 250 * time.Millisecond}),
-		idempotent.WithObserver(obs))
+		idempotent.WithObserver(obs))...)
 	if err != nil {
 		_ = db.Close()
 		return err

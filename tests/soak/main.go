@@ -53,6 +53,7 @@ func main() {
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed of the message stream and the fault schedule; 0 draws one (printed, for replay)")
 	flag.IntVar(&cfg.Consumers, "consumers", cfg.Consumers, "consumer processes per isolation level")
 	flag.IntVar(&cfg.Workers, "workers", cfg.Workers, "concurrent deliveries per consumer process")
+	flag.IntVar(&cfg.Coalesce, "coalesce", 0, "WithCoalescing: each consumer's workers share transactions of up to this many deliveries (0: one transaction each)")
 	flag.Float64Var(&cfg.DupShare, "dup", cfg.DupShare, "share of deliveries that are duplicates of an earlier order (0 to 0.9)")
 	flag.IntVar(&cfg.Rate, "rate", cfg.Rate, "new orders per second per isolation level")
 	flag.IntVar(&cfg.Customers, "customers", cfg.Customers, "customers (fewer means hotter balance rows)")

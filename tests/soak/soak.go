@@ -29,6 +29,7 @@ type soakConfig struct {
 	Seed         uint64
 	Consumers    int     // consumer processes per lane
 	Workers      int     // concurrent deliveries per process
+	Coalesce     int     // WithCoalescing's Max for each consumer; 0 for none
 	DupShare     float64 // share of deliveries that duplicate an earlier order
 	Rate         int     // new orders per second per lane
 	Customers    int
@@ -53,6 +54,8 @@ func (c soakConfig) validate() error {
 		return errors.New("-duration must be positive")
 	case c.Consumers < 1 || c.Workers < 1:
 		return errors.New("-consumers and -workers must be at least 1")
+	case c.Coalesce == 1 || c.Coalesce < 0:
+		return fmt.Errorf("-coalesce %d: want 0 (none) or at least 2", c.Coalesce)
 	case c.DupShare < 0 || c.DupShare > 0.9:
 		return fmt.Errorf("-dup %v is outside 0 to 0.9", c.DupShare)
 	case c.Rate < 1 || c.Customers < 1:
@@ -202,8 +205,8 @@ func runSoak(ctx context.Context, cfg soakConfig, out io.Writer) (*result, error
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "soak: seed=%d duration=%v lanes=read_committed,serializable consumers=%d×%d workers per lane dup=%.2f rate=%d/s per lane customers=%d\n",
-		cfg.Seed, cfg.Duration, cfg.Consumers, cfg.Workers, cfg.DupShare, cfg.Rate, cfg.Customers)
+	fmt.Fprintf(out, "soak: seed=%d duration=%v lanes=read_committed,serializable consumers=%d×%d workers per lane coalesce=%d dup=%.2f rate=%d/s per lane customers=%d\n",
+		cfg.Seed, cfg.Duration, cfg.Consumers, cfg.Workers, cfg.Coalesce, cfg.DupShare, cfg.Rate, cfg.Customers)
 	cl, err := pgcluster.New(ctx, bin, pgcluster.Options{Prefix: "idempotent-soak-"})
 	if err != nil {
 		return nil, err
@@ -362,7 +365,7 @@ func (s *soak) spawn(laneName string, slot int) error {
 	s.mu.Unlock()
 	cc := consumerConfig{
 		DSN: s.proxies[laneName].dsn("soak-" + laneName), Lane: laneName, Instance: fmt.Sprintf("%s#%d", key, inc),
-		Workers: s.cfg.Workers, Lease: s.cfg.Lease,
+		Workers: s.cfg.Workers, Coalesce: s.cfg.Coalesce, Lease: s.cfg.Lease,
 	}
 	js, err := json.Marshal(cc)
 	if err != nil {

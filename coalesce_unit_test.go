@@ -1,0 +1,417 @@
+package idempotent_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// coalesced is the outcome of one coalesced ProcessMessage call.
+type coalesced struct {
+	outcome  idempotent.Outcome
+	err      error
+	panicked any
+}
+
+type callerKey struct{}
+
+// runGroup calls ProcessMessage once per key, concurrently, on a Middleware
+// whose groups close when they have len(keys) members (the wait is long
+// enough never to end one first; an option of opts may replace that bound),
+// and returns each call's result by key.
+// Each call's context carries its key under callerKey, and fn(key) is its
+// handler.
+func runGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idempotent.TxFunc, opts ...idempotent.Option) map[string]coalesced {
+	t.Helper()
+	opts = append([]idempotent.Option{idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second})}, opts...)
+	mw := newMiddleware(t, r, opts...)
+	var mu sync.Mutex
+	got := map[string]coalesced{}
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res coalesced
+			defer func() {
+				res.panicked = recover()
+				mu.Lock()
+				got[fmt.Sprint(i, k)] = res
+				mu.Unlock()
+			}()
+			ctx := context.WithValue(context.Background(), callerKey{}, k)
+			res.outcome, res.err = mw.ProcessMessage(ctx, idempotent.Message{Key: k}, fn(k))
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
+// expectGroupClaim scripts the group's one claim statement for keys,
+// inserting fresh.
+func expectGroupClaim(m sqlmock.Sqlmock, keys []string, fresh ...string) {
+	rows := sqlmock.NewRows([]string{"message_key"})
+	for _, k := range fresh {
+		rows.AddRow(k)
+	}
+	m.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg(keys)).WillReturnRows(rows)
+}
+
+// ownEffect is a handler that checks it runs with its own caller's context
+// and applies effectSQL.
+func ownEffect(t *testing.T, key string) idempotent.TxFunc {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if got := ctx.Value(callerKey{}); got != key {
+			t.Errorf("the handler of %q ran with the context of %v", key, got)
+		}
+		return effect(ctx, tx)
+	}
+}
+
+func TestCoalescing(t *testing.T) {
+	t.Run("one transaction: one claim in key order, each new message's handler, one commit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "c")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"c", "b", "a"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+			}
+			return ownEffect(t, k)
+		})
+		want := map[string]coalesced{"0c": {outcome: idempotent.Applied}, "1b": {outcome: idempotent.Duplicate}, "2a": {outcome: idempotent.Applied}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a key twice in a group: one claim, one handler run", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a"}, "a")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "a"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		outs := []idempotent.Outcome{got["0a"].outcome, got["1a"].outcome}
+		slices.Sort(outs)
+		if !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) || got["0a"].err != nil || got["1a"].err != nil {
+			t.Fatalf("got %v, want one applied and one duplicate", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler's failure fails its message alone: rolled back, the others run again without it", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "b", "c")
+		expectEffect(r.mock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "c"}, "a", "c")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		bad := errors.New("bad payload")
+		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { return bad }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].outcome != idempotent.Applied || got["2c"].outcome != idempotent.Applied || got["0a"].err != nil || got["2c"].err != nil {
+			t.Fatalf("got %v, want a and c applied", got)
+		}
+		if b := got["1b"]; !errors.Is(b.err, bad) || b.outcome != 0 {
+			t.Fatalf("b got %v, want its own error", b)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a panicking handler: the panic reaches its caller after the rollback, the others commit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { panic("boom") }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].panicked != "boom" || got["1b"].outcome != idempotent.Applied || got["1b"].panicked != nil {
+			t.Fatalf("got %v, want a's panic and b applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler that calls runtime.Goexit leaves the group, which goes on without it", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { runtime.Goexit(); return nil }
+			}
+			return ownEffect(t, k)
+		})
+		if got["0a"].outcome != 0 || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want a gone and b applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a failed commit is retried for the whole group", func(t *testing.T) {
+		r := newRecorded(t)
+		for _, commitErr := range []error{&pq.Error{Code: "40001"}, nil} {
+			r.mock.ExpectBegin()
+			expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+			expectEffect(r.mock)
+			expectEffect(r.mock)
+			r.mock.ExpectCommit().WillReturnError(commitErr)
+		}
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a serialization failure in a handler's statement is the group's: retried for all", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "40001"})
+		expectProbe(r.mock, aborted)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+	})
+	t.Run("a caller whose context ends mid-group gets its error; its work is rolled back", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		actx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aDone := make(chan error, 1)
+		bRan := make(chan struct{}, 2)
+		bGo := make(chan struct{})
+		runs := 0 // b's handler runs, on b's goroutine
+		go func() {
+			_, err := mw.ProcessMessage(actx, idempotent.Message{Key: "a"}, effect)
+			aDone <- err
+		}()
+		var bOut idempotent.Outcome
+		var bErr error
+		bFinished := make(chan struct{})
+		go func() {
+			defer close(bFinished)
+			bOut, bErr = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx *sql.Tx) error {
+				bRan <- struct{}{}
+				if runs++; runs == 1 {
+					<-bGo // the first run: hold the group until a's caller has left
+				}
+				return effect(ctx, tx)
+			})
+		}()
+		<-bRan
+		cancel()
+		if err := <-aDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a got %v, want context.Canceled", err)
+		}
+		close(bGo)
+		<-bFinished
+		if bErr != nil || bOut != idempotent.Applied {
+			t.Fatalf("b got (%v, %v), want applied", bOut, bErr)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a call left alone runs as without the option", func(t *testing.T) {
+		r := newRecorded(t)
+		expectApplied(r.mock, key)
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Microsecond}))
+		if out, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || out != idempotent.Applied {
+			t.Fatalf("got (%v, %v), want applied", out, err)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT")
+	})
+	t.Run("a handler's nested ProcessMessage is refused", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"b"}, "b")
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		var nested error
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					nested = idempotent.RunTx(ctx, r.db, pg, nil, idempotent.DefaultRetryPolicy(), effect)
+					return nil // swallowed: the guard remembers
+				}
+			}
+			return ownEffect(t, k)
+		})
+		if !errors.Is(nested, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v (nested %v), want a failed with ErrAutocommit and b applied", got, nested)
+		}
+	})
+}
+
+func TestCoalescingWithSavepoints(t *testing.T) {
+	sp := func(n int) idempotent.Option {
+		return idempotent.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: true})
+	}
+	expectSP := func(m sqlmock.Sqlmock, q string) {
+		m.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	t.Run("each message's claim and handler under a savepoint of its own", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		expectEffect(r.mock)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "b", 0)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+			}
+			return ownEffect(t, k)
+		}, sp(2))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Duplicate {
+			t.Fatalf("got %v, want a applied, b duplicate", got)
+		}
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL,
+			dialect.MessageSavepointSQL, claimSQL, dialect.MessageReleaseSQL, "COMMIT")
+	})
+	t.Run("a failed or panicking handler rolls back to its savepoint, claim and all; the others do not run again", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "b", 1)
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "c", 1)
+		expectEffect(r.mock)
+		expectSP(r.mock, dialect.MessageReleaseSQL)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { panic("boom") }
+			}
+			return ownEffect(t, k)
+		}, sp(3))
+		var pqErr *pq.Error
+		if !errors.As(got["0a"].err, &pqErr) || got["1b"].panicked != "boom" || got["2c"].outcome != idempotent.Applied || got["2c"].err != nil {
+			t.Fatalf("got %v, want a's error, b's panic, c applied", got)
+		}
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
+	})
+}
+
+func TestCoalescingKeepsTheSinglePathsOptions(t *testing.T) {
+	expectTxID := func(m sqlmock.Sqlmock, id string) {
+		m.ExpectQuery(txidSQL).WithoutArgs().WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(id))
+	}
+	lockSQL := pg.LockTimeoutSQL(time.Second)
+	guards := []idempotent.Option{idempotent.WithStrictGuard(), idempotent.WithLockTimeout(time.Second)}
+	t.Run("lock timeout around the claim; the strict guard after every handler and before COMMIT", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectTxID(r.mock, "77")
+		for range 2 {
+			expectEffect(r.mock)
+			expectTxID(r.mock, "77")
+		}
+		expectTxID(r.mock, "77")
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", lockSQL, batchSQL, txidSQL, effectSQL, txidSQL, effectSQL, txidSQL, txidSQL, "COMMIT")
+	})
+	t.Run("a handler that left the transaction fails the whole group with ErrAutocommit", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectTxID(r.mock, "77")
+		expectEffect(r.mock)
+		expectTxID(r.mock, "78") // a's handler committed behind the middleware's back
+		r.mock.ExpectRollback()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
+		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["1b"].err, idempotent.ErrAutocommit) {
+			t.Fatalf("got %v, want ErrAutocommit for both", got)
+		}
+	})
+	t.Run("the retention fence refuses a message before it joins a group", func(t *testing.T) {
+		r := newRecorded(t)
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "a", EventTime: time.Now().Add(-365 * 24 * time.Hour)}, effect)
+		if !errors.Is(err, idempotent.ErrBeyondRetention) {
+			t.Fatalf("got %v, want ErrBeyondRetention", err)
+		}
+		r.wantCalls(t)
+	})
+}
+
+func TestWithCoalescingRefusesBadBounds(t *testing.T) {
+	r := newRecorded(t)
+	for _, c := range []idempotent.Coalescing{{Max: 1, Wait: time.Millisecond}, {Max: idempotent.MaxBatchSize + 1, Wait: time.Millisecond}, {Max: 8}, {Max: 8, Wait: 2 * time.Second}} {
+		if _, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(c)); err == nil {
+			t.Errorf("New accepted %+v", c)
+		}
+	}
+	mw, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Millisecond}))
+	if err != nil || mw.Config().Coalescing != (idempotent.Coalescing{Max: 8, Wait: time.Millisecond}) {
+		t.Fatalf("got (%+v, %v)", mw.Config().Coalescing, err)
+	}
+}

@@ -1,0 +1,335 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/mysql"
+	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/sqlite"
+)
+
+// Coalesced transactions (WithCoalescing) on every dialect's real
+// database. A group closes when it is full (Max is the number of calls a
+// test makes at once, the wait a whole second), so a test knows its calls
+// shared one transaction; each handler records the *sql.Tx it ran in to
+// prove it.
+
+// coDB is a database under test: its dialect, a pool, a claim table and an
+// audit table (one row per applied effect, no unique key, so a double
+// application shows) named for the test.
+type coDB struct {
+	name  string
+	d     dialect.Dialect
+	db    *sql.DB
+	table string
+	audit string
+	ph    func(n int) string // the n-th placeholder
+	// savepoints is the design under test (Coalescing.Savepoints).
+	savepoints bool
+}
+
+// coDBs returns the databases every coalescing test runs on: Postgres,
+// MariaDB (skipped without one, outside CI) and SQLite.
+func coDBs() []func(t *testing.T) *coDB {
+	dollar := func(n int) string { return fmt.Sprintf("$%d", n) }
+	qmark := func(int) string { return "?" }
+	pg := func(t *testing.T) *coDB {
+		db := openGuarded(t, "pq", 16)
+		s := tempSchema(t, db)
+		return setupCoDB(t, &coDB{name: "postgres", d: postgres.New(), db: db, table: s + ".claims", audit: s + ".audit", ph: dollar})
+	}
+	maria := func(t *testing.T) *coDB {
+		db, err := idempotent.OpenGuarded("mysql", mysqlDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeChecked(t, db) })
+		c := &coDB{name: "mariadb", d: mysql.New(), db: db, table: uniqueName("co"), audit: uniqueName("coaudit"), ph: qmark}
+		t.Cleanup(func() {
+			for _, s := range []string{c.table, c.table + "_horizon", c.audit} {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + s)
+			}
+		})
+		return setupCoDB(t, c)
+	}
+	lite := func(t *testing.T) *coDB {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "coalesce.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeChecked(t, db) })
+		return setupCoDB(t, &coDB{name: "sqlite", d: sqlite.New(), db: db, table: "claims", audit: "audit", ph: qmark})
+	}
+	return []func(t *testing.T) *coDB{pg, maria, lite}
+}
+
+func setupCoDB(t *testing.T, c *coDB) *coDB {
+	t.Helper()
+	if _, err := c.db.Exec("CREATE TABLE " + c.audit + " (k VARCHAR(200) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	mw := c.mw(t, 2)
+	if err := mw.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// mw returns a Middleware on c whose groups close at max members.
+func (c *coDB) mw(t *testing.T, max int, opts ...idempotent.Option) *idempotent.Middleware {
+	t.Helper()
+	opts = append([]idempotent.Option{idempotent.WithTable(c.table), idempotent.WithCoalescing(idempotent.Coalescing{Max: max, Wait: time.Second, Savepoints: c.savepoints})}, opts...)
+	mw, err := idempotent.New(c.db, c.d, "coalesce", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// apply is the effect of key k: one audit row.
+func (c *coDB) apply(ctx context.Context, tx *sql.Tx, k string) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+c.audit+" (k) VALUES ("+c.ph(1)+")", k)
+	return err
+}
+
+// audited returns how many audit rows and claims key k has.
+func (c *coDB) audited(t *testing.T, k string) (effects, claims int) {
+	t.Helper()
+	if err := c.db.QueryRow("SELECT COUNT(*) FROM "+c.audit+" WHERE k = "+c.ph(1), k).Scan(&effects); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.db.QueryRow("SELECT COUNT(*) FROM "+c.table+" WHERE consumer = 'coalesce' AND message_key = "+c.ph(1), k).Scan(&claims); err != nil {
+		t.Fatal(err)
+	}
+	return effects, claims
+}
+
+// wantAudit fails the test unless every key of applied has exactly one
+// effect and one claim, and every key of absent none.
+func (c *coDB) wantAudit(t *testing.T, applied, absent []string) {
+	t.Helper()
+	for _, k := range applied {
+		if e, n := c.audited(t, k); e != 1 || n != 1 {
+			t.Errorf("%s: %d effects and %d claims, want 1 and 1", k, e, n)
+		}
+	}
+	for _, k := range absent {
+		if e, n := c.audited(t, k); e != 0 || n != 0 {
+			t.Errorf("%s: %d effects and %d claims, want none", k, e, n)
+		}
+	}
+}
+
+// coResult is one call's result.
+type coResult struct {
+	outcome  idempotent.Outcome
+	err      error
+	panicked any
+	tx       *sql.Tx // the transaction its handler last ran in
+}
+
+// callAll calls ProcessMessage once per key at the same time, with
+// handler(key) as each one's effect, and returns the results in the order
+// of keys.
+func callAll(mw *idempotent.Middleware, keys []string, handler func(k string, res *coResult) idempotent.TxFunc) []coResult {
+	res := make([]coResult, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { res[i].panicked = recover() }()
+			res[i].outcome, res[i].err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, &res[i]))
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// sameTx fails the test unless every result of idx ran its handler in the
+// same transaction.
+func sameTx(t *testing.T, res []coResult, idx ...int) {
+	t.Helper()
+	for _, i := range idx[1:] {
+		if res[i].tx == nil || res[i].tx != res[idx[0]].tx {
+			t.Fatalf("results %v did not share one transaction: %+v", idx, res)
+		}
+	}
+}
+
+func TestCoalescedGroup(t *testing.T) {
+	for _, savepoints := range []bool{false, true} {
+		for i, open := range coDBs() {
+			name := []string{"postgres", "mariadb", "sqlite"}[i]
+			if savepoints {
+				name += "/savepoints"
+			}
+			t.Run(name, func(t *testing.T) {
+				testCoalescedGroup(t, func(t *testing.T) *coDB {
+					c := open(t)
+					c.savepoints = savepoints
+					return c
+				})
+			})
+		}
+	}
+}
+
+func testCoalescedGroup(t *testing.T, open func(t *testing.T) *coDB) {
+	{
+		bad := errors.New("bad payload")
+		t.Run("one handler fails: only its message fails, the rest commit", func(t *testing.T) {
+			c := open(t)
+			keys := []string{"k1", "k2", "k3", "k4"}
+			res := callAll(c.mw(t, len(keys)), keys, func(k string, r *coResult) idempotent.TxFunc {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					r.tx = tx
+					if err := c.apply(ctx, tx, k); err != nil || k != "k2" {
+						return err
+					}
+					return bad
+				}
+			})
+			for i, r := range res {
+				if i == 1 {
+					if !errors.Is(r.err, bad) || r.outcome != 0 {
+						t.Errorf("%s: %+v, want its own error", c.name, r)
+					}
+				} else if r.err != nil || r.outcome != idempotent.Applied {
+					t.Errorf("%s %s: %+v, want applied", c.name, keys[i], r)
+				}
+			}
+			sameTx(t, res, 0, 2, 3)
+			c.wantAudit(t, []string{"k1", "k3", "k4"}, []string{"k2"})
+		})
+		t.Run("a panicking handler: the panic reaches its caller, the others commit", func(t *testing.T) {
+			c := open(t)
+			keys := []string{"p1", "p2", "p3"}
+			res := callAll(c.mw(t, len(keys)), keys, func(k string, r *coResult) idempotent.TxFunc {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					r.tx = tx
+					if err := c.apply(ctx, tx, k); err != nil || k != "p1" {
+						return err
+					}
+					panic("boom")
+				}
+			})
+			if res[0].panicked != "boom" || res[1].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied || res[1].err != nil || res[2].err != nil {
+				t.Fatalf("%s: %+v, want p1's panic and p2, p3 applied", c.name, res)
+			}
+			sameTx(t, res, 1, 2)
+			c.wantAudit(t, []string{"p2", "p3"}, []string{"p1"})
+		})
+		t.Run("a caller's context cancelled mid-group: its error, its work undone", func(t *testing.T) {
+			c := open(t)
+			mw := c.mw(t, 2)
+			actx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			aRan, bHeld, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			aErr := make(chan error, 1)
+			go func() {
+				_, err := mw.ProcessMessage(actx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx *sql.Tx) error {
+					defer close(aRan)
+					return c.apply(ctx, tx, "a")
+				})
+				aErr <- err
+			}()
+			bRuns := 0
+			var bOut idempotent.Outcome
+			var bErr error
+			bDone := make(chan struct{})
+			go func() {
+				defer close(bDone)
+				bOut, bErr = mw.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx *sql.Tx) error {
+					if bRuns++; bRuns == 1 {
+						<-aRan // a's handler ran first: keys go in order
+						close(bHeld)
+						<-release
+					}
+					return c.apply(ctx, tx, "b")
+				})
+			}()
+			<-bHeld
+			cancel()
+			if err := <-aErr; !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s: a got %v, want context.Canceled", c.name, err)
+			}
+			close(release)
+			<-bDone
+			if bErr != nil || bOut != idempotent.Applied || bRuns != 2 {
+				t.Fatalf("%s: b got (%v, %v) after %d runs, want applied after 2", c.name, bOut, bErr, bRuns)
+			}
+			c.wantAudit(t, []string{"b"}, []string{"a"})
+		})
+		t.Run("duplicates inside one group and across groups: one effect each", func(t *testing.T) {
+			c := open(t)
+			// 24 calls of 4 keys, groups of 4: the same key in one group
+			// and in groups running at once.
+			var keys []string
+			for i := range 24 {
+				keys = append(keys, fmt.Sprintf("d%d", i%4))
+			}
+			res := callAll(c.mw(t, 4), keys, func(k string, _ *coResult) idempotent.TxFunc {
+				return func(ctx context.Context, tx *sql.Tx) error { return c.apply(ctx, tx, k) }
+			})
+			applied := map[string]int{}
+			for i, r := range res {
+				if r.err != nil || r.panicked != nil {
+					t.Fatalf("%s %s: %+v", c.name, keys[i], r)
+				}
+				if r.outcome == idempotent.Applied {
+					applied[keys[i]]++
+				}
+			}
+			if fmt.Sprint(applied) != "map[d0:1 d1:1 d2:1 d3:1]" {
+				t.Errorf("%s: applied %v, want each key once", c.name, applied)
+			}
+			c.wantAudit(t, []string{"d0", "d1", "d2", "d3"}, nil)
+		})
+	}
+}
+
+// TestCoalescedGroupLostCommit cuts the answer to a group's COMMIT, which
+// landed: the group is retried, finds its claims, and every message is
+// applied exactly once.
+func TestCoalescedGroupLostCommit(t *testing.T) {
+	if pgDSN == "" {
+		t.Skip(skipReason)
+	}
+	proxy := newCommitCutter(t, dsnHost(t, pgDSN))
+	c := coDBs()[0](t)
+	via := openGuardedDSN(t, "pq", dsnWithHost(t, pgDSN, proxy.Addr()), 4)
+	mw, err := idempotent.New(via, c.d, "coalesce", idempotent.WithTable(c.table), idempotent.WithCoalescing(idempotent.Coalescing{Max: 3, Wait: time.Second}),
+		idempotent.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"l1", "l2", "l3"}
+	var armed sync.Once
+	res := callAll(mw, keys, func(k string, r *coResult) idempotent.TxFunc {
+		return func(ctx context.Context, tx *sql.Tx) error {
+			r.tx = tx
+			armed.Do(proxy.Arm) // the first attempt's COMMIT is cut
+			return c.apply(ctx, tx, k)
+		}
+	})
+	for i, r := range res {
+		if r.err != nil || r.outcome != idempotent.Duplicate {
+			t.Errorf("%s: %+v, want duplicate (the lost COMMIT landed)", keys[i], r)
+		}
+	}
+	if n := proxy.cut.Load(); n != 1 {
+		t.Fatalf("%d commits cut, want 1", n)
+	}
+	sameTx(t, res, 0, 1, 2)
+	c.wantAudit(t, keys, nil)
+}
