@@ -32,9 +32,6 @@ const defaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 // parseKafkaFlags finishes parseFlags for -broker kafka: seed brokers from
 // -kafka, and a Postgres database.
 func parseKafkaFlags(o options, dsn, addrs string) (options, error) {
-	if o.amqpURL != "" {
-		return o, errors.New("-amqp needs -broker rabbitmq")
-	}
 	o.broker = "kafka"
 	if addrs != "" {
 		for _, a := range strings.Split(addrs, ",") {

@@ -12,7 +12,7 @@
 //	go run ./examples/loyalty
 //
 // The first go run compiles the demo and its drivers and brokers' clients
-// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS): on a cold build cache
+// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS, Redis): on a cold build cache
 // that takes a minute or two in which nothing is printed, as the go command
 // prints nothing while it compiles; go run -v ./examples/loyalty names each
 // package as it is compiled, and later runs start at once. The demo itself
@@ -47,6 +47,16 @@
 //
 //	go run ./examples/loyalty -broker nats
 //
+// -broker redis runs it on Redis Streams: the server of -redis, by default
+// the local Redis at redis://127.0.0.1:6379, with a stream and a consumer
+// group of the run's own, deleted at the end. The naive consumer is a
+// hand-written XREADGROUP/XACK loop that acks after the database commit and
+// re-claims (XAUTOCLAIM) what a crashed process left pending; the library's
+// is redisstream.NewConsumer, keyed by the order id in the payload. -db works
+// as for RabbitMQ:
+//
+//	go run ./examples/loyalty -broker redis
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
@@ -73,9 +83,10 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
-	broker             string   // "memory", "rabbitmq", "kafka" or "nats"
+	broker             string   // "memory", "rabbitmq", "kafka", "nats" or "redis"
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	natsURL            string   // -nats, or defaultNATS
+	redisURL           string   // -redis, or defaultRedis
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -106,14 +117,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
-	var dsn, brokerKind, kafkaAddrs, natsURL string
+	var dsn, brokerKind, kafkaAddrs, natsURL, redisURL string
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)\nor nats (the NATS JetStream server of -nats)")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats) or redis (the Redis of -redis)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
+	fs.StringVar(&redisURL, "redis", "", "with -broker redis: the Redis server's URL (default "+defaultRedis+")")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -139,27 +151,25 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	case o.workers < 1 || o.workers > 16:
 		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
 	}
+	// Each broker's own flags need that broker.
+	for _, bf := range []struct{ flag, value, broker string }{
+		{"kafka", kafkaAddrs, "kafka"}, {"nats", natsURL, "nats"}, {"redis", redisURL, "redis"}, {"amqp", o.amqpURL, "rabbitmq"},
+	} {
+		if bf.value != "" && brokerKind != bf.broker {
+			return o, fmt.Errorf("-%s needs -broker %s", bf.flag, bf.broker)
+		}
+	}
 	var err error
 	switch brokerKind {
 	case "rabbitmq":
-		if kafkaAddrs != "" {
-			return o, errors.New("-kafka needs -broker kafka")
-		}
-		if natsURL != "" {
-			return o, errors.New("-nats needs -broker nats")
-		}
 	case "kafka":
-		if natsURL != "" {
-			return o, errors.New("-nats needs -broker nats")
-		}
 		return parseKafkaFlags(o, dsn, kafkaAddrs)
 	case "nats":
-		if kafkaAddrs != "" {
-			return o, errors.New("-kafka needs -broker kafka")
-		}
 		return parseNatsFlags(o, dsn, natsURL)
+	case "redis":
+		return parseRedisFlags(o, dsn, redisURL)
 	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka or nats", brokerKind)
+		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats or redis", brokerKind)
 	}
 	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
@@ -218,6 +228,19 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 		newBroker = func() (broker, error) { return srv.newStream(ctx) }
 		impls = func() []impl {
 			return []impl{{"naive check-then-act", st.naiveNats}, {"idempotent", st.libraryNats}}
+		}
+		f.restart = 200 * time.Millisecond
+	case "redis":
+		// Check the server before anything else runs.
+		srv, err := startRedis(ctx, o.redisURL, o.brokerDesc)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.close()
+		o.brokerDesc = srv.desc
+		newBroker = func() (broker, error) { return srv.newStream(ctx) }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naiveRedis}, {"idempotent", st.libraryRedis}}
 		}
 		f.restart = 200 * time.Millisecond
 	case "rabbitmq":

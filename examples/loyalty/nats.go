@@ -32,9 +32,6 @@ const natsAckWait = 2 * time.Second
 // parseNatsFlags finishes parseFlags for -broker nats: the server of -nats,
 // and the database of -db (the nats package is dialect-neutral).
 func parseNatsFlags(o options, dsn, rawURL string) (options, error) {
-	if o.amqpURL != "" {
-		return o, errors.New("-amqp needs -broker rabbitmq")
-	}
 	o.broker = "nats"
 	if rawURL == "" {
 		rawURL = defaultNATS
