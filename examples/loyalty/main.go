@@ -12,12 +12,13 @@
 //	go run ./examples/loyalty
 //
 // The first go run compiles the demo and its drivers and brokers' clients
-// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS, Redis): on a cold build cache
-// that takes a minute or two in which nothing is printed, as the go command
-// prints nothing while it compiles; go run -v ./examples/loyalty names each
-// package as it is compiled, and later runs start at once. The demo itself
-// prints its first line as soon as it starts, a progress line per run
-// (redrawn on a terminal, every 5 s otherwise), then the audit.
+// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS, Redis, the Go CDK): on
+// a cold build cache that takes a minute or two in which nothing is
+// printed, as the go command prints nothing while it compiles; go run -v
+// ./examples/loyalty names each package as it is compiled, and later runs
+// start at once. The demo itself prints its first line as soon as it
+// starts, a progress line per run (redrawn on a terminal, every 5 s
+// otherwise), then the audit.
 //
 // With no flags it needs nothing installed: an embedded SQLite database in a
 // temporary directory and an in-process broker with RabbitMQ's at-least-once
@@ -57,6 +58,15 @@
 //
 //	go run ./examples/loyalty -broker redis
 //
+// -broker pubsub runs it on the Go CDK's gocloud.dev/pubsub with its
+// in-process driver, mempubsub: one subscription that every consumer
+// process receives from, an ack deadline of 2 seconds, nothing to install.
+// The naive consumer is a hand-written Receive/Ack loop that acks after
+// the database commit; the library's is cdkpubsub.NewConsumer, keyed by the
+// order id in the body. -db works as for RabbitMQ:
+//
+//	go run ./examples/loyalty -broker pubsub
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
@@ -83,7 +93,7 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
-	broker             string   // "memory", "rabbitmq", "kafka", "nats" or "redis"
+	broker             string   // "memory", "rabbitmq", "kafka", "nats", "redis" or "pubsub"
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	natsURL            string   // -nats, or defaultNATS
 	redisURL           string   // -redis, or defaultRedis
@@ -121,7 +131,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats) or redis (the Redis of -redis)")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats), redis (the Redis of -redis) or pubsub (the Go CDK's in-process mempubsub)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
@@ -168,8 +178,10 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		return parseNatsFlags(o, dsn, natsURL)
 	case "redis":
 		return parseRedisFlags(o, dsn, redisURL)
+	case "pubsub":
+		return parsePubsubFlags(o, dsn)
 	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats or redis", brokerKind)
+		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats, redis or pubsub", brokerKind)
 	}
 	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
@@ -243,6 +255,11 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 			return []impl{{"naive check-then-act", st.naiveRedis}, {"idempotent", st.libraryRedis}}
 		}
 		f.restart = 200 * time.Millisecond
+	case "pubsub":
+		newBroker = func() (broker, error) { return newPubsubTopic(), nil }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naivePubsub}, {"idempotent", st.libraryPubsub}}
+		}
 	case "rabbitmq":
 		// Check the broker before anything else runs.
 		b, err := dialRabbit(o.amqpURL)
