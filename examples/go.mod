@@ -54,6 +54,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/txclaim/idempotent/cdkpubsub v0.0.0
+	github.com/txclaim/idempotent/idemhttp v0.0.0
 	github.com/txclaim/idempotent/redisstream v0.0.0
 	gocloud.dev v0.47.0
 	golang.org/x/crypto v0.58.0 // indirect
@@ -77,3 +78,5 @@ replace (
 replace github.com/txclaim/idempotent/redisstream => ../redisstream
 
 replace github.com/txclaim/idempotent/cdkpubsub => ../cdkpubsub
+
+replace github.com/txclaim/idempotent/idemhttp => ../idemhttp

@@ -428,7 +428,7 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 	h := kafka.Decode(kafka.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *kgo.Record) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

@@ -67,6 +67,18 @@
 //
 //	go run ./examples/loyalty -broker pubsub
 //
+// -http runs the story over HTTP instead of a broker: an HTTP API on
+// loopback credits each order, POST /credits, and the clients send every
+// order with an Idempotency-Key, time out after 100ms and retry with the
+// same key. A proxy between them, standing for a load balancer, cuts a
+// response after the commit every 250 requests and drops every client
+// connection three times, and every 100th request is slowed past the
+// client's timeout. The naive side is the same handler without the
+// middleware, checking the ledger before it credits; the library's is the
+// handler wrapped by idemhttp. -db works as for RabbitMQ:
+//
+//	go run ./examples/loyalty -http
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
@@ -97,6 +109,7 @@ type options struct {
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	natsURL            string   // -nats, or defaultNATS
 	redisURL           string   // -redis, or defaultRedis
+	http               bool     // -http: the HTTP API instead of a broker
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -136,6 +149,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
 	fs.StringVar(&redisURL, "redis", "", "with -broker redis: the Redis server's URL (default "+defaultRedis+")")
+	fs.BoolVar(&o.http, "http", false, "the HTTP mode: an HTTP API credits the orders, behind a proxy that cuts connections, for clients that time out and retry\nwith the same Idempotency-Key (no broker; -db as for -broker rabbitmq)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -160,6 +174,9 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		return o, fmt.Errorf("-consumers %d: want 2 to 32", o.consumers)
 	case o.workers < 1 || o.workers > 16:
 		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
+	}
+	if o.http {
+		return parseHTTPFlags(fs, o, dsn)
 	}
 	// Each broker's own flags need that broker.
 	for _, bf := range []struct{ flag, value, broker string }{
@@ -276,6 +293,9 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 	}
 	defer st.cleanup()
 	ld := makeLoad(o.orders, o.seed)
+	if o.http {
+		return demoHTTP(ctx, o, st, ld, out)
+	}
 	fmt.Fprintf(out, "loyalty: %d OrderCompleted events, %d consumer processes x %d workers\n", ld.orders, o.consumers, o.workers)
 	fmt.Fprintf(out, "  database  %s\n  broker    %s\n", st.desc, o.brokerDesc)
 	ack := "the ack"

@@ -214,6 +214,14 @@ func TestDemoPubsub(t *testing.T) {
 	checkAuditOf(t, false, "-broker", "pubsub", "-orders", "400")
 }
 
+// TestDemoHTTP runs the HTTP mode: the API on loopback behind the
+// fault-injecting proxy, with the embedded SQLite. The slowed requests
+// make the naive handler's excess certain: the client's retry comes while
+// the first request is still between its check and its credit.
+func TestDemoHTTP(t *testing.T) {
+	checkAudit(t, "-http", "-orders", "400")
+}
+
 func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -255,6 +263,11 @@ func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 		{"-redis with -broker pubsub", []string{"-broker", "pubsub", "-redis", "redis://127.0.0.1:6379"}, 2, "-redis needs -broker redis"},
 		{"pub/sub, bad database", []string{"-broker", "pubsub", "-db", "oracle://x"}, 2, `-db "oracle://x"`},
 		{"pub/sub, no database server", []string{"-broker", "pubsub", "-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
+		{"-http with -broker", []string{"-http", "-broker", "nats"}, 2, "-broker is a broker's flag, and -http runs no broker"},
+		{"-http with -amqp", []string{"-http", "-amqp", "amqp://127.0.0.1/"}, 2, "-amqp is a broker's flag"},
+		{"-http with -redis", []string{"-http", "-redis", "redis://127.0.0.1:6379"}, 2, "-redis is a broker's flag"},
+		{"HTTP, bad database", []string{"-http", "-db", "oracle://x"}, 2, `-db "oracle://x"`},
+		{"HTTP, no database server", []string{"-http", "-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
 		{"no Kafka cluster", []string{"-broker", "kafka", "-kafka", "127.0.0.1:1"}, 1, "Kafka (127.0.0.1:1) does not answer"},
 	}
 	for _, tc := range cases {

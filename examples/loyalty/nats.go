@@ -332,7 +332,7 @@ func (s *store) libraryNats(ctx context.Context, customers int) (consumeFunc, cr
 	h := idnats.Decode(idnats.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ jetstream.Msg) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

@@ -440,7 +440,7 @@ func (s *store) libraryPubsub(ctx context.Context, customers int) (consumeFunc, 
 	h := cdkpubsub.Decode(cdkpubsub.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *pubsub.Message) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

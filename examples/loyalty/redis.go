@@ -421,7 +421,7 @@ func (s *store) libraryRedis(ctx context.Context, customers int) (consumeFunc, c
 	h := redisstream.Decode(redisstream.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *redisstream.Delivery) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

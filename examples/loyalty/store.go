@@ -196,7 +196,7 @@ func (s *store) naiveCredit(ctx context.Context, customers int) (func(context.Co
 		if n > 0 {
 			return idempotent.Duplicate, nil // the check caught it
 		}
-		priceLookup() // between the check and the act: the gap
+		priceLookup(ctx) // between the check and the act: the gap
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return 0, err
