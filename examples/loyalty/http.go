@@ -142,8 +142,7 @@ func (s *store) libraryHTTP(ctx context.Context, customers int) (httpImpl, error
 	if err != nil {
 		return httpImpl{}, err
 	}
-	claims := s.prefix + "processed_messages"
-	s.tables = append(s.tables, claims)
+	claims := s.claimTable()
 	var opts []idempotent.Option
 	if s.d.Name() != "sqlite" {
 		// A retry while the first request is in flight: 409 within a
