@@ -103,7 +103,7 @@ func (s *store) libraryRabbit(ctx context.Context, customers int) (consumeFunc, 
 	h := rabbitmq.Decode(rabbitmq.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *amqp.Delivery) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, conn brokerConn) error {

@@ -32,9 +32,6 @@ const defaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 // parseKafkaFlags finishes parseFlags for -broker kafka: seed brokers from
 // -kafka, and a Postgres database.
 func parseKafkaFlags(o options, dsn, addrs string) (options, error) {
-	if o.amqpURL != "" {
-		return o, errors.New("-amqp needs -broker rabbitmq")
-	}
 	o.broker = "kafka"
 	if addrs != "" {
 		for _, a := range strings.Split(addrs, ",") {
@@ -431,7 +428,7 @@ func (s *store) libraryKafka(ctx context.Context, customers int) (consumeFunc, c
 	h := kafka.Decode(kafka.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ *kgo.Record) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

@@ -12,12 +12,13 @@
 //	go run ./examples/loyalty
 //
 // The first go run compiles the demo and its drivers and brokers' clients
-// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS): on a cold build cache
-// that takes a minute or two in which nothing is printed, as the go command
-// prints nothing while it compiles; go run -v ./examples/loyalty names each
-// package as it is compiled, and later runs start at once. The demo itself
-// prints its first line as soon as it starts, a progress line per run
-// (redrawn on a terminal, every 5 s otherwise), then the audit.
+// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS, Redis, the Go CDK): on
+// a cold build cache that takes a minute or two in which nothing is
+// printed, as the go command prints nothing while it compiles; go run -v
+// ./examples/loyalty names each package as it is compiled, and later runs
+// start at once. The demo itself prints its first line as soon as it
+// starts, a progress line per run (redrawn on a terminal, every 5 s
+// otherwise), then the audit.
 //
 // With no flags it needs nothing installed: an embedded SQLite database in a
 // temporary directory and an in-process broker with RabbitMQ's at-least-once
@@ -47,6 +48,37 @@
 //
 //	go run ./examples/loyalty -broker nats
 //
+// -broker redis runs it on Redis Streams: the server of -redis, by default
+// the local Redis at redis://127.0.0.1:6379, with a stream and a consumer
+// group of the run's own, deleted at the end. The naive consumer is a
+// hand-written XREADGROUP/XACK loop that acks after the database commit and
+// re-claims (XAUTOCLAIM) what a crashed process left pending; the library's
+// is redisstream.NewConsumer, keyed by the order id in the payload. -db works
+// as for RabbitMQ:
+//
+//	go run ./examples/loyalty -broker redis
+//
+// -broker pubsub runs it on the Go CDK's gocloud.dev/pubsub with its
+// in-process driver, mempubsub: one subscription that every consumer
+// process receives from, an ack deadline of 2 seconds, nothing to install.
+// The naive consumer is a hand-written Receive/Ack loop that acks after
+// the database commit; the library's is cdkpubsub.NewConsumer, keyed by the
+// order id in the body. -db works as for RabbitMQ:
+//
+//	go run ./examples/loyalty -broker pubsub
+//
+// -http runs the story over HTTP instead of a broker: an HTTP API on
+// loopback credits each order, POST /credits, and the clients send every
+// order with an Idempotency-Key, time out after 100ms and retry with the
+// same key. A proxy between them, standing for a load balancer, cuts a
+// response after the commit every 250 requests and drops every client
+// connection three times, and every 100th request is slowed past the
+// client's timeout. The naive side is the same handler without the
+// middleware, checking the ledger before it credits; the library's is the
+// handler wrapped by idemhttp. -db works as for RabbitMQ:
+//
+//	go run ./examples/loyalty -http
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
@@ -73,9 +105,11 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
-	broker             string   // "memory", "rabbitmq", "kafka" or "nats"
+	broker             string   // "memory", "rabbitmq", "kafka", "nats", "redis" or "pubsub"
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	natsURL            string   // -nats, or defaultNATS
+	redisURL           string   // -redis, or defaultRedis
+	http               bool     // -http: the HTTP API instead of a broker
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -106,14 +140,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
-	var dsn, brokerKind, kafkaAddrs, natsURL string
+	var dsn, brokerKind, kafkaAddrs, natsURL, redisURL string
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres)\nor nats (the NATS JetStream server of -nats)")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats), redis (the Redis of -redis) or pubsub (the Go CDK's in-process mempubsub)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
+	fs.StringVar(&redisURL, "redis", "", "with -broker redis: the Redis server's URL (default "+defaultRedis+")")
+	fs.BoolVar(&o.http, "http", false, "the HTTP mode: an HTTP API credits the orders, behind a proxy that cuts connections, for clients that time out and retry\nwith the same Idempotency-Key (no broker; -db as for -broker rabbitmq)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -139,27 +175,30 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	case o.workers < 1 || o.workers > 16:
 		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
 	}
+	if o.http {
+		return parseHTTPFlags(fs, o, dsn)
+	}
+	// Each broker's own flags need that broker.
+	for _, bf := range []struct{ flag, value, broker string }{
+		{"kafka", kafkaAddrs, "kafka"}, {"nats", natsURL, "nats"}, {"redis", redisURL, "redis"}, {"amqp", o.amqpURL, "rabbitmq"},
+	} {
+		if bf.value != "" && brokerKind != bf.broker {
+			return o, fmt.Errorf("-%s needs -broker %s", bf.flag, bf.broker)
+		}
+	}
 	var err error
 	switch brokerKind {
 	case "rabbitmq":
-		if kafkaAddrs != "" {
-			return o, errors.New("-kafka needs -broker kafka")
-		}
-		if natsURL != "" {
-			return o, errors.New("-nats needs -broker nats")
-		}
 	case "kafka":
-		if natsURL != "" {
-			return o, errors.New("-nats needs -broker nats")
-		}
 		return parseKafkaFlags(o, dsn, kafkaAddrs)
 	case "nats":
-		if kafkaAddrs != "" {
-			return o, errors.New("-kafka needs -broker kafka")
-		}
 		return parseNatsFlags(o, dsn, natsURL)
+	case "redis":
+		return parseRedisFlags(o, dsn, redisURL)
+	case "pubsub":
+		return parsePubsubFlags(o, dsn)
 	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka or nats", brokerKind)
+		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats, redis or pubsub", brokerKind)
 	}
 	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
@@ -220,6 +259,24 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 			return []impl{{"naive check-then-act", st.naiveNats}, {"idempotent", st.libraryNats}}
 		}
 		f.restart = 200 * time.Millisecond
+	case "redis":
+		// Check the server before anything else runs.
+		srv, err := startRedis(ctx, o.redisURL, o.brokerDesc)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.close()
+		o.brokerDesc = srv.desc
+		newBroker = func() (broker, error) { return srv.newStream(ctx) }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naiveRedis}, {"idempotent", st.libraryRedis}}
+		}
+		f.restart = 200 * time.Millisecond
+	case "pubsub":
+		newBroker = func() (broker, error) { return newPubsubTopic(), nil }
+		impls = func() []impl {
+			return []impl{{"naive check-then-act", st.naivePubsub}, {"idempotent", st.libraryPubsub}}
+		}
 	case "rabbitmq":
 		// Check the broker before anything else runs.
 		b, err := dialRabbit(o.amqpURL)
@@ -236,6 +293,9 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 	}
 	defer st.cleanup()
 	ld := makeLoad(o.orders, o.seed)
+	if o.http {
+		return demoHTTP(ctx, o, st, ld, out)
+	}
 	fmt.Fprintf(out, "loyalty: %d OrderCompleted events, %d consumer processes x %d workers\n", ld.orders, o.consumers, o.workers)
 	fmt.Fprintf(out, "  database  %s\n  broker    %s\n", st.desc, o.brokerDesc)
 	ack := "the ack"

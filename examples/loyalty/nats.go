@@ -32,9 +32,6 @@ const natsAckWait = 2 * time.Second
 // parseNatsFlags finishes parseFlags for -broker nats: the server of -nats,
 // and the database of -db (the nats package is dialect-neutral).
 func parseNatsFlags(o options, dsn, rawURL string) (options, error) {
-	if o.amqpURL != "" {
-		return o, errors.New("-amqp needs -broker rabbitmq")
-	}
 	o.broker = "nats"
 	if rawURL == "" {
 		rawURL = defaultNATS
@@ -335,7 +332,7 @@ func (s *store) libraryNats(ctx context.Context, customers int) (consumeFunc, cr
 	h := idnats.Decode(idnats.JSON[orderCompleted], func(ctx context.Context, tx *sql.Tx, o orderCompleted, _ jetstream.Msg) error {
 		// The Consumer opens the transaction before the handler runs, so
 		// the price lookup waits inside it here.
-		priceLookup()
+		priceLookup(ctx)
 		return credit(ctx, tx, o)
 	})
 	return func(ctx context.Context, sc *scenario, bc brokerConn) error {

@@ -55,8 +55,12 @@ func (p *progressPrinter) report(s progress) {
 		filled = width * s.settled / s.total
 	}
 	bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
-	line := fmt.Sprintf("  %-21s [%s] %5d/%d settled  deliveries %5d  crashes %2d  drops %d  %5.1fs",
-		s.name, bar, s.settled, s.total, s.deliveries, s.crashes, s.drops, s.elapsed.Seconds())
+	crashWord := s.crashWord
+	if crashWord == "" {
+		crashWord = "crashes"
+	}
+	line := fmt.Sprintf("  %-21s [%s] %5d/%d settled  deliveries %5d  %s %2d  drops %d  %5.1fs",
+		s.name, bar, s.settled, s.total, s.deliveries, crashWord, s.crashes, s.drops, s.elapsed.Seconds())
 	if p.tty {
 		fmt.Fprint(p.out, "\r"+line)
 		p.drawn = true

@@ -50,8 +50,23 @@ type orderCompleted struct {
 func (o orderCompleted) points() int64 { return o.TotalCents / 100 }
 
 // priceLookup stands for the call a consumer makes to work out the points
-// (the customer's tier, a promotion): a millisecond of waiting.
-func priceLookup() { time.Sleep(time.Millisecond) }
+// (the customer's tier, a promotion): a millisecond of waiting, or longer
+// where the HTTP mode's fault injector slowed the request (withSlowLookup).
+func priceLookup(ctx context.Context) {
+	d := time.Millisecond
+	if slow, ok := ctx.Value(slowLookupKey{}).(time.Duration); ok {
+		d = slow
+	}
+	time.Sleep(d)
+}
+
+// slowLookupKey is the context key of a slowed price lookup.
+type slowLookupKey struct{}
+
+// withSlowLookup makes the price lookups under ctx take d.
+func withSlowLookup(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, slowLookupKey{}, d)
+}
 
 // load is the same stream of messages for both runs.
 type load struct {
@@ -152,6 +167,7 @@ type progress struct {
 	crashes, drops int64
 	elapsed        time.Duration
 	done           bool
+	crashWord      string // what the crashes are called on the line; "crashes" when empty
 }
 
 // consumeFunc runs one consumer process on its connection until the

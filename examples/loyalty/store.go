@@ -196,7 +196,7 @@ func (s *store) naiveCredit(ctx context.Context, customers int) (func(context.Co
 		if n > 0 {
 			return idempotent.Duplicate, nil // the check caught it
 		}
-		priceLookup() // between the check and the act: the gap
+		priceLookup(ctx) // between the check and the act: the gap
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return 0, err
@@ -220,8 +220,7 @@ func (s *store) libraryCredit(ctx context.Context, customers int) (*idempotent.M
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	claims := s.prefix + "processed_messages"
-	s.tables = append(s.tables, claims)
+	claims := s.claimTable()
 	mw, err := idempotent.New(s.db, s.d, "loyalty", idempotent.WithTable(claims))
 	if err != nil {
 		return nil, nil, nil, err
@@ -233,6 +232,21 @@ func (s *store) libraryCredit(ctx context.Context, customers int) (*idempotent.M
 		return s.credit(ctx, tx, balances, ledger, o)
 	}
 	return mw, credit, s.credited(balances), nil
+}
+
+// claimTable returns the name of the run's claim table, and has cleanup
+// drop it and the horizon table its EnsureSchema creates beside it.
+func (s *store) claimTable() string {
+	claims := s.prefix + "processed_messages"
+	horizon := claims + "_horizon"
+	switch s.d.Name() {
+	case "postgres":
+		horizon = postgres.HorizonName(claims)
+	case "mysql":
+		horizon = mysql.HorizonName(claims)
+	}
+	s.tables = append(s.tables, horizon, claims)
+	return claims
 }
 
 func (s *store) credited(balances string) func(context.Context) (int64, error) {
