@@ -14,6 +14,8 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/idemhttp"
+	"github.com/txclaim/idempotent/idemhttp/pgxhttp"
+	"github.com/txclaim/idempotent/idempgx"
 )
 
 // TestFirstRequestAndReplay: the first request runs the handler once and
@@ -444,6 +446,38 @@ func TestNewRefuses(t *testing.T) {
 		t.Errorf("partitioned: %v, want an error matching adapter.ErrNoProducerEventTime too", err)
 	}
 	if _, err := idemhttp.New(newMW(withTimeout), idemhttp.GlobalScope); err != nil {
+		t.Errorf("a good configuration: %v", err)
+	}
+}
+
+// TestNewRefusesPgx: pgxhttp.New refuses what New refuses, from the
+// idempgx.Middleware's own configuration.
+func TestNewRefusesPgx(t *testing.T) {
+	b := openBackend(t, "pgx")
+	newMW := func(opts ...idempgx.Option) *idempgx.Middleware {
+		m, err := idempgx.New(b.pool, "api", append([]idempgx.Option{idempgx.WithTable(b.claims)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	withTimeout := idempgx.WithLockTimeout(time.Second)
+	for name, c := range map[string]struct {
+		m     *idempgx.Middleware
+		scope idemhttp.ScopeFunc
+		want  error
+	}{
+		"nil":             {nil, idemhttp.GlobalScope, nil},
+		"partitioned":     {newMW(withTimeout, idempgx.WithDailyPartitions(2)), idemhttp.GlobalScope, adapter.ErrNoProducerEventTime},
+		"no lock timeout": {newMW(), idemhttp.GlobalScope, idemhttp.ErrNoLockTimeout},
+		"no scope":        {newMW(withTimeout), nil, nil},
+	} {
+		_, err := pgxhttp.New(c.m, c.scope)
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s: %v, want an error matching %v", name, err, c.want)
+		}
+	}
+	if _, err := pgxhttp.New(newMW(withTimeout), idemhttp.GlobalScope); err != nil {
 		t.Errorf("a good configuration: %v", err)
 	}
 }
