@@ -482,6 +482,36 @@ func TestNewRefusesPgx(t *testing.T) {
 	}
 }
 
+// TestPgxHandlerCommitRefused: the pgx handler's Commit refuses, as
+// idempgx's do; the request fails with a 500 the error log hears of
+// (idempotent.ErrAutocommit), nothing is stored, and the key stays free.
+func TestPgxHandlerCommitRefused(t *testing.T) {
+	b := openBackend(t, "pgx")
+	var logged atomic.Value
+	a := &app{b: b, hook: func(w http.ResponseWriter, r *http.Request, call int64) bool {
+		if call > 1 {
+			return false
+		}
+		_ = pgxhttp.TxFromContext(r.Context()).Commit(r.Context())
+		w.WriteHeader(http.StatusCreated)
+		return true
+	}}
+	_, h := b.middleware(t, idemhttp.GlobalScope, idemhttp.WithErrorLog(func(_ *http.Request, err error) { logged.Store(err) }))
+	s := server(t, h.Wrap(a))
+	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusInternalServerError {
+		t.Fatalf("a handler that commits: %d %s, want 500", r.status, r.body)
+	}
+	if err, _ := logged.Load().(error); !errors.Is(err, idempotent.ErrAutocommit) {
+		t.Errorf("logged %v, want an error matching idempotent.ErrAutocommit", err)
+	}
+	if n := b.count(t, ""); n != 0 {
+		t.Errorf("%d effects after the refused Commit, want 0", n)
+	}
+	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusCreated || r.replayed || b.count(t, "") != 1 {
+		t.Errorf("the retry: %d replayed=%v, want a fresh 201 and 1 effect", r.status, r.replayed)
+	}
+}
+
 // TestHeaderMethodsOptional: WithHeader, WithMethods and WithOptionalKey.
 func TestHeaderMethodsOptional(t *testing.T) {
 	b := openBackend(t, "sqlite")
