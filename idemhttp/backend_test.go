@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -18,9 +19,13 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/idemhttp"
+	"github.com/txclaim/idempotent/idemhttp/pgxhttp"
+	"github.com/txclaim/idempotent/idempgx"
 	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
@@ -30,8 +35,14 @@ import (
 // backend is one database the tests run on: a pool, a claim table and an
 // effects table of the test's own.
 type backend struct {
-	name    string
-	db      *sql.DB
+	name string
+	// db is the pool the tests read the effects with; on "pgx" it is a
+	// lib/pq pool beside the pgx one the middleware runs on.
+	db *sql.DB
+	// pool, on "pgx" only, is the pgxpool of the idempgx.Middleware, whose
+	// handlers get a pgx.Tx from pgxhttp.TxFromContext.
+	pool    *pgxpool.Pool
+	dollar  bool // $n placeholders
 	d       dialect.Dialect
 	claims  string // claim table, as given to WithTable
 	effects string // the handler's table: one row per applied request
@@ -43,7 +54,7 @@ type backend struct {
 
 // bind turns ? placeholders into $n for Postgres.
 func (b *backend) bind(q string) string {
-	if b.name != "postgres" {
+	if !b.dollar {
 		return q
 	}
 	var s strings.Builder
@@ -73,23 +84,71 @@ func (b *backend) count(t testing.TB, key string) int {
 	return n
 }
 
+// errNoTx is execTx's error for a request the middleware is not running.
+var errNoTx = errors.New("no claim transaction")
+
+// execTx runs q in the claim's transaction of the request whose context is
+// ctx, as a handler of the backend does: through idemhttp.TxFromContext's
+// *sql.Tx, or on "pgx" through pgxhttp.TxFromContext's pgx.Tx (and then
+// idemhttp.TxFromContext must give nil).
+func (b *backend) execTx(ctx context.Context, q string, args ...any) error {
+	q = b.bind(q)
+	if b.pool != nil {
+		tx := pgxhttp.TxFromContext(ctx)
+		if tx == nil {
+			return errNoTx
+		}
+		if idemhttp.TxFromContext(ctx) != nil {
+			return errors.New("idemhttp.TxFromContext gave a *sql.Tx to a pgx handler")
+		}
+		_, err := tx.Exec(ctx, q, args...)
+		return err
+	}
+	tx := idemhttp.TxFromContext(ctx)
+	if tx == nil {
+		return errNoTx
+	}
+	_, err := tx.ExecContext(ctx, q, args...)
+	return err
+}
+
 // middleware returns the idempotent.Middleware of the backend (its schema
-// ensured) and the HTTP middleware on it.
+// ensured) and the HTTP middleware on it. On "pgx" the HTTP middleware is
+// pgxhttp's on an idempgx.Middleware, and the idempotent.Middleware is that
+// one's Core.
 func (b *backend) middleware(t testing.TB, scope idemhttp.ScopeFunc, opts ...idemhttp.Option) (*idempotent.Middleware, *idemhttp.Middleware) {
 	t.Helper()
-	o := []idempotent.Option{idempotent.WithTable(b.claims), idempotent.WithClock(b.clock.Now)}
-	if b.busy {
-		o = append(o, idempotent.WithLockTimeout(100*time.Millisecond))
-	}
-	mw, err := idempotent.New(b.db, b.d, "orders-api", o...)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := mw.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
+	var (
+		mw  *idempotent.Middleware
+		h   *idemhttp.Middleware
+		err error
+	)
+	if b.pool != nil {
+		var m *idempgx.Middleware
+		m, err = idempgx.New(b.pool, "orders-api", idempgx.WithTable(b.claims), idempgx.WithClock(b.clock.Now), idempgx.WithLockTimeout(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw = m.Core()
+		if err := m.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		h, err = pgxhttp.New(m, scope, opts...)
+	} else {
+		o := []idempotent.Option{idempotent.WithTable(b.claims), idempotent.WithClock(b.clock.Now)}
+		if b.busy {
+			o = append(o, idempotent.WithLockTimeout(100*time.Millisecond))
+		}
+		mw, err = idempotent.New(b.db, b.d, "orders-api", o...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mw.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		h, err = idemhttp.New(mw, scope, opts...)
 	}
-	h, err := idemhttp.New(mw, scope, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,11 +158,17 @@ func (b *backend) middleware(t testing.TB, scope idemhttp.ScopeFunc, opts ...ide
 	return mw, h
 }
 
+// backends are the databases eachBackend runs on: Postgres through lib/pq,
+// through pgx (pgxhttp on idempgx, handlers with a pgx.Tx) and through
+// pgx's database/sql driver (idemhttp.New, handlers with a *sql.Tx),
+// MariaDB, and SQLite.
+var backends = []string{"postgres", "pgx", "pgxstdlib", "mysql", "sqlite"}
+
 // eachBackend runs f on every database, each in a subtest with tables of
 // its own.
 func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
 	t.Helper()
-	for _, name := range []string{"postgres", "mysql", "sqlite"} {
+	for _, name := range backends {
 		t.Run(name, func(t *testing.T) {
 			f(t, openBackend(t, name))
 		})
@@ -114,8 +179,31 @@ func openBackend(t testing.TB, name string) *backend {
 	t.Helper()
 	b := &backend{name: name, clock: testenv.NewClock(time.Time{})}
 	switch name {
-	case "postgres":
-		b.db, b.d, b.busy = testenv.OpenPostgres(t, 40), postgres.New(), true
+	case "postgres", "pgx", "pgxstdlib":
+		b.db, b.d, b.busy, b.dollar = testenv.OpenPostgres(t, 40), postgres.New(), true, true
+		dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
+		switch name {
+		case "pgx":
+			cfg, err := pgxpool.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 40
+			if b.pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(b.pool.Close)
+		case "pgxstdlib":
+			// The existing constructor, idemhttp.New, on pgx's
+			// database/sql driver instead of lib/pq.
+			db, err := sql.Open("pgx", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxOpenConns(40)
+			t.Cleanup(func() { _ = db.Close() })
+			b.db = db
+		}
 		schema := testenv.UniqueName("idemhttp")
 		exec(t, b.db, "CREATE SCHEMA "+schema)
 		t.Cleanup(func() { _, _ = b.db.Exec("DROP SCHEMA " + schema + " CASCADE") })
@@ -189,12 +277,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	tx := idemhttp.TxFromContext(r.Context())
-	if tx == nil {
-		http.Error(w, "no claim transaction", http.StatusInternalServerError)
-		return
-	}
-	if _, err := tx.ExecContext(r.Context(), a.b.bind("INSERT INTO "+a.b.effects+" (k, body) VALUES (?, ?)"), r.Header.Get("X-Order"), string(body)); err != nil {
+	if err := a.b.execTx(r.Context(), "INSERT INTO "+a.b.effects+" (k, body) VALUES (?, ?)", r.Header.Get("X-Order"), string(body)); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}

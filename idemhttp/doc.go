@@ -137,6 +137,25 @@
 // (its arrival time differs on every retry), so New refuses such a
 // Middleware with [ErrPartitioned].
 //
+// # On pgx
+//
+// Package github.com/txclaim/idempotent/idemhttp/pgxhttp runs this
+// middleware on an idempgx.Middleware: pgxhttp.New returns a *Middleware
+// whose claim, handler effect and stored response commit in one pgx
+// transaction, and the handler gets the claim's pgx.Tx from
+// pgxhttp.TxFromContext (TxFromContext here gives nil to it).
+//
+//	m, err := idempgx.New(pool, "orders-api", idempgx.WithLockTimeout(200*time.Millisecond))
+//	idem, err := pgxhttp.New(m, accountOf) // the Options of this package apply
+//	mux.Handle("POST /orders", idem.Wrap(createOrder)) // createOrder: tx := pgxhttp.TxFromContext(r.Context())
+//
+// Every behaviour above is this package's, written once over a [Backend] —
+// claim, run the request in the claim's transaction, store the response
+// there through an [Exec] — of which New builds the database/sql one and
+// pgxhttp the pgx one ([NewOn]). pgxhttp is a package of its own so that a
+// service on database/sql compiles no pgx. A service on pgx's database/sql
+// driver (sql.Open("pgx", dsn)) uses New, as on any driver.
+//
 // # Databases
 //
 // The response table has statements for the dialects the idempotent module

@@ -17,12 +17,14 @@ import (
 )
 
 // Middleware is the Idempotency-Key middleware of one set of handlers, on
-// the claim table of one idempotent.Middleware and a response table beside
-// it. It is safe for concurrent use; Wrap is its func(http.Handler)
+// the claim table of one idempotent.Middleware (New) or idempgx.Middleware
+// (pgxhttp.New) and a response table beside it. It is safe for concurrent use; Wrap is its func(http.Handler)
 // http.Handler.
 type Middleware struct {
-	mw    *idempotent.Middleware
-	db    *sql.DB
+	b     Backend
+	core  *idempotent.Middleware // b.Core(): key checks
+	claim idempotent.Config      // b.Config()
+	db    *sql.DB                // the response table's pool
 	scope ScopeFunc
 	cfg   config
 	table string
@@ -46,7 +48,18 @@ func New(mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middlewar
 	if mw == nil {
 		return nil, errors.New("idemhttp: New needs an idempotent.Middleware")
 	}
-	path, err := adapter.NewPath(mw)
+	return NewOn(sqlBackend{mw}, scope, opts...)
+}
+
+// NewOn returns the middleware on the claims of b, with the rules and
+// refusals of New, the lock timeout being b.Config().LockTimeout. Services
+// call New (database/sql) or pgxhttp.New (pgx), which build the Backend;
+// NewOn is what such a constructor calls.
+func NewOn(b Backend, scope ScopeFunc, opts ...Option) (*Middleware, error) {
+	if b == nil || b.Core() == nil {
+		return nil, errors.New("idemhttp: NewOn needs a Backend with its Core")
+	}
+	path, err := adapter.NewPath(b.Core())
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
@@ -54,10 +67,11 @@ func New(mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middlewar
 	if scope == nil {
 		return nil, errors.New("idemhttp: New needs a ScopeFunc (GlobalScope for a service whose clients share one key space)")
 	}
-	if mw.Config().Partitioned() {
+	claim := b.Config()
+	if claim.Partitioned() {
 		return nil, fmt.Errorf("%w (%w)", ErrPartitioned, adapter.ErrNoProducerEventTime)
 	}
-	if mw.Config().LockTimeout <= 0 && mw.Config().Dialect.LockTimeoutSQL(time.Second) != "" {
+	if claim.LockTimeout <= 0 && claim.Dialect.LockTimeoutSQL(time.Second) != "" {
 		return nil, fmt.Errorf("%w: without it a retry of a request still in flight waits for it instead of getting a 409", ErrNoLockTimeout)
 	}
 	cfg := defaultConfig()
@@ -66,7 +80,7 @@ func New(mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middlewar
 			return nil, err
 		}
 	}
-	claims, err := dialect.ParseTable(mw.Config().Table)
+	claims, err := dialect.ParseTable(claim.Table)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: claim table: %w", err)
 	}
@@ -81,11 +95,11 @@ func New(mw *idempotent.Middleware, scope ScopeFunc, opts ...Option) (*Middlewar
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: response table: %w", err)
 	}
-	st, err := newStatements(mw.Config().Dialect.Name(), resp, claims)
+	st, err := newStatements(claim.Dialect.Name(), resp, claims)
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{mw: mw, db: db, scope: scope, cfg: cfg, table: resp.String(), sql: st}, nil
+	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, table: resp.String(), sql: st}, nil
 }
 
 // Table returns the response table's name.
@@ -131,7 +145,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		msg := idempotent.Message{Key: claimKey(scope, key)}
-		if err := m.mw.CheckMessage(msg); err != nil {
+		if err := m.core.CheckMessage(msg); err != nil {
 			if errors.Is(err, idempotent.ErrInvalidKey) {
 				problem(w, http.StatusBadRequest, "the idempotency key is not valid UTF-8 without NUL, or is too long")
 				return
@@ -156,9 +170,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		ctx := context.WithoutCancel(r.Context())
 		for range replayAttempts {
 			var rec *recorder
-			outcome, err := m.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
+			outcome, err := m.b.ProcessMessage(ctx, msg, func(ctx context.Context, exec Exec) error {
 				rec = newRecorder(m.cfg.maxResponse)
-				r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, claimed{tx: tx, key: msg.Key}))
+				r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, claimed{key: msg.Key}))
 				r2.Body = io.NopCloser(bytes.NewReader(body))
 				r2.ContentLength = int64(len(body))
 				next.ServeHTTP(rec, r2)
@@ -172,7 +186,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				if err != nil {
 					return err
 				}
-				return m.put(ctx, tx, msg.Key, s)
+				return m.put(ctx, exec, msg.Key, s)
 			})
 			switch {
 			case errors.Is(err, errServerResponse):
@@ -213,7 +227,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			}
 			return
 		}
-		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.mw.Config().Consumer))
+		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.claim.Consumer))
 	})
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/idemhttp"
+	"github.com/txclaim/idempotent/idemhttp/pgxhttp"
+	"github.com/txclaim/idempotent/idempgx"
 )
 
 // TestFirstRequestAndReplay: the first request runs the handler once and
@@ -445,6 +447,68 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if _, err := idemhttp.New(newMW(withTimeout), idemhttp.GlobalScope); err != nil {
 		t.Errorf("a good configuration: %v", err)
+	}
+}
+
+// TestNewRefusesPgx: pgxhttp.New refuses what New refuses, from the
+// idempgx.Middleware's own configuration.
+func TestNewRefusesPgx(t *testing.T) {
+	b := openBackend(t, "pgx")
+	newMW := func(opts ...idempgx.Option) *idempgx.Middleware {
+		m, err := idempgx.New(b.pool, "api", append([]idempgx.Option{idempgx.WithTable(b.claims)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	withTimeout := idempgx.WithLockTimeout(time.Second)
+	for name, c := range map[string]struct {
+		m     *idempgx.Middleware
+		scope idemhttp.ScopeFunc
+		want  error
+	}{
+		"nil":             {nil, idemhttp.GlobalScope, nil},
+		"partitioned":     {newMW(withTimeout, idempgx.WithDailyPartitions(2)), idemhttp.GlobalScope, adapter.ErrNoProducerEventTime},
+		"no lock timeout": {newMW(), idemhttp.GlobalScope, idemhttp.ErrNoLockTimeout},
+		"no scope":        {newMW(withTimeout), nil, nil},
+	} {
+		_, err := pgxhttp.New(c.m, c.scope)
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s: %v, want an error matching %v", name, err, c.want)
+		}
+	}
+	if _, err := pgxhttp.New(newMW(withTimeout), idemhttp.GlobalScope); err != nil {
+		t.Errorf("a good configuration: %v", err)
+	}
+}
+
+// TestPgxHandlerCommitRefused: the pgx handler's Commit refuses, as
+// idempgx's do; the request fails with a 500 the error log hears of
+// (idempotent.ErrAutocommit), nothing is stored, and the key stays free.
+func TestPgxHandlerCommitRefused(t *testing.T) {
+	b := openBackend(t, "pgx")
+	var logged atomic.Value
+	a := &app{b: b, hook: func(w http.ResponseWriter, r *http.Request, call int64) bool {
+		if call > 1 {
+			return false
+		}
+		_ = pgxhttp.TxFromContext(r.Context()).Commit(r.Context())
+		w.WriteHeader(http.StatusCreated)
+		return true
+	}}
+	_, h := b.middleware(t, idemhttp.GlobalScope, idemhttp.WithErrorLog(func(_ *http.Request, err error) { logged.Store(err) }))
+	s := server(t, h.Wrap(a))
+	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusInternalServerError {
+		t.Fatalf("a handler that commits: %d %s, want 500", r.status, r.body)
+	}
+	if err, _ := logged.Load().(error); !errors.Is(err, idempotent.ErrAutocommit) {
+		t.Errorf("logged %v, want an error matching idempotent.ErrAutocommit", err)
+	}
+	if n := b.count(t, ""); n != 0 {
+		t.Errorf("%d effects after the refused Commit, want 0", n)
+	}
+	if r := mustPost(t, s.Client(), s.URL, "k", "o", "{}"); r.status != http.StatusCreated || r.replayed || b.count(t, "") != 1 {
+		t.Errorf("the retry: %d replayed=%v, want a fresh 201 and 1 effect", r.status, r.replayed)
 	}
 }
 

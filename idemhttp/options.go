@@ -48,7 +48,8 @@ var ErrUnsupportedDialect = errors.New("idemhttp: no response table for this dia
 var ErrPartitioned = errors.New("idemhttp: the claim table is partitioned by event day, and an HTTP request has no producer event time")
 
 // ErrNoLockTimeout is returned by New for a Middleware without
-// idempotent.WithLockTimeout on a dialect that can bound the claim's wait:
+// idempotent.WithLockTimeout (by pgxhttp.New, without
+// idempgx.WithLockTimeout) on a dialect that can bound the claim's wait:
 // without it a retry of a request still in flight waits for the first one
 // to finish instead of being answered 409 within a bound.
 var ErrNoLockTimeout = errors.New("idemhttp: the Middleware needs idempotent.WithLockTimeout")

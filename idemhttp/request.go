@@ -3,7 +3,6 @@ package idemhttp
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,25 +29,10 @@ func GlobalScope(*http.Request) (string, error) { return "", nil }
 
 type ctxKey struct{}
 
-// claimed is what the middleware puts in the context of a request it runs.
+// claimed is what the middleware puts in the context of a request it runs,
+// on every Backend.
 type claimed struct {
-	tx  *sql.Tx
 	key string
-}
-
-// TxFromContext returns the claim's transaction of a request the middleware
-// is running, from the request's context: the handler does its database
-// work through it, and that work commits with the claim and the stored
-// response, or not at all. It returns nil for a context the middleware did
-// not give (a request of an unprotected method, or one let through by
-// WithOptionalKey without a key).
-//
-// Run statements on it with the request's context (r.Context()), which is
-// the claim's: a transaction or a statement begun elsewhere with it is
-// refused by the idempotent package's guard (idempotent.ErrAutocommit).
-func TxFromContext(ctx context.Context) *sql.Tx {
-	c, _ := ctx.Value(ctxKey{}).(claimed)
-	return c.tx
 }
 
 // KeyFromContext returns the claim's message key of a request the

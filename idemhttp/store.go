@@ -130,7 +130,7 @@ type stored struct {
 // get reads the stored response of key, outside any transaction. found is
 // false when there is none.
 func (m *Middleware) get(ctx context.Context, key string) (s stored, found bool, err error) {
-	err = m.db.QueryRowContext(ctx, m.sql.get, m.mw.Config().Consumer, key).Scan(&s.fingerprint, &s.status, &s.header, &s.body)
+	err = m.db.QueryRowContext(ctx, m.sql.get, m.claim.Consumer, key).Scan(&s.fingerprint, &s.status, &s.header, &s.body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return stored{}, false, nil
 	}
@@ -143,9 +143,8 @@ func (m *Middleware) get(ctx context.Context, key string) (s stored, found bool,
 // put writes the response of key in the claim's transaction, replacing the
 // row an earlier claim of the same key left behind after its claim was
 // cleaned up.
-func (m *Middleware) put(ctx context.Context, tx *sql.Tx, key string, s stored) error {
-	_, err := tx.ExecContext(ctx, m.sql.put, m.mw.Config().Consumer, key, s.fingerprint, s.status, s.header, s.body, m.mw.Config().Clock().UnixMicro())
-	if err != nil {
+func (m *Middleware) put(ctx context.Context, exec Exec, key string, s stored) error {
+	if err := exec(ctx, m.sql.put, m.claim.Consumer, key, s.fingerprint, s.status, s.header, s.body, m.claim.Clock().UnixMicro()); err != nil {
 		return fmt.Errorf("idemhttp: store the response: %w", err)
 	}
 	return nil
@@ -184,7 +183,7 @@ func (m *Middleware) Cleanup(ctx context.Context, batch int) (deleted int64, err
 	if batch <= 0 {
 		batch = DefaultCleanupBatch
 	}
-	cutoff := m.mw.Config().Clock().Add(-m.mw.Config().Retention).UnixMicro()
+	cutoff := m.claim.Clock().Add(-m.claim.Retention).UnixMicro()
 	for {
 		if err := ctx.Err(); err != nil {
 			return deleted, err

@@ -58,6 +58,7 @@ var knownImports = map[string]string{
 	"dialecttest": "github.com/txclaim/idempotent/dialect/dialecttest",
 	"idempgx":     "github.com/txclaim/idempotent/idempgx",
 	"idemhttp":    "github.com/txclaim/idempotent/idemhttp",
+	"pgxhttp":     "github.com/txclaim/idempotent/idemhttp/pgxhttp",
 	"idemsqlx":    "github.com/txclaim/idempotent/idemsqlx",
 	"migrations":  "github.com/txclaim/idempotent/migrations",
 	"mocks":       "github.com/txclaim/idempotent/mocks",
