@@ -35,6 +35,11 @@ const Duplicates = 1000
 type Schema struct {
 	Name      string
 	Customers int
+	// Hot is the share of messages (0 to 1) whose customer is one of the
+	// first HotCustomers, for a hot-key workload; 0, the default, draws
+	// every customer alike. Generators made after it is set follow it.
+	Hot          float64
+	HotCustomers int
 }
 
 // Setup creates a fresh schema holding balances for customers 1..customers,
@@ -85,22 +90,29 @@ func (m Msg) Key() string { return "order-completed:" + strconv.FormatInt(m.Orde
 func msgOf(m Msg) (idempotent.Message, error) { return idempotent.Message{Key: m.Key()}, nil }
 
 // Gen makes messages for one worker: unique order ids from a shared
-// counter, random customers.
+// counter, random customers (a share of them hot, as the schema says).
 type Gen struct {
 	rng       *rand.Rand
 	next      *atomic.Int64
 	customers int
+	hot       float64
+	hotN      int
 	batch     []Msg
 }
 
 // NewGen returns a generator drawing order ids from next.
 func NewGen(s *Schema, next *atomic.Int64, seed uint64) *Gen {
-	return &Gen{rng: rand.New(rand.NewPCG(seed, 0x10ca1)), next: next, customers: s.Customers}
+	return &Gen{rng: rand.New(rand.NewPCG(seed, 0x10ca1)), next: next, customers: s.Customers,
+		hot: s.Hot, hotN: min(max(s.HotCustomers, 1), s.Customers)}
 }
 
 // Next returns a new message.
 func (g *Gen) Next() Msg {
-	return Msg{OrderID: g.next.Add(1), CustomerID: int64(g.rng.IntN(g.customers)) + 1, Points: 10}
+	n := g.customers
+	if g.hot > 0 && g.rng.Float64() < g.hot {
+		n = g.hotN
+	}
+	return Msg{OrderID: g.next.Add(1), CustomerID: int64(g.rng.IntN(n)) + 1, Points: 10}
 }
 
 // NextN returns n new messages in a slice reused by the next call.
@@ -136,8 +148,9 @@ type Env struct {
 // NewEnv prepares the variants on db for schema s. guarded may be nil, and
 // then the guarded variant fails. nativeArrays says the driver takes
 // []int64 parameters as they are (pgx); otherwise they go through
-// pq.Array (lib/pq).
-func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool) (*Env, error) {
+// pq.Array (lib/pq). Every Middleware of the Env gets opts too (an
+// observer, say).
+func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool, opts ...idempotent.Option) (*Env, error) {
 	q := pq.QuoteIdentifier(s.Name)
 	e := &Env{
 		db:        db,
@@ -153,21 +166,23 @@ func NewEnv(db, guarded *sql.DB, s *Schema, nativeArrays bool) (*Env, error) {
 		e.int64s = func(a []int64) any { return a }
 	}
 	var err error
-	table := idempotent.WithTable(s.claimTable())
-	if e.plain, err = idempotent.New(db, postgres.New(), Consumer, table); err != nil {
+	with := func(more ...idempotent.Option) []idempotent.Option {
+		return append(append([]idempotent.Option{idempotent.WithTable(s.claimTable())}, opts...), more...)
+	}
+	if e.plain, err = idempotent.New(db, postgres.New(), Consumer, with()...); err != nil {
 		return nil, err
 	}
-	if e.strict, err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithStrictGuard()); err != nil {
+	if e.strict, err = idempotent.New(db, postgres.New(), Consumer, with(idempotent.WithStrictGuard())...); err != nil {
 		return nil, err
 	}
 	e.coalesced = map[string]*idempotent.Middleware{}
 	for name, c := range coalescings {
-		if e.coalesced[name], err = idempotent.New(db, postgres.New(), Consumer, table, idempotent.WithCoalescing(c)); err != nil {
+		if e.coalesced[name], err = idempotent.New(db, postgres.New(), Consumer, with(idempotent.WithCoalescing(c))...); err != nil {
 			return nil, err
 		}
 	}
 	if guarded != nil {
-		if e.guarded, err = idempotent.New(guarded, postgres.New(), Consumer, table); err != nil {
+		if e.guarded, err = idempotent.New(guarded, postgres.New(), Consumer, with()...); err != nil {
 			return nil, err
 		}
 	}
