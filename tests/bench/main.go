@@ -35,6 +35,14 @@
 //
 //	go run ./tests/bench -pgx -latency 0,1ms -rounds 3
 //
+// With -coalesce it measures ProcessMessage with and without WithCoalescing
+// (variants (c), (g) and (g')) at each of -coalesce-workers, on a direct
+// connection and through the latency proxy at each of -latency, on a
+// uniform workload and with each share of -hot of the messages on 5
+// customers' rows, and reports the retries per message (see coalesce.go):
+//
+//	go run ./tests/bench -coalesce -coalesce-workers 8,32 -latency 0,1ms -hot 0,0.1 -rounds 2 -cell 1s
+//
 // With -cleanup N it measures Cleanup of N expired claims (beside N/10
 // live ones) in batches of 10,000 and 50,000 against the guide's ctid IN
 // batch and one DELETE; with -partitions N, MaintainPartitions dropping
@@ -45,8 +53,8 @@
 //
 //	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
 //
-// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions and -outbox
-// run each in turn, in that order, after the loyalty variants when -loyalty
+// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions, -outbox and
+// -coalesce run each in turn, in that order, after the loyalty variants when -loyalty
 // is given too, and print a section each, so that one command makes all
 // the sections of BENCHMARKS.md that come from this command:
 //
@@ -116,6 +124,7 @@ type plan struct {
 	cleanup    *cleanupOptions
 	partitions *partitionOptions
 	outbox     *outboxOptions
+	coalesce   *coalesceOptions
 }
 
 // growthOptions is what -growth measures.
@@ -201,6 +210,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.coalesce != nil {
+		section()
+		if err := runCoalesce(ctx, p.dsn, *p.coalesce, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -230,7 +245,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	pgxMode := fs.Bool("pgx", false, "measure the pgx path (idempgx) against hand-written pgx code and the database/sql path (see pgx.go)")
 	pgxWorkers := fs.Int("pgx-workers", 8, "with -pgx: concurrent workers")
 	pgxAllocs := fs.Int("pgx-allocs", 1000, "with -pgx: calls in a row over which allocations are counted")
-	latency := fs.String("latency", "0", "with -pgx: comma-separated one-way delays of a proxy put in front of the server (e.g. 0,1ms; 0 is a direct connection), each measured in turn")
+	latency := fs.String("latency", "0", "with -pgx or -coalesce: comma-separated one-way delays of a proxy put in front of the server (e.g. 0,1ms; 0 is a direct connection), each measured in turn")
 	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one (see growth.go)")
 	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
 	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
@@ -240,6 +255,9 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	outboxMode := fs.Bool("outbox", false, "measure the outbox relay's throughput and delay from commit to call against a local no-op provider (see outbox.go)")
 	outboxRows := fs.Int("outbox-rows", 10000, "with -outbox: pending rows each throughput run relays")
 	outboxMessages := fs.Int("outbox-messages", 400, "with -outbox: messages enqueued at 100 a second for the delay")
+	coalesceMode := fs.Bool("coalesce", false, "measure ProcessMessage with and without WithCoalescing across -latency and -hot (see coalesce.go)")
+	coalesceWorkers := fs.String("coalesce-workers", "8,32", "with -coalesce: comma-separated numbers of concurrent workers")
+	hot := fs.String("hot", "0", "with -coalesce: comma-separated shares of messages (e.g. 0,0.1) whose customer is one of 5 hot ones")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -248,12 +266,15 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx", "latency": "pgx",
+	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
 		"outbox-rows": "outbox", "outbox-messages": "outbox"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
+	}
+	if set["latency"] && !set["pgx"] && !set["coalesce"] {
+		return nil, fmt.Errorf("-latency applies to -pgx and -coalesce, neither of which is given")
 	}
 	if *rounds < 1 {
 		return nil, fmt.Errorf("-rounds: %d is not a positive number", *rounds)
@@ -316,7 +337,10 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if err := p.parseOutbox(*outboxMode, *outboxRows, *outboxMessages, *rounds); err != nil {
 		return nil, err
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil) {
+	if err := p.parseCoalesce(*coalesceMode, set, *coalesceWorkers, *latency, *hot, *rounds, *cell, *warmup); err != nil {
+		return nil, err
+	}
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)

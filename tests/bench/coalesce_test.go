@@ -1,0 +1,101 @@
+package main
+
+import (
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParseCoalesce checks -coalesce's flags: defaults, the settings
+// given, and the command lines refused.
+func TestParseCoalesce(t *testing.T) {
+	t.Setenv("IDEMPOTENT_POSTGRES_DSN", "")
+	p, err := parse([]string{"-coalesce"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.loyalty != nil || p.pgx != nil || p.coalesce == nil {
+		t.Fatalf("-coalesce: plan %+v, want -coalesce alone", p)
+	}
+	if o := p.coalesce; !slices.Equal(o.workers, []int{8, 32}) || !slices.Equal(o.latencies, []time.Duration{0}) ||
+		!slices.Equal(o.hot, []float64{0}) || o.rounds != 3 || o.cell != 2*time.Second || o.warmup != 100*time.Millisecond {
+		t.Errorf("-coalesce: %+v", *o)
+	}
+
+	p, err = parse(strings.Fields("-coalesce -coalesce-workers 4,16 -latency 0,1ms -hot 0,0.1 -rounds 2 -cell 1s -pgx"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := p.coalesce; o == nil || !slices.Equal(o.workers, []int{4, 16}) || !slices.Equal(o.latencies, []time.Duration{0, time.Millisecond}) ||
+		!slices.Equal(o.hot, []float64{0, 0.1}) || o.rounds != 2 || o.cell != time.Second {
+		t.Errorf("-coalesce with settings: %+v", p.coalesce)
+	}
+	if p.pgx == nil || !slices.Equal(p.pgx.latencies, []time.Duration{0, time.Millisecond}) {
+		t.Errorf("-pgx beside -coalesce: %+v, want the same latencies", p.pgx)
+	}
+
+	for _, tc := range []struct{ args, flag string }{
+		{"-hot 0.1", "-hot"},
+		{"-coalesce-workers 8", "-coalesce-workers"},
+		{"-coalesce -coalesce-workers 1", "-coalesce-workers"},
+		{"-coalesce -coalesce-workers 33", "-coalesce-workers"},
+		{"-coalesce -coalesce-workers 8,x", "-coalesce-workers"},
+		{"-coalesce -hot 1.5", "-hot"},
+		{"-coalesce -hot -0.1", "-hot"},
+		{"-coalesce -hot 0.1,0.1", "-hot"},
+		{"-coalesce -latency 1ms,1ms", "-latency"},
+		{"-coalesce -latency abc", "-latency"},
+		{"-coalesce -workers 8", "-workers"},
+	} {
+		_, err := parse(strings.Fields(tc.args), io.Discard)
+		if err == nil {
+			t.Errorf("%s: no error", tc.args)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("%s: error %q does not name %s", tc.args, err, tc.flag)
+		}
+	}
+}
+
+// TestCoalesceReport prints made-up cells and checks the rows, the
+// retries per message and the targets' verdicts.
+func TestCoalesceReport(t *testing.T) {
+	res := newCoalesceResult()
+	res.rtt[0], res.rtt[time.Millisecond] = 80*time.Microsecond, 2400*time.Microsecond
+	rates := map[string]float64{"process": 1000, "coalesce4": 2500, "coalesce8": 2000, "coalesce4sp": 1200, "coalesce8sp": 1500}
+	for _, l := range []time.Duration{0, time.Millisecond} {
+		for _, h := range []float64{0, 0.1} {
+			k := coalesceKey{l, 8, h}
+			for name, rate := range rates {
+				if h > 0 && name != "process" {
+					rate /= 2
+				}
+				s := res.at(k, name)
+				s.msgs, s.elapsed, s.perRoundRate = int64(rate), time.Second, []float64{rate}
+				s.lat = []time.Duration{time.Millisecond, 3 * time.Millisecond}
+			}
+			res.retries[k]["coalesce4"] = int64(rates["coalesce4"] * h)
+		}
+	}
+	var b strings.Builder
+	o := coalesceOptions{workers: []int{8}, latencies: []time.Duration{0, time.Millisecond}, hot: []float64{0, 0.1}, rounds: 1, cell: time.Second}
+	coalesceReport(&b, "15.20", strings.Fields("-coalesce -latency 0,1ms -hot 0,0.1"), o, time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), time.Minute, res)
+	out := b.String()
+	for _, want := range []string{
+		"## Coalesced transactions across latency and hot keys",
+		"Command: `go run ./tests/bench -coalesce -latency 0,1ms -hot 0,0.1`",
+		"Run 2026-12-01 12:00 UTC, 1m0s; go",
+		"| loopback (rtt 80 µs) | 8 | none | (c) ProcessMessage, defaults | 1000 | 3.00 | 3.00 | 1.00 | 1.00 (1.00–1.00) | 0.0000 | 0 |",
+		"| loopback (rtt 80 µs) | 8 | none | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 2500 | 3.00 | 3.00 | 2.50 | 2.50 (2.50–2.50) | 0.0000 | 0 |",
+		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 1250 | 3.00 | 3.00 | 1.25 | 1.25 (1.25–1.25) | 0.2000 | 0 |",
+		"| loopback (rtt 80 µs) | 8 | none | 2.50 (coalesce4) | yes | 1.50 (coalesce8sp) | yes |",
+		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | 1.25 (coalesce4) | **no** | 0.75 (coalesce8sp) | **no** |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}
