@@ -275,7 +275,7 @@ func coalesceReport(w io.Writer, server string, args []string, o coalesceOptions
 		if b.key.hot > 0 {
 			tg, tsp = 1.3, 1.3
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %.2f (%s) | %s | %.2f (%s) | %s |\n",
+		fmt.Fprintf(w, "| %s | %d | %s | %.3f (%s) | %s | %.3f (%s) | %s |\n",
 			(&pgxSetting{latency: b.key.latency, rtt: res.rtt[b.key.latency]}).label(), b.key.workers, hotLabel(b.key.hot),
 			b.g, b.gn, met(b.g >= tg), b.gsp, b.gsn, met(b.gsp >= tsp))
 	}

@@ -91,8 +91,8 @@ func TestCoalesceReport(t *testing.T) {
 		"| loopback (rtt 80 µs) | 8 | none | (c) ProcessMessage, defaults | 1000 | 3.00 | 3.00 | 1.00 | 1.00 (1.00–1.00) | 0.0000 | 0 |",
 		"| loopback (rtt 80 µs) | 8 | none | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 2500 | 3.00 | 3.00 | 2.50 | 2.50 (2.50–2.50) | 0.0000 | 0 |",
 		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 1250 | 3.00 | 3.00 | 1.25 | 1.25 (1.25–1.25) | 0.2000 | 0 |",
-		"| loopback (rtt 80 µs) | 8 | none | 2.50 (coalesce4) | yes | 1.50 (coalesce8sp) | yes |",
-		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | 1.25 (coalesce4) | **no** | 0.75 (coalesce8sp) | **no** |",
+		"| loopback (rtt 80 µs) | 8 | none | 2.500 (coalesce4) | yes | 1.500 (coalesce8sp) | yes |",
+		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | 1.250 (coalesce4) | **no** | 0.750 (coalesce8sp) | **no** |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
