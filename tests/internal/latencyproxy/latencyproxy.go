@@ -5,7 +5,7 @@
 // the proxy every round trip a code path saves is worth a whole round-trip
 // time, which is what it is worth across a real network.
 //
-// The bench command's -pgx -latency mode runs through it.
+// The bench command's -pgx -latency and -coalesce -latency modes run through it.
 package latencyproxy
 
 import (
