@@ -74,8 +74,7 @@ type memConsumer struct {
 	mu     sync.Mutex
 	sub    *pubsub.Subscription
 	proc   *memProc
-	cancel context.CancelFunc
-	done   chan error
+	run    brokertest.Background
 	killed bool
 }
 
@@ -83,9 +82,8 @@ func (c *memConsumer) Start(context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sub, c.proc = c.b.subscription(c.lose)
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel, c.done = cancel, make(chan error, 1)
-	go func() { c.done <- c.c.Run(ctx, c.sub) }()
+	sub := c.sub
+	c.run.Go(func(ctx context.Context) error { return c.c.Run(ctx, sub) })
 	return nil
 }
 
@@ -94,17 +92,10 @@ func (c *memConsumer) Start(context.Context) error {
 func (c *memConsumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		return nil
+	stopped, err := c.run.Stop(ctx)
+	if !stopped || ctx.Err() != nil {
+		return err // nothing ran, or it did not end in time
 	}
-	c.cancel()
-	var err error
-	select {
-	case err = <-c.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c.done = nil
 	if c.killed {
 		return nil
 	}

@@ -198,8 +198,7 @@ type gcpConsumer struct {
 
 	mu     sync.Mutex
 	sub    *pubsub.Subscription
-	cancel context.CancelFunc
-	done   chan error
+	run    brokertest.Background
 	killed bool
 }
 
@@ -207,27 +206,18 @@ func (c *gcpConsumer) Start(context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sub = gcppubsub.OpenSubscription(c.tr.h.sub, gcpProject, c.tr.name, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel, c.done = cancel, make(chan error, 1)
 	sub := c.sub
-	go func() { c.done <- c.c.Run(ctx, sub) }()
+	c.run.Go(func(ctx context.Context) error { return c.c.Run(ctx, sub) })
 	return nil
 }
 
 func (c *gcpConsumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		return nil
+	stopped, err := c.run.Stop(ctx)
+	if !stopped || ctx.Err() != nil {
+		return err // nothing ran, or it did not end in time
 	}
-	c.cancel()
-	var err error
-	select {
-	case err = <-c.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c.done = nil
 	if c.killed {
 		return nil
 	}
@@ -244,7 +234,7 @@ func (c *gcpConsumer) Kill() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.killed = true
-	c.cancel()
+	c.run.Cancel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = c.sub.Shutdown(ctx)

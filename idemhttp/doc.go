@@ -159,7 +159,9 @@
 // # Databases
 //
 // The response table has statements for the dialects the idempotent module
-// ships: postgres, mysql (MySQL and MariaDB) and sqlite. The Middleware's
+// ships: postgres, mysql (MySQL and MariaDB) and sqlite. For a migration
+// tool instead of EnsureSchema, [SchemaSQL] returns the same DDL as the up
+// and down of a migration. The Middleware's
 // consumer name is the service's; give it a consumer of its own, shared
 // with no broker consumer, since a claim without a stored response cannot
 // be answered (500).

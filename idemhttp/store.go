@@ -20,15 +20,17 @@ type statements struct {
 	cleanup string   // delete up to $2 responses created before $1 whose claim is gone
 }
 
-// newStatements returns the statements of dialect name for the response
-// table resp beside the claim table claims.
-func newStatements(name string, resp, claims dialect.Table) (statements, error) {
+// schemaStatements returns the DDL of dialect name that creates the
+// response table resp and its created_at index if they do not exist, and
+// the statement that drops the table (and so its index). It is the one
+// source of the table's definition: EnsureSchema runs create, SchemaSQL
+// returns both.
+func schemaStatements(name string, resp dialect.Table) (create []string, drop string, err error) {
 	switch name {
 	case "postgres":
-		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
-		return statements{
-			schema: []string{
-				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+		r := resp.Quoted(doubleQuote)
+		return []string{
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer    text    NOT NULL,
 	message_key text    NOT NULL,
 	fingerprint bytea   NOT NULL,
@@ -38,8 +40,58 @@ func newStatements(name string, resp, claims dialect.Table) (statements, error) 
 	created_at  bigint  NOT NULL,
 	PRIMARY KEY (consumer, message_key)
 )`, r),
-				fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", doubleQuote(resp.Name+"_created"), r),
-			},
+			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", doubleQuote(resp.Name+"_created"), r),
+		}, "DROP TABLE IF EXISTS " + r, nil
+	case "mysql":
+		r := resp.Quoted(backQuote)
+		return []string{
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer    VARBINARY(128)  NOT NULL,
+	message_key VARBINARY(1024) NOT NULL,
+	fingerprint VARBINARY(64)   NOT NULL,
+	status      INT             NOT NULL,
+	header      BLOB            NOT NULL,
+	body        LONGBLOB        NOT NULL,
+	created_at  BIGINT          NOT NULL,
+	PRIMARY KEY (consumer, message_key),
+	KEY %s (created_at)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, r, backQuote(resp.Name+"_created")),
+		}, "DROP TABLE IF EXISTS " + r, nil
+	case "sqlite":
+		r := resp.Quoted(doubleQuote)
+		idx := doubleQuote(resp.Name + "_created")
+		if resp.Schema != "" {
+			idx = doubleQuote(resp.Schema) + "." + idx
+		}
+		return []string{
+			fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer    TEXT    NOT NULL,
+	message_key TEXT    NOT NULL,
+	fingerprint BLOB    NOT NULL,
+	status      INTEGER NOT NULL,
+	header      BLOB    NOT NULL,
+	body        BLOB    NOT NULL,
+	created_at  INTEGER NOT NULL,
+	PRIMARY KEY (consumer, message_key)
+)`, r),
+			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", idx, doubleQuote(resp.Name)),
+		}, "DROP TABLE IF EXISTS " + r, nil
+	}
+	return nil, "", fmt.Errorf("%w: %q", ErrUnsupportedDialect, name)
+}
+
+// newStatements returns the statements of dialect name for the response
+// table resp beside the claim table claims.
+func newStatements(name string, resp, claims dialect.Table) (statements, error) {
+	schema, _, err := schemaStatements(name, resp)
+	if err != nil {
+		return statements{}, err
+	}
+	switch name {
+	case "postgres":
+		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
+		return statements{
+			schema: schema,
 			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
@@ -57,19 +109,7 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 	case "mysql":
 		r, c := resp.Quoted(backQuote), claims.Quoted(backQuote)
 		return statements{
-			schema: []string{
-				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer    VARBINARY(128)  NOT NULL,
-	message_key VARBINARY(1024) NOT NULL,
-	fingerprint VARBINARY(64)   NOT NULL,
-	status      INT             NOT NULL,
-	header      BLOB            NOT NULL,
-	body        LONGBLOB        NOT NULL,
-	created_at  BIGINT          NOT NULL,
-	PRIMARY KEY (consumer, message_key),
-	KEY %s (created_at)
-) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, r, backQuote(resp.Name+"_created")),
-			},
+			schema: schema,
 			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),
@@ -80,24 +120,8 @@ AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.me
 		}, nil
 	case "sqlite":
 		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
-		idx := doubleQuote(resp.Name + "_created")
-		if resp.Schema != "" {
-			idx = doubleQuote(resp.Schema) + "." + idx
-		}
 		return statements{
-			schema: []string{
-				fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer    TEXT    NOT NULL,
-	message_key TEXT    NOT NULL,
-	fingerprint BLOB    NOT NULL,
-	status      INTEGER NOT NULL,
-	header      BLOB    NOT NULL,
-	body        BLOB    NOT NULL,
-	created_at  INTEGER NOT NULL,
-	PRIMARY KEY (consumer, message_key)
-)`, r),
-				fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (created_at)", idx, doubleQuote(resp.Name)),
-			},
+			schema: schema,
 			put: fmt.Sprintf(`INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
@@ -110,6 +134,40 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 		}, nil
 	}
 	return statements{}, fmt.Errorf("%w: %q", ErrUnsupportedDialect, name)
+}
+
+// SchemaSQL returns the DDL of d's dialect that creates (up) and drops
+// (down) the response table named table ("table" or "schema.table"), with
+// its created_at index, for a migration tool: the statements EnsureSchema
+// runs, each ended by a semicolon, after a comment saying what the table
+// is. table is the response table's name as [Middleware.Table] returns it:
+// the claim table's followed by "_http" (processed_messages_http), unless
+// [WithResponseTable] names another. The claim table has its own migration
+// (package github.com/txclaim/idempotent/migrations, or the dialect's
+// SchemaSQL).
+//
+// d is the dialect of the idempotent.Middleware given to [New] (or
+// postgres for pgxhttp): postgres, mysql (MySQL and MariaDB) or sqlite;
+// another is an error matching [ErrUnsupportedDialect].
+func SchemaSQL(d dialect.Dialect, table string) (up, down string, err error) {
+	if d == nil {
+		return "", "", errors.New("idemhttp: SchemaSQL needs a dialect")
+	}
+	t, err := dialect.ParseTable(table)
+	if err != nil {
+		return "", "", fmt.Errorf("idemhttp: response table: %w", err)
+	}
+	create, drop, err := schemaStatements(d.Name(), t)
+	if err != nil {
+		return "", "", err
+	}
+	var b strings.Builder
+	b.WriteString("-- Response table of github.com/txclaim/idempotent/idemhttp: the stored response\n")
+	b.WriteString("-- of each claimed request, keyed like its claim, replayed to the request's retries.\n")
+	for _, q := range create {
+		b.WriteString(q + ";\n")
+	}
+	return b.String(), drop + ";\n", nil
 }
 
 // doubleQuote quotes an identifier already validated by dialect.ParseTable

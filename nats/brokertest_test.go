@@ -90,8 +90,7 @@ type natsConsumer struct {
 	lose   func(key string) bool
 	mu     sync.Mutex
 	nc     *natsgo.Conn
-	cancel context.CancelFunc
-	done   chan error
+	run    brokertest.Background
 	killed bool
 }
 
@@ -109,26 +108,17 @@ func (c *natsConsumer) Start(context.Context) error {
 			return m.DoubleAck(ctx)
 		}}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel, c.done = cancel, make(chan error, 1)
-	go func() { c.done <- c.c.Run(ctx, cons) }()
+	c.run.Go(func(ctx context.Context) error { return c.c.Run(ctx, cons) })
 	return nil
 }
 
 func (c *natsConsumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done == nil {
-		return nil
+	stopped, err := c.run.Stop(ctx)
+	if !stopped || ctx.Err() != nil {
+		return err // nothing ran, or it did not end in time
 	}
-	c.cancel()
-	var err error
-	select {
-	case err = <-c.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c.done = nil
 	c.nc.Close()
 	if c.killed {
 		return nil

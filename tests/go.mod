@@ -12,6 +12,7 @@ require (
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/txclaim/idempotent v0.0.0
+	github.com/txclaim/idempotent/idemhttp v0.0.0
 	github.com/txclaim/idempotent/idempgx v0.0.0
 	github.com/txclaim/idempotent/kafka v0.0.0
 	github.com/txclaim/idempotent/mysql v0.0.0
@@ -81,6 +82,7 @@ require (
 replace github.com/txclaim/idempotent => ../
 
 replace (
+	github.com/txclaim/idempotent/idemhttp => ../idemhttp
 	github.com/txclaim/idempotent/idempgx => ../idempgx
 	github.com/txclaim/idempotent/idemsqlx => ../idemsqlx
 	github.com/txclaim/idempotent/kafka => ../kafka

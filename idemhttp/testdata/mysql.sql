@@ -1,3 +1,6 @@
+-- SchemaSQL up
+-- Response table of github.com/txclaim/idempotent/idemhttp: the stored response
+-- of each claimed request, keyed like its claim, replayed to the request's retries.
 CREATE TABLE IF NOT EXISTS `shop`.`processed_messages_http` (
 	consumer    VARBINARY(128)  NOT NULL,
 	message_key VARBINARY(1024) NOT NULL,
@@ -10,6 +13,10 @@ CREATE TABLE IF NOT EXISTS `shop`.`processed_messages_http` (
 	KEY `processed_messages_http_created` (created_at)
 ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC;
 
+-- SchemaSQL down
+DROP TABLE IF EXISTS `shop`.`processed_messages_http`;
+
+-- put, get, cleanup
 INSERT INTO `shop`.`processed_messages_http` (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),

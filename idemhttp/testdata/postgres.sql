@@ -1,3 +1,6 @@
+-- SchemaSQL up
+-- Response table of github.com/txclaim/idempotent/idemhttp: the stored response
+-- of each claimed request, keyed like its claim, replayed to the request's retries.
 CREATE TABLE IF NOT EXISTS "shop"."processed_messages_http" (
 	consumer    text    NOT NULL,
 	message_key text    NOT NULL,
@@ -8,9 +11,12 @@ CREATE TABLE IF NOT EXISTS "shop"."processed_messages_http" (
 	created_at  bigint  NOT NULL,
 	PRIMARY KEY (consumer, message_key)
 );
-
 CREATE INDEX IF NOT EXISTS "processed_messages_http_created" ON "shop"."processed_messages_http" (created_at);
 
+-- SchemaSQL down
+DROP TABLE IF EXISTS "shop"."processed_messages_http";
+
+-- put, get, cleanup
 INSERT INTO "shop"."processed_messages_http" (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,

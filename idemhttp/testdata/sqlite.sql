@@ -1,3 +1,6 @@
+-- SchemaSQL up
+-- Response table of github.com/txclaim/idempotent/idemhttp: the stored response
+-- of each claimed request, keyed like its claim, replayed to the request's retries.
 CREATE TABLE IF NOT EXISTS "shop"."processed_messages_http" (
 	consumer    TEXT    NOT NULL,
 	message_key TEXT    NOT NULL,
@@ -8,9 +11,12 @@ CREATE TABLE IF NOT EXISTS "shop"."processed_messages_http" (
 	created_at  INTEGER NOT NULL,
 	PRIMARY KEY (consumer, message_key)
 );
-
 CREATE INDEX IF NOT EXISTS "shop"."processed_messages_http_created" ON "processed_messages_http" (created_at);
 
+-- SchemaSQL down
+DROP TABLE IF EXISTS "shop"."processed_messages_http";
+
+-- put, get, cleanup
 INSERT INTO "shop"."processed_messages_http" (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,

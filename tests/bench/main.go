@@ -35,6 +35,13 @@
 //
 //	go run ./tests/bench -pgx -latency 0,1ms -rounds 3
 //
+// With -http it measures the Idempotency-Key middleware (idemhttp) over a
+// loopback net/http server and -http-workers clients: the loyalty handler
+// without it, with it on database/sql (lib/pq) and on pgx (pgxhttp), and
+// the replay of a stored response, alone and head to head (see http.go):
+//
+//	go run ./tests/bench -http -http-workers 8 -rounds 3
+//
 // With -coalesce it measures ProcessMessage with and without WithCoalescing
 // (variants (c), (g) and (g')) at each of -coalesce-workers, on a direct
 // connection and through the latency proxy at each of -latency, on a
@@ -53,10 +60,11 @@
 //
 //	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
 //
-// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions, -outbox and
-// -coalesce run each in turn, in that order, after the loyalty variants when -loyalty
-// is given too, and print a section each, so that one command makes all
-// the sections of BENCHMARKS.md that come from this command:
+// Modes combine: -kafka, -pgx, -http, -growth, -cleanup, -partitions,
+// -outbox and -coalesce run each in turn, in that order, after the loyalty
+// variants when -loyalty is given too, and print a section each, so that
+// one command makes all the sections of BENCHMARKS.md that come from this
+// command:
 //
 //	go run ./tests/bench -loyalty -workers 1,8 -kafka -pgx -latency 0,1ms -growth 1000000 -growth-workers 8 -rounds 3
 //
@@ -119,6 +127,7 @@ type plan struct {
 	loyalty *options
 	kafka   *kafkaOptions
 	pgx     *pgxOptions
+	http    *httpOptions
 	growth  *growthOptions
 
 	cleanup    *cleanupOptions
@@ -186,6 +195,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.http != nil {
+		section()
+		if err := runHTTP(ctx, p.dsn, *p.http, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	if g := p.growth; g != nil {
 		section()
 		if err := runGrowth(ctx, p.dsn, g.sizes, g.batch, g.workers, g.rounds, g.cell, g.svg, args, stdout, stderr); err != nil {
@@ -246,6 +261,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	pgxWorkers := fs.Int("pgx-workers", 8, "with -pgx: concurrent workers")
 	pgxAllocs := fs.Int("pgx-allocs", 1000, "with -pgx: calls in a row over which allocations are counted")
 	latency := fs.String("latency", "0", "with -pgx or -coalesce: comma-separated one-way delays of a proxy put in front of the server (e.g. 0,1ms; 0 is a direct connection), each measured in turn")
+	httpMode := fs.Bool("http", false, "measure the Idempotency-Key middleware (idemhttp, on database/sql and pgx) and its replays against the same handler without it, on a loopback server (see http.go)")
+	httpWorkers := fs.Int("http-workers", 8, "with -http: concurrent clients")
 	growth := fs.String("growth", "", "comma-separated claim table sizes (e.g. 1000000,10000000): measure Process on a table of each size against an empty one (see growth.go)")
 	growthBatch := fs.Int("growth-batch", 1, "with -growth: messages per transaction (more than 1 measures ProcessMessages instead of Process)")
 	growthSVG := fs.String("growth-svg", "", "with -growth: write the chart of the ratios to this SVG file")
@@ -267,6 +284,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx",
+		"http-workers": "http",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
 		"outbox-rows": "outbox", "outbox-messages": "outbox"} {
 		if set[flagName] && !set[mode] {
@@ -305,6 +323,12 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		}
 		p.pgx = &pgxOptions{workers: *pgxWorkers, rounds: *rounds, cell: *cell, warmup: *warmup, latencies: lats, allocOps: *pgxAllocs}
 	}
+	if *httpMode {
+		if *httpWorkers < 1 || *httpWorkers > 32 {
+			return nil, fmt.Errorf("-http-workers: %d is not a number from 1 to 32", *httpWorkers)
+		}
+		p.http = &httpOptions{workers: *httpWorkers, rounds: *rounds, cell: *cell, warmup: *warmup}
+	}
 	if *growth != "" {
 		g := &growthOptions{batch: *growthBatch, rounds: *rounds, cell: *cell, svg: *growthSVG}
 		for _, s := range strings.Split(*growth, ",") {
@@ -340,14 +364,14 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if err := p.parseCoalesce(*coalesceMode, set, *coalesceWorkers, *latency, *hot, *rounds, *cell, *warmup); err != nil {
 		return nil, err
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil) {
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.http != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
 			}
 		}
 		if set["workers"] && (p.growth == nil || set["growth-workers"]) {
-			return nil, fmt.Errorf("-workers applies to the loyalty variants and -growth, which do not run (-pgx has -pgx-workers)")
+			return nil, fmt.Errorf("-workers applies to the loyalty variants and -growth, which do not run (-pgx has -pgx-workers, -http -http-workers)")
 		}
 		return p, nil
 	}
