@@ -116,6 +116,7 @@ type plan struct {
 	cleanup    *cleanupOptions
 	partitions *partitionOptions
 	outbox     *outboxOptions
+	adapters   *adaptersOptions
 }
 
 // growthOptions is what -growth measures.
@@ -201,6 +202,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.adapters != nil {
+		section()
+		if err := runAdapters(ctx, p.dsn, *p.adapters, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -240,6 +247,10 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	outboxMode := fs.Bool("outbox", false, "measure the outbox relay's throughput and delay from commit to call against a local no-op provider (see outbox.go)")
 	outboxRows := fs.Int("outbox-rows", 10000, "with -outbox: pending rows each throughput run relays")
 	outboxMessages := fs.Int("outbox-messages", 400, "with -outbox: messages enqueued at 100 a second for the delay")
+	adaptersMode := fs.Bool("adapters", false, "measure each adapter's per-message consumer against ProcessMessage with as many workers and the same effect (see adapters.go)")
+	adaptersWorkers := fs.Int("adapters-workers", 4, "with -adapters: workers of each consumer")
+	adaptersMessages := fs.Int("adapters-messages", 2000, "with -adapters: messages each consumer applies per round")
+	adaptersOnly := fs.String("adapters-consumers", strings.Join(adapterNames, ","), "with -adapters: comma-separated consumers to run")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -250,7 +261,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx", "latency": "pgx",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
-		"outbox-rows": "outbox", "outbox-messages": "outbox"} {
+		"outbox-rows": "outbox", "outbox-messages": "outbox",
+		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -316,7 +328,14 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if err := p.parseOutbox(*outboxMode, *outboxRows, *outboxMessages, *rounds); err != nil {
 		return nil, err
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil) {
+	if *adaptersMode {
+		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersOnly, *rounds)
+		if err != nil {
+			return nil, err
+		}
+		p.adapters = a
+	}
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.adapters != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
