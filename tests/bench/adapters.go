@@ -99,8 +99,9 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(o.workers + 4)
-	db.SetMaxIdleConns(o.workers + 4)
+	// Head to head, a consumer and the baseline run at once.
+	db.SetMaxOpenConns(2*o.workers + 4)
+	db.SetMaxIdleConns(2*o.workers + 4)
 	var server string
 	if err := db.QueryRowContext(ctx, "SHOW server_version").Scan(&server); err != nil {
 		return fmt.Errorf("connect to %s: %w", dsn, err)
@@ -127,6 +128,7 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 		}
 	}
 	res := map[string][]adapterCell{}
+	h2h := map[string][]float64{}
 	for r := range o.rounds {
 		// Each round starts from another consumer.
 		order := slices.Clone(o.only)
@@ -142,23 +144,36 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			if c.err != nil {
 				return fmt.Errorf("-adapters: %s: %w", name, c.err)
 			}
+			if name == "process" {
+				continue
+			}
+			ratio, err := ab.headToHead(ctx, name)
+			if err != nil {
+				return fmt.Errorf("-adapters: %s head to head: %w", name, err)
+			}
+			h2h[name] = append(h2h[name], ratio)
+			fmt.Fprintf(log, "adapters round %d/%d  %-9s %2d workers  head to head with process: %.3f\n", r+1, o.rounds, name, o.workers, ratio)
 		}
 	}
-	adaptersReport(w, o, server, args, started, time.Since(started), res)
+	adaptersReport(w, o, server, args, started, time.Since(started), res, h2h)
 	return nil
 }
 
 // adaptersReport writes the -adapters section.
-func adaptersReport(w io.Writer, o adaptersOptions, server string, args []string, started time.Time, took time.Duration, res map[string][]adapterCell) {
+func adaptersReport(w io.Writer, o adaptersOptions, server string, args []string, started time.Time, took time.Duration,
+	res map[string][]adapterCell, h2h map[string][]float64) {
 	fmt.Fprintf(w, "## Adapters' per-message consumers against ProcessMessage\n\n")
 	fmt.Fprintf(w, "Command: `%s`\n\n", commandLine(args))
 	fmt.Fprintf(w, "%s; lib/pq, a pool of %d connections; %d round%s, each running every consumer in turn (starting from another one each round) "+
 		"on %s messages published beforehand, %d workers each. Each message: the loyalty effect (`UPDATE balances …`, `INSERT INTO point_ledger …`, "+
 		"100,000 customers) in the claim's transaction, one transaction per message. A consumer's rate is the messages applied from its first "+
-		"applied message to its last, over that time; ×process is its median over the baseline's.\n\n",
-		runLine(started, took, server), o.workers+4, o.rounds, plural(o.rounds), thousands(o.messages), o.workers)
-	fmt.Fprintln(w, "| consumer | msgs/s by round | median msgs/s | ×process |")
-	fmt.Fprintln(w, "|---|---|---:|---:|")
+		"applied message to its last, over that time; ×process in turn is its median over the baseline's. After each consumer's cell, "+
+		"a head-to-head cell runs it and the baseline at the same time, each on messages and workers of its own, so that both see the "+
+		"same machine, and takes the ratio of the messages each applied while both ran (from the moment both had applied a tenth of "+
+		"theirs to the moment either had applied nine tenths): the comparison on a shared machine, and the one the target reads.\n\n",
+		runLine(started, took, server), 2*o.workers+4, o.rounds, plural(o.rounds), thousands(o.messages), o.workers)
+	fmt.Fprintln(w, "| consumer | msgs/s by round | median msgs/s | ×process in turn | ×process head to head, by round | median |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---|---:|")
 	base := medianRate(res["process"])
 	for _, name := range o.only {
 		var rs []string
@@ -170,18 +185,26 @@ func adaptersReport(w io.Writer, o adaptersOptions, server string, args []string
 		if base > 0 {
 			ratio = fmt.Sprintf("%.2f", m/base)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", adapterLabels[name], joinComma(rs), thousands(int(m+0.5)), ratio)
+		hs, hm := "—", "—"
+		if len(h2h[name]) > 0 {
+			var fs []string
+			for _, r := range h2h[name] {
+				fs = append(fs, fmt.Sprintf("%.3f", r))
+			}
+			hs, hm = joinComma(fs), fmt.Sprintf("**%.3f**", median(h2h[name]))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", adapterLabels[name], joinComma(rs), thousands(int(m+0.5)), ratio, hs, hm)
 	}
 	fmt.Fprintln(w)
-	if base > 0 {
-		fmt.Fprintln(w, "| target | measured (median) | met |")
+	if len(h2h) > 0 {
+		fmt.Fprintln(w, "| target | measured (median, head to head) | met |")
 		fmt.Fprintln(w, "|---|---:|---|")
 		for _, name := range o.only {
-			if name == "process" {
+			if len(h2h[name]) == 0 {
 				continue
 			}
-			r := medianRate(res[name]) / base
-			fmt.Fprintf(w, "| %s per message ≥ 0.8× ProcessMessage, %d workers | %.2f | %s |\n", name, o.workers, r, met(r >= 0.8))
+			r := median(h2h[name])
+			fmt.Fprintf(w, "| %s per message ≥ 0.8× ProcessMessage, %d workers | %.3f | %s |\n", name, o.workers, r, met(r >= 0.8))
 		}
 		fmt.Fprintln(w)
 	}
@@ -240,6 +263,7 @@ type stopwatch struct {
 	count       atomic.Int64
 	mu          sync.Mutex
 	first, last time.Time
+	times       []time.Time // of every applied message
 	done        chan struct{}
 	failed      atomic.Pointer[error]
 }
@@ -256,6 +280,7 @@ func (s *stopwatch) applied() {
 	if now.After(s.last) {
 		s.last = now
 	}
+	s.times = append(s.times, now)
 	s.mu.Unlock()
 	if k == s.n {
 		close(s.done)
@@ -305,47 +330,130 @@ func (ab *adapterBench) measure(ctx context.Context, name string) adapterCell {
 		return adapterCell{err: err}
 	}
 	sw := newStopwatch(len(orders))
+	inTurn := func(run func(context.Context) error) adapterCell {
+		return runAll(ctx, []*stopwatch{sw}, []func(context.Context) error{run})[0]
+	}
+	if name == "process" {
+		return inTurn(ab.process(mw, orders, sw))
+	}
+	return ab.consume(ctx, name, mw, orders, sw, consumer, inTurn)
+}
+
+// consume runs the named adapter's consumer with rn.
+func (ab *adapterBench) consume(ctx context.Context, name string, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, consumer string, rn runner) adapterCell {
 	switch name {
-	case "process":
-		return ab.process(ctx, mw, orders, sw)
 	case "nats":
-		return ab.nats(ctx, mw, orders, sw, consumer)
+		return ab.nats(ctx, mw, orders, sw, consumer, rn)
 	case "rabbitmq":
-		return ab.rabbitmq(ctx, mw, orders, sw, consumer)
+		return ab.rabbitmq(ctx, mw, orders, sw, consumer, rn)
 	case "kafka":
-		return ab.kafka(ctx, mw, orders, sw, consumer)
+		return ab.kafka(ctx, mw, orders, sw, consumer, rn)
 	}
 	return adapterCell{err: fmt.Errorf("unknown consumer %q", name)}
 }
 
-// process is the baseline: workers goroutines calling ProcessMessage on
-// the orders, each taking the next.
-func (ab *adapterBench) process(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch) adapterCell {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	runErr := make(chan error, ab.o.workers)
-	for range ab.o.workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(orders) {
-					return
-				}
-				o := orders[i]
-				out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: o.key()}, func(ctx context.Context, tx *sql.Tx) error {
-					return ab.credit(ctx, tx, o)
-				})
-				if err != nil || out != idempotent.Applied {
-					runErr <- fmt.Errorf("order %d: %v, %w", o.OrderID, out, err)
-					return
-				}
-				sw.applied()
-			}
-		})
+// headToHead runs the named adapter's consumer and the baseline at the
+// same time, each with the workers and messages of its own, and returns
+// the ratio of the messages each applied while both ran: from the moment
+// both had applied a tenth of theirs to the moment either had applied nine
+// tenths.
+func (ab *adapterBench) headToHead(ctx context.Context, name string) (float64, error) {
+	cell := ab.cell.Add(1)
+	consumer := fmt.Sprintf("bench-h2h-%s-%d", name, cell)
+	mw, err := idempotent.New(ab.db, postgres.New(), consumer, idempotent.WithTable(ab.table))
+	if err != nil {
+		return 0, err
 	}
-	c := sw.wait(ctx, runErr)
-	wg.Wait()
-	return c
+	base, err := idempotent.New(ab.db, postgres.New(), consumer+"-process", idempotent.WithTable(ab.table))
+	if err != nil {
+		return 0, err
+	}
+	orders, baseOrders := ab.orders(cell), ab.orders(-cell)
+	sw, bsw := newStopwatch(len(orders)), newStopwatch(len(baseOrders))
+	var ratio float64
+	c := ab.consume(ctx, name, mw, orders, sw, consumer, func(run func(context.Context) error) adapterCell {
+		cells := runAll(ctx, []*stopwatch{sw, bsw}, []func(context.Context) error{run, ab.process(base, baseOrders, bsw)})
+		for _, c := range cells {
+			if c.err != nil {
+				return c
+			}
+		}
+		var err error
+		ratio, err = overlapRatio(sw.times, bsw.times)
+		return adapterCell{err: err}
+	})
+	return ratio, c.err
+}
+
+// overlapRatio returns how many of a's times over how many of b's fall in
+// the window from the later of their tenth times to the earlier of their
+// nine-tenth ones.
+func overlapRatio(a, b []time.Time) (float64, error) {
+	slices.SortFunc(a, time.Time.Compare)
+	slices.SortFunc(b, time.Time.Compare)
+	lo := a[len(a)/10]
+	if t := b[len(b)/10]; t.After(lo) {
+		lo = t
+	}
+	hi := a[len(a)*9/10]
+	if t := b[len(b)*9/10]; t.Before(hi) {
+		hi = t
+	}
+	if !hi.After(lo) {
+		return 0, errors.New("head to head: the two did not run at the same time")
+	}
+	in := func(ts []time.Time) int {
+		n := 0
+		for _, t := range ts {
+			if t.After(lo) && !t.After(hi) {
+				n++
+			}
+		}
+		return n
+	}
+	na, nb := in(a), in(b)
+	if nb == 0 {
+		return 0, errors.New("head to head: the baseline applied nothing while both ran")
+	}
+	return float64(na) / float64(nb), nil
+}
+
+// process is the baseline's run: workers goroutines calling
+// ProcessMessage on the orders, each taking the next; it returns once ctx
+// ends, or at the first failure.
+func (ab *adapterBench) process(mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		failed := make(chan error, ab.o.workers)
+		for range ab.o.workers {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= len(orders) {
+						return
+					}
+					o := orders[i]
+					out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: o.key()}, func(ctx context.Context, tx *sql.Tx) error {
+						return ab.credit(ctx, tx, o)
+					})
+					if err != nil || out != idempotent.Applied {
+						failed <- fmt.Errorf("order %d: %v, %w", o.OrderID, out, err)
+						return
+					}
+					sw.applied()
+				}
+			})
+		}
+		wg.Wait()
+		select {
+		case err := <-failed:
+			return err
+		default:
+		}
+		<-ctx.Done()
+		return nil
+	}
 }
 
 func decodeOrder(payload []byte) (benchOrder, error) {
@@ -356,7 +464,7 @@ func decodeOrder(payload []byte) (benchOrder, error) {
 
 // nats publishes the orders to a stream of the cell's own, then consumes
 // them with a per-message nats.Consumer.
-func (ab *adapterBench) nats(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string) adapterCell {
+func (ab *adapterBench) nats(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string, rn runner) adapterCell {
 	nc, err := natsgo.Connect(ab.o.natsURL)
 	if err != nil {
 		return adapterCell{err: err}
@@ -401,34 +509,44 @@ func (ab *adapterBench) nats(ctx context.Context, mw *idempotent.Middleware, ord
 	if err != nil {
 		return adapterCell{err: err}
 	}
-	return runConsumer(ctx, sw, func(ctx context.Context) error { return c.Run(ctx, cons) })
+	return rn(func(ctx context.Context) error { return c.Run(ctx, cons) })
 }
 
-// runConsumer runs run until the stopwatch has seen every message, then
-// stops it.
-func runConsumer(ctx context.Context, sw *stopwatch, run func(context.Context) error) adapterCell {
+// runner runs a consumer's Run (or the baseline's) until its stopwatch
+// has seen every message, and returns the cell.
+type runner func(run func(context.Context) error) adapterCell
+
+// runAll starts runs[i] for each stopwatch sws[i] at once, waits until
+// every stopwatch has seen all its messages, then stops them all.
+func runAll(ctx context.Context, sws []*stopwatch, runs []func(context.Context) error) []adapterCell {
 	rctx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() {
-		err := run(rctx)
-		if err == nil {
-			err = errors.New("returned nil")
-		}
-		runErr <- err
-	}()
-	c := sw.wait(ctx, runErr)
+	defer cancel()
+	errs := make([]chan error, len(runs))
+	for i, run := range runs {
+		errs[i] = make(chan error, 1)
+		go func() { errs[i] <- run(rctx) }()
+	}
+	cells := make([]adapterCell, len(runs))
+	ended := make([]bool, len(runs))
+	for i, sw := range sws {
+		cells[i] = sw.wait(ctx, errs[i])
+		ended[i] = cells[i].err != nil && strings.HasPrefix(cells[i].err.Error(), "run ended early")
+	}
 	cancel()
-	if c.err == nil {
-		if err := <-runErr; err != nil && err.Error() != "returned nil" {
-			c.err = err
+	for i := range runs {
+		if ended[i] {
+			continue
+		}
+		if err := <-errs[i]; err != nil && cells[i].err == nil {
+			cells[i].err = err
 		}
 	}
-	return c
+	return cells
 }
 
 // rabbitmq publishes the orders to a queue of the cell's own, then
 // consumes them with a per-message rabbitmq.Consumer.
-func (ab *adapterBench) rabbitmq(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string) adapterCell {
+func (ab *adapterBench) rabbitmq(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string, rn runner) adapterCell {
 	conn, err := amqp.Dial(ab.o.amqpURL)
 	if err != nil {
 		return adapterCell{err: err}
@@ -472,7 +590,7 @@ func (ab *adapterBench) rabbitmq(ctx context.Context, mw *idempotent.Middleware,
 	if err != nil {
 		return adapterCell{err: err}
 	}
-	return runConsumer(ctx, sw, func(ctx context.Context) error { return c.Run(ctx, ch, queue) })
+	return rn(func(ctx context.Context) error { return c.Run(ctx, ch, queue) })
 }
 
 // kafkaPartitions is how many partitions the -adapters topic has.
@@ -481,7 +599,7 @@ const kafkaPartitions = 8
 // kafka produces the orders to a topic of an in-process kfake cluster,
 // round its partitions, then consumes them with a per-record
 // kafka.Consumer.
-func (ab *adapterBench) kafka(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string) adapterCell {
+func (ab *adapterBench) kafka(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string, rn runner) adapterCell {
 	topic := "bench-" + name
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(kafkaPartitions, topic),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond))
@@ -511,7 +629,7 @@ func (ab *adapterBench) kafka(ctx context.Context, mw *idempotent.Middleware, or
 	if err != nil {
 		return adapterCell{err: err}
 	}
-	return runConsumer(ctx, sw, func(ctx context.Context) error {
+	return rn(func(ctx context.Context) error {
 		return c.Run(ctx, kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup(name), kgo.ConsumeTopics(topic),
 			kgo.FetchMaxWait(20*time.Millisecond))
 	})
