@@ -45,8 +45,15 @@
 //
 //	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
 //
-// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions and -outbox
-// run each in turn, in that order, after the loyalty variants when -loyalty
+// With -adapters it measures each adapter's per-message consumer (NATS and
+// RabbitMQ on the local servers, Kafka per record on kfake) against
+// ProcessMessage with as many workers and the same effect, in turn and head
+// to head (see adapters.go):
+//
+//	go run ./tests/bench -adapters -adapters-workers 8 -adapters-messages 2000 -rounds 2
+//
+// Modes combine: -kafka, -pgx, -growth, -cleanup, -partitions, -outbox and
+// -adapters run each in turn, in that order, after the loyalty variants when -loyalty
 // is given too, and print a section each, so that one command makes all
 // the sections of BENCHMARKS.md that come from this command:
 //
