@@ -10,6 +10,7 @@ require (
 	github.com/ory/dockertest/v3 v3.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/txclaim/idempotent v0.0.0
@@ -19,6 +20,7 @@ require (
 	github.com/txclaim/idempotent/nats v0.0.0
 	github.com/txclaim/idempotent/otelmetrics v0.0.0
 	github.com/txclaim/idempotent/rabbitmq v0.0.0
+	github.com/txclaim/idempotent/redisstream v0.0.0
 	github.com/txclaim/idempotent/sqlite v0.0.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -72,6 +74,7 @@ require (
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -93,5 +96,6 @@ replace (
 	github.com/txclaim/idempotent/nats => ../nats
 	github.com/txclaim/idempotent/otelmetrics => ../otelmetrics
 	github.com/txclaim/idempotent/rabbitmq => ../rabbitmq
+	github.com/txclaim/idempotent/redisstream => ../redisstream
 	github.com/txclaim/idempotent/sqlite => ../sqlite
 )

@@ -21,6 +21,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -31,6 +32,7 @@ import (
 	idnats "github.com/txclaim/idempotent/nats"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/rabbitmq"
+	"github.com/txclaim/idempotent/redisstream"
 )
 
 // adaptersOptions is what -adapters measures.
@@ -40,25 +42,28 @@ type adaptersOptions struct {
 	rounds   int
 	natsURL  string
 	amqpURL  string
+	redisURL string
 	only     []string // the consumers to run, in the report's order
 }
 
 // Default brokers of -adapters: the local servers.
 const (
-	localNATS = "nats://127.0.0.1:4222"
-	localAMQP = "amqp://guest:guest@127.0.0.1:5672/"
+	localNATS  = "nats://127.0.0.1:4222"
+	localAMQP  = "amqp://guest:guest@127.0.0.1:5672/"
+	localRedis = "redis://127.0.0.1:6379/0"
 )
 
 // adapterNames are the per-message consumers -adapters measures, after
 // the baseline "process".
-var adapterNames = []string{"process", "nats", "rabbitmq", "kafka"}
+var adapterNames = []string{"process", "nats", "rabbitmq", "kafka", "redisstream"}
 
 // adapterLabels describe them in the report.
 var adapterLabels = map[string]string{
-	"process":  "`Middleware.ProcessMessage`, one goroutine per worker, messages from memory",
-	"nats":     "`nats.NewConsumer` on the local JetStream server (file storage, R1), default fetch size",
-	"rabbitmq": "`rabbitmq.NewConsumer` on the local RabbitMQ (classic durable queue, persistent messages)",
-	"kafka":    "`kafka.NewConsumer` (per record, offset advance folded into the claim) on kfake, 8 partitions",
+	"process":     "`Middleware.ProcessMessage`, one goroutine per worker, messages from memory",
+	"nats":        "`nats.NewConsumer` on the local JetStream server (file storage, R1), default fetch size",
+	"rabbitmq":    "`rabbitmq.NewConsumer` on the local RabbitMQ (classic durable queue, persistent messages)",
+	"kafka":       "`kafka.NewConsumer` (per record, offset advance folded into the claim) on kfake, 8 partitions",
+	"redisstream": "`redisstream.NewConsumer` on the local Redis (one stream, a consumer group)",
 }
 
 // adapterCell is one consumer's cell of one round.
@@ -140,7 +145,7 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			}
 			c := ab.measure(ctx, name)
 			res[name] = append(res[name], c)
-			fmt.Fprintf(log, "adapters round %d/%d  %-9s %2d workers  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
+			fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
 			if c.err != nil {
 				return fmt.Errorf("-adapters: %s: %w", name, c.err)
 			}
@@ -152,7 +157,7 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 				return fmt.Errorf("-adapters: %s head to head: %w", name, err)
 			}
 			h2h[name] = append(h2h[name], ratio)
-			fmt.Fprintf(log, "adapters round %d/%d  %-9s %2d workers  head to head with process: %.3f\n", r+1, o.rounds, name, o.workers, ratio)
+			fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  head to head with process: %.3f\n", r+1, o.rounds, name, o.workers, ratio)
 		}
 	}
 	adaptersReport(w, o, server, args, started, time.Since(started), res, h2h)
@@ -348,6 +353,8 @@ func (ab *adapterBench) consume(ctx context.Context, name string, mw *idempotent
 		return ab.rabbitmq(ctx, mw, orders, sw, consumer, rn)
 	case "kafka":
 		return ab.kafka(ctx, mw, orders, sw, consumer, rn)
+	case "redisstream":
+		return ab.redisstream(ctx, mw, orders, sw, consumer, rn)
 	}
 	return adapterCell{err: fmt.Errorf("unknown consumer %q", name)}
 }
@@ -650,6 +657,10 @@ func parseAdapters(workers, messages int, only string, rounds int) (*adaptersOpt
 	if u := os.Getenv("IDEMPOTENT_AMQP_URL"); u != "" {
 		o.amqpURL = u
 	}
+	o.redisURL = localRedis
+	if u := os.Getenv("IDEMPOTENT_REDIS_URL"); u != "" {
+		o.redisURL = u
+	}
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(adapterNames, s) {
@@ -660,4 +671,33 @@ func parseAdapters(workers, messages int, only string, rounds int) (*adaptersOpt
 		}
 	}
 	return o, nil
+}
+
+// redisstream adds the orders to a stream of the cell's own, then consumes
+// them with a per-message redisstream.Consumer in a group of its own.
+func (ab *adapterBench) redisstream(ctx context.Context, mw *idempotent.Middleware, orders []benchOrder, sw *stopwatch, name string, rn runner) adapterCell {
+	opt, err := redis.ParseURL(ab.o.redisURL)
+	if err != nil {
+		return adapterCell{err: err}
+	}
+	opt.PoolSize = ab.o.workers + 4
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	stream := "bench:" + ab.tag + ":" + name
+	defer func() { _ = rdb.Del(context.Background(), stream).Err() }()
+	pipe := rdb.Pipeline()
+	for _, o := range orders {
+		data, _ := json.Marshal(o)
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{redisstream.DefaultKeyField: o.key(), redisstream.PayloadField: string(data)}})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return adapterCell{err: err}
+	}
+	c, err := redisstream.NewConsumer(mw, redisstream.Decode(decodeOrder, func(ctx context.Context, tx *sql.Tx, o benchOrder, _ *redisstream.Delivery) error {
+		return ab.credit(ctx, tx, o)
+	}), redisstream.WithWorkers(ab.o.workers), redisstream.WithObserver(sw), redisstream.WithoutEventTime())
+	if err != nil {
+		return adapterCell{err: err}
+	}
+	return rn(func(ctx context.Context) error { return c.Run(ctx, rdb, stream, name) })
 }

@@ -33,6 +33,7 @@ func TestAdaptersMode(t *testing.T) {
 	testenv.OpenPostgres(t, 1) // skips (or fails under CI) when there is no server
 	needBroker(t, "NATS", testenv.Getenv("IDEMPOTENT_NATS_URL", localNATS))
 	needBroker(t, "RabbitMQ", testenv.Getenv("IDEMPOTENT_AMQP_URL", localAMQP))
+	needBroker(t, "Redis", testenv.Getenv("IDEMPOTENT_REDIS_URL", localRedis))
 	var b strings.Builder
 	args := "-adapters -adapters-workers 2 -adapters-messages 40 -rounds 1"
 	if err := run(strings.Fields(args), &b, io.Discard); err != nil {
@@ -47,6 +48,7 @@ func TestAdaptersMode(t *testing.T) {
 		"| " + adapterLabels["nats"] + " | ",
 		"| " + adapterLabels["rabbitmq"] + " | ",
 		"| " + adapterLabels["kafka"] + " | ",
+		"| " + adapterLabels["redisstream"] + " | ",
 		"| nats per message ≥ 0.8× ProcessMessage, 2 workers | ",
 		"| kafka per message ≥ 0.8× ProcessMessage, 2 workers | ",
 	} {

@@ -45,8 +45,9 @@
 //
 //	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
 //
-// With -adapters it measures each adapter's per-message consumer (NATS and
-// RabbitMQ on the local servers, Kafka per record on kfake) against
+// With -adapters it measures each adapter's per-message consumer (NATS,
+// RabbitMQ and Redis streams on the local servers, Kafka per record on
+// kfake) against
 // ProcessMessage with as many workers and the same effect, in turn and head
 // to head (see adapters.go):
 //
