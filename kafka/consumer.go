@@ -271,8 +271,9 @@ func (c *Consumer) topUp(cl *kgo.Client, fetches kgo.Fetches) kgo.Fetches {
 		if last < c.cfg.maxPoll || partitionsIn(fetches) >= workers {
 			break
 		}
-		// A nil context takes what is buffered and never waits.
-		more := cl.PollRecords(nil, c.cfg.maxPoll) //nolint:staticcheck // see above
+		// With a nil context PollRecords returns at once with what is
+		// buffered, as its documentation says.
+		more := cl.PollRecords(nil, c.cfg.maxPoll) //nolint:staticcheck // nil: poll without waiting
 		fetches = append(fetches, more...)
 		last = more.NumRecords()
 	}
