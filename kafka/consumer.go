@@ -217,6 +217,7 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 		if ctx.Err() != nil {
 			break
 		}
+		fetches = c.topUp(cl, fetches)
 		if fetches.IsClientClosed() {
 			runErr = fmt.Errorf("%w: closed while consuming", ErrClient)
 			break
@@ -254,6 +255,40 @@ func (c *Consumer) Run(ctx context.Context, clientOpts ...kgo.Opt) error {
 	}
 	cl.CloseAllowingRebalance()
 	return runErr
+}
+
+// topUp adds to a poll's fetches more of what the client has buffered,
+// without waiting, while the poll was full and its records are of fewer
+// partitions than workers, up to WithWorkers polls in all. The client hands
+// out buffered records partition by partition, so a backlog's poll is
+// often one or two partitions' records, and the round, which applies one
+// partition per worker, would leave the other workers idle. The records of
+// a partition in later polls follow those of earlier ones.
+func (c *Consumer) topUp(cl *kgo.Client, fetches kgo.Fetches) kgo.Fetches {
+	workers := c.cfg.ac.Workers()
+	last := fetches.NumRecords()
+	for range workers - 1 {
+		if last < c.cfg.maxPoll || partitionsIn(fetches) >= workers {
+			break
+		}
+		// With a nil context PollRecords returns at once with what is
+		// buffered, as its documentation says.
+		more := cl.PollRecords(nil, c.cfg.maxPoll) //nolint:staticcheck // nil: poll without waiting
+		fetches = append(fetches, more...)
+		last = more.NumRecords()
+	}
+	return fetches
+}
+
+// partitionsIn returns how many partitions fetches hold records of.
+func partitionsIn(fetches kgo.Fetches) int {
+	seen := map[tp]bool{}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) > 0 {
+			seen[tp{p.Topic, p.Partition}] = true
+		}
+	})
+	return len(seen)
 }
 
 // fetchErrors reports the fetch errors of a poll to the observer, stops the

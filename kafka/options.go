@@ -189,8 +189,13 @@ func WithPoison(isPoison func(error) bool) Option {
 
 // WithMaxPollRecords bounds how many records one poll returns, over all
 // partitions. A poll's records are finished (or released) before the group
-// may rebalance, so this bounds how long a rebalance waits. It must be 1 to
-// MaxPollRecords. Default is DefaultPollRecords (1000).
+// may rebalance, so this bounds how long a rebalance waits. The client
+// hands out what it has buffered partition by partition, so a full poll of
+// a backlog often holds one or two partitions' records: the Consumer then
+// takes further polls of what is already buffered, without waiting, while
+// its records are of fewer partitions than WithWorkers, up to WithWorkers
+// polls in all, so that every worker has a partition to apply. It must be
+// 1 to MaxPollRecords. Default is DefaultPollRecords (1000).
 func WithMaxPollRecords(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 || n > MaxPollRecords {

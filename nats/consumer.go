@@ -178,6 +178,14 @@ func (w worker) run(pulling, hctx context.Context) error {
 	backoff := time.Duration(0)
 	gone := 0
 	lastCheck := time.Now()
+	// settling is the settle of the worker's last message, still running
+	// (see handleOne); the worker returns once it has finished.
+	var settling chan struct{}
+	defer func() {
+		if settling != nil {
+			<-settling
+		}
+	}()
 	for pulling.Err() == nil {
 		received := 0
 		batch, err := w.cons.Fetch(c.cfg.fetchSize, jetstream.FetchMaxWait(c.cfg.fetchWait))
@@ -204,7 +212,7 @@ func (w worker) run(pulling, hctx context.Context) error {
 						w.release(hctx, m)
 						continue
 					}
-					w.handleOne(hctx, m)
+					w.handleOne(hctx, m, &settling)
 				}
 			}
 			err = batch.Error()
@@ -332,8 +340,14 @@ func (w worker) read(m jetstream.Msg) (delivery, error) {
 }
 
 // handleOne claims one message, runs the handler if the claim is new, and
-// settles the message.
-func (w worker) handleOne(ctx context.Context, m jetstream.Msg) {
+// settles the message, after the transaction has ended, on a goroutine of
+// its own: the worker goes on to the next message while the server
+// confirms the ack (DoubleAck's round trip), instead of waiting for it.
+// *settling is the previous message's settle; it must have finished before
+// this one starts, so a worker has at most one settle in flight and
+// settles its messages in order. A confirmation that never comes is an
+// EventSettleFailed, as before, and the message's redelivery a duplicate.
+func (w worker) handleOne(ctx context.Context, m jetstream.Msg, settling *chan struct{}) {
 	c := w.c
 	stop := w.heartbeat([]jetstream.Msg{m})
 	d, err := w.read(m)
@@ -344,7 +358,15 @@ func (w worker) handleOne(ctx context.Context, m jetstream.Msg) {
 		})
 	}
 	stop()
-	w.settle(ctx, d, out, err)
+	if *settling != nil {
+		<-*settling
+	}
+	done := make(chan struct{})
+	*settling = done
+	go func() {
+		defer close(done)
+		w.settle(ctx, d, out, err)
+	}()
 }
 
 // handleBatch claims the messages of one fetch in one transaction, runs

@@ -46,7 +46,10 @@
 //
 //   - Ack, the claim was new and the effect committed, or the claim
 //     existed: DoubleAck, which waits for the server to confirm the ack
-//     ([adapter.EventApplied], [adapter.EventDuplicate]);
+//     ([adapter.EventApplied], [adapter.EventDuplicate]). A per-message
+//     worker does not wait with it: it takes its next message while the
+//     confirmation of the last arrives, and waits for that confirmation
+//     before it settles the next one (and before Run returns);
 //   - DeadLetter: Term, so the server never redelivers it (it publishes a
 //     $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED advisory)
 //     ([adapter.EventDeadLettered], with the error). That is a message with

@@ -8,7 +8,9 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/lib/pq v1.12.3
 	github.com/ory/dockertest/v3 v3.12.0
+	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/txclaim/idempotent v0.0.0
@@ -16,8 +18,10 @@ require (
 	github.com/txclaim/idempotent/idempgx v0.0.0
 	github.com/txclaim/idempotent/kafka v0.0.0
 	github.com/txclaim/idempotent/mysql v0.0.0
+	github.com/txclaim/idempotent/nats v0.0.0
 	github.com/txclaim/idempotent/otelmetrics v0.0.0
 	github.com/txclaim/idempotent/rabbitmq v0.0.0
+	github.com/txclaim/idempotent/redisstream v0.0.0
 	github.com/txclaim/idempotent/sqlite v0.0.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -54,6 +58,8 @@ require (
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
 	github.com/moby/term v0.5.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.0 // indirect
@@ -69,6 +75,8 @@ require (
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
@@ -87,7 +95,9 @@ replace (
 	github.com/txclaim/idempotent/idemsqlx => ../idemsqlx
 	github.com/txclaim/idempotent/kafka => ../kafka
 	github.com/txclaim/idempotent/mysql => ../mysql
+	github.com/txclaim/idempotent/nats => ../nats
 	github.com/txclaim/idempotent/otelmetrics => ../otelmetrics
 	github.com/txclaim/idempotent/rabbitmq => ../rabbitmq
+	github.com/txclaim/idempotent/redisstream => ../redisstream
 	github.com/txclaim/idempotent/sqlite => ../sqlite
 )

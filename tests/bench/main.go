@@ -60,11 +60,18 @@
 //
 //	go run ./tests/bench -cleanup 1000000 -partitions 1000000 -outbox -rounds 3
 //
+// With -adapters it measures each adapter's per-message consumer (NATS,
+// RabbitMQ and Redis streams on the local servers, Kafka per record on
+// kfake) against ProcessMessage with as many workers and the same effect,
+// in turn and head to head (see adapters.go):
+//
+//	go run ./tests/bench -adapters -adapters-workers 8 -adapters-messages 2000 -rounds 2
+//
 // Modes combine: -kafka, -pgx, -http, -growth, -cleanup, -partitions,
-// -outbox and -coalesce run each in turn, in that order, after the loyalty
-// variants when -loyalty is given too, and print a section each, so that
-// one command makes all the sections of BENCHMARKS.md that come from this
-// command:
+// -outbox, -coalesce and -adapters run each in turn, in that order, after
+// the loyalty variants when -loyalty is given too, and print a section
+// each, so that one command makes all the sections of BENCHMARKS.md that
+// come from this command:
 //
 //	go run ./tests/bench -loyalty -workers 1,8 -kafka -pgx -latency 0,1ms -growth 1000000 -growth-workers 8 -rounds 3
 //
@@ -134,6 +141,7 @@ type plan struct {
 	partitions *partitionOptions
 	outbox     *outboxOptions
 	coalesce   *coalesceOptions
+	adapters   *adaptersOptions
 }
 
 // growthOptions is what -growth measures.
@@ -231,6 +239,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.adapters != nil {
+		section()
+		if err := runAdapters(ctx, p.dsn, *p.adapters, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -275,6 +289,10 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	coalesceMode := fs.Bool("coalesce", false, "measure ProcessMessage with and without WithCoalescing across -latency and -hot (see coalesce.go)")
 	coalesceWorkers := fs.String("coalesce-workers", "8,32", "with -coalesce: comma-separated numbers of concurrent workers")
 	hot := fs.String("hot", "0", "with -coalesce: comma-separated shares of messages (e.g. 0,0.1) whose customer is one of 5 hot ones")
+	adaptersMode := fs.Bool("adapters", false, "measure each adapter's per-message consumer against ProcessMessage with as many workers and the same effect (see adapters.go)")
+	adaptersWorkers := fs.Int("adapters-workers", 4, "with -adapters: workers of each consumer")
+	adaptersMessages := fs.Int("adapters-messages", 2000, "with -adapters: messages each consumer applies per round")
+	adaptersOnly := fs.String("adapters-consumers", strings.Join(adapterNames, ","), "with -adapters: comma-separated consumers to run")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -286,7 +304,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	for flagName, mode := range map[string]string{"kafka-records": "kafka", "pgx-workers": "pgx", "pgx-allocs": "pgx",
 		"http-workers": "http",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
-		"outbox-rows": "outbox", "outbox-messages": "outbox"} {
+		"outbox-rows": "outbox", "outbox-messages": "outbox",
+		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -364,7 +383,14 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if err := p.parseCoalesce(*coalesceMode, set, *coalesceWorkers, *latency, *hot, *rounds, *cell, *warmup); err != nil {
 		return nil, err
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.http != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil) {
+	if *adaptersMode {
+		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersOnly, *rounds)
+		if err != nil {
+			return nil, err
+		}
+		p.adapters = a
+	}
+	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.http != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil || p.adapters != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
