@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"time"
 
 	"gocloud.dev/pubsub"
 
@@ -83,22 +82,13 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		maps.Copy(md, s.extra(m))
 	}
 	md[DefaultKeyMetadata] = m.IdempotencyKey
-	if at := eventTime(m); !at.IsZero() {
+	if at := m.StableEventTime(); !at.IsZero() {
 		md[adapter.EventTimeHeader] = adapter.FormatEventTime(at)
 	}
 	if err := s.topic.Send(ctx, &pubsub.Message{Body: m.Payload, Metadata: md}); err != nil {
 		return fmt.Errorf("cdkpubsub: publish outbox call %d (%s): %w", m.ID, m.Kind, err)
 	}
 	return nil
-}
-
-// eventTime is the event time m is published with: the one it was
-// enqueued with, else its row's CreatedAt.
-func eventTime(m outbox.Message) time.Time {
-	if !m.EventTime.IsZero() {
-		return m.EventTime
-	}
-	return m.CreatedAt
 }
 
 var _ outbox.Sender = (*Sender)(nil)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,7 +82,7 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	msg := natsgo.NewMsg(subj)
 	msg.Data = m.Payload
 	msg.Header.Set(jetstream.MsgIDHeader, m.IdempotencyKey)
-	if at := eventTime(m); !at.IsZero() {
+	if at := m.StableEventTime(); !at.IsZero() {
 		msg.Header.Set(adapter.EventTimeHeader, adapter.FormatEventTime(at))
 	}
 	ack, err := s.js.PublishMsg(ctx, msg)
@@ -97,15 +96,6 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		s.onAck(m, ack)
 	}
 	return nil
-}
-
-// eventTime is the event time m is published with: the one it was
-// enqueued with, else its row's CreatedAt.
-func eventTime(m outbox.Message) time.Time {
-	if !m.EventTime.IsZero() {
-		return m.EventTime
-	}
-	return m.CreatedAt
 }
 
 var _ outbox.Sender = (*Sender)(nil)

@@ -342,3 +342,14 @@ func TestEnqueueStatements(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestStableEventTime(t *testing.T) {
+	created := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	at := created.Add(-time.Hour)
+	if got := (Message{CreatedAt: created, EventTime: at}).StableEventTime(); !got.Equal(at) {
+		t.Errorf("with an event time: %v, want %v", got, at)
+	}
+	if got := (Message{CreatedAt: created}).StableEventTime(); !got.Equal(created) {
+		t.Errorf("without one: %v, want the row's CreatedAt %v", got, created)
+	}
+}

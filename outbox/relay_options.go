@@ -54,6 +54,17 @@ type Message struct {
 	EventTime time.Time
 }
 
+// StableEventTime is the event time a Sender that publishes m as a message
+// carries forward: EventTime when the call was enqueued with one, else
+// CreatedAt, when the enqueueing transaction began. Both are the row's, so
+// every attempt of the relay sends the same time.
+func (m Message) StableEventTime() time.Time {
+	if !m.EventTime.IsZero() {
+		return m.EventTime
+	}
+	return m.CreatedAt
+}
+
 // Backoff is the wait before retrying a failed call: Initial after the first
 // failure, doubling after each further one up to Max. Each wait is drawn at
 // random from the upper half of its value, so retries spread out.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,7 +50,7 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		return outbox.Permanent(fmt.Errorf("redisstream: no stream for outbox call %d (%s)", m.ID, m.Kind))
 	}
 	vals := []any{DefaultKeyField, m.IdempotencyKey}
-	if at := eventTime(m); !at.IsZero() {
+	if at := m.StableEventTime(); !at.IsZero() {
 		vals = append(vals, adapter.EventTimeHeader, adapter.FormatEventTime(at))
 	}
 	vals = append(vals, PayloadField, string(m.Payload))
@@ -59,15 +58,6 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		return fmt.Errorf("redisstream: add outbox call %d to %q: %w", m.ID, stream, err)
 	}
 	return nil
-}
-
-// eventTime is the event time m is sent with: the one it was enqueued
-// with, else its row's CreatedAt.
-func eventTime(m outbox.Message) time.Time {
-	if !m.EventTime.IsZero() {
-		return m.EventTime
-	}
-	return m.CreatedAt
 }
 
 var _ outbox.Sender = (*Sender)(nil)
