@@ -5,20 +5,17 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -66,33 +63,9 @@ func (l *ledger) credit(ctx context.Context, tx *sql.Tx, o order) error {
 	return testenv.Credit(ctx, tx, l.schema, o)
 }
 
-// creditBatch credits several orders with two statements: one UPDATE of
-// the balances, summed per customer and in ascending customer order (so
-// concurrent batches cannot deadlock: the rows are locked in that order
-// first), and one INSERT of the ledger rows.
+// creditBatch credits several orders set-wise (testenv.CreditBatch).
 func (l *ledger) creditBatch(ctx context.Context, tx *sql.Tx, orders []order) error {
-	sums := map[int64]int64{}
-	var ids, custs, points []int64
-	for _, o := range orders {
-		sums[o.CustomerID] += o.Points
-		ids, custs, points = append(ids, o.OrderID), append(custs, o.CustomerID), append(points, o.Points)
-	}
-	cs := slices.Sorted(maps.Keys(sums))
-	ps := make([]int64, len(cs))
-	for i, c := range cs {
-		ps[i] = sums[c]
-	}
-	q := pq.QuoteIdentifier(l.schema)
-	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM "+q+".balances WHERE customer_id = ANY($1) ORDER BY customer_id FOR UPDATE", pq.Array(cs)); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances b SET points = b.points + u.p FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS u(c, p, i) WHERE b.customer_id = u.c",
-		pq.Array(cs), pq.Array(ps)); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])",
-		pq.Array(ids), pq.Array(custs), pq.Array(points))
-	return err
+	return testenv.CreditBatch(ctx, tx, l.schema, orders)
 }
 
 // handler is the per-message effect: the order decoded from the data,

@@ -4,13 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"maps"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txclaim/idempotent"
@@ -95,32 +92,15 @@ func (l *ledger) handler() redisstream.Handler {
 // concurrent batches cannot deadlock.
 func (l *ledger) batchHandler() redisstream.BatchHandler {
 	return func(ctx context.Context, tx *sql.Tx, ds []*redisstream.Delivery) error {
-		sums := map[int64]int64{}
-		var ids, custs, points []int64
+		orders := make([]order, len(ds))
 		for i, d := range ds {
 			o, err := redisstream.JSON[order](d.Payload())
 			if err != nil {
 				return adapter.PoisonItem(i, err)
 			}
-			sums[o.CustomerID] += o.Points
-			ids, custs, points = append(ids, o.OrderID), append(custs, o.CustomerID), append(points, o.Points)
+			orders[i] = o
 		}
-		cs := slices.Sorted(maps.Keys(sums))
-		ps := make([]int64, len(cs))
-		for i, c := range cs {
-			ps[i] = sums[c]
-		}
-		q := pq.QuoteIdentifier(l.schema)
-		if _, err := tx.ExecContext(ctx, "SELECT 1 FROM "+q+".balances WHERE customer_id = ANY($1) ORDER BY customer_id FOR UPDATE", pq.Array(cs)); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances b SET points = b.points + u.p FROM unnest($1::bigint[], $2::bigint[]) AS u(c, p) WHERE b.customer_id = u.c",
-			pq.Array(cs), pq.Array(ps)); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])",
-			pq.Array(ids), pq.Array(custs), pq.Array(points))
-		return err
+		return testenv.CreditBatch(ctx, tx, l.schema, orders)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sort"
 	"testing"
 
 	"github.com/lib/pq"
@@ -60,6 +61,39 @@ func Credit(ctx context.Context, tx *sql.Tx, schema string, o Order) error {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) VALUES ($1, $2, $3)", o.OrderID, o.CustomerID, o.Points)
+	return err
+}
+
+// CreditBatch is Credit for several orders, set-wise, as a batch handler
+// applies them: one UPDATE of the balances, summed per customer, and one
+// INSERT of the ledger rows. The balances are locked first in ascending
+// customer order, so that concurrent batches cannot deadlock.
+func CreditBatch(ctx context.Context, tx *sql.Tx, schema string, orders []Order) error {
+	sums := map[int64]int64{}
+	var ids, custs, points []int64
+	for _, o := range orders {
+		sums[o.CustomerID] += o.Points
+		ids, custs, points = append(ids, o.OrderID), append(custs, o.CustomerID), append(points, o.Points)
+	}
+	cs := make([]int64, 0, len(sums))
+	for c := range sums {
+		cs = append(cs, c)
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i] < cs[j] })
+	ps := make([]int64, len(cs))
+	for i, c := range cs {
+		ps[i] = sums[c]
+	}
+	q := pq.QuoteIdentifier(schema)
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM "+q+".balances WHERE customer_id = ANY($1) ORDER BY customer_id FOR UPDATE", pq.Array(cs)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE "+q+".balances b SET points = b.points + u.p FROM unnest($1::bigint[], $2::bigint[]) AS u(c, p) WHERE b.customer_id = u.c",
+		pq.Array(cs), pq.Array(ps)); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+q+".point_ledger (order_id, customer_id, points) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])",
+		pq.Array(ids), pq.Array(custs), pq.Array(points))
 	return err
 }
 
