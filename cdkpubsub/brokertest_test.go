@@ -67,29 +67,43 @@ func (tr *memTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.C
 
 // memConsumer is a consumer process: a Subscription of its own and a Run.
 type memConsumer struct {
+	subRun
 	b    *memBroker
-	c    *cdkpubsub.Consumer
 	lose func(key string) bool
+	proc *memProc
+}
+
+func (c *memConsumer) Start(context.Context) error {
+	sub, proc := c.b.subscription(c.lose)
+	c.mu.Lock()
+	c.proc = proc
+	c.mu.Unlock()
+	c.start(sub)
+	return nil
+}
+
+// subRun is what the mempubsub and gcppubsub harnesses' consumer processes
+// share: a Subscription of their own and the Consumer's Run on it.
+type subRun struct {
+	c *cdkpubsub.Consumer
 
 	mu     sync.Mutex
 	sub    *pubsub.Subscription
-	proc   *memProc
 	run    brokertest.Background
 	killed bool
 }
 
-func (c *memConsumer) Start(context.Context) error {
+// start runs the Consumer on sub.
+func (c *subRun) start(sub *pubsub.Subscription) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.sub, c.proc = c.b.subscription(c.lose)
-	sub := c.sub
+	c.sub = sub
 	c.run.Go(func(ctx context.Context) error { return c.c.Run(ctx, sub) })
-	return nil
 }
 
 // Stop ends Run gracefully, then shuts the Subscription down, which sends
 // the acks still queued.
-func (c *memConsumer) Stop(ctx context.Context) error {
+func (c *subRun) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	stopped, err := c.run.Stop(ctx)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,38 +192,13 @@ func (tr *gcpTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.C
 // gcpConsumer is a consumer process: a Subscription of its own on the
 // scenario's Pub/Sub subscription, and a Run.
 type gcpConsumer struct {
+	subRun
 	tr *gcpTransport
-	c  *cdkpubsub.Consumer
-
-	mu     sync.Mutex
-	sub    *pubsub.Subscription
-	run    brokertest.Background
-	killed bool
 }
 
 func (c *gcpConsumer) Start(context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sub = gcppubsub.OpenSubscription(c.tr.h.sub, gcpProject, c.tr.name, nil)
-	sub := c.sub
-	c.run.Go(func(ctx context.Context) error { return c.c.Run(ctx, sub) })
+	c.start(gcppubsub.OpenSubscription(c.tr.h.sub, gcpProject, c.tr.name, nil))
 	return nil
-}
-
-func (c *gcpConsumer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	stopped, err := c.run.Stop(ctx)
-	if !stopped || ctx.Err() != nil {
-		return err // nothing ran, or it did not end in time
-	}
-	if c.killed {
-		return nil
-	}
-	if serr := c.sub.Shutdown(ctx); serr != nil && !errors.Is(serr, context.Canceled) {
-		err = errors.Join(err, serr)
-	}
-	return err
 }
 
 // Kill shuts the Subscription down at once, as a crash does: from then on
