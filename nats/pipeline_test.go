@@ -87,16 +87,27 @@ func TestWorkerTakesNextMessageWhileAckIsConfirmed(t *testing.T) {
 	var mu sync.Mutex
 	var acked []uint64
 	inFlight, most := 0, 0
+	secondAcking := make(chan struct{})
 	ack := func(seq uint64) error {
 		mu.Lock()
 		inFlight++
 		most = max(most, inFlight)
 		mu.Unlock()
+		if seq == 2 {
+			close(secondAcking)
+		}
 		if seq == 1 {
 			select {
 			case <-secondHandled:
 			case <-time.After(10 * time.Second):
 				t.Error("the worker waited for the first message's ack confirmation before taking the second message")
+			}
+			// The second message's settle must wait for this one: give a
+			// settle that does not wait the time to start, so that it is
+			// seen in flight beside this one (most == 2).
+			select {
+			case <-secondAcking:
+			case <-time.After(200 * time.Millisecond):
 			}
 		}
 		mu.Lock()
