@@ -253,6 +253,8 @@ func Variants() []Variant {
 		coalesced("coalesce8", "(g) ProcessMessage, WithCoalescing: up to 8 per tx, 1ms wait"),
 		coalesced("coalesce4sp", "(g') ProcessMessage, WithCoalescing with savepoints: up to 4 per tx, 1ms wait"),
 		coalesced("coalesce8sp", "(g') ProcessMessage, WithCoalescing with savepoints: up to 8 per tx, 1ms wait"),
+		coalesced("coalesce16", "(g) ProcessMessage, WithCoalescing: up to 16 per tx, 1ms wait"),
+		coalesced("coalesce16sp", "(g') ProcessMessage, WithCoalescing with savepoints: up to 16 per tx, 1ms wait"),
 		{Name: "duplicate", Label: "(f) ProcessMessage, duplicate path", PerCall: 1, Run: func(ctx context.Context, e *Env, g *Gen) error { return e.Duplicate(ctx, g) }},
 	}
 }
@@ -351,13 +353,15 @@ func (e *Env) Duplicate(ctx context.Context, g *Gen) error {
 }
 
 // coalescings are the bounds of the coalesced variants (g) and (g'), by
-// name: groups of up to 4 or 8 messages, open 1ms, optimistic or with
+// name: groups of up to 4, 8 or 16 messages, open 1ms, optimistic or with
 // savepoints.
 var coalescings = map[string]idempotent.Coalescing{
-	"coalesce4":   {Max: 4, Wait: time.Millisecond},
-	"coalesce8":   {Max: 8, Wait: time.Millisecond},
-	"coalesce4sp": {Max: 4, Wait: time.Millisecond, Savepoints: true},
-	"coalesce8sp": {Max: 8, Wait: time.Millisecond, Savepoints: true},
+	"coalesce4":    {Max: 4, Wait: time.Millisecond},
+	"coalesce8":    {Max: 8, Wait: time.Millisecond},
+	"coalesce4sp":  {Max: 4, Wait: time.Millisecond, Savepoints: true},
+	"coalesce8sp":  {Max: 8, Wait: time.Millisecond, Savepoints: true},
+	"coalesce16":   {Max: 16, Wait: time.Millisecond},
+	"coalesce16sp": {Max: 16, Wait: time.Millisecond, Savepoints: true},
 }
 
 // coalesced returns the variant that runs ProcessMessage on the coalesced

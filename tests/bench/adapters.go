@@ -39,6 +39,7 @@ import (
 type adaptersOptions struct {
 	workers  int
 	messages int
+	coalesce int // with it, each consumer also runs on a Middleware WithCoalescing of groups of up to coalesce
 	rounds   int
 	natsURL  string
 	amqpURL  string
@@ -132,7 +133,7 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			return fmt.Errorf("-adapters: kafka offsets table: %w", err)
 		}
 	}
-	res := map[string][]adapterCell{}
+	res, coalesced := map[string][]adapterCell{}, map[string][]adapterCell{}
 	h2h := map[string][]float64{}
 	for r := range o.rounds {
 		// Each round starts from another consumer.
@@ -143,11 +144,19 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			c := ab.measure(ctx, name)
+			c := ab.measure(ctx, name, false)
 			res[name] = append(res[name], c)
 			fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
 			if c.err != nil {
 				return fmt.Errorf("-adapters: %s: %w", name, c.err)
+			}
+			if o.coalesce > 0 {
+				c := ab.measure(ctx, name, true)
+				coalesced[name] = append(coalesced[name], c)
+				fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  coalesced  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
+				if c.err != nil {
+					return fmt.Errorf("-adapters: %s coalesced: %w", name, c.err)
+				}
 			}
 			if name == "process" {
 				continue
@@ -161,7 +170,33 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 		}
 	}
 	adaptersReport(w, o, server, args, started, time.Since(started), res, h2h)
+	if o.coalesce > 0 {
+		coalescedReport(w, o, res, coalesced)
+	}
 	return nil
+}
+
+// coalescedReport writes the table of each consumer with and without
+// WithCoalescing, cells run in turn in the same rounds.
+func coalescedReport(w io.Writer, o adaptersOptions, res, coalesced map[string][]adapterCell) {
+	fmt.Fprintf(w, "### With WithCoalescing\n\nEach consumer again, in the same rounds right after its own cell, on a Middleware "+
+		"`WithCoalescing(Coalescing{Max: %d, Wait: time.Millisecond})`, with the same %d workers, pool, messages and effect; "+
+		"×per message is the ratio of the two medians.\n\n", o.coalesce, o.workers)
+	fmt.Fprintln(w, "| consumer | per message, median msgs/s | coalesced, msgs/s by round | median | ×per message | target ≥ 1.5× |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---|")
+	for _, name := range o.only {
+		var rs []string
+		for _, c := range coalesced[name] {
+			rs = append(rs, thousands(int(c.rate+0.5)))
+		}
+		per, co := medianRate(res[name]), medianRate(coalesced[name])
+		r := 0.0
+		if per > 0 {
+			r = co / per
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %.2f | %s |\n", name, thousands(int(per+0.5)), joinComma(rs), thousands(int(co+0.5)), r, met(r >= 1.5))
+	}
+	fmt.Fprintln(w)
 }
 
 // adaptersReport writes the -adapters section.
@@ -325,12 +360,17 @@ func (s *stopwatch) wait(ctx context.Context, runErr <-chan error) adapterCell {
 	return adapterCell{elapsed: d, rate: float64(s.n-1) / d.Seconds()}
 }
 
-// measure runs one cell of the named consumer.
-func (ab *adapterBench) measure(ctx context.Context, name string) adapterCell {
+// measure runs one cell of the named consumer, on a coalescing Middleware
+// when coalesced is set.
+func (ab *adapterBench) measure(ctx context.Context, name string, coalesced bool) adapterCell {
 	cell := ab.cell.Add(1)
 	orders := ab.orders(cell)
 	consumer := fmt.Sprintf("bench-%s-%d", name, cell)
-	mw, err := idempotent.New(ab.db, postgres.New(), consumer, idempotent.WithTable(ab.table))
+	opts := []idempotent.Option{idempotent.WithTable(ab.table)}
+	if coalesced {
+		opts = append(opts, idempotent.WithCoalescing(idempotent.Coalescing{Max: ab.o.coalesce, Wait: time.Millisecond}))
+	}
+	mw, err := idempotent.New(ab.db, postgres.New(), consumer, opts...)
 	if err != nil {
 		return adapterCell{err: err}
 	}
@@ -643,14 +683,17 @@ func (ab *adapterBench) kafka(ctx context.Context, mw *idempotent.Middleware, or
 }
 
 // parseAdapters checks the -adapters flags.
-func parseAdapters(workers, messages int, only string, rounds int) (*adaptersOptions, error) {
-	if workers < 1 || workers > 32 {
-		return nil, fmt.Errorf("-adapters-workers: %d is not a number from 1 to 32", workers)
+func parseAdapters(workers, messages, coalesce int, only string, rounds int) (*adaptersOptions, error) {
+	if workers < 1 || workers > 64 {
+		return nil, fmt.Errorf("-adapters-workers: %d is not a number from 1 to 64", workers)
+	}
+	if coalesce != 0 && (coalesce < 2 || coalesce > 64) {
+		return nil, fmt.Errorf("-adapters-coalesce: %d is not 0 (off) or a group size from 2 to 64", coalesce)
 	}
 	if messages < 10 {
 		return nil, fmt.Errorf("-adapters-messages: %d is fewer than 10", messages)
 	}
-	o := &adaptersOptions{workers: workers, messages: messages, rounds: rounds, natsURL: localNATS, amqpURL: localAMQP}
+	o := &adaptersOptions{workers: workers, messages: messages, coalesce: coalesce, rounds: rounds, natsURL: localNATS, amqpURL: localAMQP}
 	if u := os.Getenv("IDEMPOTENT_NATS_URL"); u != "" {
 		o.natsURL = u
 	}

@@ -35,22 +35,25 @@ func TestAdaptersMode(t *testing.T) {
 	needBroker(t, "RabbitMQ", testenv.Getenv("IDEMPOTENT_AMQP_URL", localAMQP))
 	needBroker(t, "Redis", testenv.Getenv("IDEMPOTENT_REDIS_URL", localRedis))
 	var b strings.Builder
-	args := "-adapters -adapters-workers 2 -adapters-messages 40 -rounds 1"
+	args := "-adapters -adapters-workers 4 -adapters-messages 40 -adapters-coalesce 2 -rounds 1"
 	if err := run(strings.Fields(args), &b, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
 	for _, want := range []string{
 		"## Adapters' per-message consumers against ProcessMessage\n\nCommand: `go run ./tests/bench " + args + "`",
-		"on 40 messages published beforehand, 2 workers each",
+		"on 40 messages published beforehand, 4 workers each",
 		"| consumer | msgs/s by round | median msgs/s | ×process in turn | ×process head to head, by round | median |",
 		"| " + adapterLabels["process"] + " | ",
 		"| " + adapterLabels["nats"] + " | ",
 		"| " + adapterLabels["rabbitmq"] + " | ",
 		"| " + adapterLabels["kafka"] + " | ",
 		"| " + adapterLabels["redisstream"] + " | ",
-		"| nats per message ≥ 0.8× ProcessMessage, 2 workers | ",
-		"| kafka per message ≥ 0.8× ProcessMessage, 2 workers | ",
+		"| nats per message ≥ 0.8× ProcessMessage, 4 workers | ",
+		"| kafka per message ≥ 0.8× ProcessMessage, 4 workers | ",
+		"### With WithCoalescing\n\nEach consumer again, in the same rounds right after its own cell, on a Middleware `WithCoalescing(Coalescing{Max: 2, Wait: time.Millisecond})`, with the same 4 workers",
+		"| consumer | per message, median msgs/s | coalesced, msgs/s by round | median | ×per message | target ≥ 1.5× |",
+		"\n| process | ", "\n| nats | ", "\n| rabbitmq | ", "\n| kafka | ", "\n| redisstream | ",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
@@ -67,13 +70,15 @@ func TestParseAdapters(t *testing.T) {
 	if p.loyalty != nil || p.adapters == nil {
 		t.Fatalf("plan %+v, want -adapters alone", p)
 	}
-	if a := p.adapters; a.workers != 4 || a.messages != 2000 || a.rounds != 2 || strings.Join(a.only, ",") != "kafka,process" {
+	if a := p.adapters; a.workers != 4 || a.messages != 2000 || a.coalesce != 0 || a.rounds != 2 || strings.Join(a.only, ",") != "kafka,process" {
 		t.Errorf("adapters %+v", *a)
 	}
 	for _, tc := range []struct{ args, flag string }{
 		{"-adapters-workers 2", "-adapters-workers"},
 		{"-adapters -adapters-workers 0", "-adapters-workers"},
 		{"-adapters -adapters-messages 5", "-adapters-messages"},
+		{"-adapters -adapters-coalesce 1", "-adapters-coalesce"},
+		{"-adapters-coalesce 4", "-adapters-coalesce"},
 		{"-adapters -adapters-consumers nats,sqs", "-adapters-consumers"},
 		{"-adapters -variants process", "-variants"},
 	} {

@@ -12,6 +12,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +28,7 @@ import (
 
 // coalesceVariants are the loyalty variants -coalesce runs: (c), the
 // baseline, and every coalesced one.
-var coalesceVariants = []string{"process", "coalesce4", "coalesce8", "coalesce4sp", "coalesce8sp"}
+var coalesceVariants = []string{"process", "coalesce4", "coalesce8", "coalesce16", "coalesce4sp", "coalesce8sp", "coalesce16sp"}
 
 // hotCustomers is how many customers the hot share of -hot falls on.
 const hotCustomers = 5
@@ -37,15 +40,73 @@ const coalesceCustomers = 100000
 // coalesceOptions is what -coalesce measures.
 type coalesceOptions struct {
 	workers      []int
+	conns        int             // connections of every setting's pool; 0 is one per worker
 	latencies    []time.Duration // one-way delays of the proxy; 0 is none
 	hot          []float64       // shares of messages on hotCustomers
 	rounds       int
 	cell, warmup time.Duration
+	limit        string // coalesce-limit.sh, run on each network after its rounds; "" is not
+}
+
+// ceilingGroup is the group size -coalesce-limit runs coalesce-limit.sh with.
+const ceilingGroup = 16
+
+// ceiling is what coalesce-limit.sh measured on one network: one
+// transaction per message, and groups of ceilingGroup with and without a
+// savepoint per message, as ratios to the first.
+type ceiling struct {
+	clients  int
+	one      float64 // msgs/s
+	sp, nosp float64 // ratios
+	output   string
+}
+
+// parseCeiling reads coalesce-limit.sh's output.
+func parseCeiling(out string, clients int) (ceiling, error) {
+	c := ceiling{clients: clients, output: strings.TrimSpace(out)}
+	var okOne, okSp, okNosp bool
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case strings.HasPrefix(line, "one tx per message") && len(f) >= 6:
+			c.one, _ = strconv.ParseFloat(f[4], 64)
+			okOne = c.one > 0
+		case strings.HasPrefix(line, "group, savepoint per message") && len(f) >= 8:
+			c.sp, _ = strconv.ParseFloat(f[len(f)-1], 64)
+			okSp = c.sp > 0
+		case strings.HasPrefix(line, "group, no savepoints") && len(f) >= 7:
+			c.nosp, _ = strconv.ParseFloat(f[len(f)-1], 64)
+			okNosp = c.nosp > 0
+		}
+	}
+	if !okOne || !okSp || !okNosp {
+		return ceiling{}, fmt.Errorf("-coalesce-limit: cannot read the ceiling from %q", out)
+	}
+	return c, nil
+}
+
+// runCeiling runs coalesce-limit.sh against dsn's server (through the proxy
+// when dsn is the proxy's) with groups of ceilingGroup and as many clients
+// as conns.
+func runCeiling(ctx context.Context, script, dsn string, conns int, log io.Writer) (ceiling, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return ceiling{}, fmt.Errorf("-coalesce-limit: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "bash", script, strconv.Itoa(ceilingGroup), strconv.Itoa(conns), "6")
+	cmd.Env = append(os.Environ(), "PGHOST="+u.Hostname(), "PGPORT="+u.Port(), "PGUSER="+u.User.Username(),
+		"PGDATABASE="+strings.TrimPrefix(u.Path, "/"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, log
+	if err := cmd.Run(); err != nil {
+		return ceiling{}, fmt.Errorf("-coalesce-limit: %s: %w", script, err)
+	}
+	return parseCeiling(out.String(), conns)
 }
 
 // parseCoalesce reads -coalesce, -coalesce-workers, -latency and -hot.
-func (p *plan) parseCoalesce(on bool, set map[string]bool, workers, latency, hot string, rounds int, cell, warmup time.Duration) error {
-	for _, f := range []string{"coalesce-workers", "hot"} {
+func (p *plan) parseCoalesce(on bool, set map[string]bool, workers string, conns int, limit, latency, hot string, rounds int, cell, warmup time.Duration) error {
+	for _, f := range []string{"coalesce-workers", "coalesce-conns", "coalesce-limit", "hot"} {
 		if set[f] && !on {
 			return fmt.Errorf("-%s applies to -coalesce, which is not given", f)
 		}
@@ -53,11 +114,19 @@ func (p *plan) parseCoalesce(on bool, set map[string]bool, workers, latency, hot
 	if !on {
 		return nil
 	}
-	o := &coalesceOptions{rounds: rounds, cell: cell, warmup: warmup}
+	if conns < 0 || conns > 64 {
+		return fmt.Errorf("-coalesce-conns: %d is not a number from 0 (one per worker) to 64", conns)
+	}
+	if limit != "" {
+		if _, err := os.Stat(limit); err != nil {
+			return fmt.Errorf("-coalesce-limit: %w", err)
+		}
+	}
+	o := &coalesceOptions{rounds: rounds, cell: cell, warmup: warmup, conns: conns, limit: limit}
 	for _, s := range strings.Split(workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 2 || n > 32 {
-			return fmt.Errorf("-coalesce-workers: %q is not a number from 2 to 32", s)
+		if err != nil || n < 2 || n > 256 {
+			return fmt.Errorf("-coalesce-workers: %q is not a number from 2 to 256", s)
 		}
 		o.workers = append(o.workers, n)
 	}
@@ -77,6 +146,23 @@ func (p *plan) parseCoalesce(on bool, set map[string]bool, workers, latency, hot
 	return nil
 }
 
+// poolSize is the number of connections of a setting with n workers.
+func (o coalesceOptions) poolSize(n int) int {
+	if o.conns == 0 {
+		return n
+	}
+	return o.conns
+}
+
+// ceilingClients is the number of pgbench clients of -coalesce-limit: the
+// pool's connections, 8 when the pool has one per worker.
+func (o coalesceOptions) ceilingClients() int {
+	if o.conns == 0 {
+		return 8
+	}
+	return o.conns
+}
+
 // coalesceKey is one setting of -coalesce: a network, a number of workers
 // and a hot share.
 type coalesceKey struct {
@@ -91,11 +177,12 @@ type coalesceResult struct {
 	stats   map[coalesceKey]map[string]*stats
 	retries map[coalesceKey]map[string]int64
 	rtt     map[time.Duration]time.Duration
+	ceiling map[time.Duration]ceiling // by network, with -coalesce-limit
 }
 
 func newCoalesceResult() *coalesceResult {
 	return &coalesceResult{stats: map[coalesceKey]map[string]*stats{}, retries: map[coalesceKey]map[string]int64{},
-		rtt: map[time.Duration]time.Duration{}}
+		rtt: map[time.Duration]time.Duration{}, ceiling: map[time.Duration]ceiling{}}
 }
 
 // at returns the stats of the variant at k, made empty on first use.
@@ -164,7 +251,7 @@ func runCoalesce(ctx context.Context, dsn string, o coalesceOptions, args []stri
 		for r := range o.rounds {
 			for wi, n := range o.workers {
 				var writes atomic.Int64
-				plain, guarded, err := pq.open(target, n, &writes)
+				plain, guarded, err := pq.open(target, o.poolSize(n), &writes)
 				if err != nil {
 					return err
 				}
@@ -198,6 +285,12 @@ func runCoalesce(ctx context.Context, dsn string, o coalesceOptions, args []stri
 				_ = guarded.Close()
 			}
 		}
+		if o.limit != "" {
+			fmt.Fprintf(log, "running %s through %s\n", o.limit, target)
+			if res.ceiling[l], err = runCeiling(ctx, o.limit, target, o.ceilingClients(), log); err != nil {
+				return err
+			}
+		}
 	}
 	coalesceReport(w, server, args, o, started, time.Since(started), res)
 	return nil
@@ -207,8 +300,12 @@ func runCoalesce(ctx context.Context, dsn string, o coalesceOptions, args []stri
 func coalesceReport(w io.Writer, server string, args []string, o coalesceOptions, started time.Time, took time.Duration, res *coalesceResult) {
 	fmt.Fprintf(w, "## Coalesced transactions across latency and hot keys\n\n")
 	fmt.Fprintf(w, "Command: `%s`\n\n", commandLine(args))
-	fmt.Fprintf(w, "%s; lib/pq; %d round%s of %v per variant and setting, %d customers.\n\n",
-		runLine(started, took, server), o.rounds, plural(o.rounds), o.cell, coalesceCustomers)
+	pool := "a pool of one connection per worker"
+	if o.conns > 0 {
+		pool = fmt.Sprintf("a pool of %d connections shared by every worker of a setting", o.conns)
+	}
+	fmt.Fprintf(w, "%s; lib/pq, %s; %d round%s of %v per variant and setting, %d customers.\n\n",
+		runLine(started, took, server), pool, o.rounds, plural(o.rounds), o.cell, coalesceCustomers)
 	fmt.Fprintf(w, "The loyalty workload's (c) `ProcessMessage` and its coalesced variants (g) and (g'), each worker calling "+
 		"`ProcessMessage` once per message. The proxy delays each direction by the given time, as a network with that "+
 		"one-way latency would (rtt is the median SELECT 1 through it); hot is the share of messages whose customer is "+
@@ -267,17 +364,36 @@ func coalesceReport(w io.Writer, server string, args []string, o coalesceOptions
 	for _, e := range firstErrs {
 		fmt.Fprintf(w, "\nFirst error of %s\n", e)
 	}
-	fmt.Fprintln(w, "\n### Targets\n\nThe best (g) and the best (g') of each setting against (c): ≥ 2.2× optimistic and ≥ 1.4× with savepoints on a uniform workload, ≥ 1.3× with hot keys.")
-	fmt.Fprintln(w, "\n| network | workers | hot | best (g) ×(c) | met | best (g') ×(c) | met |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---|---:|---|")
+	if len(res.ceiling) > 0 {
+		fmt.Fprintf(w, "\n### The ceiling\n\n`%s %d %d 6` after each network's rounds, through the same proxy: the same statements "+
+			"in pgbench (no Go), one transaction per message against groups of %d with and without a savepoint per message.\n\n",
+			o.limit, ceilingGroup, o.ceilingClients(), ceilingGroup)
+		fmt.Fprintln(w, "| network | clients | one tx per message, msgs/s | groups with savepoints | groups without |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+		for _, l := range o.latencies {
+			if c, ok := res.ceiling[l]; ok {
+				fmt.Fprintf(w, "| %s | %d | %.0f | %.2f× | %.2f× |\n", (&pgxSetting{latency: l, rtt: res.rtt[l]}).label(), c.clients, c.one, c.sp, c.nosp)
+			}
+		}
+	}
+	fmt.Fprintln(w, "\n### Targets\n\nThe best (g) and the best (g') of each setting against (c): ≥ 2.2× optimistic and ≥ 1.4× with savepoints "+
+		"on a uniform workload, ≥ 1.3× with hot keys; and, where the ceiling was measured, ≥ 0.8 of the ceiling's own ratio "+
+		"(÷ ceiling is the best ratio over the ceiling's ratio of the same design on the same network).")
+	fmt.Fprintln(w, "\n| network | workers | hot | best (g) ×(c) | met | ÷ ceiling | met | best (g') ×(c) | met | ÷ ceiling | met |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---|---:|---|---:|---|---:|---|")
 	for _, b := range bests {
 		tg, tsp := 2.2, 1.4
 		if b.key.hot > 0 {
 			tg, tsp = 1.3, 1.3
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %.3f (%s) | %s | %.3f (%s) | %s |\n",
+		cg, csp, cgm, cspm := "–", "–", "–", "–"
+		if c, ok := res.ceiling[b.key.latency]; ok && b.key.hot == 0 {
+			cg, cgm = fmt.Sprintf("%.2f", b.g/c.nosp), met(b.g/c.nosp >= 0.8)
+			csp, cspm = fmt.Sprintf("%.2f", b.gsp/c.sp), met(b.gsp/c.sp >= 0.8)
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %.3f (%s) | %s | %s | %s | %.3f (%s) | %s | %s | %s |\n",
 			(&pgxSetting{latency: b.key.latency, rtt: res.rtt[b.key.latency]}).label(), b.key.workers, hotLabel(b.key.hot),
-			b.g, b.gn, met(b.g >= tg), b.gsp, b.gsn, met(b.gsp >= tsp))
+			b.g, b.gn, met(b.g >= tg), cg, cgm, b.gsp, b.gsn, met(b.gsp >= tsp), csp, cspm)
 	}
 }
 

@@ -24,11 +24,11 @@ func TestParseCoalesce(t *testing.T) {
 		t.Errorf("-coalesce: %+v", *o)
 	}
 
-	p, err = parse(strings.Fields("-coalesce -coalesce-workers 4,16 -latency 0,1ms -hot 0,0.1 -rounds 2 -cell 1s -pgx"), io.Discard)
+	p, err = parse(strings.Fields("-coalesce -coalesce-workers 4,128 -coalesce-conns 8 -latency 0,1ms -hot 0,0.1 -rounds 2 -cell 1s -pgx"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := p.coalesce; o == nil || !slices.Equal(o.workers, []int{4, 16}) || !slices.Equal(o.latencies, []time.Duration{0, time.Millisecond}) ||
+	if o := p.coalesce; o == nil || !slices.Equal(o.workers, []int{4, 128}) || o.conns != 8 || o.poolSize(128) != 8 || !slices.Equal(o.latencies, []time.Duration{0, time.Millisecond}) ||
 		!slices.Equal(o.hot, []float64{0, 0.1}) || o.rounds != 2 || o.cell != time.Second {
 		t.Errorf("-coalesce with settings: %+v", p.coalesce)
 	}
@@ -40,7 +40,11 @@ func TestParseCoalesce(t *testing.T) {
 		{"-hot 0.1", "-hot"},
 		{"-coalesce-workers 8", "-coalesce-workers"},
 		{"-coalesce -coalesce-workers 1", "-coalesce-workers"},
-		{"-coalesce -coalesce-workers 33", "-coalesce-workers"},
+		{"-coalesce -coalesce-workers 257", "-coalesce-workers"},
+		{"-coalesce-conns 8", "-coalesce-conns"},
+		{"-coalesce -coalesce-conns 65", "-coalesce-conns"},
+		{"-coalesce-limit x.sh", "-coalesce-limit"},
+		{"-coalesce -coalesce-limit /no/such/coalesce-limit.sh", "-coalesce-limit"},
 		{"-coalesce -coalesce-workers 8,x", "-coalesce-workers"},
 		{"-coalesce -hot 1.5", "-hot"},
 		{"-coalesce -hot -0.1", "-hot"},
@@ -57,6 +61,23 @@ func TestParseCoalesce(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.flag) {
 			t.Errorf("%s: error %q does not name %s", tc.args, err, tc.flag)
 		}
+	}
+}
+
+// TestParseCeiling reads coalesce-limit.sh's output, and refuses output
+// that lacks one of its three figures.
+func TestParseCeiling(t *testing.T) {
+	out := "clients 8, group of 16\none tx per message                3074 msg/s\n" +
+		"group, savepoint per message      4475 msg/s   ratio 1.46\ngroup, no savepoints              6791 msg/s   ratio 2.21\n"
+	c, err := parseCeiling(out, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.clients != 8 || c.one != 3074 || c.sp != 1.46 || c.nosp != 2.21 {
+		t.Errorf("ceiling %+v", c)
+	}
+	if _, err := parseCeiling(strings.Replace(out, "ratio 2.21", "", 1), 8); err == nil {
+		t.Error("no error for output without the no-savepoint ratio")
 	}
 }
 
@@ -80,8 +101,9 @@ func TestCoalesceReport(t *testing.T) {
 			res.retries[k]["coalesce4"] = int64(rates["coalesce4"] * h)
 		}
 	}
+	res.ceiling[0] = ceiling{clients: 8, one: 3000, sp: 1.5, nosp: 2.5}
 	var b strings.Builder
-	o := coalesceOptions{workers: []int{8}, latencies: []time.Duration{0, time.Millisecond}, hot: []float64{0, 0.1}, rounds: 1, cell: time.Second}
+	o := coalesceOptions{workers: []int{8}, conns: 8, limit: "coalesce-limit.sh", latencies: []time.Duration{0, time.Millisecond}, hot: []float64{0, 0.1}, rounds: 1, cell: time.Second}
 	coalesceReport(&b, "15.20", strings.Fields("-coalesce -latency 0,1ms -hot 0,0.1"), o, time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), time.Minute, res)
 	out := b.String()
 	for _, want := range []string{
@@ -91,8 +113,12 @@ func TestCoalesceReport(t *testing.T) {
 		"| loopback (rtt 80 µs) | 8 | none | (c) ProcessMessage, defaults | 1000 | 3.00 | 3.00 | 1.00 | 1.00 (1.00–1.00) | 0.0000 | 0 |",
 		"| loopback (rtt 80 µs) | 8 | none | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 2500 | 3.00 | 3.00 | 2.50 | 2.50 (2.50–2.50) | 0.0000 | 0 |",
 		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 1250 | 3.00 | 3.00 | 1.25 | 1.25 (1.25–1.25) | 0.2000 | 0 |",
-		"| loopback (rtt 80 µs) | 8 | none | 2.500 (coalesce4) | yes | 1.500 (coalesce8sp) | yes |",
-		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | 1.250 (coalesce4) | **no** | 0.750 (coalesce8sp) | **no** |",
+		"lib/pq, a pool of 8 connections shared by every worker of a setting;",
+		"`coalesce-limit.sh 16 8 6` after each network's rounds",
+		"| loopback (rtt 80 µs) | 8 | 3000 | 1.50× | 2.50× |",
+		"| loopback (rtt 80 µs) | 8 | none | 2.500 (coalesce4) | yes | 1.00 | yes | 1.500 (coalesce8sp) | yes | 1.00 | yes |",
+		"| loopback (rtt 80 µs) | 8 | 10% on 5 | 1.250 (coalesce4) | **no** | – | – | 0.750 (coalesce8sp) | **no** | – | – |",
+		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | none | 2.500 (coalesce4) | yes | – | – | 1.500 (coalesce8sp) | yes | – | – |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)

@@ -50,6 +50,14 @@
 //
 //	go run ./tests/bench -coalesce -coalesce-workers 8,32 -latency 0,1ms -hot 0,0.1 -rounds 2 -cell 1s
 //
+// -coalesce-conns N gives every setting a pool of N connections however
+// many workers call (the connection budget the coalesced groups share),
+// and -coalesce-limit PATH runs ../shared/bench/coalesce-limit.sh on each
+// network with N clients after its rounds and judges the targets against
+// its ratios too:
+//
+//	go run ./tests/bench -coalesce -coalesce-workers 8,128 -coalesce-conns 8 -coalesce-limit ../shared/bench/coalesce-limit.sh -latency 0,1ms -hot 0,0.1
+//
 // With -cleanup N it measures Cleanup of N expired claims (beside N/10
 // live ones) in batches of 10,000 and 50,000 against the guide's ctid IN
 // batch and one DELETE; with -partitions N, MaintainPartitions dropping
@@ -66,6 +74,9 @@
 // in turn and head to head (see adapters.go):
 //
 //	go run ./tests/bench -adapters -adapters-workers 8 -adapters-messages 2000 -rounds 2
+//
+// and with -adapters-coalesce N each consumer again on a Middleware
+// WithCoalescing of groups of up to N, in the same rounds.
 //
 // Modes combine: -kafka, -pgx, -http, -growth, -cleanup, -partitions,
 // -outbox, -coalesce and -adapters run each in turn, in that order, after
@@ -288,10 +299,13 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	outboxMessages := fs.Int("outbox-messages", 400, "with -outbox: messages enqueued at 100 a second for the delay")
 	coalesceMode := fs.Bool("coalesce", false, "measure ProcessMessage with and without WithCoalescing across -latency and -hot (see coalesce.go)")
 	coalesceWorkers := fs.String("coalesce-workers", "8,32", "with -coalesce: comma-separated numbers of concurrent workers")
+	coalesceLimit := fs.String("coalesce-limit", "", "with -coalesce: path of coalesce-limit.sh: run it on each network after its rounds, with as many clients as -coalesce-conns, and report the targets against its ratios")
+	coalesceConns := fs.Int("coalesce-conns", 0, "with -coalesce: connections of the pool every variant shares (default: one per worker)")
 	hot := fs.String("hot", "0", "with -coalesce: comma-separated shares of messages (e.g. 0,0.1) whose customer is one of 5 hot ones")
 	adaptersMode := fs.Bool("adapters", false, "measure each adapter's per-message consumer against ProcessMessage with as many workers and the same effect (see adapters.go)")
 	adaptersWorkers := fs.Int("adapters-workers", 4, "with -adapters: workers of each consumer")
 	adaptersMessages := fs.Int("adapters-messages", 2000, "with -adapters: messages each consumer applies per round")
+	adaptersCoalesce := fs.Int("adapters-coalesce", 0, "with -adapters: also run each consumer on a Middleware WithCoalescing of groups of up to this many (0: not)")
 	adaptersOnly := fs.String("adapters-consumers", strings.Join(adapterNames, ","), "with -adapters: comma-separated consumers to run")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -305,7 +319,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		"http-workers": "http",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
 		"outbox-rows": "outbox", "outbox-messages": "outbox",
-		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters"} {
+		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters", "adapters-coalesce": "adapters"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -380,11 +394,11 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if err := p.parseOutbox(*outboxMode, *outboxRows, *outboxMessages, *rounds); err != nil {
 		return nil, err
 	}
-	if err := p.parseCoalesce(*coalesceMode, set, *coalesceWorkers, *latency, *hot, *rounds, *cell, *warmup); err != nil {
+	if err := p.parseCoalesce(*coalesceMode, set, *coalesceWorkers, *coalesceConns, *coalesceLimit, *latency, *hot, *rounds, *cell, *warmup); err != nil {
 		return nil, err
 	}
 	if *adaptersMode {
-		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersOnly, *rounds)
+		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersCoalesce, *adaptersOnly, *rounds)
 		if err != nil {
 			return nil, err
 		}
