@@ -47,8 +47,11 @@ type coalescer struct {
 	max        int
 	wait       time.Duration
 	savepoints bool
-	mu         sync.Mutex
-	open       *group // the group accepting members, nil if none
+	// lockWaitSQL bounds the lock waits of a group's handlers
+	// (Coalescing.LockWait); "" is no bound.
+	lockWaitSQL string
+	mu          sync.Mutex
+	open        *group // the group accepting members, nil if none
 }
 
 // group is the members gathered for one transaction; full is closed when
@@ -88,6 +91,27 @@ type handled struct {
 	err      error
 	panicked bool
 	value    any
+}
+
+// coalesceLockWaitSQL returns the statement that bounds a group's lock
+// waits for Coalescing.LockWait w on d: "" where there is none to set.
+func coalesceLockWaitSQL(d dialect.Dialect, w time.Duration) (string, error) {
+	if w < 0 {
+		return "", nil
+	}
+	_, resets := d.(dialect.LockTimeoutResetter)
+	q := ""
+	if !resets {
+		bound := w
+		if bound == 0 {
+			bound = DefaultLockWait
+		}
+		q = d.LockTimeoutSQL(bound)
+	}
+	if q == "" && w > 0 {
+		return "", fmt.Errorf("idempotent: WithCoalescing: LockWait %v: the %s dialect cannot bound lock waits for one transaction", w, d.Name())
+	}
+	return q, nil
 }
 
 // errRegroup ends a group's transaction when a member failed on its own or
@@ -376,6 +400,9 @@ func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptS
 		st.skipCommit = true
 		return nil
 	}
+	if err := c.boundLockWaits(ctx, tx); err != nil {
+		return err
+	}
 	for j, ok := range isNew {
 		if !ok {
 			continue
@@ -396,6 +423,9 @@ func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptS
 func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	m := c.m
 	applied := false
+	if err := c.boundLockWaits(ctx, tx); err != nil {
+		return err
+	}
 	for i, mb := range live {
 		if _, err := tx.ExecContext(ctx, dialect.MessageSavepointSQL); err != nil {
 			return fmt.Errorf("idempotent: savepoint: %w", err)
@@ -428,6 +458,18 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 	}
 	if !applied {
 		st.skipCommit = true
+	}
+	return nil
+}
+
+// boundLockWaits sets the group's lock wait bound (Coalescing.LockWait),
+// if any, for the rest of tx.
+func (c *coalescer) boundLockWaits(ctx context.Context, tx *sql.Tx) error {
+	if c.lockWaitSQL == "" {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, c.lockWaitSQL); err != nil {
+		return fmt.Errorf("idempotent: coalesced group: bound lock waits: %w", err)
 	}
 	return nil
 }
@@ -466,9 +508,19 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 	}
 	if err != nil {
 		if v == nil && !contextError(err) && mb.ctx.Err() == nil {
-			if class := m.d.Classify(err); class.Retryable() && m.run.suffered(ctx, tx, class, err) {
+			class := m.d.Classify(err)
+			if class.Retryable() && m.run.suffered(ctx, tx, class, err) {
 				// The transaction's own failure: the group retries.
 				return false, fmt.Errorf("key %q: %w", mb.msg.Key, err)
+			}
+			if class.Kind == dialect.KindLockTimeout && c.lockWaitSQL != "" {
+				// It waited for a lock past the group's bound: it leaves
+				// the group and runs alone, unbounded.
+				if m.run.onRetry != nil {
+					m.run.onRetry(mb.ctx, mb.msg.Key, 1, class, err, 0)
+				}
+				p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{alone: true})
+				return true, nil
 			}
 		}
 		p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{err: c.keyError(mb.msg.Key, err)})

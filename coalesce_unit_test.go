@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ type callerKey struct{}
 // handler.
 func runGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idempotent.TxFunc, opts ...idempotent.Option) map[string]coalesced {
 	t.Helper()
-	opts = append([]idempotent.Option{idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second})}, opts...)
+	opts = append([]idempotent.Option{idempotent.WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second, LockWait: -1})}, opts...)
 	mw := newMiddleware(t, r, opts...)
 	var mu sync.Mutex
 	got := map[string]coalesced{}
@@ -223,7 +224,7 @@ func TestCoalescing(t *testing.T) {
 		expectGroupClaim(r.mock, []string{"b"}, "b")
 		expectEffect(r.mock)
 		r.mock.ExpectCommit()
-		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
 		actx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		aDone := make(chan error, 1)
@@ -295,7 +296,7 @@ func TestCoalescing(t *testing.T) {
 
 func TestCoalescingWithSavepoints(t *testing.T) {
 	sp := func(n int) idempotent.Option {
-		return idempotent.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: true})
+		return idempotent.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: true, LockWait: -1})
 	}
 	expectSP := func(m sqlmock.Sqlmock, q string) {
 		m.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
@@ -414,4 +415,71 @@ func TestWithCoalescingRefusesBadBounds(t *testing.T) {
 	if err != nil || mw.Config().Coalescing != (idempotent.Coalescing{Max: 8, Wait: time.Millisecond}) {
 		t.Fatalf("got (%+v, %v)", mw.Config().Coalescing, err)
 	}
+}
+
+// TestCoalescingLockWait scripts the lock wait bound of a group: set once
+// after the group's claims (optimistic) or after BEGIN (savepoints), and a
+// handler whose statement ran out of it leaves the group and runs alone.
+func TestCoalescingLockWait(t *testing.T) {
+	waitSQL := pg.LockTimeoutSQL(idempotent.DefaultLockWait)
+	t.Run("optimistic: the default bound, once, after the claims", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		r.mock.ExpectExec(waitSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) },
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, waitSQL, effectSQL, effectSQL, "COMMIT")
+	})
+	t.Run("savepoints: a handler past the bound leaves the group and runs alone after its COMMIT", func(t *testing.T) {
+		r := newRecorded(t)
+		expectSP := func(q string) { r.mock.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
+		r.mock.ExpectBegin()
+		expectSP(waitSQL)
+		expectSP(dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "55P03", Message: "canceling statement due to lock timeout"})
+		expectSP(dialect.MessageRollbackSQL)
+		expectSP(dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "b", 1)
+		expectEffect(r.mock)
+		expectSP(dialect.MessageReleaseSQL)
+		r.mock.ExpectCommit()
+		expectApplied(r.mock, "a") // alone: BEGIN, claim, effect, COMMIT
+		ev := &events{}
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) },
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: true, LockWait: idempotent.DefaultLockWait}),
+			idempotent.WithObserver(ev))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", waitSQL, dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT",
+			"BEGIN", claimSQL, effectSQL, "COMMIT")
+		if len(ev.retries) != 1 || ev.retries[0].Key != "a" || ev.retries[0].Reason != "lock_timeout" || ev.retries[0].Code != "55P03" {
+			t.Errorf("observer heard retries %+v, want a's lock timeout", ev.retries)
+		}
+	})
+	t.Run("bounds refused: over a minute; a positive bound on a dialect whose lock timeout outlives the transaction", func(t *testing.T) {
+		r := newRecorded(t)
+		if _, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: 2 * time.Minute})); err == nil || !strings.Contains(err.Error(), "LockWait") {
+			t.Errorf("LockWait of 2m: error %v, want one naming LockWait", err)
+		}
+		my := resetDialect{pg}
+		if _, err := idempotent.New(r.db, my, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: time.Second})); err == nil || !strings.Contains(err.Error(), "LockWait") {
+			t.Errorf("LockWait on %s: error %v, want one naming LockWait", my.Name(), err)
+		}
+		if _, err := idempotent.New(r.db, my, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond})); err != nil {
+			t.Errorf("the default LockWait on %s: %v, want no bound and no error", my.Name(), err)
+		}
+		if _, err := idempotent.New(r.db, my, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: -1})); err != nil {
+			t.Errorf("no LockWait on %s: %v", my.Name(), err)
+		}
+	})
 }

@@ -34,7 +34,7 @@ func ExampleWithCoalescing() {
 
 	// What the database sees: one transaction for the three.
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectBatchApplied([]string{"order-completed:1", "order-completed:2", "order-completed:3"}, "order-completed:1", "order-completed:3")
+	m.ExpectGroupApplied([]string{"order-completed:1", "order-completed:2", "order-completed:3"}, "order-completed:1", "order-completed:3")
 	m.ExpectExec(creditSQL).WithArgs(50, 1).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectExec(creditSQL).WithArgs(50, 3).WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectCommit()

@@ -151,6 +151,9 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	if cfg.coalesce.Max > 0 {
 		m.co = &coalescer{m: m, max: cfg.coalesce.Max, wait: cfg.coalesce.Wait, savepoints: cfg.coalesce.Savepoints}
+		if m.co.lockWaitSQL, err = coalesceLockWaitSQL(d, cfg.coalesce.LockWait); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkSeen(cfg.seen, d); err != nil {
 		return nil, err

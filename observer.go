@@ -33,7 +33,8 @@ type RetryEvent struct {
 	// Attempt is the number of the attempt that failed (1 for the first).
 	Attempt int
 	// Reason is the dialect's kind of failure: "serialization" or
-	// "connection".
+	// "connection"; or "lock_timeout" for a coalesced message whose
+	// handler waited past Coalescing.LockWait and that runs again alone.
 	Reason string
 	// Code is the database's error code (an SQLSTATE such as "40001"), or
 	// "" when the failure carried none, as for a dropped socket.

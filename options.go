@@ -183,7 +183,27 @@ type Coalescing struct {
 	// optimistic default claims the whole group in one statement and
 	// spends more only when a handler fails. Default is false.
 	Savepoints bool
+	// LockWait bounds how long a handler in a group may wait for a lock
+	// (a row another transaction holds) before its message leaves the
+	// group and runs in a transaction of its own, with no such bound,
+	// while the rest of the group goes on without it. A group holds every
+	// lock its handlers took until its COMMIT, so two groups that touch
+	// the same hot rows in opposite orders deadlock, and Postgres finds a
+	// deadlock only after deadlock_timeout (1s by default): the bound
+	// turns that second into LockWait, and moves the messages on hot rows
+	// out of the groups. It is set with SET LOCAL lock_timeout, once per
+	// group, on a dialect whose lock timeout lasts until the end of the
+	// transaction (Postgres): zero is DefaultLockWait there and no bound
+	// elsewhere (InnoDB finds deadlocks at once; SQLite has one writer);
+	// a negative LockWait sets no bound. A positive LockWait on another
+	// dialect is refused. A handler that sets lock_timeout itself sets it
+	// for the handlers after it in the group too.
+	LockWait time.Duration
 }
+
+// DefaultLockWait is Coalescing.LockWait's bound where the dialect can set
+// one for a transaction (Postgres).
+const DefaultLockWait = 50 * time.Millisecond
 
 // WithCoalescing makes concurrent ProcessMessage calls (and WrapMessage's,
 // and so every adapter's per-message workers) share transactions: calls
@@ -240,6 +260,8 @@ func WithCoalescing(c Coalescing) Option {
 			return fmt.Errorf("idempotent: WithCoalescing: Max is %d, want 2 to %d", c.Max, MaxBatchSize)
 		case c.Wait < time.Microsecond || c.Wait > time.Second:
 			return fmt.Errorf("idempotent: WithCoalescing: Wait is %v, want 1µs to 1s", c.Wait)
+		case c.LockWait > time.Minute:
+			return fmt.Errorf("idempotent: WithCoalescing: LockWait is %v, want at most a minute (or 0 for the default, negative for none)", c.LockWait)
 		}
 		cfg.coalesce = c
 		return nil

@@ -44,8 +44,14 @@ type Mock struct {
 	hk        dialect.HorizonKeeper
 	lockSQL   string
 	lockReset string
-	txidSQL   string
-	schema    []string
+	// groupWaitSQL bounds a coalesced group's lock waits
+	// (Coalescing.LockWait), "" when there is no bound; groupSavepoints is
+	// Coalescing.Savepoints.
+	groupWaitSQL    string
+	groupSavepoints bool
+	coalescing      bool
+	txidSQL         string
+	schema          []string
 	// part is the dialect's partitioner in partitioned mode
 	// (WithDailyPartitions), nil otherwise.
 	part  dialect.Partitioner
@@ -66,6 +72,7 @@ type settings struct {
 	strictGuard bool
 	leadDays    int
 	fence       fence
+	coalescing  idempotent.Coalescing
 }
 
 // fence is the retention fence of ProcessMessage: the window, the clock-skew
@@ -97,6 +104,19 @@ func WithLockTimeout(d time.Duration) Option {
 			return fmt.Errorf("WithLockTimeout: %v is not a positive duration", d)
 		}
 		s.lockTimeout = d
+		return nil
+	})
+}
+
+// WithCoalescing matches idempotent.WithCoalescing, for ExpectGroupApplied:
+// a group's claims are followed by the bound of its lock waits
+// (Coalescing.LockWait) where the dialect sets one. Default is none.
+func WithCoalescing(c idempotent.Coalescing) Option {
+	return optionFunc(func(s *settings) error {
+		if c.Max < 2 {
+			return fmt.Errorf("WithCoalescing: Max is %d, want at least 2", c.Max)
+		}
+		s.coalescing = c
 		return nil
 	})
 }
@@ -209,6 +229,9 @@ func configOptions(cfg idempotent.Config) []Option {
 	if cfg.StrictGuard {
 		opts = append(opts, WithStrictGuard())
 	}
+	if cfg.Coalescing.Max > 0 {
+		opts = append(opts, WithCoalescing(cfg.Coalescing))
+	}
 	if cfg.Partitioned() {
 		opts = append(opts, WithDailyPartitions(cfg.PartitionLeadDays))
 	}
@@ -273,6 +296,17 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 		}
 		if r, ok := d.(dialect.LockTimeoutResetter); ok {
 			m.lockReset = r.LockTimeoutResetSQL()
+		}
+	}
+	if c := s.coalescing; c.Max > 0 {
+		m.coalescing, m.groupSavepoints = true, c.Savepoints
+		_, resets := d.(dialect.LockTimeoutResetter)
+		if c.LockWait >= 0 && !resets {
+			w := c.LockWait
+			if w == 0 {
+				w = idempotent.DefaultLockWait
+			}
+			m.groupWaitSQL = d.LockTimeoutSQL(w)
 		}
 	}
 	if s.strictGuard {

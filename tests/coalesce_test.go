@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,4 +333,95 @@ func TestCoalescedGroupLostCommit(t *testing.T) {
 	}
 	sameTx(t, res, 0, 1, 2)
 	c.wantAudit(t, keys, nil)
+}
+
+// TestCoalescedGroupLockWait holds a row lock outside the library and
+// sends a group two messages, one of whose handlers needs that row: past
+// Coalescing.LockWait that message leaves the group, the other commits
+// while the lock is still held, and the first is applied alone once the
+// lock goes — each exactly once, in both designs.
+func TestCoalescedGroupLockWait(t *testing.T) {
+	if pgDSN == "" {
+		t.Skip(skipReason)
+	}
+	for _, savepoints := range []bool{false, true} {
+		t.Run(fmt.Sprintf("savepoints=%v", savepoints), func(t *testing.T) {
+			c := coDBs()[0](t)
+			ctx := context.Background()
+			rows := c.audit + "_rows"
+			if _, err := c.db.Exec("CREATE TABLE " + rows + " (id int PRIMARY KEY, n int NOT NULL); INSERT INTO " + rows + " VALUES (1, 0)"); err != nil {
+				t.Fatal(err)
+			}
+			mw, err := idempotent.New(c.db, c.d, "coalesce", idempotent.WithTable(c.table),
+				idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: savepoints, LockWait: 50 * time.Millisecond}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder, err := c.db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = holder.Rollback() }()
+			if _, err := holder.Exec("SELECT n FROM " + rows + " WHERE id = 1 FOR UPDATE"); err != nil {
+				t.Fatal(err)
+			}
+			var hotRuns atomic.Int32
+			hot := make(chan coResult, 1)
+			cold := make(chan coResult, 1)
+			var coldTx, firstColdTx, firstHotTx *sql.Tx
+			go func() {
+				var r coResult
+				r.outcome, r.err = mw.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx *sql.Tx) error {
+					if hotRuns.Add(1) == 1 {
+						firstHotTx = tx
+					}
+					r.tx = tx
+					if _, err := tx.ExecContext(ctx, "UPDATE "+rows+" SET n = n + 1 WHERE id = 1"); err != nil {
+						return err
+					}
+					return c.apply(ctx, tx, "hot")
+				})
+				hot <- r
+			}()
+			go func() {
+				var r coResult
+				r.outcome, r.err = mw.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx *sql.Tx) error {
+					if firstColdTx == nil {
+						firstColdTx = tx
+					}
+					coldTx, r.tx = tx, tx
+					return c.apply(ctx, tx, "cold")
+				})
+				cold <- r
+			}()
+			select {
+			case r := <-cold:
+				if r.err != nil || r.outcome != idempotent.Applied {
+					t.Fatalf("cold: %+v, want applied", r)
+				}
+			case r := <-hot:
+				t.Fatalf("hot finished first, while its row was locked: %+v", r)
+			case <-time.After(30 * time.Second):
+				t.Fatal("cold did not commit while the hot row was locked: its group waited for the lock")
+			}
+			if e, n := c.audited(t, "cold"); e != 1 || n != 1 {
+				t.Fatalf("cold: %d effects and %d claims while the lock is held, want 1 and 1", e, n)
+			}
+			if err := holder.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-hot
+			if r.err != nil || r.outcome != idempotent.Applied {
+				t.Fatalf("hot: %+v, want applied", r)
+			}
+			if firstHotTx != firstColdTx || r.tx == coldTx || hotRuns.Load() != 2 {
+				t.Errorf("hot ran %d times; its first run should share cold's first transaction and its last run have one of its own", hotRuns.Load())
+			}
+			c.wantAudit(t, []string{"hot", "cold"}, nil)
+			var n int
+			if err := c.db.QueryRow("SELECT n FROM " + rows + " WHERE id = 1").Scan(&n); err != nil || n != 1 {
+				t.Fatalf("hot row n = %d (%v), want 1", n, err)
+			}
+		})
+	}
 }
