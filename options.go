@@ -230,7 +230,9 @@ const DefaultLockWait = 50 * time.Millisecond
 // A failure of the transaction itself (a serialization failure, a deadlock,
 // a lost connection, a COMMIT whose answer was lost) is retried for the
 // whole group under the retry policy; a lost COMMIT that landed makes every
-// message of the group Duplicate on the retry. A caller whose context ends
+// message of the group Duplicate on the retry. A handler whose lock wait ran
+// past c.LockWait is not a failure: its message leaves the group and runs
+// in a transaction of its own, while the group goes on without it. A caller whose context ends
 // before the COMMIT starts gets the context's error, and its work is rolled
 // back with the group's attempt; once the COMMIT has started the caller
 // waits for it. A claim that fails for good (ErrClaimBusy under
