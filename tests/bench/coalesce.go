@@ -61,6 +61,20 @@ type ceiling struct {
 	output   string
 }
 
+// ceiling returns the median of each of the ceiling's figures at network
+// l over the rounds, and whether there were any.
+func (r *coalesceResult) ceiling(l time.Duration) (ceiling, bool) {
+	cs := r.ceilings[l]
+	if len(cs) == 0 {
+		return ceiling{}, false
+	}
+	var one, sp, nosp []float64
+	for _, c := range cs {
+		one, sp, nosp = append(one, c.one), append(sp, c.sp), append(nosp, c.nosp)
+	}
+	return ceiling{clients: cs[0].clients, one: median(one), sp: median(sp), nosp: median(nosp)}, true
+}
+
 // parseCeiling reads coalesce-limit.sh's output.
 func parseCeiling(out string, clients int) (ceiling, error) {
 	c := ceiling{clients: clients, output: strings.TrimSpace(out)}
@@ -174,15 +188,15 @@ type coalesceKey struct {
 // coalesceResult is what -coalesce measured: per setting and variant, the
 // cells' stats and the retries the variant's Middleware reported.
 type coalesceResult struct {
-	stats   map[coalesceKey]map[string]*stats
-	retries map[coalesceKey]map[string]int64
-	rtt     map[time.Duration]time.Duration
-	ceiling map[time.Duration]ceiling // by network, with -coalesce-limit
+	stats    map[coalesceKey]map[string]*stats
+	retries  map[coalesceKey]map[string]int64
+	rtt      map[time.Duration]time.Duration
+	ceilings map[time.Duration][]ceiling // by network, one per round, with -coalesce-limit
 }
 
 func newCoalesceResult() *coalesceResult {
 	return &coalesceResult{stats: map[coalesceKey]map[string]*stats{}, retries: map[coalesceKey]map[string]int64{},
-		rtt: map[time.Duration]time.Duration{}, ceiling: map[time.Duration]ceiling{}}
+		rtt: map[time.Duration]time.Duration{}, ceilings: map[time.Duration][]ceiling{}}
 }
 
 // at returns the stats of the variant at k, made empty on first use.
@@ -284,11 +298,13 @@ func runCoalesce(ctx context.Context, dsn string, o coalesceOptions, args []stri
 				_ = plain.Close()
 				_ = guarded.Close()
 			}
-		}
-		if o.limit != "" {
-			fmt.Fprintf(log, "running %s through %s\n", o.limit, target)
-			if res.ceiling[l], err = runCeiling(ctx, o.limit, target, o.ceilingClients(), log); err != nil {
-				return err
+			if o.limit != "" {
+				fmt.Fprintf(log, "round %d/%d  running %s through %s\n", r+1, o.rounds, o.limit, target)
+				c, err := runCeiling(ctx, o.limit, target, o.ceilingClients(), log)
+				if err != nil {
+					return err
+				}
+				res.ceilings[l] = append(res.ceilings[l], c)
 			}
 		}
 	}
@@ -364,16 +380,22 @@ func coalesceReport(w io.Writer, server string, args []string, o coalesceOptions
 	for _, e := range firstErrs {
 		fmt.Fprintf(w, "\nFirst error of %s\n", e)
 	}
-	if len(res.ceiling) > 0 {
-		fmt.Fprintf(w, "\n### The ceiling\n\n`%s %d %d 6` after each network's rounds, through the same proxy: the same statements "+
-			"in pgbench (no Go), one transaction per message against groups of %d with and without a savepoint per message.\n\n",
-			o.limit, ceilingGroup, o.ceilingClients(), ceilingGroup)
-		fmt.Fprintln(w, "| network | clients | one tx per message, msgs/s | groups with savepoints | groups without |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	if len(res.ceilings) > 0 {
+		fmt.Fprintf(w, "\n### The ceiling\n\n`%s %d %d 6` after each round of each network, through the same proxy: the same "+
+			"statements in pgbench (no Go), one transaction per message against groups of %d with and without a savepoint per "+
+			"message; the median of the rounds, and each round's ratios.\n\n", o.limit, ceilingGroup, o.ceilingClients(), ceilingGroup)
+		fmt.Fprintln(w, "| network | clients | one tx per message, msgs/s | groups with savepoints | groups without | by round (with / without) |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---|")
 		for _, l := range o.latencies {
-			if c, ok := res.ceiling[l]; ok {
-				fmt.Fprintf(w, "| %s | %d | %.0f | %.2f× | %.2f× |\n", (&pgxSetting{latency: l, rtt: res.rtt[l]}).label(), c.clients, c.one, c.sp, c.nosp)
+			c, ok := res.ceiling(l)
+			if !ok {
+				continue
 			}
+			var rs []string
+			for _, r := range res.ceilings[l] {
+				rs = append(rs, fmt.Sprintf("%.2f / %.2f", r.sp, r.nosp))
+			}
+			fmt.Fprintf(w, "| %s | %d | %.0f | %.2f× | %.2f× | %s |\n", (&pgxSetting{latency: l, rtt: res.rtt[l]}).label(), c.clients, c.one, c.sp, c.nosp, strings.Join(rs, ", "))
 		}
 	}
 	fmt.Fprintln(w, "\n### Targets\n\nThe best (g) and the best (g') of each setting against (c): ≥ 2.2× optimistic and ≥ 1.4× with savepoints "+
@@ -387,7 +409,7 @@ func coalesceReport(w io.Writer, server string, args []string, o coalesceOptions
 			tg, tsp = 1.3, 1.3
 		}
 		cg, csp, cgm, cspm := "–", "–", "–", "–"
-		if c, ok := res.ceiling[b.key.latency]; ok && b.key.hot == 0 {
+		if c, ok := res.ceiling(b.key.latency); ok && b.key.hot == 0 {
 			cg, cgm = fmt.Sprintf("%.2f", b.g/c.nosp), met(b.g/c.nosp >= 0.8)
 			csp, cspm = fmt.Sprintf("%.2f", b.gsp/c.sp), met(b.gsp/c.sp >= 0.8)
 		}

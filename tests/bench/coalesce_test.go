@@ -101,7 +101,7 @@ func TestCoalesceReport(t *testing.T) {
 			res.retries[k]["coalesce4"] = int64(rates["coalesce4"] * h)
 		}
 	}
-	res.ceiling[0] = ceiling{clients: 8, one: 3000, sp: 1.5, nosp: 2.5}
+	res.ceilings[0] = []ceiling{{clients: 8, one: 2000, sp: 1.4, nosp: 2.6}, {clients: 8, one: 3000, sp: 1.5, nosp: 2.5}, {clients: 8, one: 3100, sp: 1.6, nosp: 2.4}}
 	var b strings.Builder
 	o := coalesceOptions{workers: []int{8}, conns: 8, limit: "coalesce-limit.sh", latencies: []time.Duration{0, time.Millisecond}, hot: []float64{0, 0.1}, rounds: 1, cell: time.Second}
 	coalesceReport(&b, "15.20", strings.Fields("-coalesce -latency 0,1ms -hot 0,0.1"), o, time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), time.Minute, res)
@@ -114,8 +114,8 @@ func TestCoalesceReport(t *testing.T) {
 		"| loopback (rtt 80 µs) | 8 | none | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 2500 | 3.00 | 3.00 | 2.50 | 2.50 (2.50–2.50) | 0.0000 | 0 |",
 		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | 10% on 5 | (g) ProcessMessage, WithCoalescing: up to 4 per tx, 1ms wait | 1250 | 3.00 | 3.00 | 1.25 | 1.25 (1.25–1.25) | 0.2000 | 0 |",
 		"lib/pq, a pool of 8 connections shared by every worker of a setting;",
-		"`coalesce-limit.sh 16 8 6` after each network's rounds",
-		"| loopback (rtt 80 µs) | 8 | 3000 | 1.50× | 2.50× |",
+		"`coalesce-limit.sh 16 8 6` after each round of each network",
+		"| loopback (rtt 80 µs) | 8 | 3000 | 1.50× | 2.50× | 1.40 / 2.60, 1.50 / 2.50, 1.60 / 2.40 |",
 		"| loopback (rtt 80 µs) | 8 | none | 2.500 (coalesce4) | yes | 1.00 | yes | 1.500 (coalesce8sp) | yes | 1.00 | yes |",
 		"| loopback (rtt 80 µs) | 8 | 10% on 5 | 1.250 (coalesce4) | **no** | – | – | 0.750 (coalesce8sp) | **no** | – | – |",
 		"| proxy, 1ms each way (rtt 2.40 ms) | 8 | none | 2.500 (coalesce4) | yes | – | – | 1.500 (coalesce8sp) | yes | – | – |",
