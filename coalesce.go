@@ -439,6 +439,13 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 		}
 		if claimed {
 			p.outcomes[i] = Applied
+			if m.lockSQL != "" {
+				// The claim's own lock timeout (WithLockTimeout) lasts
+				// to the end of the transaction: the group's bound again.
+				if err := c.boundLockWaits(ctx, tx); err != nil {
+					return err
+				}
+			}
 			own, err := c.handle(ctx, tx, st, mb, p)
 			if err != nil {
 				return err

@@ -466,6 +466,29 @@ func TestCoalescingLockWait(t *testing.T) {
 			t.Errorf("observer heard retries %+v, want a's lock timeout", ev.retries)
 		}
 	})
+	t.Run("savepoints with WithLockTimeout: the group's bound again after each claim's own", func(t *testing.T) {
+		r := newRecorded(t)
+		lockSQL := pg.LockTimeoutSQL(time.Second)
+		expectSP := func(q string) { r.mock.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
+		r.mock.ExpectBegin()
+		expectSP(waitSQL)
+		for range 2 {
+			expectSP(dialect.MessageSavepointSQL)
+			expectSP(lockSQL)
+			r.mock.ExpectExec(claimSQL).WillReturnResult(sqlmock.NewResult(0, 1))
+			expectSP(waitSQL)
+			expectEffect(r.mock)
+			expectSP(dialect.MessageReleaseSQL)
+		}
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) },
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: true}), idempotent.WithLockTimeout(time.Second))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied", got)
+		}
+		r.wantCalls(t, "BEGIN", waitSQL, dialect.MessageSavepointSQL, lockSQL, claimSQL, waitSQL, effectSQL, dialect.MessageReleaseSQL,
+			dialect.MessageSavepointSQL, lockSQL, claimSQL, waitSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
+	})
 	t.Run("bounds refused: over a minute; a positive bound on a dialect whose lock timeout outlives the transaction", func(t *testing.T) {
 		r := newRecorded(t)
 		if _, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: 2 * time.Minute})); err == nil || !strings.Contains(err.Error(), "LockWait") {
