@@ -5,13 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/coalesce"
 )
 
 // Coalesced transactions (WithCoalescing).
@@ -28,17 +25,10 @@ import (
 // had committed, so the others' handlers run again from scratch. A failure
 // of the transaction itself is retried for the group by the retry policy.
 //
-// A member moves through the states below; the driver and the member race
-// only on a compare-and-swap out of memberWaiting, so a caller whose
-// context ends either withdraws before the driver commits (its work is then
-// rolled back and the group runs again without it) or waits for the COMMIT
-// it can no longer stop.
-const (
-	memberWaiting    int32 = iota // may withdraw
-	memberCommitting              // the driver is committing: wait for its word
-	memberWithdrawn               // the caller left; the driver drops it
-	memberFinished                // the driver has sent (or is sending) its final word
-)
+// The grouping itself — joining, closing, handing the transaction to each
+// caller in turn, a caller's withdrawal, the final words — is
+// internal/coalesce, shared with the pgx path (package idempgx); this file
+// is the group's transaction on database/sql.
 
 // coalescer gathers a Middleware's concurrent ProcessMessage calls into
 // groups.
@@ -50,47 +40,20 @@ type coalescer struct {
 	// lockWaitSQL bounds the lock waits of a group's handlers
 	// (Coalescing.LockWait); "" is no bound.
 	lockWaitSQL string
-	mu          sync.Mutex
-	open        *group // the group accepting members, nil if none
-}
-
-// group is the members gathered for one transaction; full is closed when
-// it has max members.
-type group struct {
-	members []*member
-	full    chan struct{}
+	g           coalesce.Coalescer[*sql.Tx, Outcome]
 }
 
 // member is one caller of ProcessMessage waiting in a group.
-type member struct {
-	ctx   context.Context
-	msg   Message
-	fn    TxFunc
-	state atomic.Int32
-	in    chan turn     // from the driver: run the handler, or the final word; capacity 1
-	ret   chan handled  // to the driver: how the handler ended; capacity 1
-	gone  chan struct{} // closed when the member withdrew
-}
+type member = coalesce.Member[*sql.Tx, Outcome]
 
-// turn is what the driver hands a member: a transaction to run its handler
-// in (ctx carries the caller's values and the member's guard token), or,
-// when final is set, how the delivery ended.
-type turn struct {
-	ctx context.Context
-	tx  *sql.Tx
+// final is a member's final word.
+type final = coalesce.Final[Outcome]
 
-	final    bool
-	alone    bool // run the single-message path on the caller's goroutine
-	outcome  Outcome
-	attempts int
-	err      error
-}
-
-// handled is how a member's handler ended.
-type handled struct {
-	err      error
-	panicked bool
-	value    any
+// newCoalescer returns the coalescer of WithCoalescing(c) for m.
+func newCoalescer(m *Middleware, c Coalescing) *coalescer {
+	co := &coalescer{m: m, max: c.Max, wait: c.Wait, savepoints: c.Savepoints}
+	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.run}
+	return co
 }
 
 // coalesceLockWaitSQL returns the statement that bounds a group's lock
@@ -126,68 +89,16 @@ func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc) (Outcom
 	if err := refuseNested(ctx); err != nil {
 		return 0, 0, err
 	}
-	mb := &member{ctx: ctx, msg: msg, fn: fn, in: make(chan turn, 1), ret: make(chan handled, 1), gone: make(chan struct{})}
-	c.join(mb)
-	var panicked *handled // the handler's panic, re-raised once the driver has rolled back
-	for {
-		var t turn
-		select {
-		case t = <-mb.in:
-		case <-ctx.Done():
-			if mb.state.CompareAndSwap(memberWaiting, memberWithdrawn) {
-				close(mb.gone)
-				if panicked != nil {
-					panic(panicked.value)
-				}
-				return 0, 0, c.keyError(msg.Key, ctx.Err())
-			}
-			// The driver is committing, or has finished with this
-			// member: its word comes next.
-			for t = <-mb.in; !t.final; t = <-mb.in {
-				mb.ret <- handled{err: ctx.Err()}
-			}
-		}
-		if !t.final {
-			h := c.runHandler(mb, t)
-			if h.panicked {
-				panicked = &h
-			}
-			mb.ret <- h
-			continue
-		}
-		if panicked != nil {
-			panic(panicked.value)
-		}
-		if t.alone {
-			return c.m.claimAndRun(ctx, &c.m.run, msg, fn)
-		}
-		if t.err == nil {
-			c.m.recordSeen(ctx, msg.Key)
-		}
-		return t.outcome, t.attempts, t.err
+	w, left := c.g.Process(ctx, msg.Key, msg.EventTime, fn)
+	switch {
+	case left != nil:
+		return 0, 0, c.keyError(msg.Key, left)
+	case w.Alone:
+		return c.m.claimAndRun(ctx, &c.m.run, msg, fn)
+	case w.Err == nil:
+		c.m.recordSeen(ctx, msg.Key)
 	}
-}
-
-// runHandler runs mb's handler in t's transaction, catching a panic, and a
-// runtime.Goexit (t.FailNow in a test), which it tells the driver of itself.
-func (c *coalescer) runHandler(mb *member, t turn) (h handled) {
-	ok := false
-	defer func() {
-		if ok {
-			return
-		}
-		if v := recover(); v != nil {
-			h = handled{panicked: true, value: v}
-			return
-		}
-		// runtime.Goexit: this goroutine ends here, the caller with it.
-		mb.state.Store(memberWithdrawn)
-		mb.ret <- handled{err: errors.New("idempotent: the handler called runtime.Goexit")}
-		close(mb.gone)
-	}()
-	err := mb.fn(t.ctx, t.tx)
-	ok = true
-	return handled{err: err}
+	return w.Outcome, w.Attempts, w.Err
 }
 
 // keyError wraps a member's failure as ProcessMessage wraps its own.
@@ -195,161 +106,50 @@ func (c *coalescer) keyError(key string, err error) error {
 	return fmt.Errorf("idempotent: consumer %q, key %q: %w", c.m.consumer, key, err)
 }
 
-// join adds mb to the open group, opening one (and starting its driver) if
-// there is none, and closes the group when mb fills it.
-func (c *coalescer) join(mb *member) {
-	c.mu.Lock()
-	g := c.open
-	lead := g == nil
-	if lead {
-		g = &group{full: make(chan struct{})}
-		c.open = g
-	}
-	g.members = append(g.members, mb)
-	if len(g.members) >= c.max {
-		c.open = nil
-		close(g.full)
-	}
-	c.mu.Unlock()
-	if lead {
-		go c.drive(g)
-	}
-}
-
-// drive waits until g is full or its wait has passed, closes it, and runs
-// it; a member left alone runs the single-message path itself.
-func (c *coalescer) drive(g *group) {
-	t := time.NewTimer(c.wait)
-	select {
-	case <-g.full:
-	case <-t.C:
-	}
-	t.Stop()
-	c.mu.Lock()
-	if c.open == g {
-		c.open = nil
-	}
-	members := g.members
-	c.mu.Unlock()
-	if len(members) == 1 {
-		c.finish(members[0], turn{final: true, alone: true})
-		return
-	}
-	c.run(members)
-}
-
-// finish gives mb its final word unless it withdrew.
-func (c *coalescer) finish(mb *member, t turn) {
-	t.final = true
-	if mb.state.CompareAndSwap(memberWaiting, memberFinished) || mb.state.CompareAndSwap(memberCommitting, memberFinished) {
-		mb.in <- t
-	}
-}
-
 // pass is what one transaction of a group tells the driver.
-type pass struct {
-	outcomes    []Outcome // per live member, when the pass committed
-	failed      []*member // members that failed on their own
-	failures    []turn    // their final words
-	claimFailed bool      // the claim statement failed
-}
+type pass = coalesce.Pass[*sql.Tx, Outcome]
 
 // run runs a closed group of members to the end: every member gets its
 // final word.
 func (c *coalescer) run(members []*member) {
 	m := c.m
-	// Key order, and arrival order among equal keys: the first arrival of a
-	// key is the one whose handler runs.
-	slices.SortStableFunc(members, func(a, b *member) int { return strings.Compare(a.msg.Key, b.msg.Key) })
-	live := members[:0:0]
-	for i, mb := range members {
-		// In partitioned mode a key given again with another event day
-		// would be claimed in another partition: it goes alone, as it
-		// would without coalescing.
-		if i > 0 && m.ret.part != nil && members[i-1].msg.Key == mb.msg.Key && !eventDay(members[i-1].msg.EventTime).Equal(eventDay(mb.msg.EventTime)) {
-			c.finish(mb, turn{alone: true})
-			continue
-		}
-		live = append(live, mb)
-	}
-	var (
-		outcomes    []Outcome
-		claimFailed bool
-	)
-	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
 	gctx := context.Background() // the group's own statements: no caller's context ends them
+	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
 	if m.run.onRetry != nil {
 		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
 			m.run.onRetry(gctx, "", attempt, class, err, backoff)
 		}
 	}
-	attempts, err := m.run.policy.Run(gctx, func(ctx context.Context) (dialect.Class, error) {
-		for {
-			live = c.prune(live)
-			if len(live) == 0 {
-				outcomes = nil
-				return dialect.Class{}, nil
-			}
-			var p pass
-			class, err := m.run.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-				return c.pass(ctx, tx, st, live, &p)
+	d := coalesce.Driver[*sql.Tx, Outcome]{
+		Retry: func(attempt func(ctx context.Context) (dialect.Class, error)) (int, error) {
+			return m.run.policy.Run(gctx, attempt, retried)
+		},
+		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
+			return m.run.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+				return c.pass(ctx, tx, st, live, p)
 			})
-			for i, mb := range p.failed {
-				c.finish(mb, p.failures[i])
-			}
-			if errors.Is(err, errRegroup) && !errors.Is(err, ErrAutocommit) {
-				continue // rolled back: again, without the failed
-			}
-			outcomes, claimFailed = p.outcomes, p.claimFailed
-			return class, err
-		}
-	}, retried)
-	var exhausted *RetriesExhaustedError
-	for i, mb := range live {
-		switch {
-		case err == nil:
-			c.finish(mb, turn{outcome: outcomes[i], attempts: attempts})
-		case claimFailed && !errors.As(err, &exhausted):
-			// The group's claim failed for good (a busy key, a missing
-			// partition, the retention fence): each message finds out
-			// alone which of them it was.
-			c.finish(mb, turn{alone: true})
-		default:
-			c.finish(mb, turn{attempts: attempts, err: c.keyError(mb.msg.Key, m.reclassify(gctx, err))})
-		}
+		},
+		Regroup: func(err error) bool { return errors.Is(err, errRegroup) && !errors.Is(err, ErrAutocommit) },
+		Wrap:    func(key string, err error) error { return c.keyError(key, m.reclassify(gctx, err)) },
+		Exhausted: func(err error) bool {
+			var exhausted *RetriesExhaustedError
+			return errors.As(err, &exhausted)
+		},
 	}
-}
-
-// prune drops the members that withdrew or were finished, finishes those
-// whose context ended, and makes the rest waiting again (after a failed
-// COMMIT they were committing).
-func (c *coalescer) prune(live []*member) []*member {
-	out := live[:0]
-	for _, mb := range live {
-		mb.state.CompareAndSwap(memberCommitting, memberWaiting)
-		if mb.state.Load() != memberWaiting {
-			continue
-		}
-		if err := mb.ctx.Err(); err != nil {
-			c.finish(mb, turn{err: c.keyError(mb.msg.Key, err)})
-			continue
-		}
-		out = append(out, mb)
-	}
-	return out
+	d.Run(members, m.ret.part != nil)
 }
 
 // pass is the body of one transaction of a group: the claims of live, in
 // key order, and each new message's handler on its caller's goroutine,
 // then every member marked committing. Without savepoints the claims are
 // one statement (claimBatch) and a member that fails on its own goes to
-// p.failed while the pass returns errRegroup; with savepoints each member's
+// p.Fail while the pass returns errRegroup; with savepoints each member's
 // claim and handler run under a savepoint of their own, and a member that
 // fails on its own is rolled back to it while the pass goes on.
 func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
-	p.outcomes = make([]Outcome, len(live))
-	for i := range p.outcomes {
-		p.outcomes[i] = Duplicate
+	p.Outcomes = make([]Outcome, len(live))
+	for i := range p.Outcomes {
+		p.Outcomes[i] = Duplicate
 	}
 	var err error
 	if c.savepoints {
@@ -361,10 +161,10 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 		return err
 	}
 	for i, mb := range live {
-		if p.outcomes[i] == 0 {
+		if p.Outcomes[i] == 0 {
 			continue // failed on its own, rolled back to its savepoint
 		}
-		if !mb.state.CompareAndSwap(memberWaiting, memberCommitting) {
+		if !mb.Commit() {
 			return errRegroup // withdrew: its work is rolled back with the rest
 		}
 	}
@@ -378,13 +178,13 @@ func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptS
 	uniq := make([]string, 0, len(live))
 	first := make([]int, 0, len(live))
 	for i, mb := range live {
-		if i == 0 || live[i-1].msg.Key != mb.msg.Key {
-			uniq, first = append(uniq, mb.msg.Key), append(first, i)
+		if i == 0 || live[i-1].Key != mb.Key {
+			uniq, first = append(uniq, mb.Key), append(first, i)
 		}
 	}
 	ats := make([]time.Time, len(uniq))
 	for j, i := range first {
-		ats[j] = live[i].msg.EventTime
+		ats[j] = live[i].At
 	}
 	b := batchClaim{uniq: uniq, first: first, ats: ats}
 	if m.ret.part != nil {
@@ -393,7 +193,7 @@ func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptS
 	isNew := make([]bool, len(uniq))
 	claimed, err := m.claimBatch(ctx, tx, st, b, isNew)
 	if err != nil {
-		p.claimFailed = true
+		p.ClaimFailed = true
 		return err
 	}
 	if !claimed {
@@ -408,7 +208,7 @@ func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptS
 			continue
 		}
 		i := first[j]
-		p.outcomes[i] = Applied
+		p.Outcomes[i] = Applied
 		if own, err := c.handle(ctx, tx, st, live[i], p); err != nil {
 			return err
 		} else if own {
@@ -432,13 +232,13 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 		}
 		// A key given twice is claimed twice: the second claim is new only
 		// if the first member's was rolled back to its savepoint.
-		claimed, err := m.claimKey(ctx, tx, st, mb.msg.Key, mb.msg.EventTime)
+		claimed, err := m.claimKey(ctx, tx, st, mb.Key, mb.At)
 		if err != nil {
-			p.claimFailed = true
+			p.ClaimFailed = true
 			return err
 		}
 		if claimed {
-			p.outcomes[i] = Applied
+			p.Outcomes[i] = Applied
 			if m.lockSQL != "" {
 				// The claim's own lock timeout (WithLockTimeout) lasts
 				// to the end of the transaction: the group's bound again.
@@ -454,7 +254,7 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				if _, err := tx.ExecContext(ctx, dialect.MessageRollbackSQL); err != nil {
 					return errRegroup // the savepoint is gone: the whole pass goes
 				}
-				p.outcomes[i] = 0
+				p.Outcomes[i] = 0
 				continue
 			}
 			applied = true
@@ -483,7 +283,7 @@ func (c *coalescer) boundLockWaits(ctx context.Context, tx *sql.Tx) error {
 
 // handle hands tx to mb's caller, which runs its handler, and judges how it
 // ended. own reports a failure of mb's own (its error, panic, guard
-// violation or context), recorded in p.failed; err a failure of the
+// violation or context), recorded with p.Fail; err a failure of the
 // transaction (the group retries), of the strict guard (the group fails),
 // or mb's withdrawal in its turn (errRegroup).
 func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb *member, p *pass) (own bool, err error) {
@@ -494,18 +294,15 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 	if conn := st.token.conn.Load(); conn != nil {
 		tok.conn.Store(conn)
 	}
-	mb.in <- turn{ctx: context.WithValue(mb.ctx, tokenKey{}, tok), tx: tx}
-	var h handled
-	select {
-	case h = <-mb.ret:
-	case <-mb.gone:
+	h, gone := mb.Hand(context.WithValue(mb.Ctx, tokenKey{}, tok), tx)
+	if gone {
 		return false, errRegroup
 	}
-	if h.panicked {
-		p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{})
+	if h.Panicked {
+		p.Fail(mb, final{})
 		return true, nil
 	}
-	err = h.err
+	err = h.Err
 	v := tok.violation()
 	switch {
 	case err == nil:
@@ -514,23 +311,23 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 		err = errors.Join(err, v)
 	}
 	if err != nil {
-		if v == nil && !contextError(err) && mb.ctx.Err() == nil {
+		if v == nil && !contextError(err) && mb.Ctx.Err() == nil {
 			class := m.d.Classify(err)
 			if class.Retryable() && m.run.suffered(ctx, tx, class, err) {
 				// The transaction's own failure: the group retries.
-				return false, fmt.Errorf("key %q: %w", mb.msg.Key, err)
+				return false, fmt.Errorf("key %q: %w", mb.Key, err)
 			}
 			if class.Kind == dialect.KindLockTimeout && c.lockWaitSQL != "" {
 				// It waited for a lock past the group's bound: it leaves
 				// the group and runs alone, unbounded.
 				if m.run.onRetry != nil {
-					m.run.onRetry(mb.ctx, mb.msg.Key, 1, class, err, 0)
+					m.run.onRetry(mb.Ctx, mb.Key, 1, class, err, 0)
 				}
-				p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{alone: true})
+				p.Fail(mb, final{Alone: true})
 				return true, nil
 			}
 		}
-		p.failed, p.failures = append(p.failed, mb), append(p.failures, turn{err: c.keyError(mb.msg.Key, err)})
+		p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
 		return true, nil
 	}
 	if m.txidSQL != "" {

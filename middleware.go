@@ -150,7 +150,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		m.run.afterFailure = m.checkTxIDAfterFailure
 	}
 	if cfg.coalesce.Max > 0 {
-		m.co = &coalescer{m: m, max: cfg.coalesce.Max, wait: cfg.coalesce.Wait, savepoints: cfg.coalesce.Savepoints}
+		m.co = newCoalescer(m, cfg.coalesce)
 		if m.co.lockWaitSQL, err = coalesceLockWaitSQL(d, cfg.coalesce.LockWait); err != nil {
 			return nil, err
 		}
