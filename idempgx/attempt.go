@@ -53,18 +53,20 @@ type claimKey struct{}
 
 // attempt is one transaction's state.
 type attempt struct {
-	m         *Middleware
-	l         lease
-	inner     pgx.Tx // the batch's transaction; nil with a fake connection
-	violation error
-	batch     pgx.Batch
-	tx        claimTx
-}
-
-func (a *attempt) violate(err error) {
-	if a.violation == nil {
-		a.violation = err
-	}
+	m     *Middleware
+	l     lease
+	inner pgx.Tx // the batch's transaction; nil with a fake connection
+	batch pgx.Batch
+	tx    claimTx
+	// pending are statements of a coalesced group (a savepoint, the
+	// release of the previous one) waiting to ride in the round trip of
+	// the handler's next statement; see pipeline.go.
+	pending []string
+	// spQueued: the last of pending is the member's SAVEPOINT. spOpen: a
+	// SAVEPOINT was sent and not released.
+	spQueued, spOpen bool
+	// pendErr is the failure of a pending statement: the group's.
+	pendErr error
 }
 
 // run runs attempts until one ends, in the core's one retry loop
@@ -138,7 +140,7 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	done = true
 	tx.closed = true
 	if err == nil {
-		err = a.violation
+		err = tx.violation
 	}
 	if err == nil {
 		if st, closed := m.status(&a.l); !closed && st == 'I' {
@@ -147,9 +149,9 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	}
 	if err != nil {
 		class = m.handlerClass(&a.l, err)
-		if a.violation != nil && !errors.Is(err, a.violation) {
+		if tx.violation != nil && !errors.Is(err, tx.violation) {
 			// The handler swallowed the refusal and failed otherwise.
-			err = errors.Join(err, a.violation)
+			err = errors.Join(err, tx.violation)
 			class = dialect.Class{}
 		}
 		a.rollback(ctx)
@@ -169,15 +171,23 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 
 // readBegin reads BEGIN's, the lock timeout's and the claim's results.
 func readBegin(br pgx.BatchResults, lock bool, c claimer) (bool, error) {
+	claimed, _, err := readSteps(br, lock, c)
+	return claimed, err
+}
+
+// readSteps is readBegin, reporting also whether a failure was the
+// claim's (claimFailed) rather than BEGIN's or the lock timeout's.
+func readSteps(br pgx.BatchResults, lock bool, c claimer) (claimed, claimFailed bool, err error) {
 	if _, err := br.Exec(); err != nil {
-		return false, fmt.Errorf("idempgx: begin: %w", err)
+		return false, false, fmt.Errorf("idempgx: begin: %w", err)
 	}
 	if lock {
 		if _, err := br.Exec(); err != nil {
-			return false, fmt.Errorf("idempgx: set lock timeout: %w", err)
+			return false, false, fmt.Errorf("idempgx: set lock timeout: %w", err)
 		}
 	}
-	return c.read(br)
+	claimed, err = c.read(br)
+	return claimed, err != nil, err
 }
 
 // handlerClass classifies a handler's error: retryable only when it is a

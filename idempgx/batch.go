@@ -152,21 +152,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		}
 	}
 	c.first = first
-	if m.partitioned {
-		c.days = make([]string, len(c.uniq))
-	}
-	for j, i := range first {
-		if at := msgs[i].EventTime; !at.IsZero() {
-			if c.ats == nil {
-				c.ats = make([]time.Time, len(c.uniq))
-			}
-			c.ats[j] = at
-			if c.days != nil {
-				c.days[j] = utcDay(at)
-			}
-		}
-	}
-	c.isNew = make([]bool, len(c.uniq))
+	c.times(func(i int) time.Time { return msgs[i].EventTime })
 	var outcome idempotent.Outcome
 	attempts, err := m.run(ctx, "", c, func(ctx context.Context, tx pgx.Tx) error {
 		var fresh []int
@@ -206,6 +192,27 @@ type claimBatch struct {
 	days  []string    // uniq[j]'s event day, in partitioned mode
 	ats   []time.Time // uniq[j]'s event time (zero for none); nil when no message has one
 	isNew []bool
+}
+
+// times sets, from at(i), the event time of the batch's i-th message, the
+// event times of the batch's distinct keys and, in partitioned mode, their
+// event days, and makes isNew ready for the claim.
+func (c *claimBatch) times(at func(i int) time.Time) {
+	if c.m.partitioned {
+		c.days = make([]string, len(c.uniq))
+	}
+	for j, i := range c.first {
+		if t := at(i); !t.IsZero() {
+			if c.ats == nil {
+				c.ats = make([]time.Time, len(c.uniq))
+			}
+			c.ats[j] = t
+			if c.days != nil {
+				c.days[j] = utcDay(t)
+			}
+		}
+	}
+	c.isNew = make([]bool, len(c.uniq))
 }
 
 // queue adds the batch claim and, when any message has an event time, the

@@ -66,6 +66,7 @@ type Middleware struct {
 	partitioned bool
 	prepared    bool // the pool's connections prepare statements
 	leadDays    int
+	co          *coalescer // nil without WithCoalescing
 	pg          *postgres.Dialect
 	// status reads the claim connection's transaction status and whether it
 	// is closed; unit tests replace it.
@@ -160,6 +161,9 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		m.beginStmt = "begin isolation level " + string(cfg.iso)
 	}
 	m.cfg = m.Config()
+	if cfg.coalescing {
+		m.co = newCoalescer(m, cfg.coalesce, table)
+	}
 	m.beginName = statementName("begin", m.beginStmt)
 	m.lockName = statementName("lock", m.lockSQL)
 	m.claimName = statementName("claim", m.claimSQL)
@@ -267,6 +271,21 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if m.seenBefore(ctx, key) {
 		return idempotent.Duplicate, 0, nil
 	}
+	if m.co != nil {
+		return m.co.process(ctx, key, at, fn)
+	}
+	return m.claimAndRun(ctx, key, at, fn)
+}
+
+// keyError wraps a message's failure as ProcessMessage returns it.
+func (m *Middleware) keyError(key string, err error) error {
+	return fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, err)
+}
+
+// claimAndRun claims the message in a transaction of its own and runs fn
+// there under the retry policy: the single-message path after its checks,
+// and what a coalesced call that finds itself alone runs.
+func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
 	var outcome idempotent.Outcome
 	c := &claimOne{m: m, at: at, key: key}
 	if m.partitioned {
@@ -274,7 +293,7 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	}
 	attempts, err := m.run(ctx, key, c, fn, &outcome)
 	if err != nil {
-		return 0, attempts, fmt.Errorf("idempgx: consumer %q, key %q: %w", m.consumer, key, err)
+		return 0, attempts, m.keyError(key, err)
 	}
 	m.recordSeen(ctx, key)
 	return outcome, attempts, nil

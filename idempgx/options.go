@@ -31,6 +31,8 @@ type config struct {
 	clock       func() time.Time
 	leadDays    int
 	seen        idempotent.Seen
+	coalesce    idempotent.Coalescing
+	coalescing  bool // WithCoalescing was given
 }
 
 func defaultConfig() config {
@@ -55,6 +57,10 @@ func (c *config) core() []idempotent.Option {
 	}
 	if c.leadDays > 0 {
 		opts = append(opts, idempotent.WithDailyPartitions(c.leadDays))
+	}
+	if c.coalescing {
+		// The core checks the bounds, and reports them in Config.
+		opts = append(opts, idempotent.WithCoalescing(c.coalesce))
 	}
 	return opts
 }
@@ -191,6 +197,38 @@ func WithSeen(s idempotent.Seen) Option {
 			return errors.New("idempgx: WithSeen: nil Seen")
 		}
 		c.seen = s
+		return nil
+	})
+}
+
+// WithCoalescing makes concurrent ProcessMessage calls (and WrapMessage's)
+// share transactions, as idempotent.WithCoalescing does for the
+// database/sql Middleware, with the same bounds and the same contract:
+// calls arriving within c.Wait of the first, up to c.Max of them, run in
+// one transaction on one connection of the pool; each new message's
+// handler runs on its own caller's goroutine, one at a time, with a pgx.Tx
+// of its own on the group's connection; each call returns its own outcome
+// after the group's COMMIT; a handler's failure (its error, its panic, a
+// refused Commit or Rollback, a failed statement it swallowed, its
+// context ending before the COMMIT) fails its own message only; a failure
+// of the transaction itself is retried for the whole group; a claim that
+// fails for good sends every message back to a transaction of its own. A
+// call left alone when the wait ends runs as without the option.
+//
+// BEGIN (with the isolation level and the lock timeout) and the group's
+// claims, one statement in key order, travel in one round trip. By
+// default a handler's failure rolls the group back and the group runs
+// again without that message (the others' handlers run again). With
+// c.Savepoints each new message's handler runs under a savepoint instead,
+// and a failure is rolled back to it (and its claim deleted) while the
+// others go on; the SAVEPOINT, and the RELEASE of the previous message's,
+// are sent in the same round trip as the handler's first statement, so a
+// savepoint costs no round trip of its own — only a failure costs one.
+// ProcessMessages is not coalesced. The core Middleware (Core) is given
+// the same option. Default is off.
+func WithCoalescing(c idempotent.Coalescing) Option {
+	return optionFunc(func(cfg *config) error {
+		cfg.coalesce, cfg.coalescing = c, true
 		return nil
 	})
 }
