@@ -1,0 +1,599 @@
+package idempgx_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/idempgx"
+)
+
+// Coalesced transactions (WithCoalescing) on the pgx path, on the real
+// database. A group closes when it is full (Max is the number of calls a
+// test makes at once, the wait a whole second), so a test knows its calls
+// shared one transaction; each handler records the backend it ran on and
+// the transaction id to prove it.
+
+// coEnv is a pool whose connections are tapped (tap), a schema with a claim
+// table and an audit table (one row per applied effect, no unique key, so a
+// double application shows).
+type coEnv struct {
+	p     *pgxpool.Pool
+	s     string
+	audit string
+	tap   *tap
+}
+
+// tap wraps each connection of a pool: it counts writes (each a round
+// trip: the middleware waits for the answer to each) and, once armed,
+// cuts the connection when the server's answer to a COMMIT arrives, so that
+// the commit lands but the client never learns it.
+type tap struct {
+	writes atomic.Int64
+	armed  atomic.Bool
+	cut    atomic.Int32
+}
+
+type tapConn struct {
+	net.Conn
+	t *tap
+}
+
+func (c *tapConn) Write(b []byte) (int, error) {
+	c.t.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+// commitComplete is a CommandComplete message with the tag COMMIT.
+var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
+
+func (c *tapConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.t.armed.Load() && bytes.Contains(b[:n], commitComplete) && c.t.armed.CompareAndSwap(true, false) {
+		c.t.cut.Add(1)
+		_ = c.Conn.Close()
+		return 0, errors.New("tap: the COMMIT's answer was cut")
+	}
+	return n, err
+}
+
+func newCoEnv(t *testing.T, maxConns int32) *coEnv {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	e := &coEnv{tap: &tap{}}
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &tapConn{Conn: c, t: e.tap}, nil
+	}
+	e.p, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.p.Close)
+	e.s = tempSchema(t, e.p)
+	e.audit = e.s + ".audit"
+	exec(t, e.p, "CREATE TABLE "+e.audit+" (k text NOT NULL)")
+	return e
+}
+
+// mw returns a Middleware on e whose groups close at max members.
+func (e *coEnv) mw(t *testing.T, max int, savepoints bool, opts ...idempgx.Option) *idempgx.Middleware {
+	t.Helper()
+	opts = append([]idempgx.Option{idempgx.WithTable(e.s + ".claims"),
+		idempgx.WithCoalescing(idempotent.Coalescing{Max: max, Wait: time.Second, Savepoints: savepoints})}, opts...)
+	m, err := idempgx.New(e.p, "co", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// apply is the effect of key k: one audit row.
+func (e *coEnv) apply(ctx context.Context, tx pgx.Tx, k string) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
+	return err
+}
+
+// wantAudit fails the test unless every key of applied has exactly one
+// effect and one claim, and every key of absent none.
+func (e *coEnv) wantAudit(t *testing.T, applied, absent []string) {
+	t.Helper()
+	for _, k := range append(append([]string{}, applied...), absent...) {
+		effects := count(t, e.p, "SELECT count(*) FROM "+e.audit+" WHERE k = $1", k)
+		claims := count(t, e.p, "SELECT count(*) FROM "+e.s+".claims WHERE consumer = 'co' AND message_key = $1", k)
+		want := 0
+		for _, a := range applied {
+			if a == k {
+				want = 1
+			}
+		}
+		if effects != want || claims != want {
+			t.Errorf("%s: %d effects and %d claims, want %d and %d", k, effects, claims, want, want)
+		}
+	}
+}
+
+// coCall is one call's result.
+type coCall struct {
+	outcome  idempotent.Outcome
+	err      error
+	panicked any
+	xid      int64 // the transaction its handler last ran in
+}
+
+// callAll calls ProcessMessage once per key at the same time, with
+// handler(key, its result) as each one's effect, and returns the results
+// in the order of keys.
+func callAll(m *idempgx.Middleware, keys []string, handler func(k string, r *coCall) idempgx.Func) []coCall {
+	res := make([]coCall, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { res[i].panicked = recover() }()
+			res[i].outcome, res[i].err = m.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, &res[i]))
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// recordXID records in r the id of tx's transaction.
+func recordXID(ctx context.Context, tx pgx.Tx, r *coCall) error {
+	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.xid)
+}
+
+// sameTx fails the test unless every result of idx ran its handler in the
+// same transaction.
+func sameTx(t *testing.T, res []coCall, idx ...int) {
+	t.Helper()
+	for _, i := range idx[1:] {
+		if res[i].xid == 0 || res[i].xid != res[idx[0]].xid {
+			t.Fatalf("results %v did not share one transaction: %+v", idx, res)
+		}
+	}
+}
+
+// designs runs test for the optimistic design and with savepoints.
+func designs(t *testing.T, test func(t *testing.T, savepoints bool)) {
+	for _, sp := range []bool{false, true} {
+		name := "optimistic"
+		if sp {
+			name = "savepoints"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, sp)
+		})
+	}
+}
+
+// runCounter counts each key's handler runs.
+type runCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *runCounter) add(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[k]++
+}
+
+func (c *runCounter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprint(c.n)
+}
+
+func TestCoalescedHandlerFailsAlone(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		bad := errors.New("bad payload")
+		keys := []string{"k1", "k2", "k3", "k4"}
+		var runs runCounter
+		res := callAll(e.mw(t, len(keys), savepoints), keys, func(k string, r *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				runs.add(k)
+				if err := recordXID(ctx, tx, r); err != nil {
+					return err
+				}
+				if err := e.apply(ctx, tx, k); err != nil || k != "k2" {
+					return err
+				}
+				return bad
+			}
+		})
+		for i, r := range res {
+			if i == 1 {
+				if !errors.Is(r.err, bad) || r.outcome != 0 {
+					t.Errorf("k2: %+v, want its own error", r)
+				}
+			} else if r.err != nil || r.outcome != idempotent.Applied {
+				t.Errorf("%s: %+v, want applied", keys[i], r)
+			}
+		}
+		sameTx(t, res, 0, 2, 3)
+		// Optimistic: k1 ran before k2 failed, and again in the group's
+		// second transaction; with savepoints nobody runs again.
+		want := "map[k1:2 k2:1 k3:1 k4:1]"
+		if savepoints {
+			want = "map[k1:1 k2:1 k3:1 k4:1]"
+			sameTx(t, res, 0, 1, 2, 3)
+		}
+		if got := runs.String(); got != want {
+			t.Errorf("handler runs %s, want %s", got, want)
+		}
+		e.wantAudit(t, []string{"k1", "k3", "k4"}, []string{"k2"})
+	})
+}
+
+// TestCoalescedSwallowedError: a handler that swallows a failed statement
+// and returns nil fails its own message (the connection says the
+// transaction is aborted); the others commit.
+func TestCoalescedSwallowedError(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		keys := []string{"s1", "s2", "s3"}
+		res := callAll(e.mw(t, len(keys), savepoints), keys, func(k string, r *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := e.apply(ctx, tx, k); err != nil || k != "s2" {
+					return err
+				}
+				_, _ = tx.Exec(ctx, "SELECT 1/0")
+				return nil
+			}
+		})
+		if !errors.Is(res[1].err, pgx.ErrTxCommitRollback) || res[0].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied {
+			t.Fatalf("%+v, want s2 failed with pgx.ErrTxCommitRollback and s1, s3 applied", res)
+		}
+		e.wantAudit(t, []string{"s1", "s3"}, []string{"s2"})
+	})
+}
+
+func TestCoalescedPanic(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		keys := []string{"p1", "p2", "p3"}
+		res := callAll(e.mw(t, len(keys), savepoints), keys, func(k string, r *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordXID(ctx, tx, r); err != nil {
+					return err
+				}
+				if err := e.apply(ctx, tx, k); err != nil || k != "p1" {
+					return err
+				}
+				panic("boom")
+			}
+		})
+		if res[0].panicked != "boom" || res[1].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied || res[1].err != nil || res[2].err != nil {
+			t.Fatalf("%+v, want p1's panic and p2, p3 applied", res)
+		}
+		sameTx(t, res, 1, 2)
+		e.wantAudit(t, []string{"p2", "p3"}, []string{"p1"})
+	})
+}
+
+// TestCoalescedContextCancelled: a caller whose context ends after its
+// handler ran, while the group is still running, gets its context's error,
+// and its work is undone; the other message commits.
+func TestCoalescedContextCancelled(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 2, savepoints)
+		actx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aRan, bHeld, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		aErr := make(chan error, 1)
+		go func() {
+			_, err := m.ProcessMessage(actx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx pgx.Tx) error {
+				defer close(aRan)
+				return e.apply(ctx, tx, "a")
+			})
+			aErr <- err
+		}()
+		bRuns := 0
+		var bOut idempotent.Outcome
+		var bErr error
+		bDone := make(chan struct{})
+		go func() {
+			defer close(bDone)
+			bOut, bErr = m.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx pgx.Tx) error {
+				if bRuns++; bRuns == 1 {
+					<-aRan // a's handler ran first: keys go in order
+					close(bHeld)
+					<-release
+				}
+				return e.apply(ctx, tx, "b")
+			})
+		}()
+		<-bHeld
+		cancel()
+		if err := <-aErr; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a got %v, want context.Canceled", err)
+		}
+		close(release)
+		<-bDone
+		if bErr != nil || bOut != idempotent.Applied || bRuns != 2 {
+			t.Fatalf("b got (%v, %v) after %d runs, want applied after 2", bOut, bErr, bRuns)
+		}
+		e.wantAudit(t, []string{"b"}, []string{"a"})
+	})
+}
+
+// TestCoalescedDuplicates: the same keys inside one group and in groups
+// running at once: one effect each.
+func TestCoalescedDuplicates(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 8)
+		var keys []string
+		for i := range 32 {
+			keys = append(keys, fmt.Sprintf("d%d", i%4))
+		}
+		var runs runCounter
+		res := callAll(e.mw(t, 4, savepoints), keys, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				runs.add(k)
+				return e.apply(ctx, tx, k)
+			}
+		})
+		applied := map[string]int{}
+		for i, r := range res {
+			if r.err != nil || r.panicked != nil {
+				t.Fatalf("%s: %+v", keys[i], r)
+			}
+			if r.outcome == idempotent.Applied {
+				applied[keys[i]]++
+			}
+		}
+		if fmt.Sprint(applied) != "map[d0:1 d1:1 d2:1 d3:1]" {
+			t.Errorf("applied %v, want each key once (handler runs %s)", applied, &runs)
+		}
+		e.wantAudit(t, []string{"d0", "d1", "d2", "d3"}, nil)
+	})
+}
+
+// TestCoalescedKeyTwiceFirstFails: a key given twice in one group whose
+// first handler fails: the other applies it, once.
+func TestCoalescedKeyTwiceFirstFails(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		var runs atomic.Int32
+		bad := errors.New("bad payload")
+		res := callAll(e.mw(t, 3, savepoints), []string{"t", "t", "u"}, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := e.apply(ctx, tx, k); err != nil {
+					return err
+				}
+				if k == "t" && runs.Add(1) == 1 {
+					return bad
+				}
+				return nil
+			}
+		})
+		var failed, applied int
+		for _, r := range res[:2] {
+			switch {
+			case errors.Is(r.err, bad):
+				failed++
+			case r.err == nil && r.outcome == idempotent.Applied:
+				applied++
+			}
+		}
+		if failed != 1 || applied != 1 || res[2].outcome != idempotent.Applied {
+			t.Fatalf("%+v, want one t failed, the other t and u applied", res)
+		}
+		e.wantAudit(t, []string{"t", "u"}, nil)
+	})
+}
+
+// TestCoalescedLostCommit cuts the answer to a group's COMMIT, which
+// landed: the group is retried on another connection, finds its claims,
+// and every message is applied exactly once.
+func TestCoalescedLostCommit(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 3, savepoints, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+		keys := []string{"l1", "l2", "l3"}
+		var armed sync.Once
+		res := callAll(m, keys, func(k string, r *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordXID(ctx, tx, r); err != nil {
+					return err
+				}
+				armed.Do(func() { e.tap.armed.Store(true) }) // the first attempt's COMMIT is cut
+				return e.apply(ctx, tx, k)
+			}
+		})
+		for i, r := range res {
+			if r.err != nil || r.outcome != idempotent.Duplicate {
+				t.Errorf("%s: %+v, want duplicate (the lost COMMIT landed)", keys[i], r)
+			}
+		}
+		if n := e.tap.cut.Load(); n != 1 {
+			t.Fatalf("%d commits cut, want 1", n)
+		}
+		sameTx(t, res, 0, 1, 2)
+		e.wantAudit(t, keys, nil)
+	})
+}
+
+// TestCoalescedKeepsTheSinglePathsChecks: a nested call is refused, the
+// lock timeout turns a busy claim into ErrClaimBusy for that message alone,
+// the retention fence refuses before joining, and the pre-check answers a
+// group's keys once committed.
+func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		lru, err := idempotent.NewSeenLRU(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := e.mw(t, 3, savepoints, idempgx.WithLockTimeout(100*time.Millisecond), idempgx.WithSeen(lru))
+		ctx := context.Background()
+		// Another transaction holds b's claim.
+		holder, err := e.p.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = holder.Rollback(ctx) }()
+		if _, err := holder.Exec(ctx, "INSERT INTO "+e.s+".claims (consumer, message_key) VALUES ('co', 'b')"); err != nil {
+			t.Fatal(err)
+		}
+		var nested error
+		res := callAll(m, []string{"a", "b", "c"}, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if k == "a" {
+					_, nested = m.ProcessMessage(ctx, idempotent.Message{Key: "inner"}, func(context.Context, pgx.Tx) error { return nil })
+				}
+				return e.apply(ctx, tx, k)
+			}
+		})
+		if !errors.Is(nested, idempgx.ErrNested) {
+			t.Errorf("nested call: %v, want ErrNested", nested)
+		}
+		if res[0].outcome != idempotent.Applied || !errors.Is(res[1].err, idempotent.ErrClaimBusy) || res[2].outcome != idempotent.Applied {
+			t.Fatalf("%+v, want a and c applied, b ErrClaimBusy", res)
+		}
+		_ = holder.Rollback(ctx)
+		e.wantAudit(t, []string{"a", "c"}, []string{"b", "inner"})
+		if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "old", EventTime: time.Now().Add(-400 * 24 * time.Hour)}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) {
+			t.Errorf("an old message: %v, want ErrBeyondRetention", err)
+		}
+		before := e.tap.writes.Load()
+		res = callAll(m, []string{"a", "c"}, func(string, *coCall) idempgx.Func {
+			return func(context.Context, pgx.Tx) error { return errors.New("a duplicate's handler ran") }
+		})
+		if res[0].outcome != idempotent.Duplicate || res[1].outcome != idempotent.Duplicate || e.tap.writes.Load() != before {
+			t.Errorf("%+v after %d round trips, want both duplicates from the pre-check, with none", res, e.tap.writes.Load()-before)
+		}
+	})
+}
+
+// TestCoalescedPartitioned: in partitioned mode a group claims each key in
+// its event day's partition; a key given again with another day goes
+// alone.
+func TestCoalescedPartitioned(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 3, savepoints, idempgx.WithDailyPartitions(2))
+		now := time.Now()
+		msgs := []idempotent.Message{{Key: "x", EventTime: now}, {Key: "x", EventTime: now.Add(-24 * time.Hour)}, {Key: "y", EventTime: now}}
+		res := make([]coCall, len(msgs))
+		var wg sync.WaitGroup
+		for i, msg := range msgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i].outcome, res[i].err = m.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) })
+			}()
+		}
+		wg.Wait()
+		for i, r := range res {
+			if r.err != nil || r.outcome != idempotent.Applied {
+				t.Errorf("message %d: %+v, want applied (a key's days are claimed apart)", i, r)
+			}
+		}
+		if n := count(t, e.p, "SELECT count(*) FROM "+e.audit+" WHERE k = 'x'"); n != 2 {
+			t.Errorf("x: %d effects, want 2 (one per day)", n)
+		}
+		if n := count(t, e.p, "SELECT count(*) FROM "+e.s+".claims WHERE consumer = 'co'"); n != 3 {
+			t.Errorf("%d claims, want 3", n)
+		}
+	})
+}
+
+// TestCoalescedRoundTrips: with a warm connection, a group of 4 new
+// messages whose handlers send 2 statements each costs 1 + 4×2 + 1 round
+// trips (BEGIN and the claims; the handlers' statements; COMMIT) in both
+// designs: with savepoints, each SAVEPOINT and RELEASE rides with a
+// handler's first statement. Without coalescing the 4 cost 4 × (1 + 2 + 1).
+func TestCoalescedRoundTrips(t *testing.T) {
+	t.Parallel()
+	const n, stmts = 4, 2
+	measure := func(t *testing.T, opts ...idempgx.Option) int64 {
+		e := newCoEnv(t, 1)
+		m, err := idempgx.New(e.p, "co", append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.EnsureSchema(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var seq atomic.Int64
+		group := func() {
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = fmt.Sprint("r", seq.Add(1))
+			}
+			res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+				return func(ctx context.Context, tx pgx.Tx) error {
+					for range stmts {
+						if err := e.apply(ctx, tx, k); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+			})
+			for _, r := range res {
+				if r.err != nil || r.outcome != idempotent.Applied {
+					t.Fatalf("%+v", res) // on the test's goroutine: callAll waits
+				}
+			}
+		}
+		group() // warm: the connection prepares its statements once
+		group()
+		before := e.tap.writes.Load()
+		group()
+		return e.tap.writes.Load() - before
+	}
+	co := func(sp bool) idempgx.Option {
+		return idempgx.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: sp})
+	}
+	single, optimistic, savepoints := measure(t), measure(t, co(false)), measure(t, co(true))
+	t.Logf("round trips for %d messages of %d statements: %d alone, %d coalesced, %d coalesced with savepoints", n, stmts, single, optimistic, savepoints)
+	if single != n*(1+stmts+1) {
+		t.Errorf("alone: %d round trips, want %d", single, n*(1+stmts+1))
+	}
+	if optimistic != 1+n*stmts+1 {
+		t.Errorf("coalesced: %d round trips, want %d", optimistic, 1+n*stmts+1)
+	}
+	if savepoints != optimistic {
+		t.Errorf("coalesced with savepoints: %d round trips, want %d, as many as without", savepoints, optimistic)
+	}
+}
