@@ -356,12 +356,28 @@ func TestCoalescedDuplicates(t *testing.T) {
 	t.Parallel()
 	designs(t, func(t *testing.T, savepoints bool) {
 		e := newCoEnv(t, 8)
+		m := e.mw(t, 4, savepoints)
+		// One group: each key twice.
+		res := callAll(m, []string{"e", "f", "e", "f"}, func(k string, r *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordXID(ctx, tx, r); err != nil {
+					return err
+				}
+				return e.apply(ctx, tx, k)
+			}
+		})
+		for i := range 2 {
+			if got := []idempotent.Outcome{res[i].outcome, res[i+2].outcome}; got[0]+got[1] != idempotent.Applied+idempotent.Duplicate || res[i].err != nil || res[i+2].err != nil {
+				t.Fatalf("%+v, want one applied and one duplicate of each key", res)
+			}
+		}
+		e.wantAudit(t, []string{"e", "f"}, nil)
 		var keys []string
 		for i := range 32 {
 			keys = append(keys, fmt.Sprintf("d%d", i%4))
 		}
 		var runs runCounter
-		res := callAll(e.mw(t, 4, savepoints), keys, func(k string, _ *coCall) idempgx.Func {
+		res = callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
 			return func(ctx context.Context, tx pgx.Tx) error {
 				runs.add(k)
 				return e.apply(ctx, tx, k)
@@ -451,9 +467,9 @@ func TestCoalescedLostCommit(t *testing.T) {
 }
 
 // TestCoalescedKeepsTheSinglePathsChecks: a nested call is refused, the
-// lock timeout turns a busy claim into ErrClaimBusy for that message alone,
-// the retention fence refuses before joining, and the pre-check answers a
-// group's keys once committed.
+// pre-check answers a group's keys once committed, the lock timeout turns a
+// busy claim into ErrClaimBusy for that message alone, and the retention
+// fence refuses before joining.
 func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 	t.Parallel()
 	designs(t, func(t *testing.T, savepoints bool) {
@@ -464,20 +480,14 @@ func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 		}
 		m := e.mw(t, 3, savepoints, idempgx.WithLockTimeout(100*time.Millisecond), idempgx.WithSeen(lru))
 		ctx := context.Background()
-		// Another transaction holds b's claim.
-		holder, err := e.p.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = holder.Rollback(ctx) }()
-		if _, err := holder.Exec(ctx, "INSERT INTO "+e.s+".claims (consumer, message_key) VALUES ('co', 'b')"); err != nil {
-			t.Fatal(err)
-		}
 		var nested error
-		res := callAll(m, []string{"a", "b", "c"}, func(k string, _ *coCall) idempgx.Func {
+		res := callAll(m, []string{"a", "b", "c"}, func(k string, r *coCall) idempgx.Func {
 			return func(ctx context.Context, tx pgx.Tx) error {
 				if k == "a" {
 					_, nested = m.ProcessMessage(ctx, idempotent.Message{Key: "inner"}, func(context.Context, pgx.Tx) error { return nil })
+				}
+				if err := recordXID(ctx, tx, r); err != nil {
+					return err
 				}
 				return e.apply(ctx, tx, k)
 			}
@@ -485,20 +495,33 @@ func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 		if !errors.Is(nested, idempgx.ErrNested) {
 			t.Errorf("nested call: %v, want ErrNested", nested)
 		}
-		if res[0].outcome != idempotent.Applied || !errors.Is(res[1].err, idempotent.ErrClaimBusy) || res[2].outcome != idempotent.Applied {
-			t.Fatalf("%+v, want a and c applied, b ErrClaimBusy", res)
-		}
-		_ = holder.Rollback(ctx)
-		e.wantAudit(t, []string{"a", "c"}, []string{"b", "inner"})
-		if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "old", EventTime: time.Now().Add(-400 * 24 * time.Hour)}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) {
-			t.Errorf("an old message: %v, want ErrBeyondRetention", err)
-		}
+		sameTx(t, res, 0, 1, 2)
 		before := e.tap.writes.Load()
 		res = callAll(m, []string{"a", "c"}, func(string, *coCall) idempgx.Func {
 			return func(context.Context, pgx.Tx) error { return errors.New("a duplicate's handler ran") }
 		})
 		if res[0].outcome != idempotent.Duplicate || res[1].outcome != idempotent.Duplicate || e.tap.writes.Load() != before {
 			t.Errorf("%+v after %d round trips, want both duplicates from the pre-check, with none", res, e.tap.writes.Load()-before)
+		}
+		// Another transaction holds y's claim.
+		holder, err := e.p.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = holder.Rollback(ctx) }()
+		if _, err := holder.Exec(ctx, "INSERT INTO "+e.s+".claims (consumer, message_key) VALUES ('co', 'y')"); err != nil {
+			t.Fatal(err)
+		}
+		res = callAll(m, []string{"x", "y", "z"}, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, k) }
+		})
+		if res[0].outcome != idempotent.Applied || !errors.Is(res[1].err, idempotent.ErrClaimBusy) || res[2].outcome != idempotent.Applied {
+			t.Fatalf("%+v, want x and z applied, y ErrClaimBusy", res)
+		}
+		_ = holder.Rollback(ctx)
+		e.wantAudit(t, []string{"a", "b", "c", "x", "z"}, []string{"y", "inner"})
+		if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "old", EventTime: time.Now().Add(-400 * 24 * time.Hour)}, func(context.Context, pgx.Tx) error { return nil }); !errors.Is(err, idempotent.ErrBeyondRetention) {
+			t.Errorf("an old message: %v, want ErrBeyondRetention", err)
 		}
 	})
 }
