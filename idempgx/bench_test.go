@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txclaim/idempotent"
@@ -50,10 +51,7 @@ func BenchmarkHeadToHead(b *testing.B) {
 	target := dsn(b)
 	rtt := roundTrip(b, target)
 	p := newPoolAt(b, target, 8, os.Getenv("BENCH_PG_PARAMS"))
-	s := tempSchema(b, p)
-	exec(b, p, "CREATE TABLE "+s+".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0)")
-	exec(b, p, "CREATE TABLE "+s+".ledger (id bigserial PRIMARY KEY, customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)")
-	exec(b, p, "INSERT INTO "+s+".balances SELECT g, 0 FROM generate_series(1, 100000) g")
+	s, effect := loyalty(b, p)
 	table := s + ".claims"
 	m, err := idempgx.New(p, "loyalty", idempgx.WithTable(table))
 	if err != nil {
@@ -82,21 +80,7 @@ func BenchmarkHeadToHead(b *testing.B) {
 		b.Fatal(err)
 	}
 	claimSQL := postgres.New().ClaimSQL(mustTable(b, table))
-	upd := "UPDATE " + s + ".balances SET points = points + 10 WHERE customer_id = $1"
-	ins := "INSERT INTO " + s + ".ledger (customer_id, order_id, points) VALUES ($1, $2, 10)"
-	prefix := testenv.UniqueName("o")
-	var seq atomic.Int64
-	next := func() (string, int64, int64) {
-		n := seq.Add(1)
-		return prefix + ":" + strconv.FormatInt(n, 10), n, 1 + rand.Int64N(100000)
-	}
-	effect := func(ctx context.Context, tx pgx.Tx, cid, oid int64) error {
-		if _, err := tx.Exec(ctx, upd, cid); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, ins, cid, oid)
-		return err
-	}
+	next := orders()
 	process := func() error {
 		k, oid, cid := next()
 		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return effect(ctx, tx, cid, oid) })
@@ -175,6 +159,36 @@ func BenchmarkHeadToHead(b *testing.B) {
 	b.Run("Allocs/process_event", func(b *testing.B) { serial(b, processEvent) })
 	b.Run("Allocs/pgx_dup_event", func(b *testing.B) { serial(b, dupEvent) })
 	b.Run("Allocs/batch_event", func(b *testing.B) { serial(b, batchEvent) })
+}
+
+// loyalty creates the guide's loyalty workload in a schema of its own on p
+// — 100,000 balances and a ledger — and returns the schema and the effect of
+// an order: UPDATE the customer's balance, INSERT a ledger row.
+func loyalty(b testing.TB, p *pgxpool.Pool) (string, func(ctx context.Context, tx pgx.Tx, cid, oid int64) error) {
+	s := tempSchema(b, p)
+	exec(b, p, "CREATE TABLE "+s+".balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL DEFAULT 0)")
+	exec(b, p, "CREATE TABLE "+s+".ledger (id bigserial PRIMARY KEY, customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)")
+	exec(b, p, "INSERT INTO "+s+".balances SELECT g, 0 FROM generate_series(1, 100000) g")
+	upd := "UPDATE " + s + ".balances SET points = points + 10 WHERE customer_id = $1"
+	ins := "INSERT INTO " + s + ".ledger (customer_id, order_id, points) VALUES ($1, $2, 10)"
+	return s, func(ctx context.Context, tx pgx.Tx, cid, oid int64) error {
+		if _, err := tx.Exec(ctx, upd, cid); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, ins, cid, oid)
+		return err
+	}
+}
+
+// orders returns a source of orders: a new message key, its order id and a
+// random customer.
+func orders() func() (string, int64, int64) {
+	prefix := testenv.UniqueName("o")
+	var seq atomic.Int64
+	return func() (string, int64, int64) {
+		n := seq.Add(1)
+		return prefix + ":" + strconv.FormatInt(n, 10), n, 1 + rand.Int64N(100000)
+	}
 }
 
 func expect(o idempotent.Outcome, err error) error {
