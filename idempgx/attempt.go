@@ -99,29 +99,13 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	if wc, ok := c.(wireClaimer); ok && a.l.raw != nil && m.prepared {
 		claimed, err = wc.wire(ctx, a.l.raw)
 	} else {
-		a.batch.BeginTx(m.txOpts)
-		if m.lockSQL != "" {
-			a.batch.Queue(m.lockSQL)
-		}
-		c.queue(&a.batch)
-		br := a.l.c.SendBatch(ctx, &a.batch)
-		a.inner = br.Tx()
-		claimed, err = readBegin(br, m.lockSQL != "", c)
-		if cerr := br.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("idempgx: claim: %w", cerr)
-		}
+		claimed, _, err = a.begin(ctx, c)
 	}
-	if err != nil {
-		class = m.pg.Classify(err)
-		a.rollback(ctx)
-		return class, m.resolveMissingDay(ctx, &a.l, err)
-	}
-	if !claimed {
-		*outcome = idempotent.Duplicate
-		if _, err := a.l.c.Exec(ctx, "rollback"); err != nil {
-			return m.pg.Classify(err), fmt.Errorf("idempgx: rollback: %w", err)
+	if err != nil || !claimed {
+		if err == nil {
+			*outcome = idempotent.Duplicate
 		}
-		return dialect.Class{}, nil
+		return a.unclaimed(ctx, err)
 	}
 	*outcome = idempotent.Applied
 
@@ -157,12 +141,52 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 		a.rollback(ctx)
 		return class, err
 	}
+	return a.commit(ctx)
+}
+
+// begin sends BEGIN (with the lock timeout) and c's claim as one pgx.Batch,
+// one round trip, and reads their results; claimFailed reports a failure
+// of the claim's own statement.
+func (a *attempt) begin(ctx context.Context, c claimer) (claimed, claimFailed bool, err error) {
+	m := a.m
+	a.batch.BeginTx(m.txOpts)
+	if m.lockSQL != "" {
+		a.batch.Queue(m.lockSQL)
+	}
+	c.queue(&a.batch)
+	br := a.l.c.SendBatch(ctx, &a.batch)
+	a.inner = br.Tx()
+	claimed, claimFailed, err = readSteps(br, m.lockSQL != "", c)
+	if cerr := br.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("idempgx: claim: %w", cerr)
+	}
+	return claimed, claimFailed, err
+}
+
+// unclaimed ends an attempt whose claim failed with err, or, when err is
+// nil, claimed nothing (a duplicate, whose outcome the caller holds): it
+// rolls back and returns the attempt's classified failure.
+func (a *attempt) unclaimed(ctx context.Context, err error) (dialect.Class, error) {
+	m := a.m
+	if err != nil {
+		class := m.pg.Classify(err)
+		a.rollback(ctx)
+		return class, m.resolveMissingDay(ctx, &a.l, err)
+	}
+	if _, err := a.l.c.Exec(ctx, "rollback"); err != nil {
+		return m.pg.Classify(err), fmt.Errorf("idempgx: rollback: %w", err)
+	}
+	return dialect.Class{}, nil
+}
+
+// commit sends COMMIT and returns the attempt's classified failure.
+func (a *attempt) commit(ctx context.Context) (dialect.Class, error) {
 	tag, err := a.l.c.Exec(ctx, "commit")
 	if err != nil {
-		return m.pg.Classify(err), fmt.Errorf("idempgx: commit: %w", err)
+		return a.m.pg.Classify(err), fmt.Errorf("idempgx: commit: %w", err)
 	}
 	if tag.String() == "ROLLBACK" {
-		// The transaction had failed: the handler swallowed an error of one
+		// The transaction had failed: a handler swallowed an error of one
 		// of its statements and returned nil.
 		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back (the handler returned nil after a failed statement): %w", pgx.ErrTxCommitRollback)
 	}

@@ -131,28 +131,10 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 	}
 	defer a.l.release()
 	cb := c.claims(live)
-	a.batch.BeginTx(m.txOpts)
-	if m.lockSQL != "" {
-		a.batch.Queue(m.lockSQL)
-	}
-	cb.queue(&a.batch)
-	br := a.l.c.SendBatch(ctx, &a.batch)
-	a.inner = br.Tx()
-	claimed, claimFailed, err := readSteps(br, m.lockSQL != "", cb)
-	if cerr := br.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("idempgx: claim: %w", cerr)
-	}
-	if err != nil {
+	claimed, claimFailed, err := a.begin(ctx, cb)
+	if err != nil || !claimed {
 		p.ClaimFailed = claimFailed
-		class = m.pg.Classify(err)
-		a.rollback(ctx)
-		return class, m.resolveMissingDay(ctx, &a.l, err)
-	}
-	if !claimed {
-		if _, err := a.l.c.Exec(ctx, "rollback"); err != nil {
-			return m.pg.Classify(err), fmt.Errorf("idempgx: rollback: %w", err)
-		}
-		return dialect.Class{}, nil
+		return a.unclaimed(ctx, err)
 	}
 	done := false
 	defer func() {
@@ -179,14 +161,7 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 	}
 	done = true
 	a.pending = nil // a savepoint or a release before COMMIT is moot
-	tag, err := a.l.c.Exec(ctx, "commit")
-	if err != nil {
-		return m.pg.Classify(err), fmt.Errorf("idempgx: commit: %w", err)
-	}
-	if tag.String() == "ROLLBACK" {
-		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback)
-	}
-	return dialect.Class{}, nil
+	return a.commit(ctx)
 }
 
 // optimistic runs the new messages' handlers; the first that fails on its
@@ -257,14 +232,17 @@ func (c *coalescer) handle(a *attempt, mb *member, p *pass) (own bool, class dia
 	tx := &claimTx{a: a}
 	h, gone := mb.Hand(context.WithValue(mb.Ctx, claimKey{}, a), tx)
 	tx.closed = true
-	switch {
-	case gone:
+	if gone {
 		return false, dialect.Class{}, errRegroup
-	case a.pendErr != nil:
+	}
+	if h.Panicked {
+		p.Fail(mb, final{})
+	}
+	if a.pendErr != nil {
 		// The group's savepoint failed: the transaction's failure.
 		return false, m.pg.Classify(a.pendErr), a.pendErr
-	case h.Panicked:
-		p.Fail(mb, final{})
+	}
+	if h.Panicked {
 		return true, dialect.Class{}, nil
 	}
 	err = h.Err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,6 +55,9 @@ func (c *tapConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// errBoom is a handler's own failure.
+var errBoom = errors.New("boom")
+
 // commitComplete is a CommandComplete message with the tag COMMIT.
 var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 
@@ -67,9 +71,11 @@ func (c *tapConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func newCoEnv(t *testing.T, maxConns int32) *coEnv {
+// newCoEnv returns an environment on a pool of maxConns connections with
+// the URL parameters options (an exec mode of execModes, for one).
+func newCoEnv(t *testing.T, maxConns int32, options ...string) *coEnv {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn(t))
+	cfg, err := pgxpool.ParseConfig(withOptions(dsn(t), options...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,10 +217,21 @@ func (c *runCounter) String() string {
 	return fmt.Sprint(c.n)
 }
 
+// TestCoalescedHandlerFailsAlone, in each exec mode: one handler's error
+// fails its message alone; the others commit in the group's transaction.
 func TestCoalescedHandlerFailsAlone(t *testing.T) {
 	t.Parallel()
+	for _, mode := range execModes {
+		t.Run(modeName(mode), func(t *testing.T) {
+			t.Parallel()
+			testCoalescedHandlerFailsAlone(t, mode)
+		})
+	}
+}
+
+func testCoalescedHandlerFailsAlone(t *testing.T, mode string) {
 	designs(t, func(t *testing.T, savepoints bool) {
-		e := newCoEnv(t, 4)
+		e := newCoEnv(t, 4, mode)
 		bad := errors.New("bad payload")
 		keys := []string{"k1", "k2", "k3", "k4"}
 		var runs runCounter
@@ -560,16 +577,25 @@ func TestCoalescedPartitioned(t *testing.T) {
 	})
 }
 
-// TestCoalescedRoundTrips: with a warm connection, a group of 4 new
+// TestCoalescedRoundTrips, in each exec mode: with a warm connection, a group of 4 new
 // messages whose handlers send 2 statements each costs 1 + 4×2 + 1 round
 // trips (BEGIN and the claims; the handlers' statements; COMMIT) in both
 // designs: with savepoints, each SAVEPOINT and RELEASE rides with a
 // handler's first statement. Without coalescing the 4 cost 4 × (1 + 2 + 1).
 func TestCoalescedRoundTrips(t *testing.T) {
 	t.Parallel()
+	for _, mode := range execModes {
+		t.Run(modeName(mode), func(t *testing.T) {
+			t.Parallel()
+			testCoalescedRoundTrips(t, mode)
+		})
+	}
+}
+
+func testCoalescedRoundTrips(t *testing.T, mode string) {
 	const n, stmts = 4, 2
 	measure := func(t *testing.T, opts ...idempgx.Option) int64 {
-		e := newCoEnv(t, 1)
+		e := newCoEnv(t, 1, mode)
 		m, err := idempgx.New(e.p, "co", append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
@@ -618,5 +644,112 @@ func TestCoalescedRoundTrips(t *testing.T) {
 	}
 	if savepoints != optimistic {
 		t.Errorf("coalesced with savepoints: %d round trips, want %d, as many as without", savepoints, optimistic)
+	}
+}
+
+// TestCoalescedStatementKinds: with savepoints, the queued SAVEPOINT and
+// RELEASE ride with a handler's first statement whatever its kind — Exec,
+// Query, QueryRow, SendBatch, a nested Begin — at no round trip (as many as
+// the optimistic design's), and go on their own before a CopyFrom; and a
+// handler of each kind that fails after its statement is undone alone.
+func TestCoalescedStatementKinds(t *testing.T) {
+	t.Parallel()
+	kinds := map[string]func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error{
+		"a-exec": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error { return e.apply(ctx, tx, k) },
+		"b-query": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			rows, err := tx.Query(ctx, "SELECT $1::text FROM generate_series(1, 3)", k)
+			if err != nil {
+				return err
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil || len(got) != 3 {
+				return fmt.Errorf("query: %v, %v", got, err)
+			}
+			return e.apply(ctx, tx, k)
+		},
+		"c-queryrow": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			var got string
+			if err := tx.QueryRow(ctx, "SELECT $1::text", k).Scan(&got); err != nil || got != k {
+				return fmt.Errorf("query row: %q, %v", got, err)
+			}
+			return e.apply(ctx, tx, k)
+		},
+		"d-batch": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			b := &pgx.Batch{}
+			b.Queue("INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
+			b.Queue("SELECT 1")
+			return tx.SendBatch(ctx, b).Close()
+		},
+		"e-begin": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := e.apply(ctx, sp, k); err != nil {
+				return err
+			}
+			return sp.Commit(ctx)
+		},
+		"f-copy": func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{e.s, "audit"}, []string{"k"}, pgx.CopyFromRows([][]any{{k}}))
+			return err
+		},
+	}
+	keys := []string{"a-exec", "b-query", "c-queryrow", "d-batch", "e-begin", "f-copy"}
+	measure := func(t *testing.T, savepoints bool, keys []string) int64 {
+		e := newCoEnv(t, 1)
+		m := e.mw(t, len(keys), savepoints)
+		var round atomic.Int32
+		var applied, absent []string
+		// group runs one message of each kind; the one of keys[fail], if
+		// any, fails after its statement.
+		group := func(fail int) {
+			r := round.Add(1)
+			msgs := make([]string, len(keys))
+			for i, k := range keys {
+				msgs[i] = fmt.Sprint(k, "/", r)
+				if i == fail {
+					absent = append(absent, msgs[i])
+				} else {
+					applied = append(applied, msgs[i])
+				}
+			}
+			res := callAll(m, msgs, func(k string, _ *coCall) idempgx.Func {
+				return func(ctx context.Context, tx pgx.Tx) error {
+					if err := kinds[strings.Split(k, "/")[0]](ctx, e, tx, k); err != nil || k != msgs[max(fail, 0)] || fail < 0 {
+						return err
+					}
+					return errBoom
+				}
+			})
+			for i, r := range res {
+				if i == fail {
+					if !errors.Is(r.err, errBoom) {
+						t.Errorf("%s: %+v, want its own error", msgs[i], r)
+					}
+				} else if r.err != nil || r.outcome != idempotent.Applied {
+					t.Errorf("%s: %+v, want applied", msgs[i], r)
+				}
+			}
+		}
+		group(-1) // warm
+		before := e.tap.writes.Load()
+		group(-1)
+		n := e.tap.writes.Load() - before
+		for fail := range keys {
+			group(fail)
+		}
+		e.wantAudit(t, applied, absent)
+		return n
+	}
+	for _, n := range []int{len(keys) - 1, len(keys)} {
+		optimistic, savepoints := measure(t, false, keys[:n]), measure(t, true, keys[:n])
+		want := optimistic
+		if n == len(keys) {
+			want++ // the SAVEPOINT before CopyFrom
+		}
+		if savepoints != want {
+			t.Errorf("%v: %d round trips with savepoints, want %d (%d without)", keys[:n], savepoints, want, optimistic)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package idempgx
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -186,4 +187,24 @@ func TestCoalescedSequence(t *testing.T) {
 // sameResult reports whether r is want, its error matching want's.
 func sameResult(r, want coResult) bool {
 	return r.outcome == want.outcome && (r.err == nil) == (want.err == nil) && errors.Is(r.err, want.err)
+}
+
+// TestWithCoalescingBounds: the core's bounds, checked by New, and the
+// bound reported by Config.
+func TestWithCoalescingBounds(t *testing.T) {
+	db, err := sql.Open("pgx", "postgres://unused.invalid/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	for _, c := range []idempotent.Coalescing{{}, {Max: 1, Wait: time.Millisecond}, {Max: idempotent.MaxBatchSize + 1, Wait: time.Millisecond}, {Max: 8}, {Max: 8, Wait: 2 * time.Second}} {
+		if _, err := newMiddleware(db, "orders", []Option{WithCoalescing(c)}); err == nil {
+			t.Errorf("New accepted %+v", c)
+		}
+	}
+	c := idempotent.Coalescing{Max: 8, Wait: time.Millisecond, Savepoints: true}
+	m, err := newMiddleware(db, "orders", []Option{WithCoalescing(c)})
+	if err != nil || m.Config().Coalescing != c || m.co == nil {
+		t.Fatalf("got (%+v, %v), want %+v", m.Config().Coalescing, err, c)
+	}
 }

@@ -63,6 +63,26 @@
 //     context a handler was given fails with ErrNested (which matches
 //     idempotent.ErrAutocommit) before taking a connection: the inner call
 //     would commit on another connection, outside the outer claim.
+//   - Coalesced transactions (WithCoalescing, the core's
+//     idempotent.Coalescing with its contract): concurrent ProcessMessage
+//     calls share one transaction on one connection, grouped by the core's
+//     own machinery. BEGIN and the group's claims — one statement in key
+//     order — travel in one round trip; each new message's handler runs on
+//     its caller's goroutine with a pgx.Tx of its own on the group's
+//     connection; one COMMIT ends the group. A group of n messages of k
+//     statements costs 2 + n·k round trips where n separate calls cost
+//     n·(k + 2). A handler's failure fails its message alone: by default
+//     the group rolls back and runs again without it; with Savepoints each
+//     new message's handler runs under a savepoint, and its SAVEPOINT (with
+//     the RELEASE of the previous message's) is queued and sent in the same
+//     pgx.Batch as the handler's first Exec, Query, QueryRow or SendBatch,
+//     so savepoints cost no round trip; a failure costs one (ROLLBACK TO,
+//     RELEASE and the deletion of its claim, which the group took before
+//     the savepoint). A handler that swallows a failed statement and returns
+//     nil fails its own message too: the connection reports the
+//     transaction aborted, at no round trip. CopyFrom, and Conn and
+//     LargeObjects (whose statements bypass the pgx.Tx), send the queued
+//     statements on their own first.
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool

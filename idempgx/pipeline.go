@@ -29,10 +29,8 @@ func (a *attempt) exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	if len(a.pending) == 0 {
 		return a.l.c.Exec(ctx, sql, args...)
 	}
-	b := a.takePending()
-	b.Queue(sql, args...)
-	br := a.l.c.SendBatch(ctx, b)
-	if err := a.readPending(br, len(b.QueuedQueries)-1); err != nil {
+	br, err := a.withPending(ctx, sql, args)
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
@@ -49,10 +47,8 @@ func (a *attempt) query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	if len(a.pending) == 0 {
 		return a.l.c.Query(ctx, sql, args...)
 	}
-	b := a.takePending()
-	b.Queue(sql, args...)
-	br := a.l.c.SendBatch(ctx, b)
-	if err := a.readPending(br, len(b.QueuedQueries)-1); err != nil {
+	br, err := a.withPending(ctx, sql, args)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := br.Query()
@@ -69,13 +65,23 @@ func (a *attempt) queryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	if len(a.pending) == 0 {
 		return a.l.c.QueryRow(ctx, sql, args...)
 	}
+	br, err := a.withPending(ctx, sql, args)
+	if err != nil {
+		return errRow{err}
+	}
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+// withPending sends the pending statements and sql in one batch, reads
+// the pending ones' results and returns the batch for sql's.
+func (a *attempt) withPending(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := a.takePending()
 	b.Queue(sql, args...)
 	br := a.l.c.SendBatch(ctx, b)
 	if err := a.readPending(br, len(b.QueuedQueries)-1); err != nil {
-		return errRow{err}
+		return nil, err
 	}
-	return batchRow{row: br.QueryRow(), br: br}
+	return br, nil
 }
 
 // sendBatch is SendBatch on the attempt's connection, the pending
