@@ -233,6 +233,8 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // caught the same way, as the connection is then no longer in a transaction.
 // Its Begin opens a savepoint. ProcessMessage called with fn's ctx fails
 // with ErrNested.
+//
+// Under WithCoalescing, concurrent calls share transactions: see there.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
 	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
 }
