@@ -129,6 +129,18 @@ func TestCoalescedSequence(t *testing.T) {
 			steps:   []step{claim([]string{"a", "b", "c"}, "a", "b", "c"), runs(sp), runs(rel, sp), undo("b"), runs(sp), commit},
 			want:    []idempotent.Outcome{a, 0, a},
 			wantErr: []error{nil, errBoom, nil}},
+		{name: "savepoints: a handler that fails before any statement: its savepoint is never sent, its claim deleted",
+			savepoints: true, keys: []string{"a", "b", "c"},
+			fn: func(i int) Func {
+				if i == 1 {
+					return func(context.Context, pgx.Tx) error { return errBoom }
+				}
+				return effectThen(nil)
+			},
+			steps: []step{claim([]string{"a", "b", "c"}, "a", "b", "c"), runs(sp),
+				{sql: []string{rel, deleteSQL}, tags: []string{"RELEASE", "DELETE 1"}, args: []any{"orders", "b"}, status: 'T'}, runs(sp), commit},
+			want:    []idempotent.Outcome{a, 0, a},
+			wantErr: []error{nil, errBoom, nil}},
 		{name: "savepoints: a failed handler of a key given twice leaves the claim to the other",
 			savepoints: true, keys: []string{"k", "k"},
 			fn: func() func(int) Func {
