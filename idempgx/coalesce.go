@@ -35,14 +35,22 @@ import (
 // claim deleted, in one round trip — or kept for the next message of the
 // same key in the group, which then runs instead. No other handler runs
 // again.
+//
+// Coalescing.LockWait's SET LOCAL lock_timeout is queued like a savepoint,
+// before the first one, and rides with the first handler's first
+// statement; a handler whose statement waits longer for a lock leaves the
+// group and runs alone.
 
 // coalescer runs a Middleware's coalesced groups.
 type coalescer struct {
 	m          *Middleware
 	savepoints bool
 	deleteSQL  string // a claim's deletion, for a failed member with savepoints
-	g          coalesce.Coalescer[pgx.Tx, idempotent.Outcome]
-	d          coalesce.Driver[pgx.Tx, idempotent.Outcome]
+	// lockWaitSQL bounds the lock waits of a group's handlers
+	// (Coalescing.LockWait); "" is no bound.
+	lockWaitSQL string
+	g           coalesce.Coalescer[pgx.Tx, idempotent.Outcome]
+	d           coalesce.Driver[pgx.Tx, idempotent.Outcome]
 }
 
 type (
@@ -60,6 +68,13 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 		m:          m,
 		savepoints: c.Savepoints,
 		deleteSQL:  "DELETE FROM " + t.Quoted(func(s string) string { return pgx.Identifier{s}.Sanitize() }) + " WHERE consumer = $1 AND message_key = $2",
+	}
+	if c.LockWait >= 0 {
+		bound := c.LockWait
+		if bound == 0 {
+			bound = idempotent.DefaultLockWait
+		}
+		co.lockWaitSQL = m.pg.LockTimeoutSQL(bound)
 	}
 	gctx := context.Background() // the group's own statements: no caller's context ends them
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
@@ -142,6 +157,11 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			a.rollback(ctx)
 		}
 	}()
+	if c.lockWaitSQL != "" {
+		// The handlers' lock wait bound rides with the first statement
+		// of the first of them, before any savepoint (which would undo it).
+		a.pending = append(a.pending, c.lockWaitSQL)
+	}
 	var applied int
 	if c.savepoints {
 		applied, class, err = c.withSavepoints(ctx, a, live, cb, p)
@@ -269,6 +289,15 @@ func (c *coalescer) handle(a *attempt, mb *member, p *pass) (own bool, class dia
 	if v == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && mb.Ctx.Err() == nil {
 		if class := m.handlerClass(&a.l, err); class.Retryable() {
 			return false, class, fmt.Errorf("key %q: %w", mb.Key, err)
+		}
+		if class := m.pg.Classify(err); class.Kind == dialect.KindLockTimeout && c.lockWaitSQL != "" {
+			// It waited for a lock past the group's bound: it leaves the
+			// group and runs alone, unbounded.
+			if m.observer != nil {
+				m.observer.Retry(mb.Ctx, idempotent.RetryEvent{Consumer: m.consumer, Key: mb.Key, Attempt: 1, Reason: class.Kind.String(), Code: class.Code, Err: err})
+			}
+			p.Fail(mb, final{Alone: true})
+			return true, dialect.Class{}, nil
 		}
 	}
 	p.Fail(mb, final{Err: m.keyError(mb.Key, err)})

@@ -273,14 +273,17 @@ func testCoalescedHandlerFailsAlone(t *testing.T, mode string) {
 
 // TestCoalescedSwallowedError: a handler that swallows a failed statement
 // and returns nil fails its own message (the connection says the
-// transaction is aborted); the others commit.
+// transaction is aborted); the others commit, and with savepoints do not
+// run again.
 func TestCoalescedSwallowedError(t *testing.T) {
 	t.Parallel()
 	designs(t, func(t *testing.T, savepoints bool) {
 		e := newCoEnv(t, 4)
 		keys := []string{"s1", "s2", "s3"}
+		var runs runCounter
 		res := callAll(e.mw(t, len(keys), savepoints), keys, func(k string, r *coCall) idempgx.Func {
 			return func(ctx context.Context, tx pgx.Tx) error {
+				runs.add(k)
 				if err := e.apply(ctx, tx, k); err != nil || k != "s2" {
 					return err
 				}
@@ -290,6 +293,15 @@ func TestCoalescedSwallowedError(t *testing.T) {
 		})
 		if !errors.Is(res[1].err, pgx.ErrTxCommitRollback) || res[0].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied {
 			t.Fatalf("%+v, want s2 failed with pgx.ErrTxCommitRollback and s1, s3 applied", res)
+		}
+		// With savepoints the aborted transaction is rolled back to s2's
+		// savepoint, and nobody runs again.
+		want := "map[s1:2 s2:1 s3:1]"
+		if savepoints {
+			want = "map[s1:1 s2:1 s3:1]"
+		}
+		if got := runs.String(); got != want {
+			t.Errorf("handler runs %s, want %s", got, want)
 		}
 		e.wantAudit(t, []string{"s1", "s3"}, []string{"s2"})
 	})
@@ -752,4 +764,93 @@ func TestCoalescedStatementKinds(t *testing.T) {
 			t.Errorf("%v: %d round trips with savepoints, want %d (%d without)", keys[:n], savepoints, want, optimistic)
 		}
 	}
+}
+
+// TestCoalescedLockWait holds a row lock outside the library and sends a
+// group two messages, one of whose handlers needs that row: past
+// Coalescing.LockWait that message leaves the group, the other commits
+// while the lock is still held, and the first is applied alone once the
+// lock goes — each exactly once, in both designs.
+func TestCoalescedLockWait(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		ctx := context.Background()
+		rows := e.s + ".rows"
+		exec(t, e.p, "CREATE TABLE "+rows+" (id int PRIMARY KEY, n int NOT NULL)")
+		exec(t, e.p, "INSERT INTO "+rows+" VALUES (1, 0)")
+		m, err := idempgx.New(e.p, "co", idempgx.WithTable(e.s+".claims"),
+			idempgx.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: savepoints, LockWait: 50 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		holder, err := e.p.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = holder.Rollback(ctx) }()
+		if _, err := holder.Exec(ctx, "SELECT n FROM "+rows+" WHERE id = 1 FOR UPDATE"); err != nil {
+			t.Fatal(err)
+		}
+		var hotRuns atomic.Int32
+		var hotXIDs, coldXIDs []int64 // the transactions each handler ran in
+		hot, cold := make(chan coCall, 1), make(chan coCall, 1)
+		go func() {
+			var r coCall
+			r.outcome, r.err = m.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx pgx.Tx) error {
+				hotRuns.Add(1)
+				if err := recordXID(ctx, tx, &r); err != nil {
+					return err
+				}
+				hotXIDs = append(hotXIDs, r.xid)
+				if _, err := tx.Exec(ctx, "UPDATE "+rows+" SET n = n + 1 WHERE id = 1"); err != nil {
+					return err
+				}
+				return e.apply(ctx, tx, "hot")
+			})
+			hot <- r
+		}()
+		go func() {
+			var r coCall
+			r.outcome, r.err = m.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordXID(ctx, tx, &r); err != nil {
+					return err
+				}
+				coldXIDs = append(coldXIDs, r.xid)
+				return e.apply(ctx, tx, "cold")
+			})
+			cold <- r
+		}()
+		var c coCall
+		select {
+		case c = <-cold:
+			if c.err != nil || c.outcome != idempotent.Applied {
+				t.Fatalf("cold: %+v, want applied", c)
+			}
+		case r := <-hot:
+			t.Fatalf("hot finished first, while its row was locked: %+v", r)
+		case <-time.After(30 * time.Second):
+			t.Fatal("cold did not commit while the hot row was locked: its group waited for the lock")
+		}
+		e.wantAudit(t, []string{"cold"}, []string{"hot"})
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-hot
+		if r.err != nil || r.outcome != idempotent.Applied {
+			t.Fatalf("hot: %+v, want applied", r)
+		}
+		// Optimistic, cold runs again in the group's next transaction; with
+		// savepoints it runs once.
+		if hotRuns.Load() != 2 || hotXIDs[0] != coldXIDs[0] || hotXIDs[1] == c.xid || savepoints && len(coldXIDs) != 1 {
+			t.Errorf("hot ran %d times in transactions %v, cold in %v; hot's first run should share cold's first transaction and its last have one of its own", hotRuns.Load(), hotXIDs, coldXIDs)
+		}
+		e.wantAudit(t, []string{"hot", "cold"}, nil)
+		if n := count(t, e.p, "SELECT n FROM "+rows+" WHERE id = 1"); n != 1 {
+			t.Fatalf("hot row n = %d, want 1", n)
+		}
+	})
 }

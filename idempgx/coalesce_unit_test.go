@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,11 +25,12 @@ type coResult struct {
 // scriptedGroup calls ProcessMessage once per key at the same time on a
 // scripted Middleware whose groups close at len(keys) members, with
 // fn(i) as the i-th call's handler, and returns the results in the order of
-// keys.
-func scriptedGroup(t *testing.T, s *script, savepoints bool, keys []string, fn func(i int) Func) []coResult {
+// keys. c gives the design and the lock wait bound.
+func scriptedGroup(t *testing.T, s *script, c idempotent.Coalescing, keys []string, fn func(i int) Func) []coResult {
 	t.Helper()
 	s.soft = true
-	m := scripted(t, s, WithCoalescing(idempotent.Coalescing{Max: len(keys), Wait: time.Second, Savepoints: savepoints}))
+	c.Max, c.Wait = len(keys), time.Second
+	m := scripted(t, s, WithCoalescing(c))
 	res := make([]coResult, len(keys))
 	var wg sync.WaitGroup
 	for i, k := range keys {
@@ -62,15 +64,19 @@ func TestCoalescedSequence(t *testing.T) {
 	commit := step{sql: []string{"commit"}, tags: []string{"COMMIT"}, status: 'I'}
 	rollback := step{sql: []string{"rollback"}, tags: []string{"ROLLBACK"}, status: 'I'}
 	const deleteSQL = `DELETE FROM "processed_messages" WHERE consumer = $1 AND message_key = $2`
-	undo := func(key string) step {
-		sql := []string{dialect.MessageRollbackSQL, dialect.MessageReleaseSQL}
-		var args []any
+	// undo is a failed member's rollback to its savepoint, its release and,
+	// for key, the deletion of its claim, after the unsent statements
+	// before: one query of the simple protocol.
+	undo := func(key string, before ...string) step {
+		sql := append(before, dialect.MessageRollbackSQL, dialect.MessageReleaseSQL)
+		args := []any{pgx.QueryExecModeSimpleProtocol}
 		if key != "" {
-			sql, args = append(sql, deleteSQL), []any{"orders", key}
+			sql, args = append(sql, deleteSQL), append(args, "orders", key)
 		}
-		return step{sql: sql, tags: []string{"ROLLBACK", "RELEASE", "DELETE 1"}, args: args, status: 'T'}
+		return step{sql: []string{strings.Join(sql, "; ")}, tags: []string{"DELETE 1"}, args: args, status: 'T'}
 	}
 	sp, rel := dialect.MessageSavepointSQL, dialect.MessageReleaseSQL
+	lw := "SET LOCAL lock_timeout = 50" // Coalescing.LockWait's default
 	effectThen := func(err error) Func {
 		return func(ctx context.Context, tx pgx.Tx) error {
 			if _, xerr := tx.Exec(ctx, effect); xerr != nil {
@@ -87,6 +93,7 @@ func TestCoalescedSequence(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		savepoints bool
+		bounded    bool // Coalescing.LockWait's default bound; else none
 		keys       []string
 		fn         func(i int) Func
 		steps      []step
@@ -111,6 +118,20 @@ func TestCoalescedSequence(t *testing.T) {
 			savepoints: true, keys: []string{"a", "b", "c"}, fn: ok,
 			steps: []step{claim([]string{"a", "b", "c"}, "b"), runs(sp), commit},
 			want:  []idempotent.Outcome{d, a, d}},
+		{name: "optimistic: the lock wait bound rides with the first handler's first statement",
+			bounded: true, keys: []string{"a", "b"}, fn: ok,
+			steps: []step{claim([]string{"a", "b"}, "a", "b"), runs(lw), runs(), commit},
+			want:  []idempotent.Outcome{a, a}},
+		{name: "savepoints: the lock wait bound rides before the first savepoint",
+			savepoints: true, bounded: true, keys: []string{"a", "b"}, fn: ok,
+			steps: []step{claim([]string{"a", "b"}, "a", "b"), runs(lw, sp), runs(rel, sp), commit},
+			want:  []idempotent.Outcome{a, a}},
+		{name: "savepoints: a handler past the lock wait bound leaves the group and runs alone",
+			savepoints: true, bounded: true, keys: []string{"a", "b"}, fn: ok,
+			steps: []step{claim([]string{"a", "b"}, "a", "b"), {sql: []string{lw, sp, effect}, tags: []string{"SET", "SAVEPOINT"}, err: errLockTimeout, status: 'E'},
+				undo("a"), runs(sp), commit,
+				{sql: []string{"begin", claimSQL}, tags: []string{"BEGIN", "INSERT 0 1"}, args: []any{"orders", "a"}, status: 'T'}, runs(), commit},
+			want: []idempotent.Outcome{a, a}},
 		{name: "savepoints: a key given twice is applied once",
 			savepoints: true, keys: []string{"a", "a"}, fn: ok,
 			steps: []step{claim([]string{"a"}, "a"), runs(sp), commit}, other: &coResult{outcome: d}},
@@ -138,7 +159,7 @@ func TestCoalescedSequence(t *testing.T) {
 				return effectThen(nil)
 			},
 			steps: []step{claim([]string{"a", "b", "c"}, "a", "b", "c"), runs(sp),
-				{sql: []string{rel, deleteSQL}, tags: []string{"RELEASE", "DELETE 1"}, args: []any{"orders", "b"}, status: 'T'}, runs(sp), commit},
+				{sql: []string{rel + "; " + deleteSQL}, tags: []string{"DELETE 1"}, args: []any{pgx.QueryExecModeSimpleProtocol, "orders", "b"}, status: 'T'}, runs(sp), commit},
 			want:    []idempotent.Outcome{a, 0, a},
 			wantErr: []error{nil, errBoom, nil}},
 		{name: "savepoints: a failed handler of a key given twice leaves the claim to the other",
@@ -176,7 +197,11 @@ func TestCoalescedSequence(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &script{t: t, steps: tc.steps}
-			res := scriptedGroup(t, s, tc.savepoints, tc.keys, tc.fn)
+			c := idempotent.Coalescing{Savepoints: tc.savepoints, LockWait: -1}
+			if tc.bounded {
+				c.LockWait = 0
+			}
+			res := scriptedGroup(t, s, c, tc.keys, tc.fn)
 			if o := tc.other; o != nil { // a key given twice, in an order of its callers' arrival
 				if (res[0] != coResult{outcome: a} || !sameResult(res[1], *o)) && (res[1] != coResult{outcome: a} || !sameResult(res[0], *o)) {
 					t.Fatalf("got %v, want one applied and the other %v", res, *o)

@@ -3,6 +3,7 @@ package idempgx
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -173,35 +174,33 @@ func (a *attempt) queueSavepoint() {
 // releases it, in one round trip, and then, when drop is set, deletes the
 // member's claim (taken with the group's, before the savepoint), so that
 // the key is not claimed when the group commits. Without drop the claim
-// stays for the next member of the same key.
+// stays for the next member of the same key. The statements go as one
+// query of the simple protocol: in a transaction that a failed statement
+// aborted, the extended protocol's preparation of a statement not yet
+// prepared on the connection would fail before the rollback ran.
 func (a *attempt) undoMember(ctx context.Context, deleteSQL string, drop bool, args ...any) error {
-	b := &pgx.Batch{}
+	var stmts []string
 	for _, s := range a.pending {
 		if a.spQueued && s == dialect.MessageSavepointSQL {
 			continue // unsent: nothing to roll back
 		}
-		b.Queue(s)
+		stmts = append(stmts, s)
 	}
 	a.pending, a.spQueued = a.pending[:0], false
 	if a.spOpen {
-		b.Queue(dialect.MessageRollbackSQL)
-		b.Queue(dialect.MessageReleaseSQL)
+		stmts = append(stmts, dialect.MessageRollbackSQL, dialect.MessageReleaseSQL)
 		a.spOpen = false
 	}
+	qargs := []any{pgx.QueryExecModeSimpleProtocol}
 	if drop {
-		b.Queue(deleteSQL, args...)
+		stmts = append(stmts, deleteSQL)
+		qargs = append(qargs, args...)
 	}
-	if len(b.QueuedQueries) == 0 {
+	if len(stmts) == 0 {
 		return nil
 	}
-	br := a.l.c.SendBatch(ctx, b)
-	for range b.QueuedQueries {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return err
-		}
-	}
-	return br.Close()
+	_, err := a.l.c.Exec(ctx, strings.Join(stmts, "; "), qargs...)
+	return err
 }
 
 // batchRows are a query's rows in a batch: closing them, or reading them
