@@ -221,10 +221,15 @@ func (c *runCounter) String() string {
 // fails its message alone; the others commit in the group's transaction.
 func TestCoalescedHandlerFailsAlone(t *testing.T) {
 	t.Parallel()
+	inExecModes(t, testCoalescedHandlerFailsAlone)
+}
+
+// inExecModes runs test in parallel once per exec mode of execModes.
+func inExecModes(t *testing.T, test func(t *testing.T, mode string)) {
 	for _, mode := range execModes {
 		t.Run(modeName(mode), func(t *testing.T) {
 			t.Parallel()
-			testCoalescedHandlerFailsAlone(t, mode)
+			test(t, mode)
 		})
 	}
 }
@@ -589,19 +594,15 @@ func TestCoalescedPartitioned(t *testing.T) {
 	})
 }
 
-// TestCoalescedRoundTrips, in each exec mode: with a warm connection, a group of 4 new
-// messages whose handlers send 2 statements each costs 1 + 4×2 + 1 round
-// trips (BEGIN and the claims; the handlers' statements; COMMIT) in both
-// designs: with savepoints, each SAVEPOINT and RELEASE rides with a
-// handler's first statement. Without coalescing the 4 cost 4 × (1 + 2 + 1).
+// TestCoalescedRoundTrips, in each exec mode: with a warm connection, a
+// group of 4 new messages whose handlers send 2 statements each costs
+// 1 + 4×2 + 1 round trips (BEGIN and the claims; the handlers' statements;
+// COMMIT) in both designs: with savepoints, each SAVEPOINT and RELEASE (and
+// the lock wait bound) rides with a handler's first statement. Without
+// coalescing the 4 cost 4 × (1 + 2 + 1).
 func TestCoalescedRoundTrips(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		t.Run(modeName(mode), func(t *testing.T) {
-			t.Parallel()
-			testCoalescedRoundTrips(t, mode)
-		})
-	}
+	inExecModes(t, testCoalescedRoundTrips)
 }
 
 func testCoalescedRoundTrips(t *testing.T, mode string) {
