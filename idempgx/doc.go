@@ -80,7 +80,10 @@
 //     RELEASE and the deletion of its claim, which the group took before
 //     the savepoint). A handler that swallows a failed statement and returns
 //     nil fails its own message too: the connection reports the
-//     transaction aborted, at no round trip. CopyFrom, and Conn and
+//     transaction aborted, at no round trip. Coalescing.LockWait's SET LOCAL
+//     lock_timeout is queued the same way, before the first savepoint; a
+//     handler that waits longer for a lock leaves the group and runs alone.
+//     CopyFrom, and Conn and
 //     LargeObjects (whose statements bypass the pgx.Tx), send the queued
 //     statements on their own first.
 //

@@ -224,6 +224,9 @@ func WithSeen(s idempotent.Seen) Option {
 // others go on; the SAVEPOINT, and the RELEASE of the previous message's,
 // are sent in the same round trip as the handler's first statement, so a
 // savepoint costs no round trip of its own — only a failure costs one.
+// c.LockWait's bound is set the same way, in the round trip of the first
+// handler's first statement; a handler that waits longer for a lock leaves
+// the group and runs alone.
 // ProcessMessages is not coalesced. The core Middleware (Core) is given
 // the same option. Default is off.
 func WithCoalescing(c idempotent.Coalescing) Option {
