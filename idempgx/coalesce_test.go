@@ -17,6 +17,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idempgx"
+	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // Coalesced transactions (WithCoalescing) on the pgx path, on the real
@@ -140,46 +141,22 @@ func (e *coEnv) wantAudit(t *testing.T, applied, absent []string) {
 	}
 }
 
-// coCall is one call's result.
-type coCall struct {
-	outcome  idempotent.Outcome
-	err      error
-	panicked any
-	xid      int64 // the transaction its handler last ran in
-}
+// coCall is one call's result; Tx is the id of the transaction its
+// handler last ran in.
+type coCall = testenv.Call[int64]
 
 // callAll calls ProcessMessage once per key at the same time, with
 // handler(key, its result) as each one's effect, and returns the results
 // in the order of keys.
 func callAll(m *idempgx.Middleware, keys []string, handler func(k string, r *coCall) idempgx.Func) []coCall {
-	res := make([]coCall, len(keys))
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { res[i].panicked = recover() }()
-			res[i].outcome, res[i].err = m.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, &res[i]))
-		}()
-	}
-	wg.Wait()
-	return res
+	return testenv.CallAll(keys, func(k string, r *coCall) (idempotent.Outcome, error) {
+		return m.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, r))
+	})
 }
 
 // recordXID records in r the id of tx's transaction.
 func recordXID(ctx context.Context, tx pgx.Tx, r *coCall) error {
-	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.xid)
-}
-
-// sameTx fails the test unless every result of idx ran its handler in the
-// same transaction.
-func sameTx(t *testing.T, res []coCall, idx ...int) {
-	t.Helper()
-	for _, i := range idx[1:] {
-		if res[i].xid == 0 || res[i].xid != res[idx[0]].xid {
-			t.Fatalf("results %v did not share one transaction: %+v", idx, res)
-		}
-	}
+	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.Tx)
 }
 
 // designs runs test for the optimistic design and with savepoints.
@@ -254,20 +231,20 @@ func testCoalescedHandlerFailsAlone(t *testing.T, mode string) {
 		})
 		for i, r := range res {
 			if i == 1 {
-				if !errors.Is(r.err, bad) || r.outcome != 0 {
+				if !errors.Is(r.Err, bad) || r.Outcome != 0 {
 					t.Errorf("k2: %+v, want its own error", r)
 				}
-			} else if r.err != nil || r.outcome != idempotent.Applied {
+			} else if r.Err != nil || r.Outcome != idempotent.Applied {
 				t.Errorf("%s: %+v, want applied", keys[i], r)
 			}
 		}
-		sameTx(t, res, 0, 2, 3)
+		testenv.SameTx(t, res, 0, 2, 3)
 		// Optimistic: k1 ran before k2 failed, and again in the group's
 		// second transaction; with savepoints nobody runs again.
 		want := "map[k1:2 k2:1 k3:1 k4:1]"
 		if savepoints {
 			want = "map[k1:1 k2:1 k3:1 k4:1]"
-			sameTx(t, res, 0, 1, 2, 3)
+			testenv.SameTx(t, res, 0, 1, 2, 3)
 		}
 		if got := runs.String(); got != want {
 			t.Errorf("handler runs %s, want %s", got, want)
@@ -296,7 +273,7 @@ func TestCoalescedSwallowedError(t *testing.T) {
 				return nil
 			}
 		})
-		if !errors.Is(res[1].err, pgx.ErrTxCommitRollback) || res[0].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied {
+		if !errors.Is(res[1].Err, pgx.ErrTxCommitRollback) || res[0].Outcome != idempotent.Applied || res[2].Outcome != idempotent.Applied {
 			t.Fatalf("%+v, want s2 failed with pgx.ErrTxCommitRollback and s1, s3 applied", res)
 		}
 		// With savepoints the aborted transaction is rolled back to s2's
@@ -328,10 +305,10 @@ func TestCoalescedPanic(t *testing.T) {
 				panic("boom")
 			}
 		})
-		if res[0].panicked != "boom" || res[1].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied || res[1].err != nil || res[2].err != nil {
+		if res[0].Panicked != "boom" || res[1].Outcome != idempotent.Applied || res[2].Outcome != idempotent.Applied || res[1].Err != nil || res[2].Err != nil {
 			t.Fatalf("%+v, want p1's panic and p2, p3 applied", res)
 		}
-		sameTx(t, res, 1, 2)
+		testenv.SameTx(t, res, 1, 2)
 		e.wantAudit(t, []string{"p2", "p3"}, []string{"p1"})
 	})
 }
@@ -401,7 +378,7 @@ func TestCoalescedDuplicates(t *testing.T) {
 			}
 		})
 		for i := range 2 {
-			if got := []idempotent.Outcome{res[i].outcome, res[i+2].outcome}; got[0]+got[1] != idempotent.Applied+idempotent.Duplicate || res[i].err != nil || res[i+2].err != nil {
+			if got := []idempotent.Outcome{res[i].Outcome, res[i+2].Outcome}; got[0]+got[1] != idempotent.Applied+idempotent.Duplicate || res[i].Err != nil || res[i+2].Err != nil {
 				t.Fatalf("%+v, want one applied and one duplicate of each key", res)
 			}
 		}
@@ -419,10 +396,10 @@ func TestCoalescedDuplicates(t *testing.T) {
 		})
 		applied := map[string]int{}
 		for i, r := range res {
-			if r.err != nil || r.panicked != nil {
+			if r.Err != nil || r.Panicked != nil {
 				t.Fatalf("%s: %+v", keys[i], r)
 			}
-			if r.outcome == idempotent.Applied {
+			if r.Outcome == idempotent.Applied {
 				applied[keys[i]]++
 			}
 		}
@@ -455,13 +432,13 @@ func TestCoalescedKeyTwiceFirstFails(t *testing.T) {
 		var failed, applied int
 		for _, r := range res[:2] {
 			switch {
-			case errors.Is(r.err, bad):
+			case errors.Is(r.Err, bad):
 				failed++
-			case r.err == nil && r.outcome == idempotent.Applied:
+			case r.Err == nil && r.Outcome == idempotent.Applied:
 				applied++
 			}
 		}
-		if failed != 1 || applied != 1 || res[2].outcome != idempotent.Applied {
+		if failed != 1 || applied != 1 || res[2].Outcome != idempotent.Applied {
 			t.Fatalf("%+v, want one t failed, the other t and u applied", res)
 		}
 		e.wantAudit(t, []string{"t", "u"}, nil)
@@ -488,14 +465,14 @@ func TestCoalescedLostCommit(t *testing.T) {
 			}
 		})
 		for i, r := range res {
-			if r.err != nil || r.outcome != idempotent.Duplicate {
+			if r.Err != nil || r.Outcome != idempotent.Duplicate {
 				t.Errorf("%s: %+v, want duplicate (the lost COMMIT landed)", keys[i], r)
 			}
 		}
 		if n := e.tap.cut.Load(); n != 1 {
 			t.Fatalf("%d commits cut, want 1", n)
 		}
-		sameTx(t, res, 0, 1, 2)
+		testenv.SameTx(t, res, 0, 1, 2)
 		e.wantAudit(t, keys, nil)
 	})
 }
@@ -529,12 +506,12 @@ func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 		if !errors.Is(nested, idempgx.ErrNested) {
 			t.Errorf("nested call: %v, want ErrNested", nested)
 		}
-		sameTx(t, res, 0, 1, 2)
+		testenv.SameTx(t, res, 0, 1, 2)
 		before := e.tap.writes.Load()
 		res = callAll(m, []string{"a", "c"}, func(string, *coCall) idempgx.Func {
 			return func(context.Context, pgx.Tx) error { return errors.New("a duplicate's handler ran") }
 		})
-		if res[0].outcome != idempotent.Duplicate || res[1].outcome != idempotent.Duplicate || e.tap.writes.Load() != before {
+		if res[0].Outcome != idempotent.Duplicate || res[1].Outcome != idempotent.Duplicate || e.tap.writes.Load() != before {
 			t.Errorf("%+v after %d round trips, want both duplicates from the pre-check, with none", res, e.tap.writes.Load()-before)
 		}
 		// Another transaction holds y's claim.
@@ -549,7 +526,7 @@ func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 		res = callAll(m, []string{"x", "y", "z"}, func(k string, _ *coCall) idempgx.Func {
 			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, k) }
 		})
-		if res[0].outcome != idempotent.Applied || !errors.Is(res[1].err, idempotent.ErrClaimBusy) || res[2].outcome != idempotent.Applied {
+		if res[0].Outcome != idempotent.Applied || !errors.Is(res[1].Err, idempotent.ErrClaimBusy) || res[2].Outcome != idempotent.Applied {
 			t.Fatalf("%+v, want x and z applied, y ErrClaimBusy", res)
 		}
 		_ = holder.Rollback(ctx)
@@ -576,12 +553,12 @@ func TestCoalescedPartitioned(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res[i].outcome, res[i].err = m.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) })
+				res[i].Outcome, res[i].Err = m.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) })
 			}()
 		}
 		wg.Wait()
 		for i, r := range res {
-			if r.err != nil || r.outcome != idempotent.Applied {
+			if r.Err != nil || r.Outcome != idempotent.Applied {
 				t.Errorf("message %d: %+v, want applied (a key's days are claimed apart)", i, r)
 			}
 		}
@@ -633,7 +610,7 @@ func testCoalescedRoundTrips(t *testing.T, mode string) {
 				}
 			})
 			for _, r := range res {
-				if r.err != nil || r.outcome != idempotent.Applied {
+				if r.Err != nil || r.Outcome != idempotent.Applied {
 					t.Fatalf("%+v", res) // on the test's goroutine: callAll waits
 				}
 			}
@@ -737,10 +714,10 @@ func TestCoalescedStatementKinds(t *testing.T) {
 			})
 			for i, r := range res {
 				if i == fail {
-					if !errors.Is(r.err, errBoom) {
+					if !errors.Is(r.Err, errBoom) {
 						t.Errorf("%s: %+v, want its own error", msgs[i], r)
 					}
-				} else if r.err != nil || r.outcome != idempotent.Applied {
+				} else if r.Err != nil || r.Outcome != idempotent.Applied {
 					t.Errorf("%s: %+v, want applied", msgs[i], r)
 				}
 			}
@@ -801,12 +778,12 @@ func TestCoalescedLockWait(t *testing.T) {
 		hot, cold := make(chan coCall, 1), make(chan coCall, 1)
 		go func() {
 			var r coCall
-			r.outcome, r.err = m.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx pgx.Tx) error {
+			r.Outcome, r.Err = m.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx pgx.Tx) error {
 				hotRuns.Add(1)
 				if err := recordXID(ctx, tx, &r); err != nil {
 					return err
 				}
-				hotXIDs = append(hotXIDs, r.xid)
+				hotXIDs = append(hotXIDs, r.Tx)
 				if _, err := tx.Exec(ctx, "UPDATE "+rows+" SET n = n + 1 WHERE id = 1"); err != nil {
 					return err
 				}
@@ -816,11 +793,11 @@ func TestCoalescedLockWait(t *testing.T) {
 		}()
 		go func() {
 			var r coCall
-			r.outcome, r.err = m.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx pgx.Tx) error {
+			r.Outcome, r.Err = m.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx pgx.Tx) error {
 				if err := recordXID(ctx, tx, &r); err != nil {
 					return err
 				}
-				coldXIDs = append(coldXIDs, r.xid)
+				coldXIDs = append(coldXIDs, r.Tx)
 				return e.apply(ctx, tx, "cold")
 			})
 			cold <- r
@@ -828,7 +805,7 @@ func TestCoalescedLockWait(t *testing.T) {
 		var c coCall
 		select {
 		case c = <-cold:
-			if c.err != nil || c.outcome != idempotent.Applied {
+			if c.Err != nil || c.Outcome != idempotent.Applied {
 				t.Fatalf("cold: %+v, want applied", c)
 			}
 		case r := <-hot:
@@ -841,12 +818,12 @@ func TestCoalescedLockWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := <-hot
-		if r.err != nil || r.outcome != idempotent.Applied {
+		if r.Err != nil || r.Outcome != idempotent.Applied {
 			t.Fatalf("hot: %+v, want applied", r)
 		}
 		// Optimistic, cold runs again in the group's next transaction; with
 		// savepoints it runs once.
-		if hotRuns.Load() != 2 || hotXIDs[0] != coldXIDs[0] || hotXIDs[1] == c.xid || savepoints && len(coldXIDs) != 1 {
+		if hotRuns.Load() != 2 || hotXIDs[0] != coldXIDs[0] || hotXIDs[1] == c.Tx || savepoints && len(coldXIDs) != 1 {
 			t.Errorf("hot ran %d times in transactions %v, cold in %v; hot's first run should share cold's first transaction and its last have one of its own", hotRuns.Load(), hotXIDs, coldXIDs)
 		}
 		e.wantAudit(t, []string{"hot", "cold"}, nil)

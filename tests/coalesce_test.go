@@ -13,6 +13,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/sqlite"
@@ -130,41 +131,17 @@ func (c *coDB) wantAudit(t *testing.T, applied, absent []string) {
 	}
 }
 
-// coResult is one call's result.
-type coResult struct {
-	outcome  idempotent.Outcome
-	err      error
-	panicked any
-	tx       *sql.Tx // the transaction its handler last ran in
-}
+// coResult is one call's result; Tx is the transaction its handler last
+// ran in.
+type coResult = testenv.Call[*sql.Tx]
 
 // callAll calls ProcessMessage once per key at the same time, with
 // handler(key) as each one's effect, and returns the results in the order
 // of keys.
 func callAll(mw *idempotent.Middleware, keys []string, handler func(k string, res *coResult) idempotent.TxFunc) []coResult {
-	res := make([]coResult, len(keys))
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { res[i].panicked = recover() }()
-			res[i].outcome, res[i].err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, &res[i]))
-		}()
-	}
-	wg.Wait()
-	return res
-}
-
-// sameTx fails the test unless every result of idx ran its handler in the
-// same transaction.
-func sameTx(t *testing.T, res []coResult, idx ...int) {
-	t.Helper()
-	for _, i := range idx[1:] {
-		if res[i].tx == nil || res[i].tx != res[idx[0]].tx {
-			t.Fatalf("results %v did not share one transaction: %+v", idx, res)
-		}
-	}
+	return testenv.CallAll(keys, func(k string, r *coResult) (idempotent.Outcome, error) {
+		return mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, handler(k, r))
+	})
 }
 
 func TestCoalescedGroup(t *testing.T) {
@@ -193,7 +170,7 @@ func testCoalescedGroup(t *testing.T, open func(t *testing.T) *coDB) {
 			keys := []string{"k1", "k2", "k3", "k4"}
 			res := callAll(c.mw(t, len(keys)), keys, func(k string, r *coResult) idempotent.TxFunc {
 				return func(ctx context.Context, tx *sql.Tx) error {
-					r.tx = tx
+					r.Tx = tx
 					if err := c.apply(ctx, tx, k); err != nil || k != "k2" {
 						return err
 					}
@@ -202,14 +179,14 @@ func testCoalescedGroup(t *testing.T, open func(t *testing.T) *coDB) {
 			})
 			for i, r := range res {
 				if i == 1 {
-					if !errors.Is(r.err, bad) || r.outcome != 0 {
+					if !errors.Is(r.Err, bad) || r.Outcome != 0 {
 						t.Errorf("%s: %+v, want its own error", c.name, r)
 					}
-				} else if r.err != nil || r.outcome != idempotent.Applied {
+				} else if r.Err != nil || r.Outcome != idempotent.Applied {
 					t.Errorf("%s %s: %+v, want applied", c.name, keys[i], r)
 				}
 			}
-			sameTx(t, res, 0, 2, 3)
+			testenv.SameTx(t, res, 0, 2, 3)
 			c.wantAudit(t, []string{"k1", "k3", "k4"}, []string{"k2"})
 		})
 		t.Run("a panicking handler: the panic reaches its caller, the others commit", func(t *testing.T) {
@@ -217,17 +194,17 @@ func testCoalescedGroup(t *testing.T, open func(t *testing.T) *coDB) {
 			keys := []string{"p1", "p2", "p3"}
 			res := callAll(c.mw(t, len(keys)), keys, func(k string, r *coResult) idempotent.TxFunc {
 				return func(ctx context.Context, tx *sql.Tx) error {
-					r.tx = tx
+					r.Tx = tx
 					if err := c.apply(ctx, tx, k); err != nil || k != "p1" {
 						return err
 					}
 					panic("boom")
 				}
 			})
-			if res[0].panicked != "boom" || res[1].outcome != idempotent.Applied || res[2].outcome != idempotent.Applied || res[1].err != nil || res[2].err != nil {
+			if res[0].Panicked != "boom" || res[1].Outcome != idempotent.Applied || res[2].Outcome != idempotent.Applied || res[1].Err != nil || res[2].Err != nil {
 				t.Fatalf("%s: %+v, want p1's panic and p2, p3 applied", c.name, res)
 			}
-			sameTx(t, res, 1, 2)
+			testenv.SameTx(t, res, 1, 2)
 			c.wantAudit(t, []string{"p2", "p3"}, []string{"p1"})
 		})
 		t.Run("a caller's context cancelled mid-group: its error, its work undone", func(t *testing.T) {
@@ -284,10 +261,10 @@ func testCoalescedGroup(t *testing.T, open func(t *testing.T) *coDB) {
 			})
 			applied := map[string]int{}
 			for i, r := range res {
-				if r.err != nil || r.panicked != nil {
+				if r.Err != nil || r.Panicked != nil {
 					t.Fatalf("%s %s: %+v", c.name, keys[i], r)
 				}
-				if r.outcome == idempotent.Applied {
+				if r.Outcome == idempotent.Applied {
 					applied[keys[i]]++
 				}
 			}
@@ -318,20 +295,20 @@ func TestCoalescedGroupLostCommit(t *testing.T) {
 	var armed sync.Once
 	res := callAll(mw, keys, func(k string, r *coResult) idempotent.TxFunc {
 		return func(ctx context.Context, tx *sql.Tx) error {
-			r.tx = tx
+			r.Tx = tx
 			armed.Do(proxy.Arm) // the first attempt's COMMIT is cut
 			return c.apply(ctx, tx, k)
 		}
 	})
 	for i, r := range res {
-		if r.err != nil || r.outcome != idempotent.Duplicate {
+		if r.Err != nil || r.Outcome != idempotent.Duplicate {
 			t.Errorf("%s: %+v, want duplicate (the lost COMMIT landed)", keys[i], r)
 		}
 	}
 	if n := proxy.cut.Load(); n != 1 {
 		t.Fatalf("%d commits cut, want 1", n)
 	}
-	sameTx(t, res, 0, 1, 2)
+	testenv.SameTx(t, res, 0, 1, 2)
 	c.wantAudit(t, keys, nil)
 }
 
@@ -371,11 +348,11 @@ func TestCoalescedGroupLockWait(t *testing.T) {
 			var coldTx, firstColdTx, firstHotTx *sql.Tx
 			go func() {
 				var r coResult
-				r.outcome, r.err = mw.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx *sql.Tx) error {
+				r.Outcome, r.Err = mw.ProcessMessage(ctx, idempotent.Message{Key: "hot"}, func(ctx context.Context, tx *sql.Tx) error {
 					if hotRuns.Add(1) == 1 {
 						firstHotTx = tx
 					}
-					r.tx = tx
+					r.Tx = tx
 					if _, err := tx.ExecContext(ctx, "UPDATE "+rows+" SET n = n + 1 WHERE id = 1"); err != nil {
 						return err
 					}
@@ -385,18 +362,18 @@ func TestCoalescedGroupLockWait(t *testing.T) {
 			}()
 			go func() {
 				var r coResult
-				r.outcome, r.err = mw.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx *sql.Tx) error {
+				r.Outcome, r.Err = mw.ProcessMessage(ctx, idempotent.Message{Key: "cold"}, func(ctx context.Context, tx *sql.Tx) error {
 					if firstColdTx == nil {
 						firstColdTx = tx
 					}
-					coldTx, r.tx = tx, tx
+					coldTx, r.Tx = tx, tx
 					return c.apply(ctx, tx, "cold")
 				})
 				cold <- r
 			}()
 			select {
 			case r := <-cold:
-				if r.err != nil || r.outcome != idempotent.Applied {
+				if r.Err != nil || r.Outcome != idempotent.Applied {
 					t.Fatalf("cold: %+v, want applied", r)
 				}
 			case r := <-hot:
@@ -411,10 +388,10 @@ func TestCoalescedGroupLockWait(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := <-hot
-			if r.err != nil || r.outcome != idempotent.Applied {
+			if r.Err != nil || r.Outcome != idempotent.Applied {
 				t.Fatalf("hot: %+v, want applied", r)
 			}
-			if firstHotTx != firstColdTx || r.tx == coldTx || hotRuns.Load() != 2 {
+			if firstHotTx != firstColdTx || r.Tx == coldTx || hotRuns.Load() != 2 {
 				t.Errorf("hot ran %d times; its first run should share cold's first transaction and its last run have one of its own", hotRuns.Load())
 			}
 			c.wantAudit(t, []string{"hot", "cold"}, nil)
