@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/claimfold"
 	"github.com/txclaim/idempotent/internal/coalesce"
 )
 
@@ -41,6 +42,22 @@ type coalescer struct {
 	// (Coalescing.LockWait); "" is no bound.
 	lockWaitSQL string
 	g           coalesce.Coalescer[*sql.Tx, Outcome]
+
+	// A delivery path's coalescer (see pathCoalescer) sets both: r is the
+	// path's runner (nil: the Middleware's), and companion runs in every
+	// transaction of a group, after its handlers, with the items of the
+	// members that did not fail; a group whose claims were all duplicates
+	// then still commits.
+	r         *runner
+	companion claimfold.Companion
+}
+
+// runner is the runner of the groups' transactions.
+func (c *coalescer) runner() *runner {
+	if c.r != nil {
+		return c.r
+	}
+	return &c.m.run
 }
 
 // member is one caller of ProcessMessage waiting in a group.
@@ -113,19 +130,20 @@ type pass = coalesce.Pass[*sql.Tx, Outcome]
 // final word.
 func (c *coalescer) run(members []*member) {
 	m := c.m
+	r := c.runner()
 	gctx := context.Background() // the group's own statements: no caller's context ends them
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
-	if m.run.onRetry != nil {
+	if r.onRetry != nil {
 		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
-			m.run.onRetry(gctx, "", attempt, class, err, backoff)
+			r.onRetry(gctx, "", attempt, class, err, backoff)
 		}
 	}
 	d := coalesce.Driver[*sql.Tx, Outcome]{
 		Retry: func(attempt func(ctx context.Context) (dialect.Class, error)) (int, error) {
-			return m.run.policy.Run(gctx, attempt, retried)
+			return r.policy.Run(gctx, attempt, retried)
 		},
 		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
-			return m.run.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+			return r.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 				return c.pass(ctx, tx, st, live, p)
 			})
 		},
@@ -157,8 +175,18 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 	} else {
 		err = c.passOptimistic(ctx, tx, st, live, p)
 	}
-	if err != nil || st.skipCommit {
+	if err != nil {
 		return err
+	}
+	if c.companion != nil {
+		// The companion's writes commit even when no claim was new.
+		st.skipCommit = false
+		if err := c.runCompanion(ctx, tx, live, p); err != nil {
+			return err
+		}
+	}
+	if st.skipCommit {
+		return nil
 	}
 	for i, mb := range live {
 		if p.Outcomes[i] == 0 {
@@ -313,18 +341,27 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 	if err != nil {
 		if v == nil && !contextError(err) && mb.Ctx.Err() == nil {
 			class := m.d.Classify(err)
-			if class.Retryable() && m.run.suffered(ctx, tx, class, err) {
+			if class.Retryable() && c.runner().suffered(ctx, tx, class, err) {
 				// The transaction's own failure: the group retries.
 				return false, fmt.Errorf("key %q: %w", mb.Key, err)
 			}
 			if class.Kind == dialect.KindLockTimeout && c.lockWaitSQL != "" {
 				// It waited for a lock past the group's bound: it leaves
 				// the group and runs alone, unbounded.
-				if m.run.onRetry != nil {
-					m.run.onRetry(mb.Ctx, mb.Key, 1, class, err, 0)
+				if r := c.runner(); r.onRetry != nil {
+					r.onRetry(mb.Ctx, mb.Key, 1, class, err, 0)
 				}
 				p.Fail(mb, final{Alone: true})
 				return true, nil
+			}
+		}
+		if v == nil && m.txidSQL != "" {
+			// The strict guard on the error path: a handler that left
+			// the group's transaction before it failed has committed
+			// every claim of the group — the group fails, loudly, this
+			// member with it.
+			if aerr := m.checkTxIDAfterFailure(ctx, tx, st); aerr != nil {
+				return false, errors.Join(c.keyError(mb.Key, err), aerr)
 			}
 		}
 		p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
@@ -338,4 +375,87 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 		}
 	}
 	return false, nil
+}
+
+// runCompanion runs the companion with the items of the members of live
+// that did not fail on their own, in live's order (key order). A member the
+// companion fails is recorded with p.Fail, and the pass ends with
+// errRegroup: the group runs again without it.
+func (c *coalescer) runCompanion(ctx context.Context, tx *sql.Tx, live []*member, p *pass) error {
+	items := make([]any, 0, len(live))
+	idx := make([]int, 0, len(live))
+	for i, mb := range live {
+		if p.Outcomes[i] != 0 {
+			items, idx = append(items, mb.Item), append(idx, i)
+		}
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	failed, err := c.companion(ctx, tx, items)
+	if err != nil {
+		return err
+	}
+	own := false
+	for j, ferr := range failed {
+		if ferr == nil || j >= len(idx) {
+			continue
+		}
+		mb := live[idx[j]]
+		p.Fail(mb, final{Err: c.keyError(mb.Key, ferr)})
+		own = true
+	}
+	if own {
+		return errRegroup
+	}
+	return nil
+}
+
+// pathCoalescer is the claimfold.Coalescer of a delivery path: the
+// Middleware's coalescing (Max, Wait, Savepoints, LockWait) on a coalescer
+// of its own — its groups hold only this path's deliveries — running the
+// path's runner and its companion.
+type pathCoalescer struct {
+	p  *path
+	co *coalescer
+}
+
+// Coalescer is claimfold.Path.Coalescer.
+func (p *path) Coalescer(companion claimfold.Companion, ready func() int) (claimfold.Coalescer, bool) {
+	m := p.m
+	if m.co == nil || companion == nil {
+		return nil, false
+	}
+	co := &coalescer{m: m, max: m.co.max, wait: m.co.wait, savepoints: m.co.savepoints, lockWaitSQL: m.co.lockWaitSQL, r: &p.run, companion: companion}
+	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: co.max, Wait: co.wait, Run: co.run, Ready: ready}
+	return &pathCoalescer{p: p, co: co}, true
+}
+
+// Flush is claimfold.Coalescer.Flush.
+func (pc *pathCoalescer) Flush() { pc.co.g.Flush() }
+
+// Process is claimfold.Coalescer.Process. Unlike ProcessMessage it never
+// consults nor records into WithSeen, as the path's Process does not.
+func (pc *pathCoalescer) Process(ctx context.Context, key string, at time.Time, item any, fn func(context.Context, *sql.Tx) error, alone func(context.Context, claimfold.Attempt) error) (bool, error) {
+	m := pc.p.m
+	if fn == nil || alone == nil {
+		return false, errors.New("idempotent: Coalescer.Process: nil function")
+	}
+	outcome, err := m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
+		if err := m.checkMessage(Message{Key: key, EventTime: at}); err != nil {
+			return 0, 0, err
+		}
+		if err := refuseNested(ctx); err != nil {
+			return 0, 0, err
+		}
+		w, left := pc.co.g.ProcessItem(ctx, key, at, item, fn)
+		switch {
+		case left != nil:
+			return 0, 0, pc.co.keyError(key, left)
+		case w.Alone:
+			return pc.p.process(ctx, key, at, alone)
+		}
+		return w.Outcome, w.Attempts, w.Err
+	})
+	return outcome == Applied, err
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/claimfold"
 )
 
 // coalesced is the outcome of one coalesced ProcessMessage call.
@@ -393,6 +395,27 @@ func TestCoalescingKeepsTheSinglePathsOptions(t *testing.T) {
 			t.Fatalf("got %v, want ErrAutocommit for both", got)
 		}
 	})
+	t.Run("a handler that left the transaction and then failed fails the whole group with ErrAutocommit, itself included", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectTxID(r.mock, "77")
+		expectTxID(r.mock, "78") // a's handler committed, then failed
+		expectTxID(r.mock, "78") // the runner's own check on the error path
+		r.mock.ExpectRollback()
+		bad := errors.New("the effect failed")
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { return bad }
+			}
+			return ownEffect(t, k)
+		}, guards...)
+		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, bad) || !errors.Is(got["1b"].err, idempotent.ErrAutocommit) {
+			t.Fatalf("got %v, want ErrAutocommit for both (and a's own error for a)", got)
+		}
+		r.wantCalls(t, "BEGIN", lockSQL, batchSQL, txidSQL, txidSQL, txidSQL, "ROLLBACK")
+	})
 	t.Run("the retention fence refuses a message before it joins a group", func(t *testing.T) {
 		r := newRecorded(t)
 		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
@@ -503,6 +526,250 @@ func TestCoalescingLockWait(t *testing.T) {
 		}
 		if _, err := idempotent.New(r.db, my, consumer, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: -1})); err != nil {
 			t.Errorf("no LockWait on %s: %v", my.Name(), err)
+		}
+	})
+}
+
+// companionSQL is the statement of the test companion of a delivery
+// path's coalesced groups.
+const companionSQL = "UPDATE positions SET n = n + 1"
+
+// runPathGroup runs keys through a delivery path's Coalescer (groups of
+// len(keys), at least 2) on r, concurrently; fn(key) is each delivery's
+// handler, and the companion runs companionSQL once and fails, alone, the
+// items in fail. It returns each delivery's result by key, whether each
+// ran its alone body, and the items the companion was given, pass by pass.
+func runPathGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idempotent.TxFunc, fail map[string]error, ready func() int, opts ...idempotent.Option) (got map[string]coalesced, alone map[string]bool, passes [][]any) {
+	t.Helper()
+	opts = append([]idempotent.Option{idempotent.WithCoalescing(idempotent.Coalescing{Max: max(len(keys), 2), Wait: time.Second, LockWait: -1})}, opts...)
+	mw := newMiddleware(t, r, opts...)
+	p, ok := claimfold.NewPath(mw)
+	if !ok {
+		t.Fatal("no delivery path")
+	}
+	var mu sync.Mutex
+	co, ok := p.Coalescer(func(ctx context.Context, tx *sql.Tx, items []any) ([]error, error) {
+		mu.Lock()
+		passes = append(passes, items)
+		mu.Unlock()
+		if _, err := tx.ExecContext(ctx, companionSQL); err != nil {
+			return nil, err
+		}
+		var failed []error
+		for i, it := range items {
+			if err := fail[it.(string)]; err != nil {
+				if failed == nil {
+					failed = make([]error, len(items))
+				}
+				failed[i] = err
+			}
+		}
+		return failed, nil
+	}, ready)
+	if !ok {
+		t.Fatal("no Coalescer with WithCoalescing")
+	}
+	got, alone = map[string]coalesced{}, map[string]bool{}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied, err := co.Process(context.Background(), k, time.Time{}, k, fn(k), func(ctx context.Context, a claimfold.Attempt) error {
+				mu.Lock()
+				alone[k] = true
+				mu.Unlock()
+				return nil
+			})
+			res := coalesced{err: err, outcome: idempotent.Duplicate}
+			if applied {
+				res.outcome = idempotent.Applied
+			}
+			if err != nil {
+				res.outcome = 0
+			}
+			mu.Lock()
+			got[k] = res
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return got, alone, passes
+}
+
+func TestCoalescedPath(t *testing.T) {
+	t.Run("without WithCoalescing there is no Coalescer", func(t *testing.T) {
+		p, _ := claimfold.NewPath(newMiddleware(t, newRecorded(t)))
+		if _, ok := p.Coalescer(func(context.Context, *sql.Tx, []any) ([]error, error) { return nil, nil }, nil); ok {
+			t.Fatal("a Coalescer without WithCoalescing")
+		}
+	})
+	t.Run("a group of duplicates still commits its companion", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"})
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 3))
+		r.mock.ExpectCommit()
+		got, alone, passes := runPathGroup(t, r, []string{"c", "a", "b"}, func(string) idempotent.TxFunc {
+			return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+		}, nil, nil)
+		for k, res := range got {
+			if res.outcome != idempotent.Duplicate || res.err != nil || alone[k] {
+				t.Errorf("%s: %+v (alone %v), want a duplicate of the group", k, res, alone[k])
+			}
+		}
+		if fmt.Sprint(passes) != "[[a b c]]" {
+			t.Errorf("companion items %v, want [[a b c]] (key order)", passes)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, companionSQL, "COMMIT")
+	})
+	t.Run("a handler's failure: the group runs again without it, the companion without its item", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "b", "c")
+		expectEffect(r.mock)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "c"}, "a", "c")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
+		r.mock.ExpectCommit()
+		bad := errors.New("bad payload")
+		got, _, passes := runPathGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(context.Context, *sql.Tx) error { return bad }
+			}
+			return effect
+		}, nil, nil)
+		if got["a"].outcome != idempotent.Applied || got["c"].outcome != idempotent.Applied || !errors.Is(got["b"].err, bad) {
+			t.Fatalf("got %v, want a and c applied, b its own error", got)
+		}
+		if fmt.Sprint(passes) != "[[a c]]" {
+			t.Errorf("companion items %v, want [[a c]]", passes)
+		}
+		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, effectSQL, companionSQL, "COMMIT")
+	})
+	t.Run("with savepoints a failed member's item is left out of the companion", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		for _, k := range []string{"a", "b"} {
+			r.mock.ExpectExec(dialect.MessageSavepointSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+			expectClaim(r.mock, k, 1)
+			if k == "a" {
+				r.mock.ExpectExec(dialect.MessageRollbackSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+				continue
+			}
+			expectEffect(r.mock)
+			r.mock.ExpectExec(dialect.MessageReleaseSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		}
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 1))
+		r.mock.ExpectCommit()
+		bad := errors.New("bad payload")
+		got, _, passes := runPathGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(context.Context, *sql.Tx) error { return bad }
+			}
+			return effect
+		}, nil, nil, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: true, LockWait: -1}))
+		if got["b"].outcome != idempotent.Applied || !errors.Is(got["a"].err, bad) {
+			t.Fatalf("got %v, want b applied, a its own error", got)
+		}
+		if fmt.Sprint(passes) != "[[b]]" {
+			t.Errorf("companion items %v, want [[b]]", passes)
+		}
+	})
+	t.Run("a member the companion fails fails alone: the group runs again without it", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 1))
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a"}, "a")
+		expectEffect(r.mock)
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 1))
+		r.mock.ExpectCommit()
+		fenced := errors.New("fenced")
+		got, _, passes := runPathGroup(t, r, []string{"a", "b"}, func(string) idempotent.TxFunc { return effect }, map[string]error{"b": fenced}, nil)
+		if got["a"].outcome != idempotent.Applied || !errors.Is(got["b"].err, fenced) {
+			t.Fatalf("got %v, want a applied, b the companion's error", got)
+		}
+		if fmt.Sprint(passes) != "[[a b] [a]]" {
+			t.Errorf("companion items %v, want [[a b] [a]]", passes)
+		}
+	})
+	t.Run("a delivery alone in its group runs its alone body", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin() // the alone body's own transaction: it writes nothing here
+		r.mock.ExpectCommit()
+		got, alone, passes := runPathGroup(t, r, []string{"a"}, func(string) idempotent.TxFunc { return effect }, nil, nil,
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: -1}))
+		if !alone["a"] || len(passes) != 0 || got["a"].err != nil {
+			t.Fatalf("got %v, alone %v, companion %v: want the alone body and no companion", got, alone, passes)
+		}
+		r.wantCalls(t, "BEGIN", "COMMIT")
+	})
+	t.Run("a group closes once it has as many members as ready says may join, not after Wait", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
+		r.mock.ExpectCommit()
+		start := time.Now()
+		got, _, passes := runPathGroup(t, r, []string{"a", "b"}, func(string) idempotent.TxFunc { return effect }, nil, func() int { return 2 },
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Second, LockWait: -1}))
+		if d := time.Since(start); d >= time.Second {
+			t.Errorf("the group of 2 closed after %v: it waited out Wait", d)
+		}
+		if got["a"].outcome != idempotent.Applied || got["b"].outcome != idempotent.Applied || fmt.Sprint(passes) != "[[a b]]" {
+			t.Fatalf("got %v, companion %v: want a and b applied in one group", got, passes)
+		}
+	})
+	t.Run("Flush closes a group that has every member ready says may still join", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectEffect(r.mock)
+		expectEffect(r.mock)
+		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
+		r.mock.ExpectCommit()
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Second, LockWait: -1}))
+		p, _ := claimfold.NewPath(mw)
+		var ready, asked atomic.Int32
+		ready.Store(3) // a third worker is still applying
+		co, _ := p.Coalescer(func(ctx context.Context, tx *sql.Tx, items []any) ([]error, error) {
+			_, err := tx.ExecContext(ctx, companionSQL)
+			return nil, err
+		}, func() int {
+			asked.Add(1) // once per join, after the member joined
+			return int(ready.Load())
+		})
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, k := range []string{"a", "b"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := co.Process(context.Background(), k, time.Time{}, k, effect, func(context.Context, claimfold.Attempt) error { return nil }); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		for deadline := time.Now().Add(10 * time.Second); asked.Load() < 2; runtime.Gosched() { // both have joined
+			if time.Now().After(deadline) {
+				t.Fatalf("ready was asked %d times in 10s, want once per join", asked.Load())
+			}
+		}
+		ready.Store(2) // the third worker ran out of records
+		co.Flush()
+		wg.Wait()
+		if d := time.Since(start); d >= time.Second {
+			t.Errorf("the group closed after %v: Flush did not close it", d)
 		}
 	})
 }

@@ -156,26 +156,32 @@ func (p *path) Process(ctx context.Context, key string, at time.Time, body func(
 	if body == nil {
 		return false, errors.New("idempotent: Process: nil function")
 	}
-	var applied bool
-	_, err := m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
+	outcome, err := m.observe(ctx, key, func(ctx context.Context) (Outcome, int, error) {
 		if err := m.checkMessage(Message{Key: key, EventTime: at}); err != nil {
 			return 0, 0, err
 		}
-		a := &attempt{m: m, key: key, at: at}
-		attempts, err := p.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-			a.begin(ctx, tx, st)
-			return body(ctx, a)
-		})
-		if err != nil {
-			err = m.reclassify(ctx, err)
-			return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
-		}
-		if applied = a.handled; applied {
-			return Applied, attempts, nil
-		}
-		return Duplicate, attempts, nil
+		return p.process(ctx, key, at, body)
 	})
-	return applied, err
+	return outcome == Applied, err
+}
+
+// process is Process after the checks and without the observer: what a
+// coalesced delivery that finds itself alone runs (see pathCoalescer).
+func (p *path) process(ctx context.Context, key string, at time.Time, body func(context.Context, claimfold.Attempt) error) (Outcome, int, error) {
+	m := p.m
+	a := &attempt{m: m, key: key, at: at}
+	attempts, err := p.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		a.begin(ctx, tx, st)
+		return body(ctx, a)
+	})
+	if err != nil {
+		err = m.reclassify(ctx, err)
+		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
+	}
+	if a.handled {
+		return Applied, attempts, nil
+	}
+	return Duplicate, attempts, nil
 }
 
 // ProcessBatch is claimfold.Path.ProcessBatch.

@@ -251,8 +251,9 @@ const DefaultLockWait = 50 * time.Millisecond
 // It pays where several calls are in flight at once (a consumer with
 // several workers): every message of a group shares BEGIN, the claim and
 // COMMIT, and each may wait up to Wait for the group to close (a group of
-// one waits the whole Wait). ProcessMessageTx, the batch entry points and
-// the Kafka consumers' own path are not coalesced. docs/performance.md
+// one waits the whole Wait). ProcessMessageTx and the batch entry points
+// are not coalesced; the Kafka per-record consumer coalesces its records
+// with their offset advances (see package kafka). docs/performance.md
 // says when to use it and what it costs. Default is off: one transaction
 // per call.
 func WithCoalescing(c Coalescing) Option {

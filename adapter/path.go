@@ -85,6 +85,62 @@ func (p *Path) Tx(ctx context.Context, body func(ctx context.Context, tx *sql.Tx
 	return p.p.Tx(ctx, body)
 }
 
+// Coalesced returns the Path's coalesced deliveries, with companion as the
+// adapter's own writes for each group, when the Middleware was created
+// with idempotent.WithCoalescing; false otherwise (or when companion is
+// nil). companion runs in each transaction of a group, after its claims
+// and handlers, with the items (Coalesced.Process) of the members that did
+// not fail, in the order the group claimed them; it returns, per item,
+// nil or the error that fails that delivery alone (failed may be nil), or
+// an error of the transaction. Its writes commit even when every member
+// of the group was a duplicate. ready, when not nil, says how many
+// deliveries may join a group at the moment (the adapter's workers that
+// have a message to deliver): a group then closes as soon as it has that
+// many, without waiting out Wait; call Coalesced.Flush when that count
+// drops.
+func (p *Path) Coalesced(companion func(ctx context.Context, tx *sql.Tx, items []any) (failed []error, err error), ready func() int) (*Coalesced, bool) {
+	if companion == nil {
+		return nil, false
+	}
+	c, ok := p.p.Coalescer(companion, ready)
+	if !ok {
+		return nil, false
+	}
+	return &Coalesced{c: c}, true
+}
+
+// Coalesced is a Path's deliveries coalesced as the Middleware's
+// WithCoalescing coalesces ProcessMessage calls: concurrent deliveries
+// share one transaction — up to Max, closing Wait after the first — with
+// their claims in one statement, each new message's handler on its own
+// caller's goroutine, one after the other, the group's companion, and one
+// COMMIT. A handler's failure fails its own delivery only; a failure of
+// the transaction itself is retried for the whole group under the retry
+// policy. Its groups hold only its own deliveries.
+type Coalesced struct{ c claimfold.Coalescer }
+
+// Process runs one delivery of msg in a coalesced group: item goes to the
+// group's companion, and fn, the handler, runs in the group's transaction
+// when msg's claim is new. A delivery that is alone in its group, or that
+// the group's claim could not claim (a busy key, a missing partition, the
+// retention fence), runs alone, as Path.Process runs it with alone as the
+// body. It reports whether the handler ran in the transaction that
+// committed. Errors are wrapped as ProcessMessage wraps them.
+func (c *Coalesced) Process(ctx context.Context, msg idempotent.Message, item any, fn func(ctx context.Context, tx *sql.Tx) error, alone func(ctx context.Context, a *Attempt) error) (applied bool, err error) {
+	if alone == nil {
+		return false, errors.New("adapter: Coalesced.Process: nil alone")
+	}
+	return c.c.Process(ctx, msg.Key, msg.EventTime, item, fn, func(ctx context.Context, a claimfold.Attempt) error {
+		return alone(ctx, &Attempt{a: a})
+	})
+}
+
+// Flush closes the group open for members if it has as many as the ready
+// function given to Path.Coalesced says may join: call it when that count
+// drops, so that the members waiting do not wait out Wait for one that
+// will not come.
+func (c *Coalesced) Flush() { c.c.Flush() }
+
 // Attempt is one attempt's transaction of Path.Process or
 // Path.ProcessBatch. Its methods must be called from the body it was given
 // to, with that body's context.

@@ -133,6 +133,53 @@ type Path interface {
 	// transaction options and retry policy, and commits it when body
 	// returns nil: for the caller's own writes that need no claim.
 	Tx(ctx context.Context, body func(ctx context.Context, tx *sql.Tx) error) error
+
+	// Coalescer returns the path's coalesced deliveries with companion,
+	// or false when the Middleware was not created WithCoalescing (or
+	// companion is nil). ready, when not nil, says how many deliveries
+	// may join a group at the moment (the caller's workers that have a
+	// message to deliver): a group closes as soon as it has that many
+	// members, without waiting out Wait for more (see Coalescer.Flush).
+	Coalescer(companion Companion, ready func() int) (Coalescer, bool)
+}
+
+// Companion is a caller's own writes for a coalesced group: it runs in
+// every transaction of the group, after the claims and handlers, with the
+// items of the group's members that did not fail on their own, in the
+// order the group claimed them (key order). It returns, for each item,
+// nil or the error that fails that member alone (failed may be nil, or
+// shorter than items: the rest succeeded) — the group then runs again
+// without it — or an error that ends the transaction, which the retry
+// policy retries for the whole group when it is retryable. The group's
+// transaction commits the companion's writes even when every claim of the
+// group was a duplicate.
+type Companion func(ctx context.Context, tx *sql.Tx, items []any) (failed []error, err error)
+
+// Coalescer runs a path's deliveries coalesced, as the Middleware's
+// WithCoalescing coalesces ProcessMessage calls: concurrent deliveries
+// share one transaction (up to Max, closing after Wait), their claims in
+// one statement, each new message's handler run on its caller's
+// goroutine, the group's Companion, one COMMIT. A handler's failure fails
+// its own delivery only (the group runs again without it, or, with
+// Savepoints, is rolled back to its savepoint); a failure of the
+// transaction is retried for the group. Its groups hold only this
+// Coalescer's deliveries.
+type Coalescer interface {
+	// Process runs one delivery of the message with key and event time at,
+	// with item given to the group's Companion, and fn as its handler
+	// when its claim is new. A delivery that finds itself alone in its
+	// group, or that the group's claim statement could not claim (a busy
+	// key, a missing partition, the retention fence), runs alone instead,
+	// exactly as Path.Process runs body. It reports whether the handler
+	// ran in the transaction that committed. Errors are wrapped as
+	// ProcessMessage wraps them.
+	Process(ctx context.Context, key string, at time.Time, item any, fn func(ctx context.Context, tx *sql.Tx) error, alone func(ctx context.Context, a Attempt) error) (applied bool, err error)
+
+	// Flush closes the group open for members if it has as many as ready
+	// says may join: the caller calls it when ready's count drops (a
+	// worker ran out of messages), so that the members waiting do not
+	// wait out Wait for one that will not come.
+	Flush()
 }
 
 // Attempt is one attempt's transaction of Path.Process or

@@ -58,6 +58,9 @@ type Member[T, O any] struct {
 	Ctx context.Context // the caller's
 	Key string
 	At  time.Time // the message's event time
+	// Item is what the caller gave ProcessItem for the group's own use (a
+	// delivery path's companion statement), nil from Process.
+	Item any
 
 	fn    func(context.Context, T) error
 	state atomic.Int32
@@ -84,6 +87,11 @@ type Coalescer[T, O any] struct {
 	Max  int
 	Wait time.Duration
 	Run  func(members []*Member[T, O])
+	// Ready, when set, says how many callers may join a group at the
+	// moment (a consumer's workers that have a message to deliver): a
+	// group then closes as soon as it has that many members, without
+	// waiting out Wait, and Flush closes an open group that has them.
+	Ready func() int
 
 	mu   sync.Mutex
 	open *group[T, O] // the group accepting members, nil if none
@@ -102,7 +110,12 @@ type group[T, O any] struct {
 // withdraws and returns ctx's error as left. A panic of fn is re-raised
 // here, after the driver has rolled its work back.
 func (c *Coalescer[T, O]) Process(ctx context.Context, key string, at time.Time, fn func(context.Context, T) error) (word Final[O], left error) {
-	mb := &Member[T, O]{Ctx: ctx, Key: key, At: at, fn: fn, in: make(chan turn[T, O], 1), ret: make(chan Handled, 1), gone: make(chan struct{})}
+	return c.ProcessItem(ctx, key, at, nil, fn)
+}
+
+// ProcessItem is Process for a member carrying item (Member.Item).
+func (c *Coalescer[T, O]) ProcessItem(ctx context.Context, key string, at time.Time, item any, fn func(context.Context, T) error) (word Final[O], left error) {
+	mb := &Member[T, O]{Ctx: ctx, Key: key, At: at, Item: item, fn: fn, in: make(chan turn[T, O], 1), ret: make(chan Handled, 1), gone: make(chan struct{})}
 	c.join(mb)
 	var panicked *Handled // the handler's panic, re-raised once the driver has rolled back
 	for {
@@ -171,13 +184,36 @@ func (c *Coalescer[T, O]) join(mb *Member[T, O]) {
 		c.open = g
 	}
 	g.members = append(g.members, mb)
-	if len(g.members) >= c.Max {
+	if len(g.members) >= c.quorum() {
 		c.open = nil
 		close(g.full)
 	}
 	c.mu.Unlock()
 	if lead {
 		go c.drive(g)
+	}
+}
+
+// quorum is how many members close a group: Max, or fewer when Ready says
+// fewer callers may join now.
+func (c *Coalescer[T, O]) quorum() int {
+	if c.Ready != nil {
+		if n := c.Ready(); n >= 1 && n < c.Max {
+			return n
+		}
+	}
+	return c.Max
+}
+
+// Flush closes the open group if it has as many members as Ready says may
+// join: the caller calls it when that count drops, so that the members
+// waiting do not wait out Wait for one that will not come.
+func (c *Coalescer[T, O]) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g := c.open; g != nil && len(g.members) >= c.quorum() {
+		c.open = nil
+		close(g.full)
 	}
 }
 
