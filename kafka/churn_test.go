@@ -164,7 +164,8 @@ WHERE a.id = d.account`, pq.Array(accts), pq.Array(amounts))
 // balances exact, stored offsets at the partitions' end offsets, the
 // dead-letter outbox holding exactly the poison records. Batch mode takes
 // all 20,000; record mode, a transaction per record, the same workload
-// scaled to 6,000 to keep the test's cost in CI reasonable. Under the race
+// scaled to 6,000 to keep the test's cost in CI reasonable, and record mode on
+// a Middleware WithCoalescing the same. Under the race
 // detector, which slows the in-process cluster several times, both take a
 // third of that.
 func TestChurn(t *testing.T) {
@@ -175,7 +176,7 @@ func TestChurn(t *testing.T) {
 	for _, tc := range []struct {
 		mode    string
 		records int
-	}{{"record", 6000 / scale}, {"batch", 20000 / scale}} {
+	}{{"record", 6000 / scale}, {"record-coalesced", 6000 / scale}, {"batch", 20000 / scale}} {
 		t.Run(tc.mode, func(t *testing.T) { testChurn(t, tc.mode, tc.records) })
 	}
 }
@@ -184,7 +185,12 @@ func testChurn(t *testing.T, mode string, churnRecords int) {
 	// The durability of each commit is not what this test is about.
 	db := openDB(t, 16, "synchronous_commit=off")
 	s := schema(t, db)
-	mw := newMiddleware(t, db, s, churnConsumer)
+	var mwOpts []idempotent.Option
+	if mode == "record-coalesced" {
+		// Each member's three workers coalesce their partitions' records.
+		mwOpts = append(mwOpts, idempotent.WithCoalescing(idempotent.Coalescing{Max: 3, Wait: time.Millisecond}))
+	}
+	mw := newMiddleware(t, db, s, churnConsumer, mwOpts...)
 	ob := newOutbox(t, db, s, churnConsumer)
 	for i := range churnAccounts {
 		if _, err := db.Exec(`INSERT INTO `+s+`.accounts (id) VALUES ($1)`, fmt.Sprintf("acct-%d", i)); err != nil {
@@ -292,6 +298,11 @@ func testChurn(t *testing.T, mode string, churnRecords int) {
 		m.stop(t)
 	}
 	t.Logf("%v: members stopped", time.Since(start).Round(time.Millisecond))
+	for i, c := range consumers {
+		if n := kafka.Applying(c); n != 0 {
+			t.Errorf("consumer %d counts %d partitions applying after its Run returned, want 0", i, n)
+		}
+	}
 
 	// The audit.
 	var rows, distinct int

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -38,9 +39,17 @@ type Consumer struct {
 
 	fold *adapter.Fold // the claim folded with the offset advance; nil: cannot
 
+	// co coalesces NewConsumer's record transactions when the Middleware
+	// was created WithCoalescing; nil otherwise. groupSQL is its groups'
+	// offset advance (advanceAllSQL).
+	co       *adapter.Coalesced
+	groupSQL string
+	applying atomic.Int32 // partitions whose next record may join a group now (see counted)
+
 	prepMu   sync.Mutex
 	prepared *sql.Stmt // the offset advance, prepared on first use
 	folded   *sql.Stmt // the fold, prepared on first use
+	grouped  *sql.Stmt // the group's offset advance, prepared on first use
 }
 
 // NewConsumer returns a Consumer that applies each record with h, one
@@ -109,6 +118,9 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	c := &Consumer{db: path.DB(), mw: mw, path: path, consumer: mw.Config().Consumer, handle: h, batch: bh, cfg: cfg,
 		rule: cfg.ac.Rule(), q: q, fold: newFold(mw, q)}
 	c.events.Next = cfg.ac.Observer()
+	if bh == nil {
+		c.co, c.groupSQL = c.newCoalesced(), advanceAllSQL(q.Quoted)
+	}
 	return c, nil
 }
 
@@ -629,11 +641,13 @@ func (s *session) round(ctx context.Context, fetches kgo.Fetches, stop <-chan st
 	})
 	results := make([]partResult, len(order))
 	sem := make(chan struct{}, s.c.cfg.ac.Workers())
+	finished := s.c.counted(len(order), s.c.cfg.ac.Workers())
 	var wg sync.WaitGroup
 	for i, p := range order {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
+			defer finished()
 			results[i] = s.partition(ctx, p, parts[p], stop, rebal)
 		})
 	}
@@ -803,7 +817,12 @@ func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Reco
 			if stops(err) {
 				return &stopError{err: err, offset: r.Offset, event: e}
 			}
-			if err := s.wait(ctx, []adapter.Event{e}, attempt, s.c.requeue(e.Message, err, attempt), stop, rebal); err != nil {
+			// While the record waits for its next attempt, no group waits
+			// for it.
+			back := s.c.away()
+			err = s.wait(ctx, []adapter.Event{e}, attempt, s.c.requeue(e.Message, err, attempt), stop, rebal)
+			back()
+			if err != nil {
 				return err
 			}
 		}
@@ -846,13 +865,25 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 	e := adapter.Event{Message: msg, Source: position(r), Detail: r, Attempt: attempt}
 	if cause == nil {
 		stmt := c.foldStmt(ctx)
-		applied, err := c.path.Process(ctx, msg, func(ctx context.Context, a *adapter.Attempt) error {
+		handle := func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, r) }
+		body := func(ctx context.Context, a *adapter.Attempt) error {
 			claimed, err := c.advanceAndClaim(ctx, a, stmt, r, expected, topicID)
 			if err != nil || !claimed {
 				return err
 			}
-			return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, r) })
-		})
+			return a.Handle(handle)
+		}
+		var applied bool
+		var err error
+		if c.co != nil {
+			// In a coalesced group when other partitions' records are in
+			// flight, alone (body) otherwise.
+			c.prepareGroup(ctx)
+			item := offsetItem{topic: r.Topic, partition: r.Partition, expected: expected, next: r.Offset + 1, topicID: topicID}
+			applied, err = c.co.Process(ctx, msg, item, handle, body)
+		} else {
+			applied, err = c.path.Process(ctx, msg, body)
+		}
 		if err != nil && stmt != nil {
 			err = c.foldError(ctx, err)
 		}

@@ -91,6 +91,61 @@
 // the advance and the claim as two statements, whose errors name the
 // missing table: [ErrNoOffsetsTable] or [idempotent.ErrNoClaimTable].
 //
+// # Coalesced transactions
+//
+// With a Middleware created with idempotent.WithCoalescing, [NewConsumer]'s
+// records coalesce as ProcessMessage calls do: the records of different
+// partitions in flight at the same time — one per partition, each worker
+// applying its partition's records one after another in offset order, so a
+// group never holds two records of one partition — share one transaction,
+// up to Max records: the group closes when it has Max, or a record of
+// every partition the Consumer's workers are applying (a record waiting
+// out its requeue delay is not counted), or Wait after its first record,
+// whichever comes first, so that a lone partition's records do not wait
+// out Wait. The group's transaction sends BEGIN, the claims of its records in one statement, each new
+// record's handler (on its worker's goroutine, one after the other), one
+// statement that advances the offsets of every record of the group
+// (duplicates included; a compare-and-set per partition, as above, in
+// topic and partition order), and COMMIT. A group whose records were all
+// duplicates commits its offset advances too. A record alone in its group
+// (no other partition had a record to apply), or one the
+// group's claim could not claim (a missing day partition, the retention
+// fence, a key held past the lock timeout), runs in its own transaction as
+// above.
+//
+// A handler that fails fails its record alone: by default the group's
+// transaction rolls back and runs again without it (the other handlers run
+// again; nothing of them had committed), and with Coalescing.Savepoints
+// the record is rolled back to a savepoint of its own. Either way the
+// failed record's offset is not advanced; it is settled by the rule below
+// — requeued in place with its delay, its partition waiting behind it, or
+// dead-lettered — while the group's other records commit. A record whose
+// offset advance finds the stored offset elsewhere is fenced alone. A
+// failure of the group's transaction itself (a serialization failure, a
+// deadlock, a lost connection, a COMMIT whose answer was lost) is retried
+// for the whole group under the Middleware's retry policy; after a lost
+// COMMIT that landed, the retry finds each record's claim taken and its
+// offset moved on, and each partition is read again from the stored
+// offset. The strict guard checks after every handler. [NewBatchConsumer]
+// does not coalesce: its batches are already one transaction each.
+//
+// What coalescing saves is the per-record BEGIN, claim, offset advance and
+// COMMIT; what it costs is that a group's handlers run one after the other
+// on one connection instead of on WithWorkers connections at once. It pays
+// where the commit or the connection pool limits throughput (more workers
+// than connections), not where the workers' round trips do — with a pool
+// as large as WithWorkers, one group of every partition keeps one
+// connection busy where WithWorkers transactions kept WithWorkers busy; a
+// Max of WithWorkers divided by the connections to keep busy runs that
+// many groups at once. Measure with your workload: this package's tests
+// have BenchmarkCoalescedRecords (variants in turn) and
+// BenchmarkCoalescedRecordsHeadToHead (the plain and a coalescing consumer
+// at the same time, and their ratio).
+//
+// A handler that ends the group's transaction itself fails the whole group
+// loudly (idempotent.ErrAutocommit), as it does in ProcessMessage's
+// groups: every partition of the group stops.
+//
 // # Settling a record
 //
 // What a failed record comes to is decided in one place, adapter.Rule.Settle,

@@ -194,11 +194,20 @@ func (d *durable) stored() int64 {
 }
 
 // applied returns how many times each payment id was applied.
-func (d *durable) applied() map[string]int {
-	d.t.Helper()
-	rows, err := d.db.Query(`SELECT id, count(*) FROM ` + d.s + `.ledger GROUP BY id`)
+func (d *durable) applied() map[string]int { return appliedCounts(d.t, d.db, d.s) }
+
+// wantApplied fails unless exactly want were applied, each once.
+func (d *durable) wantApplied(what string, want []string) {
+	wantAppliedOnce(d.t, d.db, d.s, what, want)
+}
+
+// appliedCounts returns how many times each payment id was applied to the
+// ledger of schema s.
+func appliedCounts(t testing.TB, db *sql.DB, s string) map[string]int {
+	t.Helper()
+	rows, err := db.Query(`SELECT id, count(*) FROM ` + s + `.ledger GROUP BY id`)
 	if err != nil {
-		d.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer rows.Close()
 	out := map[string]int{}
@@ -206,20 +215,21 @@ func (d *durable) applied() map[string]int {
 		var id string
 		var n int
 		if err := rows.Scan(&id, &n); err != nil {
-			d.t.Fatal(err)
+			t.Fatal(err)
 		}
 		out[id] = n
 	}
 	if err := rows.Err(); err != nil {
-		d.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return out
 }
 
-// wantApplied fails unless exactly want were applied, each once.
-func (d *durable) wantApplied(what string, want []string) {
-	d.t.Helper()
-	got := d.applied()
+// wantAppliedOnce fails unless exactly want were applied to the ledger of
+// schema s, each once.
+func wantAppliedOnce(t testing.TB, db *sql.DB, s, what string, want []string) {
+	t.Helper()
+	got := appliedCounts(t, db, s)
 	var wrong []string
 	for _, id := range want {
 		if got[id] != 1 {
@@ -232,7 +242,7 @@ func (d *durable) wantApplied(what string, want []string) {
 	}
 	if len(wrong) > 0 {
 		slices.Sort(wrong)
-		d.t.Fatalf("%s: %s", what, strings.Join(wrong, ", "))
+		t.Fatalf("%s: %s", what, strings.Join(wrong, ", "))
 	}
 }
 
