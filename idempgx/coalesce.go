@@ -69,6 +69,11 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 		savepoints: c.Savepoints,
 		deleteSQL:  "DELETE FROM " + t.Quoted(func(s string) string { return pgx.Identifier{s}.Sanitize() }) + " WHERE consumer = $1 AND message_key = $2",
 	}
+	if m.partitioned {
+		// Only the claim of the member's own event day: the key's claims
+		// of other days are other messages'.
+		co.deleteSQL += " AND event_day = $3::date"
+	}
 	if c.LockWait >= 0 {
 		bound := c.LockWait
 		if bound == 0 {
@@ -232,7 +237,11 @@ func (c *coalescer) withSavepoints(ctx context.Context, a *attempt, live []*memb
 		}
 		p.Outcomes[i] = 0
 		next := i+1 < len(live) && live[i+1].Key == mb.Key
-		if err := a.undoMember(ctx, c.deleteSQL, !next, c.m.consumer, mb.Key); err != nil {
+		args := []any{c.m.consumer, mb.Key}
+		if c.m.partitioned {
+			args = append(args, utcDay(mb.At))
+		}
+		if err := a.undoMember(ctx, c.deleteSQL, !next, args...); err != nil {
 			return 0, dialect.Class{}, errRegroup // the savepoint is gone: the whole transaction goes
 		}
 	}

@@ -571,6 +571,48 @@ func TestCoalescedPartitioned(t *testing.T) {
 	})
 }
 
+// TestCoalescedPartitionedFailureKeepsOtherDays: in partitioned mode a
+// message whose handler fails in a group gives back its own day's claim
+// only; the claim of the same key on another day, another message's, stays,
+// so a redelivery of that one is still a duplicate.
+func TestCoalescedPartitionedFailureKeepsOtherDays(t *testing.T) {
+	t.Parallel()
+	designs(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 2, savepoints, idempgx.WithDailyPartitions(2))
+		ctx := context.Background()
+		yesterday := idempotent.Message{Key: "x", EventTime: time.Now().Add(-24 * time.Hour)}
+		if out, err := m.ProcessMessage(ctx, yesterday, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, "x") }); err != nil || out != idempotent.Applied {
+			t.Fatalf("yesterday's x: (%v, %v), want applied", out, err)
+		}
+		today := []idempotent.Message{{Key: "x", EventTime: time.Now()}, {Key: "y", EventTime: time.Now()}}
+		res := make([]coCall, len(today))
+		var wg sync.WaitGroup
+		for i, msg := range today {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i].Outcome, res[i].Err = m.ProcessMessage(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
+					if msg.Key == "x" {
+						return errors.New("today's x fails")
+					}
+					return e.apply(ctx, tx, msg.Key)
+				})
+			}()
+		}
+		wg.Wait()
+		if res[0].Err == nil || res[1].Err != nil || res[1].Outcome != idempotent.Applied {
+			t.Fatalf("today: %+v, want x failed and y applied", res)
+		}
+		if out, err := m.ProcessMessage(ctx, yesterday, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, "x") }); err != nil || out != idempotent.Duplicate {
+			t.Errorf("yesterday's x again: (%v, %v), want duplicate: its claim must outlive today's failure", out, err)
+		}
+		if n := count(t, e.p, "SELECT count(*) FROM "+e.audit+" WHERE k = 'x'"); n != 1 {
+			t.Errorf("x: %d effects, want 1", n)
+		}
+	})
+}
+
 // TestCoalescedRoundTrips, in each exec mode: with a warm connection, a
 // group of 4 new messages whose handlers send 2 statements each costs
 // 1 + 4×2 + 1 round trips (BEGIN and the claims; the handlers' statements;
