@@ -40,6 +40,7 @@ type adaptersOptions struct {
 	workers  int
 	messages int
 	coalesce int // with it, each consumer also runs on a Middleware WithCoalescing of groups of up to coalesce
+	conns    int // with coalesce, the pool both of its cells run on; 0 is the shared pool
 	rounds   int
 	natsURL  string
 	amqpURL  string
@@ -78,6 +79,7 @@ type adapterCell struct {
 type adapterBench struct {
 	o      adaptersOptions
 	db     *sql.DB
+	small  *sql.DB // the pool of -adapters-conns, nil without it
 	schema *loyaltyload.Schema
 	table  string
 	update string
@@ -133,7 +135,15 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			return fmt.Errorf("-adapters: kafka offsets table: %w", err)
 		}
 	}
-	res, coalesced := map[string][]adapterCell{}, map[string][]adapterCell{}
+	if o.coalesce > 0 && o.conns > 0 {
+		if ab.small, err = sql.Open("postgres", dsn); err != nil {
+			return err
+		}
+		defer ab.small.Close()
+		ab.small.SetMaxOpenConns(o.conns)
+		ab.small.SetMaxIdleConns(o.conns)
+	}
+	res, coalesced, perSmall := map[string][]adapterCell{}, map[string][]adapterCell{}, map[string][]adapterCell{}
 	h2h := map[string][]float64{}
 	for r := range o.rounds {
 		// Each round starts from another consumer.
@@ -144,14 +154,26 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			c := ab.measure(ctx, name, false)
+			c := ab.measure(ctx, name, false, ab.db)
 			res[name] = append(res[name], c)
 			fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
 			if c.err != nil {
 				return fmt.Errorf("-adapters: %s: %w", name, c.err)
 			}
+			if o.coalesce > 0 && ab.small != nil {
+				c := ab.measure(ctx, name, false, ab.small)
+				perSmall[name] = append(perSmall[name], c)
+				fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  %d conns    %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, o.conns, c.rate, c.err)
+				if c.err != nil {
+					return fmt.Errorf("-adapters: %s on %d connections: %w", name, o.conns, c.err)
+				}
+			}
 			if o.coalesce > 0 {
-				c := ab.measure(ctx, name, true)
+				pool := ab.db
+				if ab.small != nil {
+					pool = ab.small
+				}
+				c := ab.measure(ctx, name, true, pool)
 				coalesced[name] = append(coalesced[name], c)
 				fmt.Fprintf(log, "adapters round %d/%d  %-11s %2d workers  coalesced  %6.0f msgs/s  %v\n", r+1, o.rounds, name, o.workers, c.rate, c.err)
 				if c.err != nil {
@@ -171,7 +193,11 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 	}
 	adaptersReport(w, o, server, args, started, time.Since(started), res, h2h)
 	if o.coalesce > 0 {
-		coalescedReport(w, o, res, coalesced)
+		per := res
+		if ab.small != nil {
+			per = perSmall
+		}
+		coalescedReport(w, o, per, coalesced)
 	}
 	return nil
 }
@@ -179,9 +205,13 @@ func runAdapters(ctx context.Context, dsn string, o adaptersOptions, args []stri
 // coalescedReport writes the table of each consumer with and without
 // WithCoalescing, cells run in turn in the same rounds.
 func coalescedReport(w io.Writer, o adaptersOptions, res, coalesced map[string][]adapterCell) {
-	fmt.Fprintf(w, "### With WithCoalescing\n\nEach consumer again, in the same rounds right after its own cell, on a Middleware "+
-		"`WithCoalescing(Coalescing{Max: %d, Wait: time.Millisecond})`, with the same %d workers, pool, messages and effect; "+
-		"×per message is the ratio of the two medians.\n\n", o.coalesce, o.workers)
+	pool := "pool"
+	if o.conns > 0 {
+		pool = fmt.Sprintf("pool of %d connections (per message and coalesced alike, so that they share one connection budget)", o.conns)
+	}
+	fmt.Fprintf(w, "### The adapters, coalesced\n\nEach consumer again, in the same rounds right after its own cell, per message and on a Middleware "+
+		"`WithCoalescing(Coalescing{Max: %d, Wait: time.Millisecond})`, with the same %d workers, %s, messages and effect; "+
+		"×per message is the ratio of the two medians.\n\n", o.coalesce, o.workers, pool)
 	fmt.Fprintln(w, "| consumer | per message, median msgs/s | coalesced, msgs/s by round | median | ×per message | target ≥ 1.5× |")
 	fmt.Fprintln(w, "|---|---:|---|---:|---:|---|")
 	for _, name := range o.only {
@@ -360,9 +390,9 @@ func (s *stopwatch) wait(ctx context.Context, runErr <-chan error) adapterCell {
 	return adapterCell{elapsed: d, rate: float64(s.n-1) / d.Seconds()}
 }
 
-// measure runs one cell of the named consumer, on a coalescing Middleware
-// when coalesced is set.
-func (ab *adapterBench) measure(ctx context.Context, name string, coalesced bool) adapterCell {
+// measure runs one cell of the named consumer on db, on a coalescing
+// Middleware when coalesced is set.
+func (ab *adapterBench) measure(ctx context.Context, name string, coalesced bool, db *sql.DB) adapterCell {
 	cell := ab.cell.Add(1)
 	orders := ab.orders(cell)
 	consumer := fmt.Sprintf("bench-%s-%d", name, cell)
@@ -370,7 +400,7 @@ func (ab *adapterBench) measure(ctx context.Context, name string, coalesced bool
 	if coalesced {
 		opts = append(opts, idempotent.WithCoalescing(idempotent.Coalescing{Max: ab.o.coalesce, Wait: time.Millisecond}))
 	}
-	mw, err := idempotent.New(ab.db, postgres.New(), consumer, opts...)
+	mw, err := idempotent.New(db, postgres.New(), consumer, opts...)
 	if err != nil {
 		return adapterCell{err: err}
 	}
@@ -683,7 +713,7 @@ func (ab *adapterBench) kafka(ctx context.Context, mw *idempotent.Middleware, or
 }
 
 // parseAdapters checks the -adapters flags.
-func parseAdapters(workers, messages, coalesce int, only string, rounds int) (*adaptersOptions, error) {
+func parseAdapters(workers, messages, coalesce, conns int, only string, rounds int) (*adaptersOptions, error) {
 	if workers < 1 || workers > 64 {
 		return nil, fmt.Errorf("-adapters-workers: %d is not a number from 1 to 64", workers)
 	}
@@ -693,7 +723,10 @@ func parseAdapters(workers, messages, coalesce int, only string, rounds int) (*a
 	if messages < 10 {
 		return nil, fmt.Errorf("-adapters-messages: %d is fewer than 10", messages)
 	}
-	o := &adaptersOptions{workers: workers, messages: messages, coalesce: coalesce, rounds: rounds, natsURL: localNATS, amqpURL: localAMQP}
+	if conns != 0 && (coalesce == 0 || conns < 1 || conns > 64) {
+		return nil, fmt.Errorf("-adapters-conns: %d: give a pool of 1 to 64 connections, with -adapters-coalesce", conns)
+	}
+	o := &adaptersOptions{workers: workers, messages: messages, coalesce: coalesce, conns: conns, rounds: rounds, natsURL: localNATS, amqpURL: localAMQP}
 	if u := os.Getenv("IDEMPOTENT_NATS_URL"); u != "" {
 		o.natsURL = u
 	}

@@ -35,7 +35,7 @@ func TestAdaptersMode(t *testing.T) {
 	needBroker(t, "RabbitMQ", testenv.Getenv("IDEMPOTENT_AMQP_URL", localAMQP))
 	needBroker(t, "Redis", testenv.Getenv("IDEMPOTENT_REDIS_URL", localRedis))
 	var b strings.Builder
-	args := "-adapters -adapters-workers 4 -adapters-messages 40 -adapters-coalesce 2 -rounds 1"
+	args := "-adapters -adapters-workers 4 -adapters-messages 40 -adapters-coalesce 2 -adapters-conns 2 -rounds 1"
 	if err := run(strings.Fields(args), &b, io.Discard); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestAdaptersMode(t *testing.T) {
 		"| " + adapterLabels["redisstream"] + " | ",
 		"| nats per message ≥ 0.8× ProcessMessage, 4 workers | ",
 		"| kafka per message ≥ 0.8× ProcessMessage, 4 workers | ",
-		"### With WithCoalescing\n\nEach consumer again, in the same rounds right after its own cell, on a Middleware `WithCoalescing(Coalescing{Max: 2, Wait: time.Millisecond})`, with the same 4 workers",
+		"### The adapters, coalesced\n\nEach consumer again, in the same rounds right after its own cell, per message and on a Middleware `WithCoalescing(Coalescing{Max: 2, Wait: time.Millisecond})`, with the same 4 workers, pool of 2 connections",
 		"| consumer | per message, median msgs/s | coalesced, msgs/s by round | median | ×per message | target ≥ 1.5× |",
 		"\n| process | ", "\n| nats | ", "\n| rabbitmq | ", "\n| kafka | ", "\n| redisstream | ",
 	} {
@@ -79,6 +79,8 @@ func TestParseAdapters(t *testing.T) {
 		{"-adapters -adapters-messages 5", "-adapters-messages"},
 		{"-adapters -adapters-coalesce 1", "-adapters-coalesce"},
 		{"-adapters-coalesce 4", "-adapters-coalesce"},
+		{"-adapters -adapters-conns 8", "-adapters-conns"},
+		{"-adapters -adapters-coalesce 4 -adapters-conns 65", "-adapters-conns"},
 		{"-adapters -adapters-consumers nats,sqs", "-adapters-consumers"},
 		{"-adapters -variants process", "-variants"},
 	} {

@@ -76,7 +76,9 @@
 //	go run ./tests/bench -adapters -adapters-workers 8 -adapters-messages 2000 -rounds 2
 //
 // and with -adapters-coalesce N each consumer again on a Middleware
-// WithCoalescing of groups of up to N, in the same rounds.
+// WithCoalescing of groups of up to N, in the same rounds (with
+// -adapters-conns C, per message and coalesced on one pool of C
+// connections).
 //
 // Modes combine: -kafka, -pgx, -http, -growth, -cleanup, -partitions,
 // -outbox, -coalesce and -adapters run each in turn, in that order, after
@@ -306,6 +308,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	adaptersWorkers := fs.Int("adapters-workers", 4, "with -adapters: workers of each consumer")
 	adaptersMessages := fs.Int("adapters-messages", 2000, "with -adapters: messages each consumer applies per round")
 	adaptersCoalesce := fs.Int("adapters-coalesce", 0, "with -adapters: also run each consumer on a Middleware WithCoalescing of groups of up to this many (0: not)")
+	adaptersConns := fs.Int("adapters-conns", 0, "with -adapters-coalesce: run both of each consumer's coalescing cells (per message and coalesced) on a pool of this many connections")
 	adaptersOnly := fs.String("adapters-consumers", strings.Join(adapterNames, ","), "with -adapters: comma-separated consumers to run")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -319,7 +322,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		"http-workers": "http",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
 		"outbox-rows": "outbox", "outbox-messages": "outbox",
-		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters", "adapters-coalesce": "adapters"} {
+		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters", "adapters-coalesce": "adapters", "adapters-conns": "adapters"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -398,7 +401,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		return nil, err
 	}
 	if *adaptersMode {
-		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersCoalesce, *adaptersOnly, *rounds)
+		a, err := parseAdapters(*adaptersWorkers, *adaptersMessages, *adaptersCoalesce, *adaptersConns, *adaptersOnly, *rounds)
 		if err != nil {
 			return nil, err
 		}
