@@ -154,6 +154,22 @@ func callAll(m *idempgx.Middleware, keys []string, handler func(k string, r *coC
 	})
 }
 
+// callMessages is callAll for messages with event times: one call per
+// message at the same time, fn(msg) as its handler.
+func callMessages(m *idempgx.Middleware, msgs []idempotent.Message, fn func(msg idempotent.Message) idempgx.Func) []coCall {
+	res := make([]coCall, len(msgs))
+	var wg sync.WaitGroup
+	for i, msg := range msgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i].Outcome, res[i].Err = m.ProcessMessage(context.Background(), msg, fn(msg))
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
 // recordXID records in r the id of tx's transaction.
 func recordXID(ctx context.Context, tx pgx.Tx, r *coCall) error {
 	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.Tx)
@@ -547,16 +563,9 @@ func TestCoalescedPartitioned(t *testing.T) {
 		m := e.mw(t, 3, savepoints, idempgx.WithDailyPartitions(2))
 		now := time.Now()
 		msgs := []idempotent.Message{{Key: "x", EventTime: now}, {Key: "x", EventTime: now.Add(-24 * time.Hour)}, {Key: "y", EventTime: now}}
-		res := make([]coCall, len(msgs))
-		var wg sync.WaitGroup
-		for i, msg := range msgs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res[i].Outcome, res[i].Err = m.ProcessMessage(context.Background(), msg, func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) })
-			}()
-		}
-		wg.Wait()
+		res := callMessages(m, msgs, func(msg idempotent.Message) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) }
+		})
 		for i, r := range res {
 			if r.Err != nil || r.Outcome != idempotent.Applied {
 				t.Errorf("message %d: %+v, want applied (a key's days are claimed apart)", i, r)
@@ -586,21 +595,14 @@ func TestCoalescedPartitionedFailureKeepsOtherDays(t *testing.T) {
 			t.Fatalf("yesterday's x: (%v, %v), want applied", out, err)
 		}
 		today := []idempotent.Message{{Key: "x", EventTime: time.Now()}, {Key: "y", EventTime: time.Now()}}
-		res := make([]coCall, len(today))
-		var wg sync.WaitGroup
-		for i, msg := range today {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res[i].Outcome, res[i].Err = m.ProcessMessage(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
-					if msg.Key == "x" {
-						return errors.New("today's x fails")
-					}
-					return e.apply(ctx, tx, msg.Key)
-				})
-			}()
-		}
-		wg.Wait()
+		res := callMessages(m, today, func(msg idempotent.Message) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if msg.Key == "x" {
+					return errors.New("today's x fails")
+				}
+				return e.apply(ctx, tx, msg.Key)
+			}
+		})
 		if res[0].Err == nil || res[1].Err != nil || res[1].Outcome != idempotent.Applied {
 			t.Fatalf("today: %+v, want x failed and y applied", res)
 		}
