@@ -34,10 +34,9 @@ import (
 // coalescer gathers a Middleware's concurrent ProcessMessage calls into
 // groups.
 type coalescer struct {
-	m          *Middleware
-	max        int
-	wait       time.Duration
-	savepoints bool
+	m *Middleware
+	// c is the Coalescing the Middleware was created with, as given.
+	c Coalescing
 	// lockWaitSQL bounds the lock waits of a group's handlers
 	// (Coalescing.LockWait); "" is no bound.
 	lockWaitSQL string
@@ -68,30 +67,9 @@ type final = coalesce.Final[Outcome]
 
 // newCoalescer returns the coalescer of WithCoalescing(c) for m.
 func newCoalescer(m *Middleware, c Coalescing) *coalescer {
-	co := &coalescer{m: m, max: c.Max, wait: c.Wait, savepoints: c.Savepoints}
+	co := &coalescer{m: m, c: c}
 	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.run}
 	return co
-}
-
-// coalesceLockWaitSQL returns the statement that bounds a group's lock
-// waits for Coalescing.LockWait w on d: "" where there is none to set.
-func coalesceLockWaitSQL(d dialect.Dialect, w time.Duration) (string, error) {
-	if w < 0 {
-		return "", nil
-	}
-	_, resets := d.(dialect.LockTimeoutResetter)
-	q := ""
-	if !resets {
-		bound := w
-		if bound == 0 {
-			bound = DefaultLockWait
-		}
-		q = d.LockTimeoutSQL(bound)
-	}
-	if q == "" && w > 0 {
-		return "", fmt.Errorf("idempotent: WithCoalescing: LockWait %v: the %s dialect cannot bound lock waits for one transaction", w, d.Name())
-	}
-	return q, nil
 }
 
 // errRegroup ends a group's transaction when a member failed on its own or
@@ -170,7 +148,7 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 		p.Outcomes[i] = Duplicate
 	}
 	var err error
-	if c.savepoints {
+	if c.c.Savepoints {
 		err = c.passSavepoints(ctx, tx, st, live, p)
 	} else {
 		err = c.passOptimistic(ctx, tx, st, live, p)
@@ -426,8 +404,8 @@ func (p *path) Coalescer(companion claimfold.Companion, ready func() int) (claim
 	if m.co == nil || companion == nil {
 		return nil, false
 	}
-	co := &coalescer{m: m, max: m.co.max, wait: m.co.wait, savepoints: m.co.savepoints, lockWaitSQL: m.co.lockWaitSQL, r: &p.run, companion: companion}
-	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: co.max, Wait: co.wait, Run: co.run, Ready: ready}
+	co := &coalescer{m: m, c: m.co.c, lockWaitSQL: m.co.lockWaitSQL, r: &p.run, companion: companion}
+	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: co.c.Max, Wait: co.c.Wait, Run: co.run, Ready: ready}
 	return &pathCoalescer{p: p, co: co}, true
 }
 

@@ -773,3 +773,32 @@ func TestCoalescedPath(t *testing.T) {
 		}
 	})
 }
+
+// TestCoalescingLockWaitOn: the bound a group sets per dialect, and
+// Config reporting the Coalescing as given, LockWait included.
+func TestCoalescingLockWaitOn(t *testing.T) {
+	for _, tc := range []struct {
+		d    dialect.Dialect
+		in   time.Duration
+		want time.Duration
+		err  bool
+	}{
+		{pg, 0, idempotent.DefaultLockWait, false},
+		{pg, 20 * time.Millisecond, 20 * time.Millisecond, false},
+		{pg, -1, 0, false},
+		{resetDialect{pg}, 0, 0, false},
+		{resetDialect{pg}, -1, 0, false},
+		{resetDialect{pg}, time.Second, 0, true},
+	} {
+		got, err := idempotent.Coalescing{Max: 2, Wait: time.Millisecond, LockWait: tc.in}.LockWaitOn(tc.d)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("%T, LockWait %v: (%v, %v), want %v and error %v", tc.d, tc.in, got, err, tc.want, tc.err)
+		}
+	}
+	r := newRecorded(t)
+	c := idempotent.Coalescing{Max: 3, Wait: time.Millisecond, Savepoints: true, LockWait: -1}
+	mw, err := idempotent.New(r.db, pg, consumer, idempotent.WithCoalescing(c))
+	if err != nil || mw.Config().Coalescing != c {
+		t.Fatalf("Config().Coalescing %+v (%v), want %+v", mw.Config().Coalescing, err, c)
+	}
+}

@@ -63,7 +63,7 @@ func (m *Middleware) Config() Config {
 		StrictGuard:       m.txidSQL != "",
 	}
 	if m.co != nil {
-		c.Coalescing = Coalescing{Max: m.co.max, Wait: m.co.wait, Savepoints: m.co.savepoints}
+		c.Coalescing = m.co.c
 	}
 	return c
 }

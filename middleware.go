@@ -151,8 +151,12 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	if cfg.coalesce.Max > 0 {
 		m.co = newCoalescer(m, cfg.coalesce)
-		if m.co.lockWaitSQL, err = coalesceLockWaitSQL(d, cfg.coalesce.LockWait); err != nil {
+		w, err := cfg.coalesce.LockWaitOn(d)
+		if err != nil {
 			return nil, err
+		}
+		if w > 0 {
+			m.co.lockWaitSQL = d.LockTimeoutSQL(w)
 		}
 	}
 	if err := checkSeen(cfg.seen, d); err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/txclaim/idempotent/dialect"
 )
 
 // DefaultTable is the claim table's name when WithTable is not given.
@@ -199,6 +201,27 @@ type Coalescing struct {
 	// dialect is refused. A handler that sets lock_timeout itself sets it
 	// for the handlers after it in the group too.
 	LockWait time.Duration
+}
+
+// LockWaitOn returns the bound c's groups set on their lock waits on
+// dialect d: c.LockWait, DefaultLockWait for zero, or 0 — no bound — when
+// c.LockWait is negative or d's lock timeout outlives a transaction (it has
+// a dialect.LockTimeoutResetter, or none at all). A positive c.LockWait on
+// such a d is an error.
+func (c Coalescing) LockWaitOn(d dialect.Dialect) (time.Duration, error) {
+	if c.LockWait < 0 {
+		return 0, nil
+	}
+	if _, resets := d.(dialect.LockTimeoutResetter); !resets && d.LockTimeoutSQL(time.Second) != "" {
+		if c.LockWait == 0 {
+			return DefaultLockWait, nil
+		}
+		return c.LockWait, nil
+	}
+	if c.LockWait > 0 {
+		return 0, fmt.Errorf("idempotent: WithCoalescing: LockWait %v: the %s dialect cannot bound lock waits for one transaction", c.LockWait, d.Name())
+	}
+	return 0, nil
 }
 
 // DefaultLockWait is Coalescing.LockWait's bound where the dialect can set

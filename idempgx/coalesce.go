@@ -74,12 +74,8 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 		// of other days are other messages'.
 		co.deleteSQL += " AND event_day = $3::date"
 	}
-	if c.LockWait >= 0 {
-		bound := c.LockWait
-		if bound == 0 {
-			bound = idempotent.DefaultLockWait
-		}
-		co.lockWaitSQL = m.pg.LockTimeoutSQL(bound)
+	if w, _ := c.LockWaitOn(m.pg); w > 0 { // refused before, by the core's New
+		co.lockWaitSQL = m.pg.LockTimeoutSQL(w)
 	}
 	gctx := context.Background() // the group's own statements: no caller's context ends them
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)

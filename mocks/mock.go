@@ -300,12 +300,11 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 	}
 	if c := s.coalescing; c.Max > 0 {
 		m.coalescing, m.groupSavepoints = true, c.Savepoints
-		_, resets := d.(dialect.LockTimeoutResetter)
-		if c.LockWait >= 0 && !resets {
-			w := c.LockWait
-			if w == 0 {
-				w = idempotent.DefaultLockWait
-			}
+		w, err := c.LockWaitOn(d)
+		if err != nil {
+			return nil, err
+		}
+		if w > 0 {
 			m.groupWaitSQL = d.LockTimeoutSQL(w)
 		}
 	}
