@@ -55,7 +55,7 @@ func (m *Mock) ExpectBatchApplied(keys []string, fresh ...string) {
 // made without WithCoalescing (ForMiddleware passes it), or with
 // Coalescing.Savepoints, whose groups claim message by message.
 func (m *Mock) ExpectGroupApplied(keys []string, fresh ...string) {
-	if !m.coalescing || m.groupSavepoints {
+	if m.group.Max == 0 || m.group.Savepoints {
 		panic("mocks: ExpectGroupApplied: the Mock has no optimistic WithCoalescing")
 	}
 	m.ExpectBatchApplied(keys, fresh...)

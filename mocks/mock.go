@@ -44,14 +44,13 @@ type Mock struct {
 	hk        dialect.HorizonKeeper
 	lockSQL   string
 	lockReset string
-	// groupWaitSQL bounds a coalesced group's lock waits
-	// (Coalescing.LockWait), "" when there is no bound; groupSavepoints is
-	// Coalescing.Savepoints.
-	groupWaitSQL    string
-	groupSavepoints bool
-	coalescing      bool
-	txidSQL         string
-	schema          []string
+	// group is the WithCoalescing the Mock was made with (Max 0: none),
+	// and groupWaitSQL the bound of its groups' lock waits
+	// (Coalescing.LockWait), "" when there is none.
+	group        idempotent.Coalescing
+	groupWaitSQL string
+	txidSQL      string
+	schema       []string
 	// part is the dialect's partitioner in partitioned mode
 	// (WithDailyPartitions), nil otherwise.
 	part  dialect.Partitioner
@@ -299,7 +298,7 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 		}
 	}
 	if c := s.coalescing; c.Max > 0 {
-		m.coalescing, m.groupSavepoints = true, c.Savepoints
+		m.group = c
 		w, err := c.LockWaitOn(d)
 		if err != nil {
 			return nil, err

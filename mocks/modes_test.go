@@ -501,3 +501,42 @@ func keyMessages(keys ...string) []idempotent.Message {
 	}
 	return msgs
 }
+
+// TestExpectGroupApplied scripts a coalesced group's start for a
+// Middleware with and without a lock wait bound, and refuses a Mock
+// without optimistic coalescing.
+func TestExpectGroupApplied(t *testing.T) {
+	for _, lockWait := range []time.Duration{0, -1} {
+		db, mock := mocks.New(t)
+		mw, err := idempotent.New(db, postgres.New(), "loyalty",
+			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: lockWait}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := mocks.ForMiddleware(mock, mw)
+		m.ExpectGroupApplied([]string{"a", "b"}, "a", "b")
+		m.ExpectCommit()
+		done := make(chan error, 2)
+		for _, k := range []string{"a", "b"} {
+			go func() {
+				_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, func(context.Context, *sql.Tx) error { return nil })
+				done <- err
+			}()
+		}
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("LockWait %v: %v", lockWait, err)
+			}
+		}
+		if err := mock.ExpectationsWereMet(); err != nil {
+			t.Errorf("LockWait %v: %v", lockWait, err)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("ExpectGroupApplied on a Mock without WithCoalescing did not panic")
+		}
+	}()
+	_, mock := mocks.New(t)
+	mocks.For(mock, postgres.New(), "loyalty").ExpectGroupApplied([]string{"a"}, "a")
+}
