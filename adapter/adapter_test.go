@@ -111,3 +111,17 @@ func TestCheckEventTimeSource(t *testing.T) {
 		t.Fatalf("partitioned table without a producer time: %v, want ErrNoProducerEventTime naming the adapter", err)
 	}
 }
+
+// TestRuleDelay: a Rule without a Backoff still delays a requeue (the
+// default retry policy's backoff), so an adapter that requeues with it
+// never spins; with one, its backoff.
+func TestRuleDelay(t *testing.T) {
+	def := idempotent.DefaultRetryPolicy().Backoff(1)
+	if d := (adapter.Rule{}).Delay(1); d < def/2 || d > def {
+		t.Errorf("zero Rule: Delay(1) = %v, want the default policy's %v (half to all of it)", d, def)
+	}
+	p := idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, MaxBackoff: time.Hour}
+	if d := (adapter.Rule{Backoff: p}).Delay(1); d < 30*time.Minute || d > time.Hour {
+		t.Errorf("Rule with an hour's backoff: Delay(1) = %v", d)
+	}
+}

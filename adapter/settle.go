@@ -97,9 +97,9 @@ func (r Rule) Settle(msg idempotent.Message, err error, attempt int) Decision {
 		}
 		// Dated ahead of the clock, within the bound: give it again when
 		// the clock has caught up.
-		return Decision{Action: Requeue, Delay: max(ahead, r.backoff(attempt)), Err: err}
+		return Decision{Action: Requeue, Delay: max(ahead, r.Delay(attempt)), Err: err}
 	}
-	return Decision{Action: Requeue, Delay: r.backoff(attempt), Err: err}
+	return Decision{Action: Requeue, Delay: r.Delay(attempt), Err: err}
 }
 
 func (r Rule) now() time.Time {
@@ -123,7 +123,11 @@ func (r Rule) futureBound() time.Duration {
 	return DefaultFutureBound
 }
 
-func (r Rule) backoff(attempt int) time.Duration {
+// Delay is the requeue delay of a delivery's attempt (1 for the first):
+// Backoff's, or idempotent.DefaultRetryPolicy's when Backoff is the zero
+// RetryPolicy. Settle requeues with it; an adapter requeueing a delivery
+// for a reason of its own (a dead letter that did not commit) uses it too.
+func (r Rule) Delay(attempt int) time.Duration {
 	p := r.Backoff
 	if p.MaxAttempts == 0 && p.InitialBackoff == 0 && p.MaxBackoff == 0 {
 		p = idempotent.DefaultRetryPolicy()

@@ -274,7 +274,7 @@ func (w worker) settle(ctx context.Context, ds []delivery, res []adapter.Result)
 					c.events.Observe(ctx, adapter.Event{Type: adapter.EventSettleFailed, Message: d.msg, Source: d.m.LoggableID, Err: derr, Detail: d.m})
 					res[i].Err = fmt.Errorf("%w (poison: %w)", derr, err)
 					requeue = append(requeue, i)
-					wait = max(wait, c.rule.Backoff.Backoff(1))
+					wait = max(wait, c.rule.Delay(1))
 					continue
 				}
 			}

@@ -626,7 +626,8 @@ func (r *run) settle(ctx context.Context, items []item) {
 	for i, it := range items {
 		d := it.d
 		e := adapter.Event{Message: it.msg, Source: r.source + "/" + d.ID, Detail: d}
-		dec := c.rule.Settle(it.msg, it.err, int(min(d.Count, 1<<20)))
+		attempt := int(min(d.Count, 1<<20))
+		dec := c.rule.Settle(it.msg, it.err, attempt)
 		if dec.Action == adapter.Requeue && c.cfg.maxDeliveries > 0 && d.Count >= c.cfg.maxDeliveries {
 			dec.Action = adapter.DeadLetter
 			it.err = fmt.Errorf("redisstream: %s: %w (%d deliveries): %w", d, ErrMaxDeliveries, d.Count, it.err)
@@ -634,7 +635,7 @@ func (r *run) settle(ctx context.Context, items []item) {
 		if dec.Action == adapter.DeadLetter && c.path != nil {
 			if err := r.deadLetter(ctx, d, it.msg, it.err); err != nil {
 				// The dead letter did not commit: try again later.
-				dec = adapter.Decision{Action: adapter.Requeue, Delay: c.rule.Backoff.Backoff(int(min(d.Count, 1<<20))), Err: err}
+				dec = adapter.Decision{Action: adapter.Requeue, Delay: c.rule.Delay(attempt), Err: err}
 				it.err = err
 			}
 		}
