@@ -170,6 +170,9 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 		if p.Outcomes[i] == 0 {
 			continue // failed on its own, rolled back to its savepoint
 		}
+		if p.Outcomes[i] == Duplicate && c.companion == nil {
+			continue // nothing of its own in the transaction: it may leave
+		}
 		if !mb.Commit() {
 			return errRegroup // withdrew: its work is rolled back with the rest
 		}

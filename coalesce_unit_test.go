@@ -802,3 +802,35 @@ func TestCoalescingLockWaitOn(t *testing.T) {
 		t.Fatalf("Config().Coalescing %+v (%v), want %+v", mw.Config().Coalescing, err, c)
 	}
 }
+
+// TestCoalescingDuplicateLeaves: a duplicate whose caller leaves mid-group
+// has nothing in the transaction: the group commits without running again.
+func TestCoalescingDuplicateLeaves(t *testing.T) {
+	r := newRecorded(t)
+	r.mock.ExpectBegin()
+	expectGroupClaim(r.mock, []string{"a", "b"}, "a")
+	expectEffect(r.mock)
+	r.mock.ExpectCommit()
+	mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
+	bctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := mw.ProcessMessage(bctx, idempotent.Message{Key: "b"}, func(context.Context, *sql.Tx) error {
+			t.Error("a duplicate's handler ran")
+			return nil
+		})
+		bDone <- err
+	}()
+	aOut, aErr := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "a"}, func(ctx context.Context, tx *sql.Tx) error {
+		cancel()
+		if err := <-bDone; !errors.Is(err, context.Canceled) {
+			t.Errorf("b got %v, want context.Canceled", err)
+		}
+		return effect(ctx, tx)
+	})
+	if aErr != nil || aOut != idempotent.Applied {
+		t.Fatalf("a got (%v, %v), want applied", aOut, aErr)
+	}
+	r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+}

@@ -120,9 +120,13 @@ func (c *Coalescer[T, O]) ProcessItem(ctx context.Context, key string, at time.T
 	var panicked *Handled // the handler's panic, re-raised once the driver has rolled back
 	for {
 		var t turn[T, O]
+		done := ctx.Done()
+		if panicked != nil {
+			done = nil // the panic waits for the rollback: the final word comes next
+		}
 		select {
 		case t = <-mb.in:
-		case <-ctx.Done():
+		case <-done:
 			if mb.state.CompareAndSwap(waiting, withdrawn) {
 				close(mb.gone)
 				if panicked != nil {
@@ -272,8 +276,10 @@ func (mb *Member[T, O]) Commit() bool { return mb.state.CompareAndSwap(waiting, 
 func Order[T, O any](members []*Member[T, O], partitioned bool) []*Member[T, O] {
 	slices.SortStableFunc(members, func(a, b *Member[T, O]) int { return strings.Compare(a.Key, b.Key) })
 	live := members[:0:0]
-	for i, mb := range members {
-		if i > 0 && partitioned && members[i-1].Key == mb.Key && !sameDay(members[i-1].At, mb.At) {
+	for _, mb := range members {
+		// Against the key's member kept before (the first of its key):
+		// one told to go alone does not decide for the next.
+		if n := len(live); partitioned && n > 0 && live[n-1].Key == mb.Key && !sameDay(live[n-1].At, mb.At) {
 			mb.Finish(Final[O]{Alone: true})
 			continue
 		}
