@@ -61,12 +61,13 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, cause error) erro
 	}
 	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		key := d.msg.Key
-		if key == "" || len(key) > outbox.MaxMessageKeyBytes {
+		if key == "" {
 			key = digest(d.m)
 		}
 		_, err := c.cfg.deadLetter.Enqueue(ctx, tx, key, c.cfg.deadKind, payload, opts...)
-		if errors.Is(err, outbox.ErrInvalidKey) && key != digest(d.m) {
-			// Refused before anything was sent: tx is untouched.
+		if errors.Is(err, outbox.ErrInvalidKey) && key == d.msg.Key {
+			// Refused before anything was sent (too long, not UTF-8, a
+			// NUL): tx is untouched; the delivery's digest instead.
 			_, err = c.cfg.deadLetter.Enqueue(ctx, tx, digest(d.m), c.cfg.deadKind, payload, opts...)
 		}
 		if errors.Is(err, outbox.ErrDuplicateKey) {

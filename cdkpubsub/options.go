@@ -3,7 +3,6 @@ package cdkpubsub
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"gocloud.dev/pubsub"
@@ -96,12 +95,7 @@ func WithKey(k KeyFunc) Option {
 // to its drivers (a publish time, where a driver has one, is reachable only
 // through Message.As, and is new on every re-send anyway).
 func WithEventTime(at EventTimeFunc) Option {
-	return optionFunc(func(c *config) error {
-		if at == nil {
-			return errors.New("WithEventTime: nil function")
-		}
-		return c.SetEventTime(at)
-	})
+	return optionFunc(func(c *config) error { return c.SetEventTime(at) })
 }
 
 // WithoutEventTime makes the Consumer read no event time: each message is
@@ -237,26 +231,10 @@ func WithDeadLetter(ob *outbox.Outbox, kind string) Option {
 		if ob == nil {
 			return errors.New("WithDeadLetter: nil outbox")
 		}
-		if !validKind(kind) {
-			return fmt.Errorf("WithDeadLetter: kind %q: %w", kind, outbox.ErrInvalidKind)
+		if err := outbox.CheckKind(kind); err != nil {
+			return fmt.Errorf("WithDeadLetter: %w", err)
 		}
 		c.deadLetter, c.deadKind = ob, kind
 		return nil
 	})
-}
-
-// validKind reports whether kind is an outbox kind Enqueue accepts: 1 to
-// outbox.MaxNameBytes ASCII letters, digits and . _ - : /.
-func validKind(kind string) bool {
-	if kind == "" || len(kind) > outbox.MaxNameBytes {
-		return false
-	}
-	for _, r := range kind {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._-:/", r):
-		default:
-			return false
-		}
-	}
-	return true
 }

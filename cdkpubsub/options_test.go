@@ -72,6 +72,7 @@ func TestNewConsumerRejectsBadOptions(t *testing.T) {
 		{"nil dead-letter outbox", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(nil, "dead-letter")}, "WithDeadLetter", nil},
 		{"empty dead-letter kind", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, "")}, "WithDeadLetter", outbox.ErrInvalidKind},
 		{"bad dead-letter kind", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, "dead letter")}, "WithDeadLetter", outbox.ErrInvalidKind},
+		{"dead-letter kind starting with punctuation", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, ".dead")}, "WithDeadLetter", outbox.ErrInvalidKind},
 		{"partitioned, no event time", partitioned, effect, []cdkpubsub.Option{cdkpubsub.WithoutEventTime()}, "WithoutEventTime", adapter.ErrNoProducerEventTime},
 	}
 	for _, tc := range cases {

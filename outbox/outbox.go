@@ -129,7 +129,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgKey, kind string, p
 	if tx == nil {
 		return "", errors.New("outbox: Enqueue: nil transaction")
 	}
-	if err := checkKind(kind); err != nil {
+	if err := CheckKind(kind); err != nil {
 		return "", fmt.Errorf("outbox: Enqueue: %w", err)
 	}
 	if err := checkMessageKey(msgKey); err != nil {

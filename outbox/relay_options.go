@@ -133,7 +133,7 @@ type relayConfig struct {
 // each kind may be registered once.
 func WithSender(kind string, s Sender) RelayOption {
 	return relayOptionFunc(func(c *relayConfig) error {
-		if err := checkKind(kind); err != nil {
+		if err := CheckKind(kind); err != nil {
 			return fmt.Errorf("outbox: WithSender: %w", err)
 		}
 		if s == nil {

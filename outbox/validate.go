@@ -41,7 +41,11 @@ func checkName(what, s string) error {
 	return nil
 }
 
-func checkKind(kind string) error {
+// CheckKind returns an error matching ErrInvalidKind, naming the problem,
+// unless Enqueue accepts kind: 1 to MaxNameBytes ASCII letters, digits and
+// . _ - : /, starting with a letter or digit. An adapter that enqueues its
+// dead letters under a kind given at construction checks it there.
+func CheckKind(kind string) error {
 	if err := checkName("kind", kind); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKind, err)
 	}

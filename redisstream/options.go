@@ -104,12 +104,7 @@ func WithKey(k KeyFunc) Option {
 // delivery poison. It counts as a producer's event time, so a partitioned
 // Middleware accepts it. Default is the adapter.EventTimeHeader field.
 func WithEventTime(at EventTimeFunc) Option {
-	return optionFunc(func(c *config) error {
-		if at == nil {
-			return errors.New("WithEventTime: nil function")
-		}
-		return c.SetEventTime(at)
-	})
+	return optionFunc(func(c *config) error { return c.SetEventTime(at) })
 }
 
 // WithTransportEventTime makes the Consumer take each entry's event time
