@@ -261,3 +261,20 @@ func TestKindAndClass(t *testing.T) {
 		}
 	}
 }
+
+func TestTxFenceSQLGolden(t *testing.T) {
+	d := postgres.New()
+	var b strings.Builder
+	for _, w := range []time.Duration{0, -time.Second, 50 * time.Millisecond, 1500 * time.Microsecond} {
+		fmt.Fprintf(&b, "-- fence, lock wait %v\n%s;\n\n", w, d.TxFenceSQL(w))
+	}
+	for _, tb := range tables {
+		for _, part := range []bool{false, true} {
+			for _, horizon := range []bool{false, true} {
+				fmt.Fprintf(&b, "-- table %q.%q partitioned %v horizon %v\n%s;\n\n", tb.Schema, tb.Name, part, horizon, d.TxFencedClaimSQL(tb, part, horizon))
+			}
+		}
+	}
+	fmt.Fprintf(&b, "-- check\n%s;\n", d.TxFenceCheckSQL())
+	golden.Compare(t, filepath.Join("testdata", "tx_fence_sql.golden"), b.String())
+}
