@@ -132,7 +132,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		}
 	}
 	m.run = runner{db: db, d: d, policy: cfg.retry}
-	m.run.implicit, _ = d.(dialect.ImplicitCommitter)
+	m.run.guardDialect(d)
 	if cfg.txOpts != (sql.TxOptions{}) {
 		if c, ok := d.(dialect.TxOptionsChecker); ok {
 			if err := c.CheckTxOptions(cfg.txOpts); err != nil {
@@ -254,7 +254,7 @@ func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func(
 		}
 		if m.lockReset != "" {
 			defer func() {
-				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
+				if _, rerr := tx.ExecContext(withoutToken(context.WithoutCancel(ctx)), m.lockReset); rerr != nil && err == nil {
 					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
 				}
 			}()
