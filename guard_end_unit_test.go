@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lib/pq"
+
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -88,9 +90,13 @@ func TestGuardRefusesHandlerEndingTheTransaction(t *testing.T) {
 // InnoDB does on a deadlock.
 type rollbackDialect struct{ *postgres.Dialect }
 
-var errRolledBack = errors.New("deadlock found when trying to get lock")
+// errRolledBack is a deadlock, which the dialect classifies as retryable.
+var errRolledBack = &pq.Error{Code: "40P01", Message: "deadlock detected"}
 
-func (rollbackDialect) RollsBackImplicitly(err error) bool { return errors.Is(err, errRolledBack) }
+func (rollbackDialect) RollsBackImplicitly(err error) bool {
+	var pe *pq.Error
+	return errors.As(err, &pe) && pe.Code == "40P01"
+}
 
 // TestGuardAfterImplicitRollback: with a dialect.ImplicitRollbacker, once a
 // handler's statement fails with an error after which the database rolled

@@ -279,6 +279,11 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		done = true
 		failure := r.d.Classify(err)
 		class = failure
+		if errors.Is(err, ErrAutocommit) {
+			// A handler's bug, never retried, whatever failure it wraps
+			// (a deadlock it swallowed).
+			class = dialect.Class{}
+		}
 		if st.inHandler && class.Retryable() && !r.suffered(ctx, tx, class, err) {
 			// The handler met the failure elsewhere: its own to return.
 			class = dialect.Class{}
