@@ -139,6 +139,19 @@ func (g *groupTx) check(err error) {
 	e.WillReturnResult(sqlmock.NewResult(0, 0))
 }
 
+// expectGroup scripts a whole transaction of a group whose members, keys,
+// are all new and apply effectSQL: BEGIN, each claim and effect, the
+// check, COMMIT.
+func expectGroup(m sqlmock.Sqlmock, keys ...string) {
+	g := beginGroup(m)
+	for _, k := range keys {
+		g.claim(k, 1)
+		expectEffect(m)
+	}
+	g.check(nil)
+	m.ExpectCommit()
+}
+
 // fenceBroken is Postgres's answer to a fenced statement outside the
 // transaction the fence marked: the fence's division by zero.
 var fenceBroken = &pq.Error{Code: "22012", Message: "division by zero"}
@@ -193,11 +206,7 @@ func TestCoalescing(t *testing.T) {
 	})
 	t.Run("a key twice in a group: one claim, one handler run", func(t *testing.T) {
 		r := newRecorded(t)
-		g := beginGroup(r.mock)
-		g.claim("a", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a")
 		got := runGroup(t, r, []string{"a", "a"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		outs := []idempotent.Outcome{got["0a"].outcome, got["1a"].outcome}
 		slices.Sort(outs)
@@ -213,13 +222,7 @@ func TestCoalescing(t *testing.T) {
 		expectEffect(r.mock)
 		g.claim("b", 1)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("a", 1)
-		expectEffect(r.mock)
-		g.claim("c", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a", "c")
 		bad := errors.New("bad payload")
 		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
 			if k == "b" {
@@ -241,11 +244,7 @@ func TestCoalescing(t *testing.T) {
 		g := beginGroup(r.mock)
 		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
 				return func(context.Context, *sql.Tx) error { panic("boom") }
@@ -262,11 +261,7 @@ func TestCoalescing(t *testing.T) {
 		g := beginGroup(r.mock)
 		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
 				return func(context.Context, *sql.Tx) error { runtime.Goexit(); return nil }
@@ -303,13 +298,7 @@ func TestCoalescing(t *testing.T) {
 		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "40001"})
 		expectProbe(r.mock, aborted)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("a", 1)
-		expectEffect(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a", "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
@@ -324,11 +313,7 @@ func TestCoalescing(t *testing.T) {
 		expectEffect(r.mock)
 		g.check(nil)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
 		actx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -380,11 +365,7 @@ func TestCoalescing(t *testing.T) {
 		g := beginGroup(r.mock)
 		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		var nested error
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
@@ -414,11 +395,7 @@ func TestCoalescingFence(t *testing.T) {
 		expectEffect(r.mock)
 		g.claimError("b", fenceBroken)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		a := got["0a"]
 		if !errors.Is(a.err, idempotent.ErrAutocommit) || !strings.Contains(a.err.Error(), "CLAIM MAY HAVE COMMITTED") || a.outcome != 0 {
@@ -439,11 +416,7 @@ func TestCoalescingFence(t *testing.T) {
 		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
 		g.check(aborted)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("a", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "b" {
 				return func(ctx context.Context, tx *sql.Tx) error {
@@ -466,11 +439,7 @@ func TestCoalescingFence(t *testing.T) {
 		g.claim("a", 1)
 		expectEffect(r.mock)
 		r.mock.ExpectCommit() // the handler's
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
 				return func(ctx context.Context, tx *sql.Tx) error {
@@ -551,11 +520,7 @@ func TestCoalescingFence(t *testing.T) {
 		g := beginGroup(r.mock)
 		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		g = beginGroup(r.mock)
-		g.claim("b", 1)
-		expectEffect(r.mock)
-		g.check(nil)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
 		actx, cancel := context.WithCancel(context.Background())
 		defer cancel()
