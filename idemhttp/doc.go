@@ -32,7 +32,10 @@
 //     through unprotected instead. More than one key field, an empty key or
 //     a malformed quoted key: 400. The key may be sent as the draft's
 //     Structured Field String ("abc", unquoted by the middleware) or bare
-//     (abc, as Stripe's clients send it); both are the same key.
+//     (abc, as Stripe's clients send it); both are the same key. A bare key
+//     is the bytes as sent, less the SP and HTAB around a field value that
+//     HTTP strips: "abc\u00a0" (a trailing no-break space) and "abc" are
+//     two keys.
 //   - A key the claim table cannot hold — invalid UTF-8, a NUL, longer
 //     than the dialect's limit (1,024 bytes) less the scope and a few bytes
 //     of framing — is refused like any invalid key ([idempotent.ErrInvalidKey]):
