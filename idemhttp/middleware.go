@@ -27,7 +27,8 @@ type Middleware struct {
 	db    *sql.DB                // the response table's pool
 	scope ScopeFunc
 	cfg   config
-	table string
+	resp  dialect.Table // the response table
+	table string        // resp.String()
 	sql   statements
 }
 
@@ -99,7 +100,7 @@ func NewOn(b Backend, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, table: resp.String(), sql: st}, nil
+	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, resp: resp, table: resp.String(), sql: st}, nil
 }
 
 // Table returns the response table's name.
