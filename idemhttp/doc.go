@@ -113,8 +113,17 @@
 // Flush, Hijack and deadline methods fail with an error matching
 // http.ErrNotSupported: a streaming response cannot be stored, and the
 // part of it a client saw could not be taken back. Informational (1xx)
-// statuses are dropped. A Content-Type is sniffed, as net/http would,
-// before the response is stored, so a replay carries the same one.
+// statuses are dropped.
+//
+// Otherwise the writer records the response net/http's own would send, and
+// stores that: the header is taken when the status is written
+// (WriteHeader, or the first Write), so fields set later are not sent; a
+// status without a body (204, 304) makes Write return
+// http.ErrBodyNotAllowed; WriteHeader panics on a status outside 100–999,
+// in the handler, so nothing of the request commits; and a Content-Type is
+// sniffed from the body's first bytes (http.DetectContentType) when the
+// handler set none — not even an empty one — and no Content-Encoding or
+// Transfer-Encoding. A replay carries the same header fields.
 //
 // The claim's work does not end when the client hangs up: the request's
 // context, in the handler, keeps its values but not the client's

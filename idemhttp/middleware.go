@@ -180,7 +180,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				if rec.overflow {
 					return ErrResponseTooLarge
 				}
-				if rec.finalStatus() >= 500 && !m.cfg.storeServerErrors {
+				rec.finish()
+				if rec.status >= 500 && !m.cfg.storeServerErrors {
 					return errServerResponse
 				}
 				s, err := rec.stored(fp, m.cfg.storedHeaders)
