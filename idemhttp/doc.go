@@ -103,7 +103,9 @@
 // one, because only the service knows how it authenticates, and a global
 // default would hand one client's responses to another that guesses or
 // reuses a key. [GlobalScope] is the explicit choice of a service with one
-// client. A ScopeFunc error is a 401.
+// client. A ScopeFunc error is a 403 Forbidden, or, with WithChallenge, a
+// 401 Unauthorized carrying that WWW-Authenticate challenge (RFC 9110
+// requires one on a 401, and only the service knows its scheme).
 //
 // # What the handler may do
 //

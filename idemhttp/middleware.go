@@ -138,7 +138,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		scope, err := m.scope(r)
 		if err != nil {
-			problem(w, http.StatusUnauthorized, "the request has no principal to scope its idempotency key by")
+			m.noPrincipal(w)
 			return
 		}
 		if err := checkScope(scope); err != nil {
@@ -231,6 +231,18 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.claim.Consumer))
 	})
+}
+
+// noPrincipal answers a request whose ScopeFunc failed: 401 with the
+// challenge of WithChallenge, 403 without one.
+func (m *Middleware) noPrincipal(w http.ResponseWriter) {
+	const detail = "the request has no principal to scope its idempotency key by"
+	if m.cfg.challenge == "" {
+		problem(w, http.StatusForbidden, detail)
+		return
+	}
+	w.Header().Set("WWW-Authenticate", m.cfg.challenge)
+	problem(w, http.StatusUnauthorized, detail)
 }
 
 func (m *Middleware) retryAfter(w http.ResponseWriter) {

@@ -73,6 +73,7 @@ type config struct {
 	maxResponse        int
 	retryAfter         time.Duration
 	storeServerErrors  bool
+	challenge          string
 	table              string
 	errorLog           func(*http.Request, error)
 }
@@ -229,6 +230,22 @@ func WithRetryAfter(d time.Duration) Option {
 // whose 5xx follows effects outside the database that must not repeat.
 func WithStoredServerErrors() Option {
 	return optionFunc(func(c *config) error { c.storeServerErrors = true; return nil })
+}
+
+// WithChallenge sets the WWW-Authenticate challenge, such as
+// `Bearer realm="orders"`, of the answer to a request whose ScopeFunc
+// returns an error: with it that answer is 401 Unauthorized, carrying the
+// challenge. Default is none, and the answer is 403 Forbidden: RFC 9110
+// requires a 401 to carry a challenge, and only the service knows its
+// authentication scheme.
+func WithChallenge(challenge string) Option {
+	return optionFunc(func(c *config) error {
+		if strings.Trim(challenge, " \t") == "" || strings.ContainsFunc(challenge, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+			return fmt.Errorf("idemhttp: WithChallenge(%q): not a WWW-Authenticate field value", challenge)
+		}
+		c.challenge = challenge
+		return nil
+	})
 }
 
 // WithResponseTable sets the response table, as "table" or "schema.table"

@@ -16,9 +16,10 @@ import (
 // or tenant whose keys are a namespace of their own. Two requests with the
 // same key and different scopes never meet: each has its own claim and its
 // own stored response. An error means the request has no principal; it is
-// answered 401 and the handler does not run. The scope is stored in the
-// claim table as it is returned, so return an account id, never a secret
-// such as an API key (hash one if it is all you have).
+// answered 403, or 401 with the challenge of WithChallenge, and the handler
+// does not run. The scope is stored in the claim table as it is returned,
+// so return an account id, never a secret such as an API key (hash one if
+// it is all you have).
 type ScopeFunc func(r *http.Request) (string, error)
 
 // GlobalScope is the ScopeFunc of a service with one client, or whose

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -147,5 +148,38 @@ func TestInvalidStatusRollsBack(t *testing.T) {
 				t.Errorf("%d effects after %d runs, want 0 after 2 (each run rolled back, the key free)", n, a.calls.Load())
 			}
 		})
+	}
+}
+
+// TestNoPrincipal: a request whose ScopeFunc fails is a 403 problem,
+// without a WWW-Authenticate a 401 would need; WithChallenge makes it a
+// 401 carrying the challenge. The handler does not run.
+func TestNoPrincipal(t *testing.T) {
+	b := openBackend(t, "sqlite")
+	a := &app{b: b}
+	noOne := func(*http.Request) (string, error) { return "", errors.New("no principal") }
+	for _, c := range []struct {
+		opts      []idemhttp.Option
+		status    int
+		challenge string
+	}{
+		{nil, http.StatusForbidden, ""},
+		{[]idemhttp.Option{idemhttp.WithChallenge(`Bearer realm="orders"`), idemhttp.WithResponseTable("challenged")}, http.StatusUnauthorized, `Bearer realm="orders"`},
+	} {
+		_, h := b.middleware(t, noOne, c.opts...)
+		s := server(t, h.Wrap(a))
+		r := mustPost(t, s.Client(), s.URL, "k", "o", `{}`)
+		if r.status != c.status || r.header.Get("WWW-Authenticate") != c.challenge || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%d WWW-Authenticate %q %s, want %d %q and a problem", r.status, r.header.Get("WWW-Authenticate"), r.body, c.status, c.challenge)
+		}
+	}
+	if n := a.calls.Load(); n != 0 {
+		t.Errorf("the handler ran %d times without a principal", n)
+	}
+	mw, _ := b.middleware(t, noOne)
+	for _, bad := range []string{"", " \t", "Bearer\r\nX-Injected: 1", "Basic\x00"} {
+		if _, err := idemhttp.New(mw, noOne, idemhttp.WithChallenge(bad)); err == nil || !strings.Contains(err.Error(), "WithChallenge") {
+			t.Errorf("WithChallenge(%q): %v, want its refusal", bad, err)
+		}
 	}
 }
