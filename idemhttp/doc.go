@@ -43,10 +43,13 @@
 //   - First request of a key in its scope: the middleware claims it, runs
 //     the handler with the claim's transaction in the request's context,
 //     records status, header and body, stores status, the chosen header
-//     fields (WithStoredHeaders; DefaultStoredHeaders, never Set-Cookie) and
-//     the body with the request's fingerprint in the response table — in
-//     that same transaction —, commits, and only then writes the response,
-//     with every header field the handler set. 2xx, 3xx and 4xx answers are
+//     fields (WithStoredHeaders; DefaultStoredHeaders; never Set-Cookie,
+//     which WithStoredHeaders refuses) and the body with the request's
+//     fingerprint in the response table — in that same transaction —,
+//     commits, and only then writes the response, with every header field
+//     the handler set. No column has a size limit of its own on any
+//     dialect (see [Middleware.EnsureSchema] for a MySQL table made by an
+//     earlier version). 2xx, 3xx and 4xx answers are
 //     stored alike: a 4xx is the request's answer, and the retry of an
 //     invalid request is just as invalid. A 4xx therefore commits whatever
 //     the handler wrote through the transaction, as a 2xx does: validate

@@ -436,6 +436,7 @@ func TestNewRefuses(t *testing.T) {
 		"no scope":        {newMW(withTimeout), nil, nil, nil},
 		"bad table":       {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithResponseTable("Bad-Name")}, nil},
 		"bad option":      {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithMaxResponseBody(0)}, nil},
+		"Set-Cookie":      {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithStoredHeaders("Location", "set-cookie")}, nil},
 	} {
 		_, err := idemhttp.New(c.mw, c.scope, c.opts...)
 		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {

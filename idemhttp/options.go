@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 )
@@ -92,7 +93,9 @@ func defaultConfig() config {
 
 // DefaultStoredHeaders are the response header fields stored with a
 // response, and so replayed, when WithStoredHeaders is not given. Set-Cookie
-// is not among them on purpose: a replay must not hand out a session.
+// is never stored (WithStoredHeaders refuses it): a replay must not hand out
+// the first response's session, and a cookie is a secret the response
+// table should not keep.
 var DefaultStoredHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Cache-Control"}
 
 // DefaultFingerprintHeaders are the request header fields that, with the
@@ -154,7 +157,8 @@ func WithOptionalKey() Option {
 
 // WithStoredHeaders sets the response header fields stored with a response
 // and replayed with it; the first response carries every field the handler
-// set. Default is DefaultStoredHeaders.
+// set. Set-Cookie is refused: it is never stored. Default is
+// DefaultStoredHeaders.
 func WithStoredHeaders(names ...string) Option {
 	return optionFunc(func(c *config) error {
 		for _, n := range names {
@@ -162,7 +166,11 @@ func WithStoredHeaders(names ...string) Option {
 				return err
 			}
 		}
-		c.storedHeaders = canonical(names)
+		names = canonical(names)
+		if slices.Contains(names, "Set-Cookie") {
+			return errors.New("idemhttp: WithStoredHeaders: Set-Cookie is never stored (a replay must not hand out the first response's cookies)")
+		}
+		c.storedHeaders = names
 		return nil
 	})
 }
