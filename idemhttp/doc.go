@@ -47,9 +47,10 @@
 //     which WithStoredHeaders refuses) and the body with the request's
 //     fingerprint in the response table — in that same transaction —,
 //     commits, and only then writes the response, with every header field
-//     the handler set. No column has a size limit of its own on any
-//     dialect (see [Middleware.EnsureSchema] for a MySQL table made by an
-//     earlier version). 2xx, 3xx and 4xx answers are
+//     the handler set. On every dialect the response table holds header
+//     fields and a body of any size the database accepts in one statement
+//     (see [Middleware.EnsureSchema] for a MySQL table made by an earlier
+//     version). 2xx, 3xx and 4xx answers are
 //     stored alike: a 4xx is the request's answer, and the retry of an
 //     invalid request is just as invalid. A 4xx therefore commits whatever
 //     the handler wrote through the transaction, as a 2xx does: validate

@@ -34,9 +34,10 @@ type statements struct {
 // HeaderLockWait is how long EnsureSchema's ALTER TABLE, on MySQL and
 // MariaDB, waits for the response table's metadata lock when it widens the
 // header column of a table made by an earlier version. Every transaction
-// that stored a response holds that lock until it ends, and each one begun
-// after the ALTER TABLE queues behind it, so the wait is short; past it
-// EnsureSchema fails, having changed nothing, and can run again.
+// that stored a response holds that lock until it ends, and every statement
+// on the table sent while the ALTER TABLE waits queues behind it, so the
+// wait is kept short; past it EnsureSchema fails, having changed nothing,
+// and can run again.
 const HeaderLockWait = 5 * time.Second
 
 // schemaStatements returns the DDL of dialect name that creates the
@@ -174,9 +175,10 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 //
 // On MySQL and MariaDB, earlier versions of this package made the header
 // column a BLOB, which holds at most 65,535 bytes of stored header fields;
-// the table of up is a LONGBLOB, as on the other dialects no field has a
-// size limit of its own. EnsureSchema widens an earlier table; where a
-// migration tool made it, add a migration whose up is
+// in the table of up it is a LONGBLOB, which, like the columns of the other
+// dialects, holds whatever the server accepts in one statement.
+// EnsureSchema widens an earlier table; where a migration tool made it, add
+// a migration whose up is
 //
 //	ALTER TABLE processed_messages_http MODIFY header LONGBLOB NOT NULL;
 //
