@@ -66,10 +66,11 @@ import (
 // everything committed after that point, while the pre-check still knows
 // them. Every way to put a database's files back — a base backup or a
 // snapshot started as it is, a point-in-time recovery, a physical clone —
-// ends with a server start, and the server's start is part of the scope: after
-// it the pre-check finds nothing recorded before it. So the pre-check is
-// cold after every restart of the database server, and only misses cost
-// more. A dump restored re-creates the claim table, which has a new name too.
+// ends with a server start, and the server's start is part of the scope:
+// after it the pre-check finds nothing recorded before it. So the
+// pre-check is cold after every restart of the database server, which
+// costs only misses. A dump restored re-creates the claim table, which has
+// a new name too.
 //
 // A Middleware reads the name on its first pre-check, again once the name
 // it read is 5 seconds old by its clock (WithClock), and at once after one
