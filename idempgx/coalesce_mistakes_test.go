@@ -107,12 +107,13 @@ var mistakes = []mistake{
 	}, effects: 1, claims: 1, before: idempotent.Applied},
 }
 
-// TestCoalescedHandlerMistakes runs each mistake by the second of four
-// messages and by the last, in both designs.
+// TestCoalescedHandlerMistakes runs each mistake by the first of four
+// messages (whose claim went with BEGIN), by the second and by the last, in
+// both designs.
 func TestCoalescedHandlerMistakes(t *testing.T) {
 	t.Parallel()
 	for _, mk := range mistakes {
-		for _, culprit := range []int{1, 3} {
+		for _, culprit := range []int{0, 1, 3} {
 			t.Run(fmt.Sprintf("%s/message %d of 4", mk.name, culprit+1), func(t *testing.T) {
 				t.Parallel()
 				designs(t, func(t *testing.T, savepoints bool) {
