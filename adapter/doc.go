@@ -16,7 +16,9 @@
 // [EventTimeHeader] (or a function over the payload), never from the
 // transport unless told to by an option whose doc says what that costs.
 // The library's own senders (the outbox senders, the dead-letter senders)
-// carry the original event time forward in the same header.
+// carry the original event time forward in the same header, to the
+// nanosecond (the outbox stores it without loss), so a replay is claimed on
+// the original event's day however close to midnight it was.
 //
 // # One settle rule
 //
