@@ -411,21 +411,7 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 		}
 		want[c.value] = c.want
 	}
-	reader, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var got []*kgo.Record
-	for len(got) < len(want) {
-		f := reader.PollFetches(ctx)
-		if err := f.Err0(); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, f.Records()...)
-	}
+	got := readRecords(t, cluster, "dlq", len(want))
 	for _, r := range got {
 		var vals []string
 		for _, h := range r.Headers {
