@@ -214,47 +214,51 @@ func TestPartitionedNeedsProducerEventTime(t *testing.T) {
 // margin, so the record an hour ahead is dead-lettered at once, with its
 // reason (idempotent.ErrInvalidEventTime) in the dead letter, nothing of it
 // written, and the record behind it is applied without any wait for the
-// clock. Both consumers.
+// clock. Both consumers. It runs before the parallel tests rather than
+// beside them: the coalescing tests' groups form only when their
+// partitions' records arrive together, which a busy machine delays.
 func TestFutureDatedRecordDoesNotHoldItsPartition(t *testing.T) {
-	forEachMode(t, func(t *testing.T, mode consumerMode) {
-		const topic = "ahead"
-		db, s, prod, client := setup(t, topic)
-		clk := testenv.NewClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
-		mw := newMiddleware(t, db, s, "ahead", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
-		ob := newOutbox(t, db, s, "ahead")
-		obs := &recorder{}
-		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
-		if err != nil {
-			t.Fatal(err)
-		}
-		now := clk.Now()
-		ahead, normal := paymentRecord(topic, "ahead", eventTimeHeader(now.Add(time.Hour))), paymentRecord(topic, "normal", eventTimeHeader(now.Add(-time.Minute)))
-		if err := prod.ProduceSync(context.Background(), ahead, normal).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		m := startMember(c, "m", client...)
-		waitFor(t, "both records settled", func() (bool, error) {
-			if rq := obs.of(adapter.EventRequeued); len(rq) > 0 {
-				return false, fmt.Errorf("the record dated an hour ahead was requeued for %v (%v): its partition waits behind it", rq[0].Delay, rq[0].Err)
+	for _, mode := range consumerModes {
+		t.Run(mode.name, func(t *testing.T) {
+			const topic = "ahead"
+			db, s, prod, client := setup(t, topic)
+			clk := testenv.NewClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+			mw := newMiddleware(t, db, s, "ahead", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
+			ob := newOutbox(t, db, s, "ahead")
+			obs := &recorder{}
+			c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+			if err != nil {
+				t.Fatal(err)
 			}
-			return storedOffsets(t, db, s, "ahead", topic)[0] == 2, nil
+			now := clk.Now()
+			ahead, normal := paymentRecord(topic, "ahead", eventTimeHeader(now.Add(time.Hour))), paymentRecord(topic, "normal", eventTimeHeader(now.Add(-time.Minute)))
+			if err := prod.ProduceSync(context.Background(), ahead, normal).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			m := startMember(c, "m", client...)
+			waitFor(t, "both records settled", func() (bool, error) {
+				if rq := obs.of(adapter.EventRequeued); len(rq) > 0 {
+					return false, fmt.Errorf("the record dated an hour ahead was requeued for %v (%v): its partition waits behind it", rq[0].Delay, rq[0].Err)
+				}
+				return storedOffsets(t, db, s, "ahead", topic)[0] == 2, nil
+			})
+			m.stop(t)
+			if n := ledgerRows(t, db, s); n != 1 {
+				t.Fatalf("%d ledger rows, want 1: the normal record's", n)
+			}
+			dl := obs.of(adapter.EventDeadLettered)
+			if len(dl) != 1 || dl[0].Message.Key != "ahead" || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+				t.Fatalf("dead-lettered %+v, want the record an hour ahead, with idempotent.ErrInvalidEventTime", dl)
+			}
+			dls := deadLetters(t, db, s)
+			if len(dls) != 1 || dls[0].Offset != 0 || !strings.Contains(dls[0].Error, "in the future") {
+				t.Fatalf("dead letters %+v, want the record at offset 0, its error saying it is dated in the future", dls)
+			}
+			if st := c.Stats(); st.Applied != 1 || st.DeadLettered != 1 || st.Requeued != 0 {
+				t.Fatalf("stats %+v, want 1 applied, 1 dead-lettered, no requeue", st)
+			}
 		})
-		m.stop(t)
-		if n := ledgerRows(t, db, s); n != 1 {
-			t.Fatalf("%d ledger rows, want 1: the normal record's", n)
-		}
-		dl := obs.of(adapter.EventDeadLettered)
-		if len(dl) != 1 || dl[0].Message.Key != "ahead" || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
-			t.Fatalf("dead-lettered %+v, want the record an hour ahead, with idempotent.ErrInvalidEventTime", dl)
-		}
-		dls := deadLetters(t, db, s)
-		if len(dls) != 1 || dls[0].Offset != 0 || !strings.Contains(dls[0].Error, "in the future") {
-			t.Fatalf("dead letters %+v, want the record at offset 0, its error saying it is dated in the future", dls)
-		}
-		if st := c.Stats(); st.Applied != 1 || st.DeadLettered != 1 || st.Requeued != 0 {
-			t.Fatalf("stats %+v, want 1 applied, 1 dead-lettered, no requeue", st)
-		}
-	})
+	}
 }
 
 // TestFutureEventTime is issue 21 case 3: a record dated in the future
