@@ -72,7 +72,9 @@ func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, 
 			})
 		}
 	}
-	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) { return m.once(ctx, c, body, outcome) }, retried)
+	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) {
+		return m.lostConnection(m.once(ctx, c, body, outcome))
+	}, retried)
 }
 
 // once runs one attempt: BEGIN and the claim in one round trip, then the

@@ -104,7 +104,9 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 		Retry: func(attempt func(ctx context.Context) (dialect.Class, error)) (int, error) {
 			return m.policy.Run(gctx, attempt, retried)
 		},
-		Once:    co.once,
+		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
+			return m.lostConnection(co.once(ctx, live, p))
+		},
 		Regroup: func(err error) bool { return errors.Is(err, errRegroup) },
 		Wrap:    m.keyError,
 		Exhausted: func(err error) bool {
@@ -119,15 +121,15 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 // process is ProcessMessage under WithCoalescing, after the checks every
 // call makes, on the caller's goroutine: it joins a group and runs fn when
 // the group's driver hands it the transaction.
-func (c *coalescer) process(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
+func (c *coalescer) process(ctx context.Context, key string, at time.Time, fn Func, scope idempotent.SeenScope) (idempotent.Outcome, int, error) {
 	w, left := c.g.Process(ctx, key, at, fn)
 	switch {
 	case left != nil:
 		return 0, 0, c.m.keyError(key, left)
 	case w.Alone:
-		return c.m.claimAndRun(ctx, key, at, fn)
+		return c.m.claimAndRun(ctx, key, at, fn, scope)
 	case w.Err == nil:
-		c.m.recordSeen(ctx, key)
+		c.m.recordSeen(ctx, scope, key)
 	}
 	return w.Outcome, w.Attempts, w.Err
 }

@@ -270,13 +270,14 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if err := m.core.CheckMessage(idempotent.Message{Key: key, EventTime: at}); err != nil {
 		return 0, 0, err
 	}
-	if m.seenBefore(ctx, key) {
+	scope := m.preCheckScope(ctx)
+	if m.seenBefore(ctx, scope, key) {
 		return idempotent.Duplicate, 0, nil
 	}
 	if m.co != nil {
-		return m.co.process(ctx, key, at, fn)
+		return m.co.process(ctx, key, at, fn, scope)
 	}
-	return m.claimAndRun(ctx, key, at, fn)
+	return m.claimAndRun(ctx, key, at, fn, scope)
 }
 
 // keyError wraps a message's failure as ProcessMessage returns it.
@@ -286,8 +287,9 @@ func (m *Middleware) keyError(key string, err error) error {
 
 // claimAndRun claims the message in a transaction of its own and runs fn
 // there under the retry policy: the single-message path after its checks,
-// and what a coalesced call that finds itself alone runs.
-func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
+// and what a coalesced call that finds itself alone runs. scope is the
+// pre-check's (preCheckScope), in which a committed claim is recorded.
+func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, fn Func, scope idempotent.SeenScope) (idempotent.Outcome, int, error) {
 	var outcome idempotent.Outcome
 	c := &claimOne{m: m, at: at, key: key}
 	if m.partitioned {
@@ -297,7 +299,7 @@ func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, 
 	if err != nil {
 		return 0, attempts, m.keyError(key, err)
 	}
-	m.recordSeen(ctx, key)
+	m.recordSeen(ctx, scope, key)
 	return outcome, attempts, nil
 }
 
