@@ -562,6 +562,78 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 	expectSP := func(m sqlmock.Sqlmock, q string) {
 		m.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
+	// expectMember scripts a new member whose handler applies the effect:
+	// SAVEPOINT, its claim, the effect, RELEASE.
+	expectMember := func(m sqlmock.Sqlmock, k string) {
+		expectSP(m, dialect.MessageSavepointSQL)
+		expectClaim(m, k, 1)
+		expectEffect(m)
+		expectSP(m, dialect.MessageReleaseSQL)
+	}
+	t.Run("a swallowed error that aborted the transaction: the RELEASE fails, the member is rolled back to its savepoint and fails alone, the others go on", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
+		r.mock.ExpectExec(dialect.MessageReleaseSQL).WithoutArgs().WillReturnError(aborted)
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectMember(r.mock, "b")
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					_ = effect(ctx, tx) // swallowed
+					return nil
+				}
+			}
+			return ownEffect(t, k)
+		}, sp(2))
+		if a := got["0a"]; !errors.Is(a.err, idempotent.ErrAutocommit) || strings.Contains(a.err.Error(), "MAY HAVE COMMITTED") {
+			t.Fatalf("a got %v, want ErrAutocommit saying its work is rolled back", a)
+		}
+		if b := got["1b"]; b.err != nil || b.outcome != idempotent.Applied {
+			t.Fatalf("b got %v, want applied in the same transaction", b)
+		}
+	})
+	t.Run("a handler that ended the transaction: RELEASE and the rollback to its savepoint fail; it fails alone, loudly, the others run again", func(t *testing.T) {
+		r := newRecorded(t)
+		ended := &pq.Error{Code: "25P01", Message: "RELEASE SAVEPOINT can only be used in transaction blocks"}
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaim(r.mock, "a", 1)
+		expectEffect(r.mock)
+		r.mock.ExpectExec(dialect.MessageReleaseSQL).WithoutArgs().WillReturnError(ended)
+		r.mock.ExpectExec(dialect.MessageRollbackSQL).WithoutArgs().WillReturnError(ended)
+		r.mock.ExpectRollback()
+		r.mock.ExpectBegin()
+		expectMember(r.mock, "b")
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, sp(2))
+		if a := got["0a"]; !errors.Is(a.err, idempotent.ErrAutocommit) || !strings.Contains(a.err.Error(), "MAY HAVE COMMITTED") {
+			t.Fatalf("a got %v, want ErrAutocommit saying its claim may have committed", a)
+		}
+		if b := got["1b"]; b.err != nil || b.outcome != idempotent.Applied {
+			t.Fatalf("b got %v, want applied", b)
+		}
+	})
+	t.Run("a claim that fails for good: rolled back to its savepoint, the others go on, and it runs alone", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.ExpectBegin()
+		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectClaimError(r.mock, "a", &pq.Error{Code: "42501", Message: "permission denied"})
+		expectSP(r.mock, dialect.MessageRollbackSQL)
+		expectMember(r.mock, "b")
+		r.mock.ExpectCommit()
+		expectApplied(r.mock, "a") // alone, after the group's COMMIT
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, sp(2))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want both applied, a alone", got)
+		}
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, dialect.MessageRollbackSQL,
+			dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT",
+			"BEGIN", claimSQL, effectSQL, "COMMIT")
+	})
 	t.Run("each message's claim and handler under a savepoint of its own", func(t *testing.T) {
 		r := newRecorded(t)
 		r.mock.ExpectBegin()
