@@ -285,7 +285,12 @@ const DefaultLockWait = 50 * time.Millisecond
 //     Duplicate: their effects exist once), and statements it ran after
 //     committed one by one. With savepoints on Postgres, a swallowed error
 //     that only aborted the transaction is rolled back to the message's
-//     savepoint and fails it alone, and nothing runs again. Through
+//     savepoint and fails it alone, and nothing runs again. A swallowed
+//     error that neither aborts nor rolls back the transaction — any on
+//     SQLite, and on MySQL and MariaDB any but a deadlock (or a lock wait
+//     timeout under innodb_rollback_on_timeout), whose statement alone is
+//     rolled back — leaves it the group's: the handler's other work commits
+//     with the group, as it would alone. Through
 //     GuardConnector most of these never reach the database: tx.Commit and
 //     tx.Rollback roll the transaction back and fail with ErrAutocommit,
 //     transaction-control and implicitly committing statements are refused,
