@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
+
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
@@ -534,4 +536,61 @@ func TestGuardAfterDeadlockMariaDB(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestCoalescedCommitFailsForGood: a group's COMMIT fails for a reason no
+// retry cures and no one member is blamed for — a deferred unique
+// constraint two of its handlers broke together — and every member is sent
+// to a transaction of its own, so each gets its own outcome: one of the
+// two applied, the other failed with the constraint, the third applied.
+func TestCoalescedCommitFailsForGood(t *testing.T) {
+	for _, savepoints := range []bool{false, true} {
+		t.Run(fmt.Sprintf("savepoints=%v", savepoints), func(t *testing.T) {
+			c := mistakeDBs()[0].open(t) // postgres/pq/guarded
+			uniq := c.dl + "_uniq"
+			if _, err := c.mon.Exec("CREATE TABLE " + uniq + " (v text, UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)"); err != nil {
+				t.Fatal(err)
+			}
+			mw, err := idempotent.New(c.db, c.d, "coalesce", idempotent.WithTable(c.table),
+				idempotent.WithCoalescing(idempotent.Coalescing{Max: 3, Wait: time.Second, Savepoints: savepoints}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefix := uniqueName("cf")
+			values := map[string]string{prefix + "-1": "x", prefix + "-2": "x", prefix + "-3": "y"}
+			keys := []string{prefix + "-1", prefix + "-2", prefix + "-3"}
+			res := callAll(mw, keys, func(k string, r *coResult) idempotent.TxFunc {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					if err := c.apply(ctx, tx, k); err != nil {
+						return err
+					}
+					_, err := tx.ExecContext(ctx, "INSERT INTO "+uniq+" (v) VALUES ($1)", values[k])
+					return err
+				}
+			})
+			applied := 0
+			for i, r := range res[:2] {
+				switch {
+				case r.Err == nil && r.Outcome == idempotent.Applied:
+					applied++
+				case isUniqueViolation(r.Err):
+				default:
+					t.Errorf("%s: %v, %v; want applied, or its own commit's unique violation", keys[i], r.Outcome, r.Err)
+				}
+			}
+			if applied != 1 {
+				t.Errorf("%d of the two members with one value applied, want 1: %+v", applied, res[:2])
+			}
+			if r := res[2]; r.Err != nil || r.Outcome != idempotent.Applied {
+				t.Errorf("%s: %v, %v; want applied", keys[2], r.Outcome, r.Err)
+			}
+			c.wantAudit(t, keys[2:], nil)
+		})
+	}
+}
+
+// isUniqueViolation reports a Postgres unique violation (23505).
+func isUniqueViolation(err error) bool {
+	var pe *pq.Error
+	return errors.As(err, &pe) && pe.Code == "23505"
 }
