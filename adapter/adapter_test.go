@@ -76,6 +76,34 @@ func TestSettle(t *testing.T) {
 			}
 		})
 	}
+	// On an ordered transport the bound is the clock-skew margin: a message
+	// an hour ahead (a producer's clock off by a time zone) is poison
+	// rather than holding those behind it for the hour; within the margin
+	// it waits; a bound given still applies.
+	ordered := r
+	ordered.Ordered = true
+	for _, c := range []struct {
+		name  string
+		ahead time.Duration
+		bound time.Duration
+		want  adapter.Action
+		delay time.Duration
+	}{
+		{"an hour ahead", time.Hour, 0, adapter.DeadLetter, 0},
+		{"just past twice the margin", 10*time.Minute + time.Second, 0, adapter.DeadLetter, 0},
+		{"within the margin past the margin", 8 * time.Minute, 0, adapter.Requeue, 3 * time.Minute},
+		{"an hour ahead, WithFutureBound(2h)", time.Hour, 2 * time.Hour, adapter.Requeue, 55 * time.Minute},
+	} {
+		t.Run("ordered: "+c.name, func(t *testing.T) {
+			o := ordered
+			o.FutureBound = c.bound
+			err := wrap(idempotent.ErrInvalidEventTime)
+			d := o.Settle(msg(now.Add(c.ahead)), err, 1)
+			if d.Action != c.want || d.Delay != c.delay || !errors.Is(d.Err, idempotent.ErrInvalidEventTime) {
+				t.Fatalf("Settle = %v after %v (%v), want %v after %v", d.Action, d.Delay, d.Err, c.want, c.delay)
+			}
+		})
+	}
 	// The zero Rule: the Middleware's defaults.
 	d := adapter.Rule{}.Settle(msg(time.Now().Add(30*time.Minute)), idempotent.ErrInvalidEventTime, 1)
 	if d.Action != adapter.Requeue || d.Delay < 24*time.Minute || d.Delay > 25*time.Minute {
@@ -126,5 +154,37 @@ func TestRuleDelay(t *testing.T) {
 	p := idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, MaxBackoff: time.Hour}
 	if d := (adapter.Rule{Backoff: p}).Delay(1); d < 30*time.Minute || d > time.Hour {
 		t.Errorf("Rule with an hour's backoff: Delay(1) = %v", d)
+	}
+}
+
+// TestRuleTakesAZeroClockSkew: the Rule of a Middleware created
+// WithClockSkew(0) has no margin — not idempotent.DefaultClockSkew — so on
+// an ordered transport a message dated a minute ahead is poison at once,
+// and on a queue it waits that minute, not the minute less five.
+func TestRuleTakesAZeroClockSkew(t *testing.T) {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "c", idempotent.WithClockSkew(0), idempotent.WithClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := idempotent.Message{Key: "k", EventTime: now.Add(time.Minute)}
+	ahead := fmt.Errorf("%w: dated ahead", idempotent.ErrInvalidEventTime)
+	for _, ordered := range []bool{true, false} {
+		cfg := adapter.NewConfig(adapter.Transport[string]{Name: "t", Ordered: ordered, DefaultKey: func(s string) (string, error) { return s, nil }, Header: func(string, string) (string, bool) { return "", false }})
+		if err := cfg.Check(mw); err != nil {
+			t.Fatal(err)
+		}
+		d := cfg.Rule().Settle(msg, ahead, 1)
+		switch {
+		case ordered && d.Action != adapter.DeadLetter:
+			t.Errorf("ordered, no margin: %+v, want dead-lettered", d)
+		case !ordered && (d.Action != adapter.Requeue || d.Delay < time.Minute):
+			t.Errorf("queue, no margin: %+v, want requeued for at least the minute it is ahead", d)
+		}
 	}
 }

@@ -32,6 +32,16 @@ type lease struct {
 	pc  *pgxpool.Conn // nil in unit tests
 }
 
+// busy reports whether the connection is still busy with a statement's
+// results: a handler returned with a query's rows or a batch's results
+// open, and nothing else can be sent on it.
+func (l *lease) busy() bool { return l.raw != nil && l.raw.PgConn().IsBusy() }
+
+// errResultsOpen fails a message whose handler returned with a query's
+// rows or a batch's results open (lease.busy): its own mistake, not a lost
+// connection, so it is not retried.
+var errResultsOpen = errors.New("idempgx: the handler returned with a query's rows or a batch's results open (close them before returning): its transaction cannot go on, and nothing of it commits")
+
 func (l *lease) release() {
 	if l.pc != nil {
 		// The pool closes a connection that is not idle (a rollback that
@@ -58,15 +68,6 @@ type attempt struct {
 	inner pgx.Tx // the batch's transaction; nil with a fake connection
 	batch pgx.Batch
 	tx    claimTx
-	// pending are statements of a coalesced group (a savepoint, the
-	// release of the previous one) waiting to ride in the round trip of
-	// the handler's next statement; see pipeline.go.
-	pending []string
-	// spQueued: the last of pending is the member's SAVEPOINT. spOpen: a
-	// SAVEPOINT was sent and not released.
-	spQueued, spOpen bool
-	// pendErr is the failure of a pending statement: the group's.
-	pendErr error
 }
 
 // run runs attempts until one ends, in the core's one retry loop
@@ -81,7 +82,9 @@ func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, 
 			})
 		}
 	}
-	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) { return m.once(ctx, c, body, outcome) }, retried)
+	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) {
+		return m.lostConnection(m.once(ctx, c, body, outcome))
+	}, retried)
 }
 
 // once runs one attempt: BEGIN and the claim in one round trip, then the
@@ -125,6 +128,9 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	tx.closed = true
 	if err == nil {
 		err = tx.violation
+	}
+	if a.l.busy() {
+		err = joinErr(err, errResultsOpen)
 	}
 	if err == nil {
 		if st, closed := m.status(&a.l); !closed && st == 'I' {
@@ -212,6 +218,15 @@ func readSteps(br pgx.BatchResults, lock bool, c claimer) (claimed, claimFailed 
 	}
 	claimed, err = c.read(br)
 	return claimed, err != nil, err
+}
+
+// joinErr is err and also, when err is not nil, e: errors.Join without
+// the nil.
+func joinErr(err, e error) error {
+	if err == nil {
+		return e
+	}
+	return errors.Join(err, e)
 }
 
 // handlerClass classifies a handler's error: retryable only when it is a
