@@ -46,9 +46,13 @@ var rebuildAndRun = func(ctx context.Context, tags, args []string, stdout, stder
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "loyalty: this run needs %s, which the default build leaves out: building the demo with them (go build -tags %s;\n"+
-		"         the first time it compiles them, a minute or more with nothing printed; then seconds)\n",
-		strings.Join(names, " and "), strings.Join(tags, ","))
+	them := "it"
+	if len(names) > 1 {
+		them = "them"
+	}
+	fmt.Fprintf(stdout, "loyalty: this run needs %s, which the default build leaves out: building the demo with %s (go build -tags %s;\n"+
+		"         the first time it compiles %[2]s, a minute or more with nothing printed; then seconds)\n",
+		strings.Join(names, " and "), them, strings.Join(tags, ","))
 	tmp, err := os.MkdirTemp("", "loyalty-build-")
 	if err != nil {
 		return fail(err)
