@@ -141,6 +141,44 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool,
 	}
 }
 
+// waitWhileProgressing is waitFor for a bulk of messages: it waits as long
+// as progress (a count of messages settled) keeps rising, and fails only
+// when it has not risen for stall — a loaded machine makes the bulk slower,
+// not stuck. excuse, when not nil, names a cause outside the code under
+// test that holds the bulk back (a transaction of another session); while
+// it names one, the wait goes on.
+func waitWhileProgressing(t testing.TB, stall time.Duration, what string, progress func() int64, excuse func() string, cond func() (bool, error)) {
+	t.Helper()
+	last, since, told := progress(), time.Now(), ""
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if p := progress(); p != last {
+			last, since = p, time.Now()
+		}
+		if time.Since(since) > stall {
+			why := ""
+			if excuse != nil {
+				why = excuse()
+			}
+			if why == "" {
+				t.Fatalf("waiting for %s: no progress for %v (at %d)", what, stall, last)
+			}
+			if why != told {
+				t.Logf("waiting for %s, held back by %s", what, why)
+				told = why
+			}
+			since = time.Now()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // runRouter runs r until the test ends.
 func runRouter(t testing.TB, r *message.Router) {
 	t.Helper()
