@@ -125,20 +125,7 @@ func withDuplicates(t testing.TB, orders []order) []*message.Message {
 // waitFor polls cond until it holds, failing the test after within.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitWhileProgressing(t, within, what, func() int64 { return 0 }, nil, cond)
 }
 
 // waitWhileProgressing is waitFor for a bulk of messages: it waits as long
