@@ -16,6 +16,11 @@ import (
 // on until nothing is left. Cleanup then returns at once with the number of
 // claims it had deleted itself (0 if it had not started), and no claim is
 // ever deleted twice. Treat it as "someone else is doing it", not a failure.
+// On SQLite the cleanup lock is the database's write lock, which a batch
+// waits for (the busy timeout, then the retry policy's attempts): a batch
+// that could not have it in all that time, because other cleanups or other
+// writers kept it, also ends the Cleanup with ErrCleanupBusy, never with
+// the driver's SQLITE_BUSY; the next run deletes what is left.
 var ErrCleanupBusy = errors.New("idempotent: another cleanup of the claim table is running")
 
 // CleanupOptions tunes ClaimTable.Cleanup and ClaimTable.CleanupConsumer.
@@ -168,6 +173,9 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 	// The horizon first: from here on no claim older than the cutoff is
 	// accepted, and once the old snapshots are gone none can be running.
 	if err := t.raiseHorizon(ctx, consumer, cutoff, opts.DrainTimeout); err != nil {
+		if t.cleanupLockBusy(err) {
+			return 0, fmt.Errorf("%w: %s: the lock stayed taken through every retry (nothing deleted): %w", ErrCleanupBusy, t.table, err)
+		}
 		return 0, err
 	}
 	size := opts.BatchSize
@@ -190,6 +198,8 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 			return deleted, fmt.Errorf("%w: %s (deleted %d before it took over)", ErrCleanupBusy, t.table, deleted)
 		case ctx.Err() != nil:
 			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, errors.Join(ctx.Err(), err))
+		case t.cleanupLockBusy(err):
+			return deleted, fmt.Errorf("%w: %s: the lock stayed taken through every retry (deleted %d before): %w", ErrCleanupBusy, t.table, deleted, err)
 		case c.IsStatementTimeout(err) && size > opts.MinBatchSize:
 			size = max(size/2, opts.MinBatchSize)
 			p.TimedOut = true
@@ -210,6 +220,13 @@ func (t *ClaimTable) cleanup(ctx context.Context, op, consumer string, opts Clea
 			return deleted, fmt.Errorf("idempotent: cleanup of %s: %w", t.table, err)
 		}
 	}
+}
+
+// cleanupLockBusy reports an error that means the dialect's cleanup lock,
+// one a batch waits for (dialect.CleanupLockWaiter), stayed taken.
+func (t *ClaimTable) cleanupLockBusy(err error) bool {
+	w, ok := t.d.(dialect.CleanupLockWaiter)
+	return ok && w.IsCleanupLockBusy(err)
 }
 
 // cleanupBatch runs one batch in tx: the lock, the timeout, the horizon

@@ -46,6 +46,10 @@ var (
 	// ErrNoClaimTable reports that the claim table does not exist. Run
 	// EnsureSchema, or the migration, first.
 	ErrNoClaimTable = errors.New("idempotent: claim table does not exist")
+
+	// ErrNotPartitioned reports MaintainPartitions on a claim table that
+	// exists and is not partitioned: Cleanup deletes its old claims.
+	ErrNotPartitioned = errors.New("idempotent: claim table is not partitioned")
 )
 
 // RetriesExhaustedError is returned when the last attempt allowed by the

@@ -74,7 +74,7 @@ func (t *ClaimTable) MaintainPartitions(ctx context.Context) (PartitionReport, e
 	case !exists:
 		return PartitionReport{}, fmt.Errorf("%w: %s (run EnsureSchema or the migration first)", ErrNoClaimTable, t.table)
 	case !partitioned:
-		return PartitionReport{}, fmt.Errorf("idempotent: MaintainPartitions: claim table %s is not partitioned", t.table)
+		return PartitionReport{}, fmt.Errorf("%w: %s (MaintainPartitions; Cleanup deletes its old claims)", ErrNotPartitioned, t.table)
 	}
 	return t.maintain(ctx, true)
 }

@@ -45,6 +45,18 @@ type Cleaner interface {
 	IsStatementTimeout(err error) bool
 }
 
+// CleanupLockWaiter is implemented by a dialect whose cleanup lock is one
+// that a batch waits for rather than tries, such as SQLite's: the
+// database's write lock, which BEGIN IMMEDIATE waits for up to the
+// connection's busy timeout. IsCleanupLockBusy reports an error, of a
+// batch or of the transaction that raises the horizon, that means the lock
+// stayed taken past that wait (and the retries of the middleware's retry
+// policy): the cleanup stops with idempotent.ErrCleanupBusy, as it does
+// when another cleanup holds a lock it tries without waiting.
+type CleanupLockWaiter interface {
+	IsCleanupLockBusy(err error) bool
+}
+
 // LockReleaser is implemented by dialects whose cleanup or maintenance lock
 // (or statement timeout) outlives the transaction that took it, such as
 // MySQL's GET_LOCK. The middleware runs the statement it returns as the last

@@ -109,7 +109,10 @@
 // reuses a key. [GlobalScope] is the explicit choice of a service with one
 // client. A ScopeFunc error is a 403 Forbidden, or, with WithChallenge, a
 // 401 Unauthorized carrying that WWW-Authenticate challenge (RFC 9110
-// requires one on a 401, and only the service knows its scheme).
+// requires one on a 401, and only the service knows its scheme). An empty
+// scope is answered the same way, unless the ScopeFunc is GlobalScope: a
+// ScopeFunc that reads an API key header returns "" for a request without
+// one, and every anonymous client would share one key space.
 //
 // # What the handler may do
 //

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -26,10 +27,13 @@ type Middleware struct {
 	claim idempotent.Config      // b.Config()
 	db    *sql.DB                // the response table's pool
 	scope ScopeFunc
-	cfg   config
-	resp  dialect.Table // the response table
-	table string        // resp.String()
-	sql   statements
+	// global says scope is GlobalScope: "" is the one scope on purpose,
+	// not a request without a principal.
+	global bool
+	cfg    config
+	resp   dialect.Table // the response table
+	table  string        // resp.String()
+	sql    statements
 }
 
 // New returns the middleware for the claims of mw — the claim table, the
@@ -38,7 +42,8 @@ type Middleware struct {
 // mw was created on. scope names the principal of each request
 // (GlobalScope for none); it is required, because the right answer depends
 // on how the service authenticates, and a wrong default would let one
-// client read another's responses.
+// client read another's responses. A request whose scope is "" is refused
+// as one without a principal, unless scope is GlobalScope itself.
 //
 // New refuses a partitioned claim table (ErrPartitioned), a dialect without
 // response-table statements (ErrUnsupportedDialect), and, on a dialect that
@@ -100,7 +105,10 @@ func NewOn(b Backend, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, resp: resp, table: resp.String(), sql: st}, nil
+	// GlobalScope is told by its code pointer: a function value is
+	// comparable no other way.
+	global := reflect.ValueOf(scope).Pointer() == reflect.ValueOf(GlobalScope).Pointer()
+	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, global: global, cfg: cfg, resp: resp, table: resp.String(), sql: st}, nil
 }
 
 // Table returns the response table's name.
@@ -137,7 +145,10 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		scope, err := m.scope(r)
-		if err != nil {
+		if err != nil || scope == "" && !m.global {
+			// An empty scope is a request no one authenticated (a header
+			// that was not there): with it, every such client would share
+			// one key space and replay the others' responses.
 			m.noPrincipal(w)
 			return
 		}

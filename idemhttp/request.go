@@ -17,13 +17,18 @@ import (
 // same key and different scopes never meet: each has its own claim and its
 // own stored response. An error means the request has no principal; it is
 // answered 403, or 401 with the challenge of WithChallenge, and the handler
-// does not run. The scope is stored in the claim table as it is returned,
+// does not run. So does an empty scope, unless the ScopeFunc is
+// GlobalScope: a ScopeFunc that reads a header or a context value returns
+// "" for a request no one authenticated, and all such requests would share
+// one key space, each able to replay another's stored response by sending
+// its key. The scope is stored in the claim table as it is returned,
 // so return an account id, never a secret such as an API key (hash one if
 // it is all you have).
 type ScopeFunc func(r *http.Request) (string, error)
 
 // GlobalScope is the ScopeFunc of a service with one client, or whose
-// clients share one key space: every request is in the scope "". With it,
+// clients share one key space: every request is in the scope "", the one
+// ScopeFunc whose "" the middleware takes as a scope. With it,
 // a client that sends another client's key gets the other's stored response
 // (or a 422), so use it only where no two clients must be kept apart.
 func GlobalScope(*http.Request) (string, error) { return "", nil }

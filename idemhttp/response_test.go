@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -148,6 +149,47 @@ func TestInvalidStatusRollsBack(t *testing.T) {
 				t.Errorf("%d effects after %d runs, want 0 after 2 (each run rolled back, the key free)", n, a.calls.Load())
 			}
 		})
+	}
+}
+
+// TestEmptyScopeIsNoPrincipal: a ScopeFunc that returns "" — the API key
+// header of an anonymous request — is answered as one that failed, 403 or
+// 401 with WithChallenge, and the handler does not run; so an anonymous
+// client cannot replay another's stored response by sending its key. Only
+// GlobalScope's "" is a scope.
+func TestEmptyScopeIsNoPrincipal(t *testing.T) {
+	b := openBackend(t, "sqlite")
+	a := &app{b: b}
+	apiKey := func(r *http.Request) (string, error) { return r.Header.Get("X-Api-Key"), nil }
+	for i, c := range []struct {
+		opts      []idemhttp.Option
+		status    int
+		challenge string
+	}{
+		{nil, http.StatusForbidden, ""},
+		{[]idemhttp.Option{idemhttp.WithChallenge(`ApiKey realm="orders"`), idemhttp.WithResponseTable("challenged")}, http.StatusUnauthorized, `ApiKey realm="orders"`},
+	} {
+		_, h := b.middleware(t, apiKey, c.opts...)
+		s := server(t, h.Wrap(a))
+		key := fmt.Sprint("k", i)
+		first := mustPost(t, s.Client(), s.URL, key, "o", `{}`)
+		again := mustPost(t, s.Client(), s.URL, key, "o", `{}`)
+		for _, r := range []response{first, again} {
+			if r.status != c.status || r.replayed || r.header.Get("WWW-Authenticate") != c.challenge || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("no X-Api-Key: %d replayed=%v WWW-Authenticate %q %s, want %d %q and a problem", r.status, r.replayed, r.header.Get("WWW-Authenticate"), r.body, c.status, c.challenge)
+			}
+		}
+		if r := mustPost(t, s.Client(), s.URL, key, "o", `{}`, "X-Api-Key", "acct-1"); r.status != http.StatusCreated {
+			t.Errorf("with X-Api-Key: %d, want 201", r.status)
+		}
+	}
+	if n := a.calls.Load(); n != 2 {
+		t.Errorf("the handler ran %d times, want 2 (the authenticated requests only)", n)
+	}
+	_, h := b.middleware(t, idemhttp.GlobalScope, idemhttp.WithResponseTable("global"))
+	s := server(t, h.Wrap(a))
+	if r := mustPost(t, s.Client(), s.URL, "k-global", "o", `{}`); r.status != http.StatusCreated {
+		t.Errorf("GlobalScope: %d, want 201", r.status)
 	}
 }
 

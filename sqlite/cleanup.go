@@ -9,9 +9,16 @@ import (
 )
 
 var (
-	_ dialect.Cleaner     = (*Dialect)(nil)
-	_ dialect.StatsReader = (*Dialect)(nil)
+	_ dialect.Cleaner           = (*Dialect)(nil)
+	_ dialect.CleanupLockWaiter = (*Dialect)(nil)
+	_ dialect.StatsReader       = (*Dialect)(nil)
 )
+
+// IsCleanupLockBusy reports SQLITE_BUSY and its extended codes: the write
+// lock, which is the cleanup lock, stayed taken past the busy timeout, by
+// another cleanup's batch or by any other writer (a long claim
+// transaction), through every retry.
+func (d *Dialect) IsCleanupLockBusy(err error) bool { return d.IsDDLLockTimeout(err) }
 
 // timeText formats t the way processed_at is stored, UTC text that SQLite's
 // date functions read ("2024-05-01 12:00:00.123"), so that the retention

@@ -365,7 +365,7 @@ func TestSchemaModeMismatchIsAnError(t *testing.T) {
 	if err := onPlain.EnsureSchema(ctx); err == nil || !strings.Contains(err.Error(), schema+".plain exists and is not partitioned") {
 		t.Fatalf("partitioned EnsureSchema on a plain table: %v", err)
 	}
-	if _, err := onPlain.ClaimTable().MaintainPartitions(ctx); err == nil || !strings.Contains(err.Error(), "is not partitioned") {
+	if _, err := onPlain.ClaimTable().MaintainPartitions(ctx); !errors.Is(err, idempotent.ErrNotPartitioned) {
 		t.Fatalf("MaintainPartitions on a plain table: %v", err)
 	}
 	onParted, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithTable(schema+".parted"))

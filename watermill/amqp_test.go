@@ -123,7 +123,7 @@ func TestAMQPAuditWithDuplicatesAndFailures(t *testing.T) {
 	if err := amqpPublisher(t, url).Publish(topic, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 3*time.Minute, "every message acked", func() (bool, error) { return s.acked.Load() == int64(len(msgs)), nil })
+	waitWhileProgressing(t, time.Minute, "every message acked", s.acked.Load, nil, func() (bool, error) { return s.acked.Load() == int64(len(msgs)), nil })
 	t.Logf("%d messages (2000 orders, %d published twice), %d first attempts failed: %d applied, %d duplicates",
 		len(msgs), len(msgs)-2000, s.nacked.Load(), l.counts.Applied(), l.counts.Duplicates())
 	if l.counts.Applied() != 2000 || l.counts.Duplicates() != int64(len(msgs)-2000) {

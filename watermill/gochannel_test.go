@@ -166,7 +166,7 @@ func TestGoChannelAuditWithDuplicatesAndFailures(t *testing.T) {
 	if err := pubsub.Publish("orders", msgs...); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "every message acked", func() (bool, error) { return s.acked.Load() == int64(len(msgs)), nil })
+	waitWhileProgressing(t, time.Minute, "every message acked", s.acked.Load, nil, func() (bool, error) { return s.acked.Load() == int64(len(msgs)), nil })
 	fails := int64(2000 / 13)
 	t.Logf("%d messages (2000 orders, %d published twice), %d first attempts failed: %d applied, %d duplicates",
 		len(msgs), len(msgs)-2000, s.nacked.Load(), l.counts.Applied(), l.counts.Duplicates())

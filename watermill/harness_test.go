@@ -125,7 +125,18 @@ func withDuplicates(t testing.TB, orders []order) []*message.Message {
 // waitFor polls cond until it holds, failing the test after within.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	waitWhileProgressing(t, within, what, func() int64 { return 0 }, nil, cond)
+}
+
+// waitWhileProgressing is waitFor for a bulk of messages: it waits as long
+// as progress (a count of messages settled) keeps rising, and fails only
+// when it has not risen for stall — a loaded machine makes the bulk slower,
+// not stuck. excuse, when not nil, names a cause outside the code under
+// test that holds the bulk back (a transaction of another session); while
+// it names one, the wait goes on.
+func waitWhileProgressing(t testing.TB, stall time.Duration, what string, progress func() int64, excuse func() string, cond func() (bool, error)) {
+	t.Helper()
+	last, since, told := progress(), time.Now(), ""
 	for {
 		ok, err := cond()
 		if err != nil {
@@ -134,8 +145,22 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool,
 		if ok {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
+		if p := progress(); p != last {
+			last, since = p, time.Now()
+		}
+		if time.Since(since) > stall {
+			why := ""
+			if excuse != nil {
+				why = excuse()
+			}
+			if why == "" {
+				t.Fatalf("waiting for %s: no progress for %v (at %d)", what, stall, last)
+			}
+			if why != told {
+				t.Logf("waiting for %s, held back by %s", what, why)
+				told = why
+			}
+			since = time.Now()
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

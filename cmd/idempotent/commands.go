@@ -152,12 +152,11 @@ func cmdMigrate(ctx context.Context, args []string, e env) error {
 	if *partitioned {
 		opts = append(opts, idempotent.WithDailyPartitions(*lead))
 	}
-	if offsetsUp != "" {
-		if dsn, err := c.dsnFlag(); err == nil {
-			if t, err := classify(dsn); err == nil && t.kind != kindPostgres {
-				return usageError{"-kafka-offsets: the kafka consumer's offsets table is Postgres only"}
-			}
-		}
+	if offsetsUp != "" && c.kindOf() != kindPostgres && c.kindOf() != "" {
+		return usageError{"-kafka-offsets: the kafka consumer's offsets table is Postgres only"}
+	}
+	if *partitioned && c.kindOf() == kindSQLite {
+		return usageError{"-partitioned: " + noSQLitePartitions}
 	}
 	d, t, err := c.claimTable(ctx, opts...)
 	if err != nil {
@@ -213,6 +212,9 @@ func createOffsetsTable(ctx context.Context, d *database, name, up string) error
 	}
 	return nil
 }
+
+// noSQLitePartitions says why a partitioned table is refused on SQLite.
+const noSQLitePartitions = "the sqlite dialect does not support partitions: day partitions are for Postgres and MySQL/MariaDB (on SQLite, cleanup deletes old claims)"
 
 // requireRetention rejects a destructive command without -retention.
 func requireRetention(r *days) error {
@@ -333,6 +335,9 @@ func cmdPartitions(ctx context.Context, args []string, e env) error {
 	if err := firstError(checkDuration("skew", skew.d, true), positive("lead-days", *lead, 1)); err != nil {
 		return err
 	}
+	if c.kindOf() == kindSQLite {
+		return usageError{noSQLitePartitions}
+	}
 	d, t, err := c.claimTable(ctx, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d), idempotent.WithDailyPartitions(*lead))
 	if err != nil {
 		return err
@@ -354,6 +359,9 @@ func cmdPartitions(ctx context.Context, args []string, e env) error {
 		return nil
 	}
 	rep, err := t.MaintainPartitions(ctx)
+	if errors.Is(err, idempotent.ErrNotPartitioned) {
+		return fmt.Errorf("claim table %s is not partitioned: run idempotent cleanup for it instead", c.table)
+	}
 	for _, p := range rep.Created {
 		fmt.Fprintf(e.stdout, "created %s (%s)\n", p.Name, p.Day.Format(time.DateOnly))
 	}

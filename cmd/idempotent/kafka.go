@@ -90,13 +90,12 @@ func (c *kafkaCommand) statements(db *sql.DB) (kafkaoffsets.Statements, error) {
 
 // connect opens the database, checks the flags, then pings it.
 func (c *kafkaCommand) connect(ctx context.Context) (*database, kafkaoffsets.Statements, error) {
+	if k := c.kindOf(); k != "" && k != kindPostgres {
+		return nil, kafkaoffsets.Statements{}, usageError{"the kafka consumer's offsets table is Postgres only"}
+	}
 	d, err := c.open(false)
 	if err != nil {
 		return nil, kafkaoffsets.Statements{}, err
-	}
-	if d.target.kind != kindPostgres {
-		d.db.Close()
-		return nil, kafkaoffsets.Statements{}, usageError{"kafka-offsets: the kafka consumer's offsets table is Postgres only"}
 	}
 	q, err := c.statements(d.db)
 	if err == nil {

@@ -1,3 +1,5 @@
+//go:build loyalty_http
+
 package main
 
 import (
@@ -5,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -21,6 +22,9 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/idemhttp"
 )
+
+// The HTTP part: -http.
+func init() { httpDemo = demoHTTP }
 
 // The HTTP mode (-http): the loyalty service is an HTTP API that credits
 // an order's points, POST /credits with the order as JSON, and its
@@ -45,26 +49,6 @@ type httpFaults struct {
 }
 
 var defaultHTTPFaults = httpFaults{loseEvery: 250, drops: 3, slowEvery: 100, slow: 150 * time.Millisecond, timeout: 100 * time.Millisecond}
-
-// parseHTTPFlags finishes parseFlags for -http: no broker, and the
-// database of -db (idemhttp has response tables for every dialect the demo
-// runs on).
-func parseHTTPFlags(fs *flag.FlagSet, o options, dsn string) (options, error) {
-	var err error
-	fs.Visit(func(f *flag.Flag) {
-		if err == nil && (f.Name == "broker" || f.Name == "amqp" || f.Name == "kafka" || f.Name == "nats" || f.Name == "redis") {
-			err = fmt.Errorf("-%s is a broker's flag, and -http runs no broker", f.Name)
-		}
-	})
-	if err != nil {
-		return o, err
-	}
-	o.broker, o.brokerDesc = "http", "none: an HTTP API (net/http on loopback) behind a proxy that injects the faults"
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	return o, nil
-}
 
 // demoHTTP runs the HTTP mode twice, prints the audit and returns the
 // results.

@@ -1,3 +1,5 @@
+//go:build loyalty_kafka
+
 package main
 
 import (
@@ -6,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,41 +24,25 @@ import (
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
-// defaultPostgres is -broker kafka's database when neither -db nor
-// IDEMPOTENT_POSTGRES_DSN names one: the kafka package stores partition
-// offsets in Postgres only.
-const defaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-// parseKafkaFlags finishes parseFlags for -broker kafka: seed brokers from
-// -kafka, and a Postgres database.
-func parseKafkaFlags(o options, dsn, addrs string) (options, error) {
-	o.broker = "kafka"
-	if addrs != "" {
-		for _, a := range strings.Split(addrs, ",") {
-			a = strings.TrimSpace(a)
-			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-				return o, fmt.Errorf("-kafka %q: want host:port,... (%q is not host:port)", addrs, a)
-			}
-			o.kafkaBrokers = append(o.kafkaBrokers, a)
+// The Kafka part: -broker kafka, on the in-process kfake cluster or the
+// one of -kafka.
+func init() {
+	brokers["kafka"] = brokerMode{start: func(ctx context.Context, o options) (brokerSetup, error) {
+		cluster, err := startKafka(ctx, o.kafkaBrokers, o.brokerDesc, o.consumers*o.workers)
+		if err != nil {
+			return brokerSetup{}, err
 		}
-	}
-	if dsn == "" {
-		if dsn = os.Getenv("IDEMPOTENT_POSTGRES_DSN"); dsn == "" {
-			dsn = defaultPostgres
+		restart := 20 * time.Millisecond
+		if o.kafkaBrokers != nil {
+			restart = 200 * time.Millisecond
 		}
-	}
-	var err error
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	if o.db.kind != "postgres" {
-		return o, fmt.Errorf("-db: -broker kafka stores partition offsets in Postgres only: give a postgres:// URL")
-	}
-	o.brokerDesc = "in-process Kafka-protocol cluster (franz-go's kfake: 3 brokers, consumer groups)"
-	if o.kafkaBrokers != nil {
-		o.brokerDesc = "Kafka (" + strings.Join(o.kafkaBrokers, ",") + ")"
-	}
-	return o, nil
+		return brokerSetup{
+			desc:      o.brokerDesc,
+			newBroker: func() (broker, error) { return cluster.newTopic(ctx) },
+			naive:     (*store).naiveKafka, library: (*store).libraryKafka,
+			restart: restart, close: cluster.close,
+		}, nil
+	}}
 }
 
 // kafkaCluster is the run's Kafka: an in-process kfake cluster, or a real

@@ -11,14 +11,23 @@
 //
 //	go run ./examples/loyalty
 //
-// The first go run compiles the demo and its drivers and brokers' clients
-// (SQLite, Postgres, RabbitMQ, Kafka's kfake, NATS, Redis, the Go CDK): on
-// a cold build cache that takes a minute or two in which nothing is
-// printed, as the go command prints nothing while it compiles; go run -v
-// ./examples/loyalty names each package as it is compiled, and later runs
-// start at once. The demo itself prints its first line as soon as it
-// starts, a progress line per run (redrawn on a terminal, every 5 s
-// otherwise), then the audit.
+// The first go run compiles the demo's default build: the library, SQLite
+// (modernc.org/sqlite, a C library translated to Go, which is most of the
+// wait) and the in-process broker — no other driver or broker client. The
+// go command prints nothing while it compiles (go run -v
+// ./examples/loyalty names each package); later runs start at once. The
+// demo prints its first line as soon as it starts, a progress line per run
+// (redrawn on a terminal, every 5 s otherwise), then the audit.
+//
+// A mode that needs more — -db with Postgres or MySQL, -broker kafka,
+// nats, redis or pubsub, -http — says so in one line, builds the demo
+// again with the build tags of the parts it needs (loyalty_postgres,
+// loyalty_mysql, loyalty_kafka, loyalty_nats, loyalty_redis,
+// loyalty_pubsub, loyalty_http; go build, from this directory) and runs
+// that. The first build of a part compiles its client, a minute or more;
+// the build cache makes the next ones take seconds. go run -tags
+// loyalty_kafka,loyalty_postgres ./examples/loyalty -broker kafka builds
+// it at once.
 //
 // With no flags it needs nothing installed: an embedded SQLite database in a
 // temporary directory and an in-process broker with RabbitMQ's at-least-once
@@ -92,7 +101,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"time"
 )
 
 func main() {
@@ -117,11 +125,18 @@ type options struct {
 }
 
 // run is the demo; it returns the exit code: 0, 1 for a failure, 2 for bad
-// flags.
+// flags. A run that needs a broker's client or a database's driver this
+// build lacks is handed to a build that has them (rebuild.go).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	if err == nil {
+		if tags := missingParts(o); len(tags) > 0 {
+			return rebuildAndRun(ctx, tags, args, stdout, stderr)
+		}
+		err = checkParts(o)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "loyalty: %s (see -h)\n", oneLine(err))
@@ -138,154 +153,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func parseFlags(args []string, stdout io.Writer) (options, error) {
-	var o options
-	var dsn, brokerKind, kafkaAddrs, natsURL, redisURL string
-	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats), redis (the Redis of -redis) or pubsub (the Go CDK's in-process mempubsub)")
-	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
-	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
-	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
-	fs.StringVar(&redisURL, "redis", "", "with -broker redis: the Redis server's URL (default "+defaultRedis+")")
-	fs.BoolVar(&o.http, "http", false, "the HTTP mode: an HTTP API credits the orders, behind a proxy that cuts connections, for clients that time out and retry\nwith the same Idempotency-Key (no broker; -db as for -broker rabbitmq)")
-	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
-	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
-	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
-	fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated orders")
-	fs.Usage = func() {} // Parse calls it on every error; -h is handled below
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: go run ./examples/loyalty [flags]")
-			fmt.Fprintln(stdout, "\nRuns the loyalty scenario with the naive consumer and with the idempotent library, and audits both.")
-			fmt.Fprintln(stdout, "\nflags:")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-		}
-		return o, err
-	}
-	switch {
-	case fs.NArg() > 0:
-		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case o.orders < 100 || o.orders > 100000:
-		return o, fmt.Errorf("-orders %d: want 100 to 100000", o.orders)
-	case o.consumers < 2 || o.consumers > 32:
-		return o, fmt.Errorf("-consumers %d: want 2 to 32", o.consumers)
-	case o.workers < 1 || o.workers > 16:
-		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
-	}
-	if o.http {
-		return parseHTTPFlags(fs, o, dsn)
-	}
-	// Each broker's own flags need that broker.
-	for _, bf := range []struct{ flag, value, broker string }{
-		{"kafka", kafkaAddrs, "kafka"}, {"nats", natsURL, "nats"}, {"redis", redisURL, "redis"}, {"amqp", o.amqpURL, "rabbitmq"},
-	} {
-		if bf.value != "" && brokerKind != bf.broker {
-			return o, fmt.Errorf("-%s needs -broker %s", bf.flag, bf.broker)
-		}
-	}
-	var err error
-	switch brokerKind {
-	case "rabbitmq":
-	case "kafka":
-		return parseKafkaFlags(o, dsn, kafkaAddrs)
-	case "nats":
-		return parseNatsFlags(o, dsn, natsURL)
-	case "redis":
-		return parseRedisFlags(o, dsn, redisURL)
-	case "pubsub":
-		return parsePubsubFlags(o, dsn)
-	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats, redis or pubsub", brokerKind)
-	}
-	o.broker = "memory"
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	o.brokerDesc = "in-process broker (at-least-once, RabbitMQ semantics)"
-	if o.amqpURL != "" {
-		o.broker = "rabbitmq"
-		if o.brokerDesc, err = parseAMQP(o.amqpURL); err != nil {
-			return o, err
-		}
-	}
-	return o, nil
-}
-
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
 // demo runs the scenario twice, prints the audit and returns the results.
 func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
-	newBroker := func() (broker, error) { return newMemBroker(), nil }
-	f := faults{crashEvery: 250, drops: 3, restart: 20 * time.Millisecond}
-	type impl struct {
-		name string
-		make func(context.Context, int) (consumeFunc, creditedT, error)
-	}
-	var st *store
-	impls := func() []impl {
-		return []impl{{"naive check-then-act", st.naiveRabbit}, {"idempotent", st.libraryRabbit}}
-	}
-	var cluster *kafkaCluster
-	switch o.broker {
-	case "kafka":
-		// Check the cluster before anything else runs.
-		var err error
-		if cluster, err = startKafka(ctx, o.kafkaBrokers, o.brokerDesc, o.consumers*o.workers); err != nil {
-			return nil, err
-		}
-		defer cluster.close()
-		newBroker = func() (broker, error) { return cluster.newTopic(ctx) }
-		impls = func() []impl {
-			return []impl{{"naive check-then-act", st.naiveKafka}, {"idempotent", st.libraryKafka}}
-		}
-		if o.kafkaBrokers != nil {
-			f.restart = 200 * time.Millisecond
-		}
-	case "nats":
-		// Check the server before anything else runs.
-		srv, err := startNats(ctx, o.natsURL, o.brokerDesc)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.close()
-		o.brokerDesc = srv.desc
-		newBroker = func() (broker, error) { return srv.newStream(ctx) }
-		impls = func() []impl {
-			return []impl{{"naive check-then-act", st.naiveNats}, {"idempotent", st.libraryNats}}
-		}
-		f.restart = 200 * time.Millisecond
-	case "redis":
-		// Check the server before anything else runs.
-		srv, err := startRedis(ctx, o.redisURL, o.brokerDesc)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.close()
-		o.brokerDesc = srv.desc
-		newBroker = func() (broker, error) { return srv.newStream(ctx) }
-		impls = func() []impl {
-			return []impl{{"naive check-then-act", st.naiveRedis}, {"idempotent", st.libraryRedis}}
-		}
-		f.restart = 200 * time.Millisecond
-	case "pubsub":
-		newBroker = func() (broker, error) { return newPubsubTopic(), nil }
-		impls = func() []impl {
-			return []impl{{"naive check-then-act", st.naivePubsub}, {"idempotent", st.libraryPubsub}}
-		}
-	case "rabbitmq":
+	var bs brokerSetup
+	if !o.http {
 		// Check the broker before anything else runs.
-		b, err := dialRabbit(o.amqpURL)
-		if err != nil {
+		var err error
+		if bs, err = brokers[o.broker].start(ctx, o); err != nil {
 			return nil, err
 		}
-		_ = b.close()
-		newBroker = func() (broker, error) { return dialRabbit(o.amqpURL) }
-		f.restart = 200 * time.Millisecond
+		if bs.close != nil {
+			defer bs.close()
+		}
 	}
 	st, err := openStore(ctx, o.db, o.consumers*o.workers+2)
 	if err != nil {
@@ -294,10 +177,11 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 	defer st.cleanup()
 	ld := makeLoad(o.orders, o.seed)
 	if o.http {
-		return demoHTTP(ctx, o, st, ld, out)
+		return httpDemo(ctx, o, st, ld, out)
 	}
+	f := faults{crashEvery: 250, drops: 3, restart: bs.restart}
 	fmt.Fprintf(out, "loyalty: %d OrderCompleted events, %d consumer processes x %d workers\n", ld.orders, o.consumers, o.workers)
-	fmt.Fprintf(out, "  database  %s\n  broker    %s\n", st.desc, o.brokerDesc)
+	fmt.Fprintf(out, "  database  %s\n  broker    %s\n", st.desc, bs.desc)
 	ack := "the ack"
 	if o.broker == "kafka" {
 		ack = "the offset commit"
@@ -307,12 +191,15 @@ func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
 
 	pr := newProgressPrinter(out)
 	var results []result
-	for _, impl := range impls() {
-		consume, credited, err := impl.make(ctx, ld.customers)
+	for _, impl := range []struct {
+		name string
+		make consumerFunc
+	}{{"naive check-then-act", bs.naive}, {"idempotent", bs.library}} {
+		consume, credited, err := impl.make(st, ctx, ld.customers)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", impl.name, err)
 		}
-		b, err := newBroker()
+		b, err := bs.newBroker()
 		if err != nil {
 			return nil, err
 		}

@@ -1,3 +1,5 @@
+//go:build loyalty_nats
+
 package main
 
 import (
@@ -6,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,36 +22,25 @@ import (
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
-// defaultNATS is -broker nats's server when -nats names none: the local
-// nats-server with JetStream.
-const defaultNATS = "nats://127.0.0.1:4222"
+// The NATS part: -broker nats, on the server of -nats.
+func init() {
+	brokers["nats"] = brokerMode{start: func(ctx context.Context, o options) (brokerSetup, error) {
+		srv, err := startNats(ctx, o.natsURL, o.brokerDesc)
+		if err != nil {
+			return brokerSetup{}, err
+		}
+		return brokerSetup{
+			desc:      srv.desc,
+			newBroker: func() (broker, error) { return srv.newStream(ctx) },
+			naive:     (*store).naiveNats, library: (*store).libraryNats,
+			restart: 200 * time.Millisecond, close: srv.close,
+		}, nil
+	}}
+}
 
 // natsAckWait is the run's consumers' AckWait: how long a message delivered
 // to a crashed process waits before the server delivers it again.
 const natsAckWait = 2 * time.Second
-
-// parseNatsFlags finishes parseFlags for -broker nats: the server of -nats,
-// and the database of -db (the nats package is dialect-neutral).
-func parseNatsFlags(o options, dsn, rawURL string) (options, error) {
-	o.broker = "nats"
-	if rawURL == "" {
-		rawURL = defaultNATS
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
-		shown := rawURL
-		if err == nil {
-			shown = u.Redacted()
-		}
-		return o, fmt.Errorf("-nats %q: want a nats://host:port URL", shown)
-	}
-	o.natsURL = rawURL
-	o.brokerDesc = "NATS JetStream (" + u.Redacted() + ")"
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	return o, nil
-}
 
 // natsServer is the run's NATS server, reached through an admin connection.
 type natsServer struct {

@@ -1,3 +1,5 @@
+//go:build loyalty_pubsub
+
 package main
 
 import (
@@ -23,24 +25,22 @@ import (
 	"github.com/txclaim/idempotent/rabbitmq"
 )
 
+// The Go CDK part: -broker pubsub, on the in-process mempubsub.
+func init() {
+	brokers["pubsub"] = brokerMode{start: func(context.Context, options) (brokerSetup, error) {
+		return brokerSetup{
+			desc:      pubsubDesc,
+			newBroker: func() (broker, error) { return newPubsubTopic(), nil },
+			naive:     (*store).naivePubsub, library: (*store).libraryPubsub,
+			restart: 20 * time.Millisecond,
+		}, nil
+	}}
+}
+
 // pubsubAckDeadline is the subscription's ack deadline: how long a message
 // received by a process that crashed, or whose ack was lost, waits before
 // mempubsub delivers it again.
 const pubsubAckDeadline = 2 * time.Second
-
-// pubsubDesc is -broker pubsub's broker.
-const pubsubDesc = "Go CDK pub/sub (gocloud.dev/pubsub, in-process mempubsub, ack deadline 2s)"
-
-// parsePubsubFlags finishes parseFlags for -broker pubsub: the database of
-// -db (the cdkpubsub package is dialect-neutral).
-func parsePubsubFlags(o options, dsn string) (options, error) {
-	o.broker, o.brokerDesc = "pubsub", pubsubDesc
-	var err error
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	return o, nil
-}
 
 // oneAtATime makes a Subscription take one message at a time from its
 // driver: each worker holds one message, as with the other brokers'

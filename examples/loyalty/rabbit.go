@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"sync"
 	"time"
 
@@ -23,19 +22,6 @@ type rabbitBroker struct {
 	queue string
 	dlx   string
 	dlq   string
-}
-
-// parseAMQP checks -amqp and returns the broker's description, password
-// redacted.
-func parseAMQP(rawURL string) (string, error) {
-	if _, err := amqp.ParseURI(rawURL); err != nil {
-		return "", fmt.Errorf("-amqp %q: %w", rawURL, err)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "", fmt.Errorf("-amqp %q: %w", rawURL, err)
-	}
-	return "RabbitMQ (" + u.Redacted() + ")", nil
 }
 
 // dialRabbit connects and declares the run's queues.

@@ -1,3 +1,5 @@
+//go:build loyalty_redis
+
 package main
 
 import (
@@ -6,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,9 +22,36 @@ import (
 	"github.com/txclaim/idempotent/redisstream"
 )
 
-// defaultRedis is -broker redis's server when -redis names none: the local
-// Redis.
-const defaultRedis = "redis://127.0.0.1:6379"
+// The Redis part: -broker redis, on the server of -redis.
+func init() {
+	// The client logs what it also returns; the demo's errors are one line.
+	redis.SetLogger(quietRedis{})
+	brokers["redis"] = brokerMode{
+		check: func(o options) error {
+			if _, err := redis.ParseURL(o.redisURL); err != nil {
+				return fmt.Errorf("-redis %s: %w", shownDSN(o.redisURL), err)
+			}
+			return nil
+		},
+		start: func(ctx context.Context, o options) (brokerSetup, error) {
+			srv, err := startRedis(ctx, o.redisURL, o.brokerDesc)
+			if err != nil {
+				return brokerSetup{}, err
+			}
+			return brokerSetup{
+				desc:      srv.desc,
+				newBroker: func() (broker, error) { return srv.newStream(ctx) },
+				naive:     (*store).naiveRedis, library: (*store).libraryRedis,
+				restart: 200 * time.Millisecond, close: srv.close,
+			}, nil
+		},
+	}
+}
+
+// quietRedis is go-redis's logger, silenced.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // redisGroup is the consumer group of the run's consumers. The library's
 // Middleware is named "loyalty" too, as the redisstream package advises.
@@ -34,33 +62,6 @@ const redisGroup = "loyalty"
 // group re-claims it: the naive loop's XAUTOCLAIM bound and the library's
 // WithClaimIdle.
 const redisClaimIdle = 2 * time.Second
-
-// parseRedisFlags finishes parseFlags for -broker redis: the server of
-// -redis, and the database of -db (the redisstream package is
-// dialect-neutral).
-func parseRedisFlags(o options, dsn, rawURL string) (options, error) {
-	o.broker = "redis"
-	if rawURL == "" {
-		rawURL = defaultRedis
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		shown := rawURL
-		if err == nil {
-			shown = u.Redacted()
-		}
-		return o, fmt.Errorf("-redis %q: want a redis://host:port URL", shown)
-	}
-	if _, err := redis.ParseURL(rawURL); err != nil {
-		return o, fmt.Errorf("-redis %q: %w", u.Redacted(), err)
-	}
-	o.redisURL = rawURL
-	o.brokerDesc = "Redis Streams (" + u.Redacted() + ")"
-	if o.db, err = parseDB(dsn); err != nil {
-		return o, err
-	}
-	return o, nil
-}
 
 // redisServer is the run's Redis, reached through an admin client.
 type redisServer struct {

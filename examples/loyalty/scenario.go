@@ -192,6 +192,7 @@ type scenario struct {
 	deliveries   atomic.Int64
 	duplicates   atomic.Int64
 	crashes      atomic.Int64
+	naiveErrors  atomic.Int64 // the naive consumer's failed deliveries (a busy database), redelivered
 	drops        atomic.Int64
 	acks         atomic.Int64 // the library's acks on an AMQP broker, for its crashes
 
@@ -255,6 +256,10 @@ func (s *scenario) process(ctx context.Context, i int) {
 	}
 }
 
+// maxNaiveErrors is how many failed deliveries the naive consumer
+// redelivers before the run ends with the last one's error.
+const maxNaiveErrors = 100
+
 // naiveDeliver is one delivery of a naive consumer loop (AMQP's, Kafka's,
 // NATS's):
 // it decodes the order in body, applies it with apply and counts it, and
@@ -273,8 +278,16 @@ func (s *scenario) naiveDeliver(ctx context.Context, apply func(context.Context,
 	n := s.deliveries.Add(1)
 	out, err := apply(ctx, o)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.fail(err)
+		// The usual hand-written consumer does not ack a delivery that
+		// failed (a database too busy to answer in time): its process
+		// exits, comes back, and the broker delivers it again. One that
+		// keeps failing ends the run.
+		switch {
+		case ctx.Err() != nil:
+		case s.naiveErrors.Add(1) > maxNaiveErrors:
+			s.fail(fmt.Errorf("%d deliveries failed, the last: %w", maxNaiveErrors+1, err))
+		case !crashed.Swap(true):
+			crash()
 		}
 		return false
 	}

@@ -6,21 +6,14 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	mysqldriver "github.com/go-sql-driver/mysql"
-	_ "github.com/lib/pq"
-
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
-	"github.com/txclaim/idempotent/mysql"
-	"github.com/txclaim/idempotent/postgres"
-	"github.com/txclaim/idempotent/sqlite"
 )
 
 // store is the loyalty service's database: balances, a point ledger and,
@@ -29,79 +22,27 @@ import (
 type store struct {
 	db      *sql.DB
 	d       dialect.Dialect
+	kind    database
 	desc    string // for the header line, password redacted
 	prefix  string
 	tables  []string
 	dropDir string // the embedded database's directory, removed by cleanup
 }
 
-// target is a database named by -db.
-type target struct {
-	kind string // "sqlite", "postgres" or "mysql"
-	dsn  string // for the driver; "" for the embedded database
-	path string // SQLite's file
-	desc string // for the header line, password redacted
-}
-
-// parseDB reads -db: "" for an embedded SQLite file in a temporary
-// directory, a postgres:// URL, a MySQL DSN (user:pass@tcp(host:3306)/db,
-// optionally prefixed mysql://) or sqlite:PATH.
-func parseDB(dsn string) (target, error) {
-	switch {
-	case dsn == "":
-		return target{kind: "sqlite"}, nil
-	case strings.HasPrefix(dsn, "sqlite:"):
-		path := strings.TrimPrefix(dsn, "sqlite:")
-		if _, err := sqlite.DSN(path); err != nil {
-			return target{}, fmt.Errorf("-db: %w", err)
-		}
-		return target{kind: "sqlite", path: path, desc: "SQLite (" + path + ")"}, nil
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return target{}, fmt.Errorf("-db: not a Postgres URL: %w", err)
-		}
-		return target{kind: "postgres", dsn: dsn, desc: "Postgres (" + u.Redacted() + ")"}, nil
-	case strings.HasPrefix(dsn, "mysql://"), strings.Contains(dsn, "@tcp("), strings.Contains(dsn, "@unix("):
-		dsn = strings.TrimPrefix(dsn, "mysql://")
-		cfg, err := mysqldriver.ParseDSN(dsn)
-		if err != nil {
-			return target{}, fmt.Errorf("-db: not a MySQL DSN: %w", err)
-		}
-		if cfg.Passwd != "" {
-			cfg.Passwd = "xxxxx"
-		}
-		return target{kind: "mysql", dsn: dsn, desc: "MySQL (" + cfg.FormatDSN() + ")"}, nil
-	}
-	return target{}, fmt.Errorf("-db %q: want a postgres:// URL, a MySQL DSN such as root@tcp(127.0.0.1:3306)/test, or sqlite:PATH", dsn)
-}
-
 // openStore opens the database and checks that it answers.
 func openStore(ctx context.Context, t target, conns int) (*store, error) {
-	s := &store{prefix: "loyalty_demo_" + randomHex(4) + "_", desc: t.desc}
-	var err error
-	switch t.kind {
-	case "sqlite":
-		path := t.path
-		if path == "" {
-			dir, derr := os.MkdirTemp("", "loyalty-demo-")
-			if derr != nil {
-				return nil, fmt.Errorf("embedded database: %w", derr)
-			}
-			s.dropDir = dir
-			path = filepath.Join(dir, "loyalty.db")
-			s.desc = "SQLite (embedded, " + path + ")"
+	s := &store{prefix: "loyalty_demo_" + randomHex(4) + "_", desc: t.desc, kind: databases[t.kind]}
+	if t.kind == "sqlite" && t.path == "" {
+		dir, err := os.MkdirTemp("", "loyalty-demo-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded database: %w", err)
 		}
-		s.d = sqlite.New()
-		s.db, err = sqlite.Open(path)
-	case "postgres":
-		s.d = postgres.New()
-		s.db, err = sql.Open("postgres", t.dsn)
-	case "mysql":
-		s.d = mysql.New()
-		s.db, err = sql.Open("mysql", t.dsn)
+		s.dropDir = dir
+		t.path = filepath.Join(dir, "loyalty.db")
+		s.desc = "SQLite (embedded, " + t.path + ")"
 	}
-	if err != nil {
+	var err error
+	if s.db, s.d, err = s.kind.open(t); err != nil {
 		s.cleanup()
 		return nil, fmt.Errorf("database %s: %w", s.desc, err)
 	}
@@ -111,7 +52,7 @@ func openStore(ctx context.Context, t target, conns int) (*store, error) {
 	defer cancel()
 	if err := s.db.PingContext(pctx); err != nil {
 		s.cleanup()
-		return nil, fmt.Errorf("database %s does not answer: %w", s.desc, err)
+		return nil, s.kind.pingError(s.desc, err)
 	}
 	return s, nil
 }
@@ -238,13 +179,7 @@ func (s *store) libraryCredit(ctx context.Context, customers int) (*idempotent.M
 // drop it and the horizon table its EnsureSchema creates beside it.
 func (s *store) claimTable() string {
 	claims := s.prefix + "processed_messages"
-	horizon := claims + "_horizon"
-	switch s.d.Name() {
-	case "postgres":
-		horizon = postgres.HorizonName(claims)
-	case "mysql":
-		horizon = mysql.HorizonName(claims)
-	}
+	horizon := s.kind.horizon(claims)
 	s.tables = append(s.tables, horizon, claims)
 	return claims
 }
