@@ -102,8 +102,8 @@
 // every partition the Consumer's workers are applying (a record waiting
 // out its requeue delay is not counted), or Wait after its first record,
 // whichever comes first, so that a lone partition's records do not wait
-// out Wait. The group's transaction sends BEGIN, the claims of its records in one statement, each new
-// record's handler (on its worker's goroutine, one after the other), one
+// out Wait. The group's transaction sends BEGIN, each record's claim just
+// before its handler (on its worker's goroutine, one after the other), one
 // statement that advances the offsets of every record of the group
 // (duplicates included; a compare-and-set per partition, as above, in
 // topic and partition order), and COMMIT. A group whose records were all
@@ -142,9 +142,10 @@
 // BenchmarkCoalescedRecordsHeadToHead (the plain and a coalescing consumer
 // at the same time, and their ratio).
 //
-// A handler that ends the group's transaction itself fails the whole group
-// loudly (idempotent.ErrAutocommit), as it does in ProcessMessage's
-// groups: every partition of the group stops.
+// A handler that ends or breaks the group's transaction itself fails its
+// record alone, loudly (idempotent.ErrAutocommit), as it does in
+// ProcessMessage's groups: its partition stops, and the group's other
+// records run again in a transaction of their own.
 //
 // # Settling a record
 //

@@ -19,8 +19,10 @@ import (
 // claim statement (INSERT … ON CONFLICT DO NOTHING, consumer and key as
 // its first two arguments) inserts its key unless a committed claim or the
 // transaction's own has it; COMMIT keeps a transaction's claims, ROLLBACK
-// drops them. Every other statement affects one row and is logged, so a
-// handler's effect shows in effects. Concurrent claims of one key are not
+// drops them, ROLLBACK TO SAVEPOINT drops those since the last SAVEPOINT (a
+// coalesced group's, which claims each message under one of its own). Every
+// other statement affects one row and is logged, so a handler's effect
+// shows in effects. Concurrent claims of one key are not
 // serialised as a database would: tests give each in-flight delivery its
 // own key.
 type claimDB struct {
@@ -75,6 +77,9 @@ type claimTx struct {
 	c       *claimConn
 	claims  []string
 	effects []string
+	// mark is how many claims and effects the transaction had at its
+	// last SAVEPOINT.
+	mark [2]int
 }
 
 func (c *claimConn) Prepare(query string) (driver.Stmt, error) {
@@ -114,7 +119,13 @@ func (c *claimConn) ExecContext(_ context.Context, query string, args []driver.N
 		c.tx.claims = append(c.tx.claims, key)
 		return driver.RowsAffected(1), nil
 	}
-	if !strings.HasPrefix(query, "SET LOCAL") {
+	switch {
+	case strings.HasPrefix(query, "SAVEPOINT"):
+		c.tx.mark = [2]int{len(c.tx.claims), len(c.tx.effects)}
+	case strings.HasPrefix(query, "ROLLBACK TO SAVEPOINT"):
+		c.tx.claims, c.tx.effects = c.tx.claims[:c.tx.mark[0]], c.tx.effects[:c.tx.mark[1]]
+	case strings.HasPrefix(query, "RELEASE SAVEPOINT"), strings.HasPrefix(query, "SET LOCAL"):
+	default:
 		c.tx.effects = append(c.tx.effects, query)
 	}
 	return driver.RowsAffected(1), nil

@@ -157,19 +157,19 @@ type Companion func(ctx context.Context, tx *sql.Tx, items []any) (failed []erro
 
 // Coalescer runs a path's deliveries coalesced, as the Middleware's
 // WithCoalescing coalesces ProcessMessage calls: concurrent deliveries
-// share one transaction (up to Max, closing after Wait), their claims in
-// one statement, each new message's handler run on its caller's
-// goroutine, the group's Companion, one COMMIT. A handler's failure fails
-// its own delivery only (the group runs again without it, or, with
-// Savepoints, is rolled back to its savepoint); a failure of the
-// transaction is retried for the group. Its groups hold only this
-// Coalescer's deliveries.
+// share one transaction (up to Max, closing after Wait), each delivery
+// claimed just before its handler runs on its caller's goroutine, the
+// group's Companion, one COMMIT. A handler's failure fails its own
+// delivery only (the group runs again without it, or, with Savepoints, is
+// rolled back to its savepoint), and so does a handler that ends or
+// breaks the transaction (ErrAutocommit); a failure of the transaction is
+// retried for the group. Its groups hold only this Coalescer's deliveries.
 type Coalescer interface {
 	// Process runs one delivery of the message with key and event time at,
 	// with item given to the group's Companion, and fn as its handler
 	// when its claim is new. A delivery that finds itself alone in its
-	// group, or that the group's claim statement could not claim (a busy
-	// key, a missing partition, the retention fence), runs alone instead,
+	// group, or whose claim in the group failed for good (a busy key, a
+	// missing partition, the retention horizon), runs alone instead,
 	// exactly as Path.Process runs body. It reports whether the handler
 	// ran in the transaction that committed. Errors are wrapped as
 	// ProcessMessage wraps them.
