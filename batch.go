@@ -156,7 +156,8 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 		first = append(first, i)
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
-	if hit := m.seenKeys(ctx, uniq); hit != nil {
+	scope := m.preCheckScope(ctx)
+	if hit := m.seenKeys(ctx, scope, uniq); hit != nil {
 		if uniq, first = seencheck.Unknown(hit, uniq, first); len(uniq) == 0 {
 			outcomes := make([]Outcome, len(msgs))
 			for i := range outcomes {
@@ -208,7 +209,7 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 			outcomes[first[j]] = Applied
 		}
 	}
-	m.recordSeenKeys(ctx, uniq)
+	m.recordSeenKeys(ctx, scope, uniq)
 	return outcomes, attempts, nil
 }
 

@@ -80,7 +80,7 @@ var errRegroup = errors.New("idempotent: coalesced group rolled back to run agai
 // single-message call makes (see Middleware.process), on the caller's
 // goroutine: it joins a group and runs the handler when the group's driver
 // hands it the transaction.
-func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc) (Outcome, int, error) {
+func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc, scope SeenScope) (Outcome, int, error) {
 	if err := refuseNested(ctx); err != nil {
 		return 0, 0, err
 	}
@@ -89,9 +89,9 @@ func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc) (Outcom
 	case left != nil:
 		return 0, 0, c.keyError(msg.Key, left)
 	case w.Alone:
-		return c.m.claimAndRun(ctx, &c.m.run, msg, fn)
+		return c.m.claimAndRun(ctx, &c.m.run, msg, fn, scope)
 	case w.Err == nil:
-		c.m.recordSeen(ctx, msg.Key)
+		c.m.recordSeen(ctx, scope, msg.Key)
 	}
 	return w.Outcome, w.Attempts, w.Err
 }

@@ -107,19 +107,21 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 	if err := m.checkMessage(msg); err != nil {
 		return 0, 0, err
 	}
-	if m.seenBefore(ctx, msg.Key) {
+	scope := m.preCheckScope(ctx)
+	if m.seenBefore(ctx, scope, msg.Key) {
 		return Duplicate, 0, nil
 	}
 	if m.co != nil && r == &m.run {
-		return m.co.process(ctx, msg, fn)
+		return m.co.process(ctx, msg, fn, scope)
 	}
-	return m.claimAndRun(ctx, r, msg, fn)
+	return m.claimAndRun(ctx, r, msg, fn, scope)
 }
 
 // claimAndRun claims msg in a transaction of its own and runs fn there
 // under r's retries: the single-message path after its checks, and what a
-// coalesced call that finds itself alone runs.
-func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn TxFunc) (Outcome, int, error) {
+// coalesced call that finds itself alone runs. scope is the pre-check's
+// (preCheckScope), in which a committed claim is recorded.
+func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn TxFunc, scope SeenScope) (Outcome, int, error) {
 	key := msg.Key
 	var outcome Outcome
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
@@ -140,7 +142,7 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 		err = m.reclassify(ctx, err)
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
-	m.recordSeen(ctx, key)
+	m.recordSeen(ctx, scope, key)
 	return outcome, attempts, nil
 }
 

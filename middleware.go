@@ -70,7 +70,7 @@ type Middleware struct {
 	ret         retention
 	seen        Seen
 	seenBatch   SeenBatch                  // SeenBatchOf(seen), for batches
-	seenScope   seencheck.Scope[SeenScope] // read once, see SeenScope
+	seenScope   seencheck.Scope[SeenScope] // see SeenScope
 	co          *coalescer                 // nil without WithCoalescing
 }
 
@@ -131,7 +131,8 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 			return nil, fmt.Errorf("idempotent: WithStrictGuard: the %s dialect cannot identify transactions", d.Name())
 		}
 	}
-	m.run = runner{db: db, d: d, policy: cfg.retry}
+	m.run = runner{db: db, d: d, policy: cfg.retry, seenScope: &m.seenScope}
+	m.seenScope.Now = cfg.retention.clock
 	m.run.implicit, _ = d.(dialect.ImplicitCommitter)
 	if cfg.txOpts != (sql.TxOptions{}) {
 		if c, ok := d.(dialect.TxOptionsChecker); ok {

@@ -125,6 +125,9 @@ type runner struct {
 	// guard's check on the error path). A retryable failure is skipped: a
 	// deadlock ends the transaction on the database's side by design.
 	afterFailure func(ctx context.Context, tx *sql.Tx, st *attemptState) error
+	// seenScope is the Middleware's pre-check scope, forgotten when an
+	// attempt loses its connection (lostConnection); nil for RunTx.
+	seenScope *preCheckScopes
 }
 
 // attemptState is what one attempt's body tells the loop.
@@ -220,6 +223,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // error and its classification; the classification is of the failure that
 // decided the attempt, never of a rollback error joined to it.
 func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *attemptState) error) (class dialect.Class, err error) {
+	defer func() { r.lostConnection(class) }()
 	// One allocation for the attempt's state and its token.
 	a := &struct {
 		st  attemptState

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // Seen is a duplicate pre-check: a fast record of message keys whose claims
@@ -31,13 +32,19 @@ import (
 //     the claim it stands for. Record may drop entries at any time (an
 //     evicting cache); failures are ignored.
 //
-// Entries are scoped by SeenScope: the claim table's database (as its
-// dialect names it, see dialect.Identifier), the table and the consumer. A
-// key recorded in one scope is not seen in another, so Middlewares with one
-// consumer name on different tables, databases or servers — tenants,
-// staging and production sharing one Redis — can share one Seen. Methods
-// must be safe for concurrent use and should return quickly; they are
-// called on the goroutine that called ProcessMessage.
+// Entries are scoped by SeenScope: the claim table's database as its
+// dialect names it (see dialect.Identifier), the table and the consumer. A
+// key recorded in one scope is not seen in another, so Middlewares of one
+// consumer name on different tables, databases or servers — tenants, say —
+// can share one Seen. The database's name includes the server's start, so
+// that the scope changes whenever the database could have lost claims the
+// pre-check remembers (see below), and a copy of the database started as a
+// server of its own — a staging server cloned from production — never
+// shares a scope with the original. That keeps apart what shares a store by
+// mistake; it is no reason to share one on purpose: give each environment a
+// store (or a seenredis.WithPrefix) of its own. Methods must be safe for
+// concurrent use and should return quickly; they are called on the
+// goroutine that called ProcessMessage.
 //
 // # When a Duplicate from the pre-check is safe
 //
@@ -53,17 +60,30 @@ import (
 // a message on its own: a Duplicate it answers is returned to the caller
 // like any other, who acknowledges as usual.
 //
+// # Restarts and restores
+//
 // A restore of the claim database to an earlier point loses the claims of
 // everything committed after that point, while the pre-check still knows
-// them. Where the restore gives the database a new identity (a Postgres
-// point-in-time restore or failover starts a new timeline; a claim table
-// restored from a dump is a new table), a Middleware that reads the
-// identity afresh uses a new scope and finds nothing from before. A
-// Middleware reads it once, on its first pre-check, so a process that
-// runs on through a restore keeps the old scope: restart the consumers
-// after restoring the claim database, and where the identity does not
-// change (see each dialect's Identity) clear the pre-check's store too.
-// docs/operations.md ("Pre-check and restores") has the procedure.
+// them. Every way to put a database's files back — a base backup or a
+// snapshot started as it is, a point-in-time recovery, a physical clone —
+// ends with a server start, and the server's start is part of the scope:
+// after it the pre-check finds nothing recorded before it. So the
+// pre-check is cold after every restart of the database server, which
+// costs only misses. A dump restored re-creates the claim table, which has
+// a new name too.
+//
+// A Middleware reads the name on its first pre-check, again once the name
+// it read is 5 seconds old by its clock (WithClock), and at once after one
+// of its transactions lost its connection (see Middleware.SeenScope). A
+// key is recorded in the scope read before its transaction began, never in
+// one read after its claim committed. A Middleware that runs on through a
+// restart or restore that it does not see as a lost connection answers
+// from the old scope for at most 5 seconds after its last read: stop the
+// consumers while restoring the claim database. What does not start the
+// server — claims deleted by hand, or loaded back into the existing table
+// (see each dialect's Identity) — keeps the scope: clear the pre-check's
+// store then. docs/operations.md ("Pre-check and restores") has what each
+// operation does to the scope.
 type Seen interface {
 	Seen(ctx context.Context, scope SeenScope, key string) bool
 	Record(ctx context.Context, scope SeenScope, key string, ttl time.Duration)
@@ -138,11 +158,15 @@ func (b seenBatch) RecordKeys(ctx context.Context, scope SeenScope, keys []strin
 // recorded in one scope is seen in no other. A Middleware's scope is
 // returned by Middleware.SeenScope.
 type SeenScope struct {
-	// Database names the claim table's database as its dialect reads it
-	// (dialect.Identifier): for Postgres the cluster's system identifier,
-	// its timeline, the database and the table's OID; for MySQL and
-	// MariaDB the server's identifier, host and port, and the table's
-	// database and creation time; for SQLite the database file's path.
+	// Database names the claim table's database, and the start of the
+	// server holding it, as its dialect reads them (dialect.Identifier):
+	// for Postgres the cluster's system identifier, its timeline, the
+	// server's start time (to the microsecond), the database, and the
+	// table's OID and storage (relfilenode); for MySQL and MariaDB the
+	// server's identifier, host, port and start (to the second), and the
+	// table's database and creation time; for SQLite the database file's
+	// path and a number drawn once per process. See each dialect's
+	// Identity for the text.
 	Database string
 	// Table is the claim table, as configured (WithTable).
 	Table string
@@ -150,9 +174,13 @@ type SeenScope struct {
 	Consumer string
 }
 
-// String returns the scope as one text, each field preceded by its length
-// and a colon: two scopes have the same text only if they are equal, so a
-// store can key its entries by it.
+// String returns the scope as one text: Database, Table and Consumer, in
+// that order, each preceded by its length in bytes (in decimal) and a
+// colon — {Database: "pg", Table: "t", Consumer: "c"} is "2:pg1:t1:c".
+// Two scopes have the same text only if they are equal, so a store can key
+// its entries by it (seenredis keys by a hash of it). The format does not
+// change between releases; what changes is Database, whenever the
+// database's server starts.
 func (s SeenScope) String() string {
 	var b strings.Builder
 	b.Grow(len(s.Database) + len(s.Table) + len(s.Consumer) + 16)
@@ -178,9 +206,10 @@ var ErrNoSeenScope = errors.New("idempotent: the claim table's database cannot b
 // it knows is a Duplicate without touching the database, and a batch it
 // knows whole opens no transaction. Its entries are scoped by
 // Middleware.SeenScope, which the first delivery reads from the database
-// (one query); while it cannot be read the pre-check is left out, and it is
-// read again at most every 10 seconds. Call SeenScope after EnsureSchema
-// to learn at start whether the pre-check runs. New refuses WithSeen on a
+// (one query) and a delivery reads again once it is 5 seconds old or a
+// connection was lost; while it cannot be read the pre-check is left out,
+// and it is read again at most every 10 seconds. Call SeenScope after
+// EnsureSchema to learn at start whether the pre-check runs. New refuses WithSeen on a
 // dialect that does not implement dialect.Identifier. Default is none:
 // every delivery goes to the database.
 func WithSeen(s Seen) Option {
@@ -205,14 +234,30 @@ func checkSeen(s Seen, d dialect.Dialect) error {
 // SeenScope returns the scope of the Middleware's pre-check entries: the
 // claim table's database as the dialect names it (dialect.Identifier), the
 // table and the consumer. It reads the name from the database on the first
-// call — the pre-check's first use calls it too — and returns it from
-// memory afterwards, for the Middleware's lifetime. Until a read succeeds
-// it returns an error wrapping ErrNoSeenScope, reading again at most every
-// 10 seconds; a caller that finds a read under way waits for it. It works
-// with or without WithSeen.
+// call — the pre-check's first use calls it too — and again once the name
+// it read is 5 seconds old by the Middleware's clock (WithClock), or was
+// dropped by ForgetSeenScope; in between it answers from memory. A read
+// that fails leaves no scope: until one succeeds SeenScope returns an
+// error wrapping ErrNoSeenScope, reading again at most every 10 seconds. A
+// caller that finds a read under way waits for it. It works with or
+// without WithSeen.
 func (m *Middleware) SeenScope(ctx context.Context) (SeenScope, error) {
-	return m.seenScope.Get(ctx, m.readSeenScope)
+	s, err := m.seenScope.Get(ctx, m.readSeenScope)
+	if errors.Is(err, seencheck.ErrForgotten) {
+		err = fmt.Errorf("%w: consumer %q, table %s: %w", ErrNoSeenScope, m.consumer, m.table, err)
+	}
+	return s, err
 }
+
+// ForgetSeenScope drops the scope SeenScope read, so that the pre-check is
+// left out until the scope has been read again from the database (the
+// next delivery reads it). The Middleware calls it itself when one of its
+// transactions loses its connection: the server may have restarted,
+// failed over or been restored. A driver package built on the Middleware
+// (idempgx) calls it for the connections it loses; an operator may call
+// it after restoring the claim database under running consumers, though
+// stopping them while restoring is safer (see Seen).
+func (m *Middleware) ForgetSeenScope() { m.seenScope.Forget() }
 
 // readSeenScope reads the Middleware's SeenScope from the database.
 func (m *Middleware) readSeenScope(ctx context.Context) (SeenScope, error) {
@@ -234,48 +279,66 @@ func (m *Middleware) readSeenScope(ctx context.Context) (SeenScope, error) {
 	return SeenScope{Database: name, Table: m.table.String(), Consumer: m.consumer}, nil
 }
 
-// seenBefore reports whether the pre-check, if any, already knows key.
-// Without a pre-check, or while its scope cannot be read, it is false: the
-// pre-check is left out.
-func (m *Middleware) seenBefore(ctx context.Context, key string) bool {
+// preCheckScope returns the scope the pre-check answers from for a call
+// about to claim, read (or read again, see SeenScope) now, before the
+// call's transaction begins: the call records its keys in it once their
+// claims committed (recordSeen), so that a claim is never recorded in the
+// scope of a server started after the claim committed — one restored
+// without it. It is the zero SeenScope, which records nothing, without a
+// pre-check or while the pre-check is left out.
+func (m *Middleware) preCheckScope(ctx context.Context) SeenScope {
 	if m.seen == nil {
-		return false
-	}
-	scope, err := m.SeenScope(ctx)
-	return err == nil && m.seen.Seen(ctx, scope, key)
-}
-
-// seenKeys reports which of keys the pre-check, if any, already knows: nil
-// when there is no pre-check or it is left out.
-func (m *Middleware) seenKeys(ctx context.Context, keys []string) []bool {
-	if m.seen == nil {
-		return nil
+		return SeenScope{}
 	}
 	scope, err := m.SeenScope(ctx)
 	if err != nil {
+		return SeenScope{}
+	}
+	return scope
+}
+
+// on reports whether s is a scope read from the database, not the zero
+// SeenScope of a call without a pre-check.
+func (s SeenScope) on() bool { return s.Database != "" }
+
+// seenBefore reports whether the pre-check knows key in scope.
+func (m *Middleware) seenBefore(ctx context.Context, scope SeenScope, key string) bool {
+	return scope.on() && m.seen.Seen(ctx, scope, key)
+}
+
+// seenKeys reports which of keys the pre-check knows in scope: nil when
+// there is no pre-check or it is left out.
+func (m *Middleware) seenKeys(ctx context.Context, scope SeenScope, keys []string) []bool {
+	if !scope.on() {
 		return nil
 	}
 	return m.seenBatch.SeenKeys(ctx, scope, keys)
 }
 
-// recordSeenKeys tells the pre-check, if any, that keys' claims are
-// committed.
-func (m *Middleware) recordSeenKeys(ctx context.Context, keys []string) {
-	if m.seen == nil || len(keys) == 0 {
-		return
-	}
-	if scope, err := m.SeenScope(ctx); err == nil {
+// recordSeenKeys tells the pre-check that keys' claims are committed, in
+// the scope read before their transaction began.
+func (m *Middleware) recordSeenKeys(ctx context.Context, scope SeenScope, keys []string) {
+	if scope.on() && len(keys) > 0 {
 		m.seenBatch.RecordKeys(ctx, scope, keys, m.ret.window)
 	}
 }
 
-// recordSeen tells the pre-check, if any, that key's claim is committed.
-func (m *Middleware) recordSeen(ctx context.Context, key string) {
-	if m.seen == nil {
-		return
-	}
-	if scope, err := m.SeenScope(ctx); err == nil {
+// recordSeen tells the pre-check that key's claim is committed, in the
+// scope read before its transaction began.
+func (m *Middleware) recordSeen(ctx context.Context, scope SeenScope, key string) {
+	if scope.on() {
 		m.seen.Record(ctx, scope, key, m.ret.window)
+	}
+}
+
+// preCheckScopes holds a Middleware's pre-check scope (see SeenScope).
+type preCheckScopes = seencheck.Scope[SeenScope]
+
+// lostConnection forgets the pre-check's scope when an attempt failed
+// because its connection was lost (see ForgetSeenScope).
+func (r *runner) lostConnection(c dialect.Class) {
+	if c.Kind == dialect.KindConnection && r.seenScope != nil {
+		r.seenScope.Forget()
 	}
 }
 

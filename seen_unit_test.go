@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
@@ -35,8 +36,23 @@ func (d *namedPG) Identity(context.Context, dialect.Table, dialect.QueryFunc) (s
 	return d.name, d.err
 }
 
+// rename makes the database answer name from now on, as a restarted or
+// restored server does.
+func (d *namedPG) rename(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.name = name
+}
+
+// readCount returns how many times the name was read.
+func (d *namedPG) readCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.reads
+}
+
 // database is the name namedPG gives by default.
-const database = "postgres system 1 timeline 1 table 2 database 3 test"
+const database = "postgres system 1 timeline 1 start 1 table 2 storage 2 database 3 test"
 
 // scope is the scope of newSeenMiddleware's Middleware.
 var scope = idempotent.SeenScope{Database: database, Table: idempotent.DefaultTable, Consumer: consumer}
@@ -233,7 +249,7 @@ func TestSeenScopeString(t *testing.T) {
 
 // TestSeenScopeReadOnceFromTheDatabase: the first delivery reads the
 // database's name with the dialect's identity query, before the pre-check
-// is consulted; later deliveries do not read it again.
+// is consulted; later deliveries within 5 seconds do not read it again.
 func TestSeenScopeReadOnceFromTheDatabase(t *testing.T) {
 	r := newRecorded(t)
 	ctx := context.Background()
@@ -506,5 +522,150 @@ func TestSeenBatchOf(t *testing.T) {
 	}
 	if !b.Seen(ctx, scope, "b") || b.Seen(ctx, scope, "a") {
 		t.Fatal("Seen does not ask the pre-check")
+	}
+}
+
+// restarted is the name namedPG gives after the server restarted (or was
+// restored): the start time in it changed.
+const restarted = "postgres system 1 timeline 1 start 2 table 2 storage 2 database 3 test"
+
+// movableClock is a Middleware clock that a test moves.
+type movableClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *movableClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *movableClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// restartedUnderAMiddleware returns a Middleware with a pre-check that
+// knows key in scope, whose first delivery of key was a Duplicate from the
+// pre-check, after which its database was renamed restarted (as a
+// restarted or restored server is).
+func restartedUnderAMiddleware(t *testing.T) (*recorded, *namedPG, *movableClock, *recordingSeen, *idempotent.Middleware) {
+	t.Helper()
+	r := newRecorded(t)
+	d := &namedPG{Dialect: pg, name: database}
+	clock := &movableClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	s := &recordingSeen{known: map[string]bool{entry(scope, key): true}}
+	mw := newSeenMiddleware(t, r, d, idempotent.WithSeen(s), idempotent.WithClock(clock.Now))
+	if got, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate {
+		t.Fatalf("before the restart: got (%v, %v), want duplicate", got, err)
+	}
+	d.rename(restarted)
+	return r, d, clock, s, mw
+}
+
+// TestSeenScopeReadAgainWhenAged: a Middleware that runs on through a
+// restart of its database answers from the scope it read for at most 5
+// seconds of its clock (WithClock): then it reads the name again, and a
+// key recorded before the restart is no longer a Duplicate: it goes to the
+// claim.
+func TestSeenScopeReadAgainWhenAged(t *testing.T) {
+	ctx := context.Background()
+	r, d, clock, s, mw := restartedUnderAMiddleware(t)
+	clock.add(5*time.Second - time.Nanosecond)
+	if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Duplicate || d.readCount() != 1 {
+		t.Fatalf("within 5s of the read: got (%v, %v) after %d reads, want duplicate from the scope read once", got, err, d.readCount())
+	}
+	clock.add(time.Nanosecond)
+	expectApplied(r.mock, key)
+	if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
+		t.Fatalf("5s after the read: got (%v, %v), want applied by the claim (the scope read again)", got, err)
+	}
+	if d.readCount() != 2 {
+		t.Fatalf("the name was read %d times, want twice", d.readCount())
+	}
+	if want := (idempotent.SeenScope{Database: restarted, Table: scope.Table, Consumer: scope.Consumer}); len(s.scopes) != 1 || s.scopes[0] != want {
+		t.Fatalf("recorded in %v, want the new scope %v", s.scopes, want)
+	}
+	r.wantCalls(t, "BEGIN", claimSQL, effectSQL, "COMMIT")
+}
+
+// TestSeenScopeForgottenAtALostConnection: an attempt that loses its
+// connection (the server shut down: 57P01) makes the Middleware forget the
+// scope at once, whatever its age: the next delivery reads it again.
+func TestSeenScopeForgottenAtALostConnection(t *testing.T) {
+	for name, lose := range map[string]func(m sqlmock.Sqlmock){
+		"at the claim": func(m sqlmock.Sqlmock) {
+			m.ExpectBegin()
+			expectClaimError(m, "other", &pq.Error{Code: "57P01", Message: "terminating connection due to administrator command"})
+			m.ExpectRollback()
+		},
+		"at BEGIN": func(m sqlmock.Sqlmock) {
+			m.ExpectBegin().WillReturnError(&pq.Error{Code: "57P03"}) // cannot_connect_now
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			r, d, _, _, mw := restartedUnderAMiddleware(t)
+			lose(r.mock)
+			expectApplied(r.mock, "other")
+			if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: "other"}, effect); err != nil || got != idempotent.Applied {
+				t.Fatalf("a delivery whose first attempt lost its connection: got (%v, %v), want applied", got, err)
+			}
+			expectApplied(r.mock, key)
+			if got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, effect); err != nil || got != idempotent.Applied {
+				t.Fatalf("after the lost connection: got (%v, %v), want applied by the claim (the scope read again)", got, err)
+			}
+			if d.readCount() != 2 {
+				t.Fatalf("the name was read %d times, want twice", d.readCount())
+			}
+		})
+	}
+}
+
+// TestSeenRecordedInTheScopeReadBeforeTheTransaction: a claim is recorded
+// in the scope read before its transaction began, even when the scope was
+// read again (by another delivery) while the transaction ran: a name read
+// after the claim committed may be the one of a server restored without
+// that claim.
+func TestSeenRecordedInTheScopeReadBeforeTheTransaction(t *testing.T) {
+	r := newRecorded(t)
+	ctx := context.Background()
+	d := &namedPG{Dialect: pg, name: database}
+	clock := &movableClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	s := &recordingSeen{}
+	mw := newSeenMiddleware(t, r, d, idempotent.WithSeen(s), idempotent.WithClock(clock.Now))
+	expectApplied(r.mock, key)
+	got, err := mw.ProcessMessage(ctx, idempotent.Message{Key: key}, func(ctx context.Context, tx *sql.Tx) error {
+		d.rename(restarted)
+		clock.add(time.Minute)
+		if sc, err := mw.SeenScope(context.Background()); err != nil || sc.Database != restarted {
+			t.Errorf("another delivery's read: %v, %v", sc, err)
+		}
+		return effect(ctx, tx)
+	})
+	if err != nil || got != idempotent.Applied {
+		t.Fatalf("got (%v, %v), want applied", got, err)
+	}
+	if len(s.scopes) != 1 || s.scopes[0] != scope {
+		t.Fatalf("recorded in %v, want the scope read before the transaction, %v", s.scopes, scope)
+	}
+}
+
+// TestForgetSeenScope: ForgetSeenScope drops the scope; the next
+// delivery reads it again.
+func TestForgetSeenScope(t *testing.T) {
+	r := newRecorded(t)
+	ctx := context.Background()
+	d := &namedPG{Dialect: pg, name: database}
+	mw := newSeenMiddleware(t, r, d, idempotent.WithSeen(&recordingSeen{}))
+	if sc, err := mw.SeenScope(ctx); err != nil || sc != scope {
+		t.Fatalf("SeenScope = %v, %v", sc, err)
+	}
+	d.rename(restarted)
+	mw.ForgetSeenScope()
+	if sc, err := mw.SeenScope(ctx); err != nil || sc.Database != restarted || d.readCount() != 2 {
+		t.Fatalf("after ForgetSeenScope: %v, %v after %d reads; want %q read again", sc, err, d.readCount(), restarted)
 	}
 }

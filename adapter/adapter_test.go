@@ -76,6 +76,34 @@ func TestSettle(t *testing.T) {
 			}
 		})
 	}
+	// On an ordered transport the bound is the clock-skew margin: a message
+	// an hour ahead (a producer's clock off by a time zone) is poison
+	// rather than holding those behind it for the hour; within the margin
+	// it waits; a bound given still applies.
+	ordered := r
+	ordered.Ordered = true
+	for _, c := range []struct {
+		name  string
+		ahead time.Duration
+		bound time.Duration
+		want  adapter.Action
+		delay time.Duration
+	}{
+		{"an hour ahead", time.Hour, 0, adapter.DeadLetter, 0},
+		{"just past twice the margin", 10*time.Minute + time.Second, 0, adapter.DeadLetter, 0},
+		{"within the margin past the margin", 8 * time.Minute, 0, adapter.Requeue, 3 * time.Minute},
+		{"an hour ahead, WithFutureBound(2h)", time.Hour, 2 * time.Hour, adapter.Requeue, 55 * time.Minute},
+	} {
+		t.Run("ordered: "+c.name, func(t *testing.T) {
+			o := ordered
+			o.FutureBound = c.bound
+			err := wrap(idempotent.ErrInvalidEventTime)
+			d := o.Settle(msg(now.Add(c.ahead)), err, 1)
+			if d.Action != c.want || d.Delay != c.delay || !errors.Is(d.Err, idempotent.ErrInvalidEventTime) {
+				t.Fatalf("Settle = %v after %v (%v), want %v after %v", d.Action, d.Delay, d.Err, c.want, c.delay)
+			}
+		})
+	}
 	// The zero Rule: the Middleware's defaults.
 	d := adapter.Rule{}.Settle(msg(time.Now().Add(30*time.Minute)), idempotent.ErrInvalidEventTime, 1)
 	if d.Action != adapter.Requeue || d.Delay < 24*time.Minute || d.Delay > 25*time.Minute {

@@ -27,6 +27,12 @@ type Transport[T any] struct {
 	// TimeName names the transport time in docs and errors, such as "the
 	// AMQP timestamp property".
 	TimeName string
+	// Ordered says that a delivery waiting to be given again holds back
+	// those behind it (a Kafka partition): the default future bound is then
+	// the clock-skew margin instead of DefaultFutureBound (Rule.Ordered).
+	// Set it, too, for a transport that may be either, depending on a
+	// driver or broker setting the adapter cannot see.
+	Ordered bool
 }
 
 // timeSource is where a Config reads each delivery's event time.
@@ -78,8 +84,8 @@ const (
 
 // NewConfig returns the defaults for transport tr: the default key, the
 // event time from EventTimeHeader, the Middleware's default retry policy
-// for delays, DefaultFutureBound, DefaultWorkers and
-// DefaultShutdownTimeout.
+// for delays, DefaultFutureBound (the clock-skew margin if tr is Ordered),
+// DefaultWorkers and DefaultShutdownTimeout.
 func NewConfig[T any](tr Transport[T]) Config[T] {
 	return Config[T]{tr: tr, key: tr.DefaultKey, workers: DefaultWorkers, shutdown: DefaultShutdownTimeout}
 }
@@ -160,7 +166,8 @@ func (c *Config[T]) SetRetryDelay(initial, max time.Duration) error {
 // SetFutureBound sets how far ahead of the clock (past the Middleware's
 // clock-skew margin) an event time may be and be requeued until the clock
 // catches up; further ahead is poison (the WithFutureBound option).
-// Default DefaultFutureBound.
+// Default DefaultFutureBound, or the Middleware's clock-skew margin on an
+// ordered transport (Transport.Ordered).
 func (c *Config[T]) SetFutureBound(d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("WithFutureBound: want a positive bound, got %v", d)
@@ -239,10 +246,10 @@ func (c *Config[T]) ShutdownTimeout() time.Duration { return c.shutdown }
 func (c *Config[T]) Observer() Observer { return c.observer }
 
 // Rule is the settle rule for the Middleware Check was given: its clock
-// and clock-skew margin, the retry delays, the future bound and the poison
-// predicate.
+// and clock-skew margin, the retry delays, the future bound, whether the
+// transport is ordered, and the poison predicate.
 func (c *Config[T]) Rule() Rule {
-	r := Rule{FutureBound: c.future, IsPoison: c.isPoison}
+	r := Rule{FutureBound: c.future, Ordered: c.tr.Ordered, IsPoison: c.isPoison}
 	if c.retryInit > 0 {
 		r.Backoff = idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.retryInit, MaxBackoff: c.retryMax}
 	}

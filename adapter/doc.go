@@ -16,7 +16,9 @@
 // [EventTimeHeader] (or a function over the payload), never from the
 // transport unless told to by an option whose doc says what that costs.
 // The library's own senders (the outbox senders, the dead-letter senders)
-// carry the original event time forward in the same header.
+// carry the original event time forward in the same header, to the
+// nanosecond (the outbox stores it without loss), so a replay is claimed on
+// the original event's day however close to midnight it was.
 //
 // # One settle rule
 //
@@ -38,4 +40,14 @@
 // DeadLetter means: dead-letter (or terminate) exactly once, nothing written.
 // An adapter that bounds redeliveries turns a Requeue past its bound into
 // DeadLetter itself.
+//
+// The future bound is the longest a delivery dated ahead waits for the
+// clock. On a queue the others pass it meanwhile, and the bound is
+// DefaultFutureBound (an hour). On an ordered transport (Rule.Ordered,
+// Transport.Ordered: a Kafka partition, which waits in place for its
+// record) everything behind it would wait too, so the bound is the
+// Middleware's clock-skew margin: a message dated further ahead — a
+// producer whose clock is off by a time zone — is dead-lettered with its
+// reason instead of stopping its partition for an hour. Each adapter's
+// WithFutureBound sets another bound.
 package adapter

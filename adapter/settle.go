@@ -47,9 +47,11 @@ type Decision struct {
 	Err error
 }
 
-// DefaultFutureBound is Rule.FutureBound when it is zero: a message dated
-// up to an hour ahead of the clock (plus the clock-skew margin) is
-// requeued until the clock catches up; one further ahead is poison.
+// DefaultFutureBound is Rule.FutureBound when it is zero on a transport
+// that is not Rule.Ordered (a queue): a message dated up to an hour ahead
+// of the clock (plus the clock-skew margin) is requeued until the clock
+// catches up; one further ahead is poison. On an ordered transport the
+// default bound is the clock-skew margin itself (see Rule.Ordered).
 const DefaultFutureBound = time.Hour
 
 // Rule is the settle rule of an adapter. The zero Rule uses the
@@ -60,9 +62,18 @@ type Rule struct {
 	// Default idempotent.DefaultRetryPolicy().
 	Backoff idempotent.RetryPolicy
 	// FutureBound is how far past the clock plus the clock-skew margin an
-	// event time may be and still be requeued until the clock catches up.
-	// Default DefaultFutureBound.
+	// event time may be and still be requeued until the clock catches up:
+	// the longest a delivery dated ahead waits. Default DefaultFutureBound,
+	// or the clock-skew margin when Ordered.
 	FutureBound time.Duration
+	// Ordered says that a delivery waiting to be given again holds back
+	// the deliveries behind it (a Kafka partition waits in place for its
+	// record). A message dated ahead would stop them all while it waits, so
+	// the default FutureBound is then the clock-skew margin (ClockSkew):
+	// no delivery holds the others longer than that margin, and one dated
+	// further ahead is poison, dead-lettered with its reason. A queue,
+	// where the others pass a waiting delivery, keeps DefaultFutureBound.
+	Ordered bool
 	// ClockSkew is the Middleware's clock-skew margin (its
 	// Config().ClockSkew).
 	// Default idempotent.DefaultClockSkew.
@@ -117,8 +128,11 @@ func (r Rule) skew() time.Duration {
 }
 
 func (r Rule) futureBound() time.Duration {
-	if r.FutureBound > 0 {
+	switch {
+	case r.FutureBound > 0:
 		return r.FutureBound
+	case r.Ordered:
+		return r.skew()
 	}
 	return DefaultFutureBound
 }

@@ -35,10 +35,12 @@
 //     the claim on the event's day;
 //   - TooOld: older than the retention window → poison
 //     (idempotent.ErrBeyondRetention), nothing written;
-//   - FutureDated: beyond adapter.DefaultFutureBound → poison; within it →
-//     requeued (with the delay until the clock catches up, where the
-//     adapter reports delays), nothing written — checked on the
-//     settlement, never by waiting for the clock;
+//   - FutureDated: beyond the adapter's default future bound
+//     (adapter.DefaultFutureBound; the clock-skew margin where
+//     Features.Ordered) → poison; within it → requeued (with the delay
+//     until the clock catches up, where the adapter reports delays),
+//     nothing written — checked on the settlement, never by waiting for
+//     the clock;
 //   - GracefulShutdownMidHandler: Stop while a handler runs → the message
 //     is finished (or redelivered to the next consumer, Features.Restart)
 //     and applied once, and one published meanwhile is not lost;

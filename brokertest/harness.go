@@ -54,6 +54,12 @@ type Features struct {
 	// time in the metadata). Without it the across-midnight scenario
 	// still re-sends, with the transport's own, later time.
 	TransportTime bool
+	// Ordered: the adapter's transport is ordered
+	// (adapter.Transport.Ordered: a requeued delivery holds back those
+	// behind it), so its default future bound is the Middleware's
+	// clock-skew margin rather than adapter.DefaultFutureBound. The
+	// future-dated scenario checks the bound the adapter has by default.
+	Ordered bool
 }
 
 // Message is what the suite publishes.

@@ -25,7 +25,7 @@ func TestBrokertest(t *testing.T) {
 type memHarness struct{ ackDeadline time.Duration }
 
 func (memHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true}
+	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, Ordered: true}
 }
 
 func (h memHarness) Open(t *testing.T) brokertest.Transport {

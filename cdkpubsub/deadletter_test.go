@@ -4,13 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"gocloud.dev/pubsub"
-	"gocloud.dev/pubsub/mempubsub"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/cdkpubsub"
 	"github.com/txclaim/idempotent/internal/testenv"
@@ -24,13 +25,7 @@ import (
 func TestDeadLetterThroughTheOutbox(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
-	ob, err := outbox.New(l.db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	ob := l.outbox(t)
 	const kind = "loyalty.dead-letter"
 	b := newMemBroker(t, 300*time.Millisecond)
 	rec := newRecorder()
@@ -61,31 +56,8 @@ func TestDeadLetterThroughTheOutbox(t *testing.T) {
 	}
 	testenv.AuditLedger(t, l.db, l.schema, 0, nil)
 
-	dlq := mempubsub.NewTopic()
-	dsub := mempubsub.NewSubscription(dlq, time.Minute)
-	t.Cleanup(func() { _ = dsub.Shutdown(ctx); _ = dlq.Shutdown(ctx) })
-	relay, err := outbox.NewRelay(ob, outbox.WithSender(kind, cdkpubsub.DeadLetterSender(dlq)), outbox.WithPollInterval(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
 	got := map[string]*pubsub.Message{}
-	for range 2 {
-		rc, cancel := context.WithTimeout(ctx, 10*time.Second)
-		m, err := dsub.Receive(rc)
-		cancel()
-		if err != nil {
-			t.Fatalf("dead-letter topic: %v", err)
-		}
-		m.Ack()
+	for _, m := range relayDeadLetters(t, ob, kind, 2) {
 		got[m.Metadata[cdkpubsub.DefaultKeyMetadata]] = m
 	}
 	m := got[poison]
@@ -99,6 +71,56 @@ func TestDeadLetterThroughTheOutbox(t *testing.T) {
 	if m := got[""]; m == nil || string(m.Body) != `{"order_id": 14}` || m.Metadata[cdkpubsub.DeadLetterIDMetadata] == "" {
 		t.Fatalf("dead letter of the keyless message: %+v", m)
 	}
+}
+
+// On a claim table partitioned by event day, a message dated
+// 23:59:59.9999996Z whose first delivery is poison is dead-lettered through
+// the outbox, and DeadLetterSender publishes it with its event time
+// unchanged; that dead letter, replayed into the topic, and a re-send of
+// the original are then one claim, on the message's day, and one effect.
+func TestDeadLetterReplayKeepsEventDay(t *testing.T) {
+	t.Parallel()
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	at := day.Add(24*time.Hour - 400*time.Nanosecond)
+	clk := testenv.NewClock(day.Add(24*time.Hour + 30*time.Second))
+	l := newLedger(t, idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2), idempotent.WithClock(clk.Now))
+	ctx := context.Background()
+	ob := l.outbox(t)
+	const kind = "loyalty.dead-letter"
+	b := newMemBroker(t, time.Minute)
+	rec := newRecorder()
+	var refused atomic.Bool
+	credit := l.handler()
+	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
+		if !refused.Swap(true) {
+			return adapter.Poison(errors.New("the ledger refused the order"))
+		}
+		return credit(ctx, tx, m)
+	}, cdkpubsub.WithDeadLetter(ob, kind), cdkpubsub.WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := order{OrderID: 1, CustomerID: 1, Points: 5}
+	sendOrder(t, b, o, at)
+	pr := start(c, b, &memProc{})
+	rec.until(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.count(adapter.EventDeadLettered, o.Key()) == 1 })
+
+	dl := relayDeadLetters(t, ob, kind, 1)[0]
+	if v := dl.Metadata[adapter.EventTimeHeader]; v != adapter.FormatEventTime(at) {
+		t.Errorf("the dead letter's event time is %s, want the message's %s", v, adapter.FormatEventTime(at))
+	}
+	if err := b.topic.Send(ctx, &pubsub.Message{Body: dl.Body, Metadata: dl.Metadata}); err != nil {
+		t.Fatal(err)
+	}
+	sendOrder(t, b, o, at)
+	rec.until(t, 10*time.Second, "the replay and the re-send settled", func() bool {
+		return rec.count(adapter.EventApplied, o.Key())+rec.count(adapter.EventDuplicate, o.Key()) == 2
+	})
+	pr.stop(t)
+	if days := testenv.ClaimDays(t, l.db, l.schema, o.Key()); !slices.Equal(days, []string{"2026-11-30"}) {
+		t.Errorf("claims of %s on days %v, want [2026-11-30]", o.Key(), days)
+	}
+	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
 
 // On a driver that cannot Nack, a requeued message is left unacked and

@@ -43,7 +43,8 @@
 //
 //   - Applied or Duplicate: Message.Ack, after the commit.
 //   - Requeue (a handler error, a claim held by another transaction, a
-//     message dated a little in the future): the worker holds the
+//     message dated a little in the future: no further ahead than the
+//     clock-skew margin by default, WithFutureBound): the worker holds the
 //     message for the rule's delay (WithRetryDelay, at most
 //     MaxRetryDelay, cut short by a shutdown), then calls Message.Nack
 //     where the driver can (Message.Nackable), so it comes again at once.
@@ -54,7 +55,8 @@
 //     (a Pub/Sub dead-letter topic, an SQS redrive policy, Service Bus's
 //     maximum delivery count).
 //   - DeadLetter (poison: an undecodable body, no key, a bad event time,
-//     adapter.Poison, older than the retention window): with
+//     adapter.Poison, older than the retention window, dated ahead beyond
+//     the future bound): with
 //     WithDeadLetter, one outbox row is written and committed, then the
 //     message is acked; an outbox Relay with DeadLetterSender publishes it
 //     to a dead-letter Topic with its original metadata and event time.

@@ -133,7 +133,7 @@ type gcpHarness struct {
 }
 
 func (gcpHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, Kill: true, Restart: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, Ordered: true}
 }
 
 func (h gcpHarness) Open(t *testing.T) brokertest.Transport {

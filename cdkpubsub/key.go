@@ -79,11 +79,15 @@ func TimeMetadata(name string) EventTimeFunc {
 func TimeHeader(name string) EventTimeFunc { return TimeMetadata(name) }
 
 // transport is what gocloud.dev/pubsub messages carry, for adapter.Config:
-// metadata, and no transport time common to the drivers.
+// metadata, and no transport time common to the drivers. It counts as
+// ordered: some drivers hold back what follows a nacked message (Pub/Sub
+// with ordering keys, an SQS FIFO message group, Kafka), and the adapter
+// cannot tell which one it is given.
 var transport = adapter.Transport[*pubsub.Message]{
 	Name:       "cdkpubsub",
 	DefaultKey: Metadata(DefaultKeyMetadata),
 	Header:     metadata,
+	Ordered:    true,
 }
 
 // metadata returns msg's metadata value name.

@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"gocloud.dev/pubsub"
+	"gocloud.dev/pubsub/mempubsub"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/cdkpubsub"
 	"github.com/txclaim/idempotent/internal/testenv"
+	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -45,6 +47,49 @@ func newLedger(t testing.TB, opts ...idempotent.Option) *ledger {
 		t.Fatal(err)
 	}
 	return &ledger{db: db, schema: schema, mw: mw}
+}
+
+// outbox returns the outbox of consumer "loyalty" on a table of the
+// ledger's schema, created.
+func (l *ledger) outbox(t testing.TB) *outbox.Outbox {
+	t.Helper()
+	return testenv.Outbox(t, l.db, l.schema, "loyalty")
+}
+
+// relayDeadLetters runs an outbox Relay that publishes ob's rows of kind
+// with DeadLetterSender to a dead-letter topic of its own, until n
+// messages have come through it, and returns them, acked.
+func relayDeadLetters(t testing.TB, ob *outbox.Outbox, kind string, n int) []*pubsub.Message {
+	t.Helper()
+	ctx := context.Background()
+	dlq := mempubsub.NewTopic()
+	dsub := mempubsub.NewSubscription(dlq, time.Minute)
+	t.Cleanup(func() { _ = dsub.Shutdown(ctx); _ = dlq.Shutdown(ctx) })
+	relay, err := outbox.NewRelay(ob, outbox.WithSender(kind, cdkpubsub.DeadLetterSender(dlq)), outbox.WithPollInterval(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	var got []*pubsub.Message
+	for range n {
+		rc, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := dsub.Receive(rc)
+		cancel()
+		if err != nil {
+			t.Fatalf("dead-letter topic: %v", err)
+		}
+		m.Ack()
+		got = append(got, m)
+	}
+	return got
 }
 
 // handler is the per-message effect: the order decoded from the body,

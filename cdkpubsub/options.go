@@ -145,7 +145,13 @@ func WithRetryDelay(initial, max time.Duration) Option {
 // WithFutureBound sets how far ahead of the Middleware's clock (past its
 // clock-skew margin) a message's event time may be and the message be
 // requeued until the clock catches up; a message dated further ahead is
-// poison. It must be positive. Default is adapter.DefaultFutureBound.
+// poison. Some drivers deliver nothing behind a nacked message until it is
+// acked (Pub/Sub with ordering keys, an SQS FIFO message group, Kafka), so
+// the default is short: the Middleware's clock-skew margin
+// (idempotent.WithClockSkew). On a driver where other messages pass a
+// nacked one, adapter.DefaultFutureBound lets a message dated up to an
+// hour ahead wait instead of being dead-lettered. It must be positive.
+// Default is the clock-skew margin.
 func WithFutureBound(d time.Duration) Option {
 	return optionFunc(func(c *config) error { return c.SetFutureBound(d) })
 }

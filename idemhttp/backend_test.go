@@ -11,6 +11,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -208,8 +209,8 @@ func openBackend(t testing.TB, name string) *backend {
 		exec(t, b.db, "CREATE SCHEMA "+schema)
 		t.Cleanup(func() { _, _ = b.db.Exec("DROP SCHEMA " + schema + " CASCADE") })
 		b.claims, b.effects = schema+".processed_messages", schema+".effects"
-	case "mysql":
-		b.db, b.d, b.busy = openMySQL(t), mysql.New(), true
+	case "mysql", "mysql-strict", "mysql-nonstrict":
+		b.db, b.d, b.busy = openMySQL(t, sqlModes[name]), mysql.New(), true
 		b.claims, b.effects = "processed_messages", "effects"
 	case "sqlite":
 		db, err := sqlite.Open(filepath.Join(t.TempDir(), "test.db"))
@@ -224,9 +225,17 @@ func openBackend(t testing.TB, name string) *backend {
 	return b
 }
 
+// sqlModes are the session sql_modes of the "mysql-strict" and
+// "mysql-nonstrict" backends; "mysql" keeps the server's.
+var sqlModes = map[string]string{
+	"mysql-strict":    "STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION",
+	"mysql-nonstrict": "NO_ENGINE_SUBSTITUTION",
+}
+
 // openMySQL returns a pool on a database of the test's own on
-// IDEMPOTENT_MYSQL_DSN's server (MariaDB at 127.0.0.1:3306 by default).
-func openMySQL(t testing.TB) *sql.DB {
+// IDEMPOTENT_MYSQL_DSN's server (MariaDB at 127.0.0.1:3306 by default),
+// whose sessions run in sqlMode ("" for the server's own).
+func openMySQL(t testing.TB, sqlMode string) *sql.DB {
 	t.Helper()
 	server := testenv.Getenv("IDEMPOTENT_MYSQL_SERVER", "root@tcp(127.0.0.1:3306)/")
 	admin, err := sql.Open("mysql", server)
@@ -242,7 +251,11 @@ func openMySQL(t testing.TB) *sql.DB {
 	name := testenv.UniqueName("idemhttp")
 	exec(t, admin, "CREATE DATABASE "+name)
 	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
-	db, err := sql.Open("mysql", server+name)
+	dsn := server + name
+	if sqlMode != "" {
+		dsn += "?sql_mode=" + url.QueryEscape("'"+sqlMode+"'")
+	}
+	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

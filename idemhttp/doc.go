@@ -32,7 +32,10 @@
 //     through unprotected instead. More than one key field, an empty key or
 //     a malformed quoted key: 400. The key may be sent as the draft's
 //     Structured Field String ("abc", unquoted by the middleware) or bare
-//     (abc, as Stripe's clients send it); both are the same key.
+//     (abc, as Stripe's clients send it); both are the same key. A bare key
+//     is the bytes as sent, less the SP and HTAB around a field value that
+//     HTTP strips: "abc\u00a0" (a trailing no-break space) and "abc" are
+//     two keys.
 //   - A key the claim table cannot hold — invalid UTF-8, a NUL, longer
 //     than the dialect's limit (1,024 bytes) less the scope and a few bytes
 //     of framing — is refused like any invalid key ([idempotent.ErrInvalidKey]):
@@ -40,10 +43,14 @@
 //   - First request of a key in its scope: the middleware claims it, runs
 //     the handler with the claim's transaction in the request's context,
 //     records status, header and body, stores status, the chosen header
-//     fields (WithStoredHeaders; DefaultStoredHeaders, never Set-Cookie) and
-//     the body with the request's fingerprint in the response table — in
-//     that same transaction —, commits, and only then writes the response,
-//     with every header field the handler set. 2xx, 3xx and 4xx answers are
+//     fields (WithStoredHeaders; DefaultStoredHeaders; never Set-Cookie,
+//     which WithStoredHeaders refuses) and the body with the request's
+//     fingerprint in the response table — in that same transaction —,
+//     commits, and only then writes the response, with every header field
+//     the handler set. On every dialect the response table holds header
+//     fields and a body of any size the database accepts in one statement
+//     (see [Middleware.EnsureSchema] for a MySQL table made by an earlier
+//     version). 2xx, 3xx and 4xx answers are
 //     stored alike: a 4xx is the request's answer, and the retry of an
 //     invalid request is just as invalid. A 4xx therefore commits whatever
 //     the handler wrote through the transaction, as a 2xx does: validate
@@ -100,7 +107,9 @@
 // one, because only the service knows how it authenticates, and a global
 // default would hand one client's responses to another that guesses or
 // reuses a key. [GlobalScope] is the explicit choice of a service with one
-// client. A ScopeFunc error is a 401.
+// client. A ScopeFunc error is a 403 Forbidden, or, with WithChallenge, a
+// 401 Unauthorized carrying that WWW-Authenticate challenge (RFC 9110
+// requires one on a 401, and only the service knows its scheme).
 //
 // # What the handler may do
 //
@@ -110,8 +119,17 @@
 // Flush, Hijack and deadline methods fail with an error matching
 // http.ErrNotSupported: a streaming response cannot be stored, and the
 // part of it a client saw could not be taken back. Informational (1xx)
-// statuses are dropped. A Content-Type is sniffed, as net/http would,
-// before the response is stored, so a replay carries the same one.
+// statuses are dropped.
+//
+// Otherwise the writer records the response net/http's own would send, and
+// stores that: the header is taken when the status is written
+// (WriteHeader, or the first Write), so fields set later are not sent; a
+// status without a body (204, 304) makes Write return
+// http.ErrBodyNotAllowed; WriteHeader panics on a status outside 100–999,
+// in the handler, so nothing of the request commits; and a Content-Type is
+// sniffed from the body's first bytes (http.DetectContentType) when the
+// handler set none — not even an empty one — and no Content-Encoding or
+// Transfer-Encoding. A replay carries the same header fields.
 //
 // The claim's work does not end when the client hangs up: the request's
 // context, in the handler, keeps its values but not the client's

@@ -27,7 +27,8 @@ type Middleware struct {
 	db    *sql.DB                // the response table's pool
 	scope ScopeFunc
 	cfg   config
-	table string
+	resp  dialect.Table // the response table
+	table string        // resp.String()
 	sql   statements
 }
 
@@ -99,7 +100,7 @@ func NewOn(b Backend, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, table: resp.String(), sql: st}, nil
+	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, cfg: cfg, resp: resp, table: resp.String(), sql: st}, nil
 }
 
 // Table returns the response table's name.
@@ -137,7 +138,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		scope, err := m.scope(r)
 		if err != nil {
-			problem(w, http.StatusUnauthorized, "the request has no principal to scope its idempotency key by")
+			m.noPrincipal(w)
 			return
 		}
 		if err := checkScope(scope); err != nil {
@@ -179,7 +180,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				if rec.overflow {
 					return ErrResponseTooLarge
 				}
-				if rec.finalStatus() >= 500 && !m.cfg.storeServerErrors {
+				rec.finish()
+				if rec.status >= 500 && !m.cfg.storeServerErrors {
 					return errServerResponse
 				}
 				s, err := rec.stored(fp, m.cfg.storedHeaders)
@@ -229,6 +231,18 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.claim.Consumer))
 	})
+}
+
+// noPrincipal answers a request whose ScopeFunc failed: 401 with the
+// challenge of WithChallenge, 403 without one.
+func (m *Middleware) noPrincipal(w http.ResponseWriter) {
+	const detail = "the request has no principal to scope its idempotency key by"
+	if m.cfg.challenge == "" {
+		problem(w, http.StatusForbidden, detail)
+		return
+	}
+	w.Header().Set("WWW-Authenticate", m.cfg.challenge)
+	problem(w, http.StatusUnauthorized, detail)
 }
 
 func (m *Middleware) retryAfter(w http.ResponseWriter) {

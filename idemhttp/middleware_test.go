@@ -240,7 +240,7 @@ func mustSend(t *testing.T, c *http.Client, method, url, key, order, body string
 
 // TestScopes: a client that sends another client's key, with the same
 // request, runs the handler for itself and never sees the other's
-// response; a request without a principal is a 401.
+// response; a request without a principal is a 403 (TestNoPrincipal).
 func TestScopes(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		a := &app{b: b}
@@ -273,8 +273,8 @@ func TestScopes(t *testing.T) {
 		if again := mustPost(t, c, s.URL, "shared-key", "o-a", `{"n":1}`, "X-Client", "alice"); again.body != alice.body || !again.replayed {
 			t.Errorf("alice's retry: %d replayed=%v", again.status, again.replayed)
 		}
-		if r := mustPost(t, c, s.URL, "shared-key", "o-a", `{"n":1}`); r.status != http.StatusUnauthorized {
-			t.Errorf("no principal: %d, want 401", r.status)
+		if r := mustPost(t, c, s.URL, "shared-key", "o-a", `{"n":1}`); r.status != http.StatusForbidden {
+			t.Errorf("no principal: %d, want 403", r.status)
 		}
 		if n := b.count(t, ""); n != 5 {
 			t.Errorf("%d effects, want 5 (alice, mallory, eve, a, a:b)", n)
@@ -436,6 +436,7 @@ func TestNewRefuses(t *testing.T) {
 		"no scope":        {newMW(withTimeout), nil, nil, nil},
 		"bad table":       {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithResponseTable("Bad-Name")}, nil},
 		"bad option":      {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithMaxResponseBody(0)}, nil},
+		"Set-Cookie":      {newMW(withTimeout), idemhttp.GlobalScope, []idemhttp.Option{idemhttp.WithStoredHeaders("Location", "set-cookie")}, nil},
 	} {
 		_, err := idemhttp.New(c.mw, c.scope, c.opts...)
 		if err == nil || (c.want != nil && !errors.Is(err, c.want)) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 )
@@ -73,6 +74,7 @@ type config struct {
 	maxResponse        int
 	retryAfter         time.Duration
 	storeServerErrors  bool
+	challenge          string
 	table              string
 	errorLog           func(*http.Request, error)
 }
@@ -91,7 +93,9 @@ func defaultConfig() config {
 
 // DefaultStoredHeaders are the response header fields stored with a
 // response, and so replayed, when WithStoredHeaders is not given. Set-Cookie
-// is not among them on purpose: a replay must not hand out a session.
+// is never stored (WithStoredHeaders refuses it): a replay must not hand out
+// the first response's session, and a cookie is a secret the response
+// table should not keep.
 var DefaultStoredHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Cache-Control"}
 
 // DefaultFingerprintHeaders are the request header fields that, with the
@@ -153,7 +157,8 @@ func WithOptionalKey() Option {
 
 // WithStoredHeaders sets the response header fields stored with a response
 // and replayed with it; the first response carries every field the handler
-// set. Default is DefaultStoredHeaders.
+// set. Set-Cookie is refused: it is never stored. Default is
+// DefaultStoredHeaders.
 func WithStoredHeaders(names ...string) Option {
 	return optionFunc(func(c *config) error {
 		for _, n := range names {
@@ -161,7 +166,11 @@ func WithStoredHeaders(names ...string) Option {
 				return err
 			}
 		}
-		c.storedHeaders = canonical(names)
+		names = canonical(names)
+		if slices.Contains(names, "Set-Cookie") {
+			return errors.New("idemhttp: WithStoredHeaders: Set-Cookie is never stored (a replay must not hand out the first response's cookies)")
+		}
+		c.storedHeaders = names
 		return nil
 	})
 }
@@ -229,6 +238,22 @@ func WithRetryAfter(d time.Duration) Option {
 // whose 5xx follows effects outside the database that must not repeat.
 func WithStoredServerErrors() Option {
 	return optionFunc(func(c *config) error { c.storeServerErrors = true; return nil })
+}
+
+// WithChallenge sets the WWW-Authenticate challenge, such as
+// `Bearer realm="orders"`, of the answer to a request whose ScopeFunc
+// returns an error: with it that answer is 401 Unauthorized, carrying the
+// challenge. Default is none, and the answer is 403 Forbidden: RFC 9110
+// requires a 401 to carry a challenge, and only the service knows its
+// authentication scheme.
+func WithChallenge(challenge string) Option {
+	return optionFunc(func(c *config) error {
+		if strings.Trim(challenge, " \t") == "" || strings.ContainsFunc(challenge, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+			return fmt.Errorf("idemhttp: WithChallenge(%q): not a WWW-Authenticate field value", challenge)
+		}
+		c.challenge = challenge
+		return nil
+	})
 }
 
 // WithResponseTable sets the response table, as "table" or "schema.table"

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 )
@@ -18,8 +19,15 @@ var ErrResponseTooLarge = errors.New("idemhttp: response body larger than the st
 // no Unwrap method, on purpose: nothing may reach the client before the
 // commit, so http.ResponseController's Flush, Hijack and deadline methods
 // return an error matching http.ErrNotSupported.
+//
+// Otherwise it records the response net/http's own ResponseWriter would
+// send: the header as it was when the status was written (fields set later
+// are not sent), no body for a status that has none (Write returns
+// http.ErrBodyNotAllowed), a status outside 100–999 a panic in the
+// handler, and a Content-Type sniffed by finish under net/http's rules.
 type recorder struct {
-	header   http.Header
+	header   http.Header // the handler's, from Header
+	sent     http.Header // a copy of header when the status was written
 	status   int
 	body     []byte
 	max      int
@@ -33,13 +41,19 @@ func newRecorder(max int) *recorder {
 // Header returns the header the response will carry.
 func (r *recorder) Header() http.Header { return r.header }
 
-// WriteHeader records the status; the first one wins, and informational
-// (1xx) statuses are dropped: they cannot be sent before the commit.
+// WriteHeader records the status and the header as it is now; the first
+// status wins, and informational (1xx) statuses are dropped: they cannot be
+// sent before the commit. Like net/http's, it panics on a code outside
+// 100–999, in the handler, so nothing of the request commits.
 func (r *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
 	if r.status != 0 || code < 200 {
 		return
 	}
 	r.status = code
+	r.sent = r.header.Clone()
 }
 
 // Write appends to the body, up to the limit.
@@ -47,31 +61,48 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if !bodyAllowed(r.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
 	if len(r.body)+len(p) > r.max {
 		r.overflow = true
 		return 0, ErrResponseTooLarge
-	}
-	if _, ok := r.header["Content-Type"]; !ok && len(r.body) == 0 && len(p) > 0 {
-		// As net/http would: sniffed once, from the first bytes, and then
-		// stored, so a replay carries the same type.
-		r.header.Set("Content-Type", http.DetectContentType(p))
 	}
 	r.body = append(r.body, p...)
 	return len(p), nil
 }
 
-func (r *recorder) finalStatus() int {
+// finish ends the response once the handler has returned: a 200 when the
+// handler wrote no status, and, as net/http does, a Content-Type sniffed
+// from the body's first bytes when the header has no Content-Type field
+// (an empty one included), no Content-Encoding and no Transfer-Encoding,
+// and the status has a body. It is stored with the response, so a replay
+// carries the same one.
+func (r *recorder) finish() {
 	if r.status == 0 {
-		return http.StatusOK
+		r.WriteHeader(http.StatusOK)
 	}
-	return r.status
+	_, haveType := r.sent["Content-Type"]
+	if !haveType && r.sent.Get("Content-Encoding") == "" && r.sent.Get("Transfer-Encoding") == "" && len(r.body) > 0 {
+		r.sent.Set("Content-Type", http.DetectContentType(r.body))
+	}
 }
 
-// stored returns what is kept of the response: the chosen header fields only.
+// bodyAllowed reports whether a response of status has a body, as net/http
+// decides it.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// stored returns what is kept of the finished response: the chosen header
+// fields only.
 func (r *recorder) stored(fp []byte, names []string) (stored, error) {
 	h := map[string][]string{}
 	for _, n := range names {
-		if vs, ok := r.header[n]; ok {
+		if vs, ok := r.sent[n]; ok {
 			h[n] = vs
 		}
 	}
@@ -83,35 +114,43 @@ func (r *recorder) stored(fp []byte, names []string) (stored, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return stored{fingerprint: fp, status: r.finalStatus(), header: hj, body: body}, nil
+	return stored{fingerprint: fp, status: r.status, header: hj, body: body}, nil
 }
 
-// writeTo sends the live response: every header field the handler set.
+// writeTo sends the finished live response: every header field the handler
+// had set when it wrote the status.
 func (r *recorder) writeTo(w http.ResponseWriter) {
-	dst := w.Header()
-	for k, vs := range r.header {
-		dst[k] = vs
-	}
-	dst.Set("Content-Length", strconv.Itoa(len(r.body)))
-	w.WriteHeader(r.finalStatus())
-	_, _ = w.Write(r.body)
+	send(w, r.sent, r.status, r.body)
 }
 
 // replay sends a stored response, with ReplayedHeader.
 func replay(w http.ResponseWriter, s stored) error {
-	var h map[string][]string
+	var h http.Header
 	if err := json.Unmarshal(s.header, &h); err != nil {
 		return err
 	}
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set(ReplayedHeader, "true")
+	send(w, h, s.status, s.body)
+	return nil
+}
+
+// send writes a whole response to w: its header fields, a Content-Length
+// when the status has a body, the status and the body.
+func send(w http.ResponseWriter, h http.Header, status int, body []byte) {
 	dst := w.Header()
 	for k, vs := range h {
 		dst[k] = vs
 	}
-	dst.Set("Content-Length", strconv.Itoa(len(s.body)))
-	dst.Set(ReplayedHeader, "true")
-	w.WriteHeader(s.status)
-	_, _ = w.Write(s.body)
-	return nil
+	if bodyAllowed(status) {
+		dst.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(status)
+	if len(body) > 0 && bodyAllowed(status) {
+		_, _ = w.Write(body)
+	}
 }
 
 // problem writes an RFC 9457 problem+json response.

@@ -16,9 +16,10 @@ import (
 // or tenant whose keys are a namespace of their own. Two requests with the
 // same key and different scopes never meet: each has its own claim and its
 // own stored response. An error means the request has no principal; it is
-// answered 401 and the handler does not run. The scope is stored in the
-// claim table as it is returned, so return an account id, never a secret
-// such as an API key (hash one if it is all you have).
+// answered 403, or 401 with the challenge of WithChallenge, and the handler
+// does not run. The scope is stored in the claim table as it is returned,
+// so return an account id, never a secret such as an API key (hash one if
+// it is all you have).
 type ScopeFunc func(r *http.Request) (string, error)
 
 // GlobalScope is the ScopeFunc of a service with one client, or whose
@@ -50,12 +51,17 @@ func KeyFromContext(ctx context.Context) string {
 // makes the field a Structured Field String (RFC 8941), a quoted string;
 // Stripe's clients send the bare key. Both are accepted: a value that
 // begins with a double quote must be a valid sf-string and is unquoted,
-// any other value is the key as it is, without surrounding white space.
+// any other value is the key as sent. Only the white space HTTP itself
+// strips around a field value, SP and HTAB (OWS, RFC 9110 section 5.5), is
+// not part of the key: net/http's HTTP/1 reader has already removed it, and
+// it is removed here for a value that arrives with it. Any other byte,
+// Unicode white space such as U+00A0 included, is the key's, so two keys
+// that differ by it are two claims.
 func parseKey(values []string) (string, error) {
 	if len(values) != 1 {
 		return "", errors.New("the request has more than one idempotency key")
 	}
-	v := strings.TrimSpace(values[0])
+	v := strings.Trim(values[0], ows)
 	if !strings.HasPrefix(v, `"`) {
 		if v == "" {
 			return "", errors.New("the idempotency key is empty")
@@ -87,6 +93,10 @@ func parseKey(values []string) (string, error) {
 	}
 	return "", errors.New("the idempotency key is not a valid structured-field string")
 }
+
+// ows is the optional white space of HTTP around a field value (RFC 9110
+// section 5.6.3): SP and HTAB.
+const ows = " \t"
 
 // claimKey is the claim's message key of key in scope: the scope's length,
 // the scope and the key, so that no two (scope, key) pairs share a claim.

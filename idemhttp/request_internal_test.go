@@ -14,6 +14,18 @@ func TestParseKey(t *testing.T) {
 	}{
 		{[]string{"abc"}, "abc"},
 		{[]string{"  abc  "}, "abc"},
+		{[]string{"\t abc\t "}, "abc"},
+		{[]string{" \t\"abc\"\t "}, "abc"},
+		{[]string{"a b"}, "a b"},
+		// Only SP and HTAB are OWS: every other byte is the key's.
+		{[]string{"abc\u00a0"}, "abc\u00a0"},
+		{[]string{"\u2003abc"}, "\u2003abc"},
+		{[]string{"abc\u3000"}, "abc\u3000"},
+		{[]string{"abc\u0085"}, "abc\u0085"},
+		{[]string{"\u00a0"}, "\u00a0"},
+		{[]string{"abc\v"}, "abc\v"},
+		{[]string{" \t "}, ""},
+		{[]string{"\"abc\"\u00a0"}, ""},
 		{[]string{`"abc"`}, "abc"},
 		{[]string{`"a\"b\\c"`}, `a"b\c`},
 		{[]string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`}, "8e03978e-40d5-43e8-bc93-6894a57f9324"},

@@ -14,7 +14,8 @@ import (
 
 // TestStatementsGolden pins the response table's SQL of every dialect: the
 // migration's up and down of SchemaSQL, then the statements the
-// Middleware runs (go test -update rewrites testdata/*.sql). It also checks
+// Middleware runs, and on MySQL the upgrade of a table made by an earlier
+// version (go test -update rewrites testdata/*.sql). It also checks
 // that SchemaSQL's up is the DDL EnsureSchema runs.
 func TestStatementsGolden(t *testing.T) {
 	claims := dialect.Table{Schema: "shop", Name: "processed_messages"}
@@ -33,6 +34,14 @@ func TestStatementsGolden(t *testing.T) {
 			b.WriteString("-- SchemaSQL up\n" + up + "\n-- SchemaSQL down\n" + down + "\n-- put, get, cleanup\n")
 			for _, q := range []string{st.put, st.get, st.cleanup} {
 				b.WriteString(q + ";\n\n")
+			}
+			if st.headerType != "" {
+				b.WriteString("-- upgrade of a table made by an earlier version: header type, lock wait, widen\n")
+				for _, q := range []string{st.headerType, st.lockWait, st.widenHeader} {
+					b.WriteString(q + ";\n\n")
+				}
+			} else if st.lockWait != "" || st.widenHeader != "" {
+				t.Error("an upgrade without its catalog read")
 			}
 			golden.Compare(t, "testdata/"+d.Name()+".sql", b.String())
 			// up is EnsureSchema's statements, after its comment lines.

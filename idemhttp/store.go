@@ -3,9 +3,11 @@ package idemhttp
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/txclaim/idempotent/dialect"
 )
@@ -18,7 +20,25 @@ type statements struct {
 	put     string   // upsert of one response: consumer, key, fingerprint, status, header, body, created_at
 	get     string   // fingerprint, status, header, body of consumer, key
 	cleanup string   // delete up to $2 responses created before $1 whose claim is gone
+
+	// The upgrade of a table made by an earlier version, on MySQL and
+	// MariaDB only (empty elsewhere): headerType reads the header column's
+	// type from the catalog (schema or NULL for the connection's database,
+	// table), and, when it is not a LONGBLOB, lockWait bounds the wait of
+	// widenHeader's ALTER TABLE for the table's metadata lock.
+	headerType  string
+	lockWait    string
+	widenHeader string
 }
+
+// HeaderLockWait is how long EnsureSchema's ALTER TABLE, on MySQL and
+// MariaDB, waits for the response table's metadata lock when it widens the
+// header column of a table made by an earlier version. Every transaction
+// that stored a response holds that lock until it ends, and every statement
+// on the table sent while the ALTER TABLE waits queues behind it, so the
+// wait is kept short; past it EnsureSchema fails, having changed nothing,
+// and can run again.
+const HeaderLockWait = 5 * time.Second
 
 // schemaStatements returns the DDL of dialect name that creates the
 // response table resp and its created_at index if they do not exist, and
@@ -50,7 +70,7 @@ func schemaStatements(name string, resp dialect.Table) (create []string, drop st
 	message_key VARBINARY(1024) NOT NULL,
 	fingerprint VARBINARY(64)   NOT NULL,
 	status      INT             NOT NULL,
-	header      BLOB            NOT NULL,
+	header      LONGBLOB        NOT NULL,
 	body        LONGBLOB        NOT NULL,
 	created_at  BIGINT          NOT NULL,
 	PRIMARY KEY (consumer, message_key),
@@ -117,6 +137,9 @@ header = VALUES(header), body = VALUES(body), created_at = VALUES(created_at)`, 
 			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
 			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE created_at < ?
 AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.message_key = %[1]s.message_key) LIMIT ?`, r, c),
+			headerType:  "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = 'header'",
+			lockWait:    fmt.Sprintf("SET SESSION lock_wait_timeout = %d", int64(HeaderLockWait/time.Second)),
+			widenHeader: fmt.Sprintf("ALTER TABLE %s MODIFY header LONGBLOB NOT NULL", r),
 		}, nil
 	case "sqlite":
 		r, c := resp.Quoted(doubleQuote), claims.Quoted(doubleQuote)
@@ -149,6 +172,17 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 // d is the dialect of the idempotent.Middleware given to [New] (or
 // postgres for pgxhttp): postgres, mysql (MySQL and MariaDB) or sqlite;
 // another is an error matching [ErrUnsupportedDialect].
+//
+// On MySQL and MariaDB, earlier versions of this package made the header
+// column a BLOB, which holds at most 65,535 bytes of stored header fields;
+// in the table of up it is a LONGBLOB, which, like the columns of the other
+// dialects, holds whatever the server accepts in one statement.
+// EnsureSchema widens an earlier table; where a migration tool made it, add
+// a migration whose up is
+//
+//	ALTER TABLE processed_messages_http MODIFY header LONGBLOB NOT NULL;
+//
+// (with the response table's name), which copies the table once.
 func SchemaSQL(d dialect.Dialect, table string) (up, down string, err error) {
 	if d == nil {
 		return "", "", errors.New("idemhttp: SchemaSQL needs a dialect")
@@ -213,11 +247,57 @@ func (m *Middleware) put(ctx context.Context, exec Exec, key string, s stored) e
 // idempotent.Middleware's EnsureSchema (or run its migration) too. Run it
 // once at start, or take its statements into a migration; it is not meant
 // to race another EnsureSchema of the same table.
+//
+// On MySQL and MariaDB it also upgrades a response table made by an
+// earlier version of this package, whose header column is a BLOB: at most
+// 65,535 bytes of stored header fields, past which a strict session
+// refuses the response and a non-strict one cuts it short after the
+// request has committed. It reads the column's type from the catalog and,
+// only when it is not a LONGBLOB, runs ALTER TABLE … MODIFY header
+// LONGBLOB NOT NULL, waiting at most [HeaderLockWait] for the table's
+// metadata lock. The server copies the table to change the column's type,
+// and responses wait to be stored while it does: on a large table, run the
+// ALTER TABLE at a quiet time (see [SchemaSQL]).
 func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	for _, q := range m.sql.schema {
 		if _, err := m.db.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("idemhttp: create the response table %s: %w", m.table, err)
 		}
+	}
+	return m.widenHeader(ctx)
+}
+
+// widenHeader makes the header column of a MySQL or MariaDB response table
+// made by an earlier version a LONGBLOB; it sends no DDL when the column is
+// one already, and does nothing on the other dialects.
+func (m *Middleware) widenHeader(ctx context.Context) error {
+	if m.sql.headerType == "" {
+		return nil
+	}
+	var schema any
+	if m.resp.Schema != "" {
+		schema = m.resp.Schema
+	}
+	var typ string
+	if err := m.db.QueryRowContext(ctx, m.sql.headerType, schema, m.resp.Name).Scan(&typ); err != nil {
+		return fmt.Errorf("idemhttp: read the type of the header column of %s: %w", m.table, err)
+	}
+	if strings.EqualFold(typ, "longblob") {
+		return nil
+	}
+	conn, err := m.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("idemhttp: widen the header column of %s: %w", m.table, err)
+	}
+	defer conn.Close()
+	// The session keeps the bounded lock wait: the connection is closed
+	// rather than given back to the pool.
+	defer func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }()
+	if _, err := conn.ExecContext(ctx, m.sql.lockWait); err != nil {
+		return fmt.Errorf("idemhttp: widen the header column of %s: %w", m.table, err)
+	}
+	if _, err := conn.ExecContext(ctx, m.sql.widenHeader); err != nil {
+		return fmt.Errorf("idemhttp: widen the header column of %s from %s to LONGBLOB (%s; it waits at most %v for the table's metadata lock, and on failure changed nothing: run EnsureSchema again): %w", m.table, typ, m.sql.widenHeader, HeaderLockWait, err)
 	}
 	return nil
 }

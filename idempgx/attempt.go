@@ -58,15 +58,6 @@ type attempt struct {
 	inner pgx.Tx // the batch's transaction; nil with a fake connection
 	batch pgx.Batch
 	tx    claimTx
-	// pending are statements of a coalesced group (a savepoint, the
-	// release of the previous one) waiting to ride in the round trip of
-	// the handler's next statement; see pipeline.go.
-	pending []string
-	// spQueued: the last of pending is the member's SAVEPOINT. spOpen: a
-	// SAVEPOINT was sent and not released.
-	spQueued, spOpen bool
-	// pendErr is the failure of a pending statement: the group's.
-	pendErr error
 }
 
 // run runs attempts until one ends, in the core's one retry loop
@@ -81,7 +72,9 @@ func (m *Middleware) run(ctx context.Context, key string, c claimer, body Func, 
 			})
 		}
 	}
-	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) { return m.once(ctx, c, body, outcome) }, retried)
+	return m.policy.Run(ctx, func(ctx context.Context) (dialect.Class, error) {
+		return m.lostConnection(m.once(ctx, c, body, outcome))
+	}, retried)
 }
 
 // once runs one attempt: BEGIN and the claim in one round trip, then the

@@ -142,7 +142,8 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		first = append(first, i)
 	}
 	// The pre-check: keys it knows are duplicates, and are not claimed.
-	if hit := m.seenKeys(ctx, c.uniq); hit != nil {
+	scope := m.preCheckScope(ctx)
+	if hit := m.seenKeys(ctx, scope, c.uniq); hit != nil {
 		if c.uniq, first = unknown(hit, c.uniq, first); len(c.uniq) == 0 {
 			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
@@ -176,7 +177,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 			outcomes[first[j]] = idempotent.Applied
 		}
 	}
-	m.recordSeenKeys(ctx, c.uniq)
+	m.recordSeenKeys(ctx, scope, c.uniq)
 	return outcomes, attempts, nil
 }
 

@@ -66,26 +66,45 @@
 //   - Coalesced transactions (WithCoalescing, the core's
 //     idempotent.Coalescing with its contract): concurrent ProcessMessage
 //     calls share one transaction on one connection, grouped by the core's
-//     own machinery. BEGIN and the group's claims — one statement in key
-//     order — travel in one round trip; each new message's handler runs on
-//     its caller's goroutine with a pgx.Tx of its own on the group's
-//     connection; one COMMIT ends the group. A group of n messages of k
-//     statements costs 2 + n·k round trips where n separate calls cost
-//     n·(k + 2). A handler's failure fails its message alone: by default
-//     the group rolls back and runs again without it; with Savepoints each
-//     new message's handler runs under a savepoint, and its SAVEPOINT (with
-//     the RELEASE of the previous message's) is queued and sent in the same
-//     pgx.Batch as the handler's first Exec, Query, QueryRow or SendBatch,
-//     so savepoints cost no round trip; a failure costs one (ROLLBACK TO,
-//     RELEASE and the deletion of its claim, which the group took before
-//     the savepoint). A handler that swallows a failed statement and returns
-//     nil fails its own message too: the connection reports the
-//     transaction aborted, at no round trip. Coalescing.LockWait's SET LOCAL
-//     lock_timeout is queued the same way, before the first savepoint; a
-//     handler that waits longer for a lock leaves the group and runs alone.
-//     CopyFrom, and Conn and
-//     LargeObjects (whose statements bypass the pgx.Tx), send the queued
-//     statements on their own first.
+//     own machinery, in key order. Each message's claim is sent just before
+//     its handler runs, never earlier — the first with BEGIN, in one round
+//     trip, each later one in a round trip of its own — and each new
+//     message's handler then runs on its caller's goroutine with a pgx.Tx
+//     of its own on the group's connection; one COMMIT ends the group. A
+//     group of n new messages whose handlers send h statements each costs
+//     n·(1 + h) + 1 round trips in either design, where n separate calls
+//     cost n·(h + 2); a duplicate costs its claim's round trip, a key given
+//     twice in a group none for its second message.
+//     By default (optimistic) BEGIN is followed by a statement that marks
+//     the transaction with a token of its own and sets Coalescing.LockWait's
+//     bound (the Postgres dialect's dialect.TxFencer), each claim fails,
+//     inserting nothing, outside the transaction so marked, and the same
+//     check goes in front of COMMIT, in COMMIT's round trip; a handler's
+//     failure rolls the group back (the check rides with ROLLBACK) and the
+//     group runs again without it. With Savepoints each message's claim and
+//     handler run under a savepoint: its SAVEPOINT, and the RELEASE of the
+//     previous message's, ride with its claim, the last RELEASE with COMMIT;
+//     a failed handler costs one round trip (ROLLBACK TO and RELEASE, which
+//     undo its claim with its effect) and no other handler runs again.
+//     Whatever one handler does to the transaction fails its own message
+//     alone and leaves every other one committed with its effect or not
+//     claimed at all: an error, a panic, a refused Commit or Rollback, a
+//     failed statement it swallowed (the connection reports the transaction
+//     aborted, at no round trip), its context ending, and a COMMIT, END or
+//     ROLLBACK statement through its pgx.Tx or its Conn (the connection
+//     reports no transaction), even one followed by BEGIN in the same
+//     simple-protocol string (the next claim's fence, or the RELEASE, then
+//     fails, and so does the check before COMMIT, which the server then
+//     skips). A handler that ended the transaction fails with an error
+//     matching idempotent.ErrAutocommit, which says that its claim may have
+//     committed with a part of its effect (a redelivery would then be a
+//     duplicate); the messages after it were never claimed in that
+//     transaction, and the group runs again without it: a message before it
+//     whose claim and effect its COMMIT committed then comes back Duplicate.
+//     A claim that fails for good (a lock wait past the group's bound, a
+//     missing partition) sends its own message alone, and so does a
+//     handler's lock wait past the bound; a COMMIT that fails for good (a
+//     deferred constraint) sends every message alone, to its own outcome.
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool

@@ -270,13 +270,14 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if err := m.core.CheckMessage(idempotent.Message{Key: key, EventTime: at}); err != nil {
 		return 0, 0, err
 	}
-	if m.seenBefore(ctx, key) {
+	scope := m.preCheckScope(ctx)
+	if m.seenBefore(ctx, scope, key) {
 		return idempotent.Duplicate, 0, nil
 	}
 	if m.co != nil {
-		return m.co.process(ctx, key, at, fn)
+		return m.co.process(ctx, key, at, fn, scope)
 	}
-	return m.claimAndRun(ctx, key, at, fn)
+	return m.claimAndRun(ctx, key, at, fn, scope)
 }
 
 // keyError wraps a message's failure as ProcessMessage returns it.
@@ -286,8 +287,9 @@ func (m *Middleware) keyError(key string, err error) error {
 
 // claimAndRun claims the message in a transaction of its own and runs fn
 // there under the retry policy: the single-message path after its checks,
-// and what a coalesced call that finds itself alone runs.
-func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, fn Func) (idempotent.Outcome, int, error) {
+// and what a coalesced call that finds itself alone runs. scope is the
+// pre-check's (preCheckScope), in which a committed claim is recorded.
+func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, fn Func, scope idempotent.SeenScope) (idempotent.Outcome, int, error) {
 	var outcome idempotent.Outcome
 	c := &claimOne{m: m, at: at, key: key}
 	if m.partitioned {
@@ -297,7 +299,7 @@ func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, 
 	if err != nil {
 		return 0, attempts, m.keyError(key, err)
 	}
-	m.recordSeen(ctx, key)
+	m.recordSeen(ctx, scope, key)
 	return outcome, attempts, nil
 }
 
@@ -337,13 +339,17 @@ func WrapMessage[M any](m *Middleware, msg func(M) (idempotent.Message, error), 
 // claimOne is the single-message claim step. A message with an event time
 // is claimed by the statement that also reads the horizon (fencedSQL); one
 // without, which no horizon refuses, by the plain claim (claimSQL), which
-// costs the server less.
+// costs the server less. In a coalesced group of the optimistic design
+// (token set) it is the group's fenced claim instead (coalescer.claimSQL or
+// claimAtSQL), followed, for a message with an event time, by the
+// horizon's read.
 type claimOne struct {
-	m   *Middleware
-	at  time.Time
-	key string
-	day string // the event day in partitioned mode
-	w   wireMessages
+	m     *Middleware
+	at    time.Time
+	key   string
+	day   string // the event day in partitioned mode
+	token string // the group transaction's fence (dialect.TxFencer); "" outside one
+	w     wireMessages
 }
 
 // fenced reports whether the message has an event time, and so is claimed
@@ -354,6 +360,8 @@ func (c *claimOne) fenced() bool { return !c.at.IsZero() }
 func (c *claimOne) queue(b *pgx.Batch) {
 	fence, _ := c.m.fence(c.at)
 	switch {
+	case c.token != "":
+		c.m.co.queueClaim(b, c, fence)
 	case !c.fenced():
 		b.Queue(c.m.claimSQL, c.m.consumer, c.key)
 	case c.day != "":
@@ -366,19 +374,30 @@ func (c *claimOne) queue(b *pgx.Batch) {
 // read reads the claim's result: whether it inserted, or the refusal of a
 // message older than the horizon.
 func (c *claimOne) read(br pgx.BatchResults) (bool, error) {
+	n, h, err := c.result(br)
+	if err != nil {
+		return false, err
+	}
+	return c.m.horizonClaimed(c.key, c.at, n, h)
+}
+
+// result reads how many claims the statement inserted (0 or 1) and the
+// horizon it read (nil: none, or not read); err is a failed statement's.
+func (c *claimOne) result(br pgx.BatchResults) (n int64, h *int64, err error) {
+	if c.token != "" {
+		return c.m.co.readClaim(br, c)
+	}
 	if !c.fenced() {
 		tag, err := br.Exec()
 		if err != nil {
-			return false, c.m.claimError(err, c.at)
+			return 0, nil, c.m.claimError(err, c.at)
 		}
-		return tag.RowsAffected() == 1, nil
+		return tag.RowsAffected(), nil, nil
 	}
-	var n int64
-	var h *int64
 	if err := br.QueryRow().Scan(&n, &h); err != nil {
-		return false, c.m.claimError(err, c.at)
+		return 0, nil, c.m.claimError(err, c.at)
 	}
-	return c.m.horizonClaimed(c.key, c.at, n, h)
+	return n, h, nil
 }
 
 // connStatus reads a pgx connection's transaction status.

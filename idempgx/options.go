@@ -212,21 +212,33 @@ func WithSeen(s idempotent.Seen) Option {
 // refused Commit or Rollback, a failed statement it swallowed, its
 // context ending before the COMMIT) fails its own message only; a failure
 // of the transaction itself is retried for the whole group; a claim that
-// fails for good sends every message back to a transaction of its own. A
+// fails for good sends its own message to a transaction of its own. A
 // call left alone when the wait ends runs as without the option.
 //
-// BEGIN (with the isolation level and the lock timeout) and the group's
-// claims, one statement in key order, travel in one round trip. By
-// default a handler's failure rolls the group back and the group runs
-// again without that message (the others' handlers run again). With
-// c.Savepoints each new message's handler runs under a savepoint instead,
-// and a failure is rolled back to it (and its claim deleted) while the
-// others go on; the SAVEPOINT, and the RELEASE of the previous message's,
-// are sent in the same round trip as the handler's first statement, so a
-// savepoint costs no round trip of its own — only a failure costs one.
-// c.LockWait's bound is set the same way, in the round trip of the first
-// handler's first statement; a handler that waits longer for a lock leaves
-// the group and runs alone.
+// The messages run in key order, and each one's claim is sent just before
+// its handler runs (the first with BEGIN): a group of n new messages whose
+// handlers send h statements costs n·(1 + h) + 1 round trips. By default a
+// handler's failure rolls the group back and the group runs again without
+// that message (the others' handlers run again); each claim, and COMMIT,
+// are checked to run in the group's own transaction (dialect.TxFencer).
+// With c.Savepoints each message's claim and handler run under a savepoint
+// instead, and a failure is rolled back to it while the others go on; the
+// SAVEPOINT, and the RELEASE of the previous message's, are sent with the
+// message's claim, so a savepoint costs no round trip of its own — only a
+// failure costs one. c.LockWait's bound is set in the first round trip; a
+// claim or a handler that waits longer for a lock leaves the group and
+// runs alone.
+//
+// A handler that ends the group's transaction (a COMMIT, END or ROLLBACK
+// statement, through its pgx.Tx or its Conn, with or without a BEGIN after
+// it) fails its own message with an error matching idempotent.ErrAutocommit
+// saying that its claim may have committed with a part of its effect; the
+// messages after it were not claimed in that transaction, and the group
+// runs again without it — a message before it whose claim and effect its
+// COMMIT committed comes back Duplicate. A COMMIT that fails for good, with
+// no message to blame (a deferred constraint), sends every message to a
+// transaction of its own.
+//
 // ProcessMessages is not coalesced. The core Middleware (Core) is given
 // the same option. Default is off.
 func WithCoalescing(c idempotent.Coalescing) Option {

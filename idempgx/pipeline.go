@@ -3,248 +3,296 @@ package idempgx
 import (
 	"context"
 	"fmt"
-	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 )
 
-// Statements that ride with the handler's.
+// A coalesced group's round trips on its connection.
 //
-// A coalesced group with savepoints (Coalescing.Savepoints) opens a
-// savepoint before each new message's handler and releases the previous
-// one. Neither needs an answer before the handler's first statement, so
-// neither is sent on its own: they wait in attempt.pending, and the
-// handler's next Exec, Query, QueryRow or SendBatch through its claimTx
-// sends them in front of its own statement, in one pgx.Batch — one round
-// trip. A handler that sends nothing leaves its savepoint queued for the
-// next member (nothing happened under it), and the last member's release
-// is left to COMMIT. A failure of a queued statement is the group's
-// (attempt.pendErr): the handler's statement, which the server then
-// skips, returns it too, and the group's attempt fails with it.
+// A member's claim is sent just before its handler runs, never earlier:
+// whatever a handler does to the transaction, the claims of the members
+// after it are not in it. Each claim is one pgx.Batch, one round trip,
+// carrying what the group has to send before it:
+//
+//   - the group's first claim: BEGIN (with the isolation level) and, in the
+//     optimistic design, the fence (dialect.TxFencer's TxFenceSQL with the
+//     transaction's own fresh token, which also sets Coalescing.LockWait's
+//     bound), or, with savepoints, the bound's SET LOCAL and the member's
+//     SAVEPOINT; WithLockTimeout's SET LOCAL when the group has no bound;
+//   - each later claim: with savepoints, the RELEASE of the previous
+//     member's savepoint — which fails once the transaction it was taken in
+//     has ended, even if another was begun — and the member's SAVEPOINT;
+//   - the claim itself: in the optimistic design TxFencedClaimSQL, which
+//     fails, inserting nothing, outside the transaction the fence marked
+//     (and, for a message with an event time, the horizon's read after it);
+//     with savepoints the single path's claim.
+//
+// COMMIT goes after the optimistic design's TxFenceCheckSQL, or the
+// RELEASE of the last savepoint, in one round trip: a transaction that a
+// handler ended fails there, the server skips COMMIT, and it never commits.
+//
+// The connection's transaction status (pgconn's TxStatus), read locally
+// after each handler, catches the common mistakes at no cost: idle ('I') is
+// a handler that ended the transaction, failed ('E') one that swallowed a
+// failed statement. The fence and the RELEASE catch the rest: a handler
+// that ended the group's transaction and began another, after which the
+// status says 'T'.
 
-// exec is Exec on the attempt's connection, after the pending statements.
-func (a *attempt) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if len(a.pending) == 0 {
-		return a.l.c.Exec(ctx, sql, args...)
+// groupTx is one transaction of a coalesced group.
+type groupTx struct {
+	c     *coalescer
+	a     *attempt
+	token string // the optimistic design's fence; "" with savepoints
+	begun bool   // BEGIN was sent
+	// spOpen: with savepoints, the last member's savepoint is open.
+	spOpen bool
+	// unchecked is the member whose handler ran last while no statement
+	// since has shown the transaction to be still the group's: the one to
+	// blame when the next check fails.
+	unchecked *member
+}
+
+func newGroupTx(c *coalescer, a *attempt) *groupTx {
+	g := &groupTx{c: c, a: a}
+	if !c.savepoints {
+		g.token = c.token()
 	}
-	br, err := a.withPending(ctx, sql, args)
+	return g
+}
+
+// claimStep is how a member's claim round trip ended.
+type claimStep struct {
+	claimed bool
+	// refused is the claim's final word when it inserted nothing because
+	// the retention horizon refuses the message; the transaction goes on.
+	refused error
+	// err is a failed statement's error; before reports that it was one
+	// sent in front of the claim (BEGIN, a bound, the fence, a SAVEPOINT
+	// or RELEASE), which the claim then never ran after.
+	err    error
+	before bool
+}
+
+// claim sends mb's claim with the statements in front of it, in one round
+// trip, and reads their results.
+func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
+	co, m := g.c, g.c.m
+	var b pgx.Batch
+	first := !g.begun
+	if first {
+		b.BeginTx(m.txOpts)
+		if co.boundSQL != "" {
+			b.Queue(co.boundSQL)
+		}
+		if g.token != "" {
+			b.Queue(co.fenceSQL, g.token)
+		}
+	} else if g.spOpen {
+		b.Queue(dialect.MessageReleaseSQL)
+	}
+	if co.savepoints {
+		b.Queue(dialect.MessageSavepointSQL)
+	}
+	before := len(b.QueuedQueries)
+	c := &claimOne{m: m, at: mb.At, key: mb.Key, token: g.token}
+	if m.partitioned {
+		c.day = utcDay(mb.At)
+	}
+	c.queue(&b)
+	br := g.a.l.c.SendBatch(ctx, &b)
+	if first {
+		g.begun, g.a.inner = true, br.Tx()
+	}
+	for i := range before {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			g.spOpen = false
+			what := "coalesced group"
+			if first && i == 0 {
+				what = "begin"
+			}
+			return claimStep{err: fmt.Errorf("idempgx: %s: %w", what, err), before: true}
+		}
+	}
+	if co.savepoints {
+		// A RELEASE that succeeds shows the transaction the group's.
+		g.spOpen, g.unchecked = true, nil
+	}
+	n, h, err := c.result(br)
+	if cerr := br.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("idempgx: claim: %w", cerr)
+	}
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return claimStep{err: err}
+	}
+	claimed, err := m.horizonClaimed(mb.Key, mb.At, n, h)
+	if err != nil {
+		// The horizon may have spared the fence's evaluation: this claim
+		// checked nothing.
+		return claimStep{refused: err}
+	}
+	// The fenced claim ran in the group's transaction.
+	g.unchecked = nil
+	return claimStep{claimed: claimed}
+}
+
+// queueClaim queues the optimistic design's fenced claim of c, fence its
+// horizon fence, and for a message with an event time the horizon's read
+// after it.
+func (co *coalescer) queueClaim(b *pgx.Batch, c *claimOne, fence time.Time) {
+	m := co.m
+	switch {
+	case !c.fenced():
+		b.Queue(co.claimSQL, m.consumer, c.key, c.token)
+		return
+	case c.day != "":
+		b.Queue(co.claimAtSQL, m.consumer, c.key, c.day, fence, c.token)
+	default:
+		b.Queue(co.claimAtSQL, m.consumer, c.key, fence, c.token)
+	}
+	b.Queue(m.horizonSQL, m.horizonArgs...)
+}
+
+// readClaim reads the results queueClaim queued: the claims inserted, and
+// the horizon.
+func (co *coalescer) readClaim(br pgx.BatchResults, c *claimOne) (int64, *int64, error) {
+	tag, err := br.Exec()
+	if err != nil {
+		return 0, nil, co.m.claimError(err, c.at)
+	}
+	if !c.fenced() {
+		return tag.RowsAffected(), nil, nil
+	}
+	var h *int64
+	if err := br.QueryRow().Scan(&h); err != nil {
+		return 0, nil, fmt.Errorf("idempgx: claim: read the retention horizon: %w", err)
+	}
+	return tag.RowsAffected(), h, nil
+}
+
+// broken reports whether err, a failed check, says that the transaction
+// is no longer the group's — a RELEASE or a statement in front of a claim
+// with savepoints, the fence's statement in the optimistic design — rather
+// than that the connection was lost.
+func (g *groupTx) broken(err error) bool {
+	if _, closed := g.c.m.status(&g.a.l); closed {
+		return false
+	}
+	return g.c.savepoints || g.c.m.pg.TxFenceBroken(err)
+}
+
+// undo rolls the transaction back to the member's savepoint and releases
+// it, in one query of the simple protocol, which an aborted transaction
+// accepts (the extended protocol's preparation of a statement not yet
+// prepared on the connection would fail first). broken reports that the
+// server refused, so that the savepoint, and with it the group's
+// transaction, is gone (the handler ended it); err is any failure.
+func (g *groupTx) undo(ctx context.Context) (broken bool, err error) {
+	g.spOpen = false
+	if _, err = g.a.l.c.Exec(ctx, dialect.MessageRollbackSQL+"; "+dialect.MessageReleaseSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		_, closed := g.c.m.status(&g.a.l)
+		return !closed, err
+	}
+	g.unchecked = nil
+	return false, nil
+}
+
+// rollback ends the optimistic design's transaction after a member failed
+// on its own, with the fence's check in front of ROLLBACK in the same round
+// trip; broken reports that the check failed: the member's handler had
+// ended the group's transaction and begun another. A failed transaction
+// ('E') cannot run the check, and an idle connection has nothing to end.
+func (g *groupTx) rollback(ctx context.Context) (broken bool) {
+	if st, closed := g.c.m.status(&g.a.l); !closed && st == 'T' && g.token != "" {
+		var b pgx.Batch
+		b.Queue(g.c.checkSQL, g.token)
+		b.Queue("rollback")
+		br := g.a.l.c.SendBatch(ctx, &b)
+		_, err := br.Exec()
+		_ = br.Close()
+		broken = err != nil && g.broken(err)
+	}
+	g.a.rollback(ctx) // after a failed check: the transaction is still open
+	return broken
+}
+
+// commit sends COMMIT after the check — the fence's, or the RELEASE of
+// the last savepoint — in one round trip. A failed check blames the
+// handler that ran last (errRegroup). A COMMIT that fails for a reason no
+// member can be blamed for is retried for the group when its class is
+// retryable, and otherwise sends every member alone.
+func (g *groupTx) commit(ctx context.Context, p *pass) (dialect.Class, error) {
+	var b pgx.Batch
+	switch {
+	case g.token != "":
+		b.Queue(g.c.checkSQL, g.token)
+	case g.spOpen:
+		b.Queue(dialect.MessageReleaseSQL)
+	}
+	check := len(b.QueuedQueries) == 1
+	b.Queue("commit")
+	br := g.a.l.c.SendBatch(ctx, &b)
+	if check {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			g.a.rollback(ctx)
+			return g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+		}
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	return tag, err
-}
-
-// query is Query on the attempt's connection, after the pending
-// statements; the rows close the batch when they are closed or read to
-// the end.
-func (a *attempt) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if len(a.pending) == 0 {
-		return a.l.c.Query(ctx, sql, args...)
-	}
-	br, err := a.withPending(ctx, sql, args)
+	// A COMMIT no member can be blamed for that will not succeed again
+	// (a deferred constraint, a terminated backend): every member runs
+	// alone, to its own outcome. (Pass.ClaimFailed is the driver's word for
+	// sending every member alone.)
 	if err != nil {
-		return nil, err
+		class := g.classify(err)
+		p.ClaimFailed = !class.Retryable()
+		return class, fmt.Errorf("idempgx: commit: %w", err)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		_ = br.Close()
-		return nil, err
+	if tag.String() == "ROLLBACK" {
+		p.ClaimFailed = true
+		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback)
 	}
-	return &batchRows{Rows: rows, br: br}, nil
+	return dialect.Class{}, nil
 }
 
-// queryRow is QueryRow on the attempt's connection, after the pending
-// statements.
-func (a *attempt) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if len(a.pending) == 0 {
-		return a.l.c.QueryRow(ctx, sql, args...)
+// checkFailed judges err, a failed check: when a handler ran since the
+// last check passed and the transaction is no longer the group's, that
+// handler's message fails alone (ErrAutocommit) and the group runs again
+// without it; otherwise it is the transaction's failure.
+func (g *groupTx) checkFailed(p *pass, err error) (dialect.Class, error) {
+	if mb := g.unchecked; mb != nil && g.broken(err) {
+		p.Fail(mb, final{Err: g.c.m.keyError(mb.Key, ended(err))})
+		return dialect.Class{}, errRegroup
 	}
-	br, err := a.withPending(ctx, sql, args)
-	if err != nil {
-		return errRow{err}
-	}
-	return batchRow{row: br.QueryRow(), br: br}
+	return g.classify(err), err
 }
 
-// withPending sends the pending statements and sql in one batch, reads
-// the pending ones' results and returns the batch for sql's.
-func (a *attempt) withPending(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
-	b := a.takePending()
-	b.Queue(sql, args...)
-	br := a.l.c.SendBatch(ctx, b)
-	if err := a.readPending(br, len(b.QueuedQueries)-1); err != nil {
-		return nil, err
+// classify classifies err, the failure of a group's statement: the loss
+// of the connection when it is closed (pgx's pipeline returns a failed
+// read's error as it is), as the dialect says otherwise.
+func (g *groupTx) classify(err error) dialect.Class {
+	if _, closed := g.c.m.status(&g.a.l); closed {
+		return dialect.Class{Kind: dialect.KindConnection}
 	}
-	return br, nil
+	return g.c.m.pg.Classify(err)
 }
 
-// sendBatch is SendBatch on the attempt's connection, the pending
-// statements in front of the handler's own.
-func (a *attempt) sendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if len(a.pending) == 0 {
-		return a.l.c.SendBatch(ctx, b)
+// ended is the error of a message whose handler ended the group's
+// transaction; cause, when not nil, is what showed it or what the handler
+// returned.
+func ended(cause error) error {
+	const what = "the handler ended the coalesced group's transaction (a COMMIT, END or ROLLBACK statement, perhaps followed by BEGIN): " +
+		"its claim may have committed with a part of its effect, and a redelivery would then be a duplicate"
+	if cause == nil {
+		return fmt.Errorf("%w: %s", idempotent.ErrAutocommit, what)
 	}
-	all := a.takePending()
-	n := len(all.QueuedQueries)
-	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
-	br := a.l.c.SendBatch(ctx, all)
-	if err := a.readPending(br, n); err != nil {
-		return pgx.FailedBatchResults(b, err)
-	}
-	return br
-}
-
-// flush sends the pending statements on their own, before something that
-// cannot carry them (CopyFrom, the connection handed out raw).
-func (a *attempt) flush(ctx context.Context) error {
-	if len(a.pending) == 0 {
-		return a.pendErr
-	}
-	b := a.takePending()
-	br := a.l.c.SendBatch(ctx, b)
-	if err := a.readPending(br, len(b.QueuedQueries)); err != nil {
-		return err
-	}
-	if err := br.Close(); err != nil {
-		return a.pendingFailed(err)
-	}
-	return nil
-}
-
-// takePending returns a batch of the pending statements and empties the
-// queue: once sent, a queued savepoint is open.
-func (a *attempt) takePending() *pgx.Batch {
-	b := &pgx.Batch{}
-	for _, s := range a.pending {
-		b.Queue(s)
-	}
-	a.pending = a.pending[:0]
-	if a.spQueued {
-		a.spQueued, a.spOpen = false, true
-	}
-	return b
-}
-
-// readPending reads the results of the first n statements of br, the
-// pending ones. On a failure it closes br and records the failure as the
-// group's.
-func (a *attempt) readPending(br pgx.BatchResults, n int) error {
-	for range n {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return a.pendingFailed(err)
-		}
-	}
-	return nil
-}
-
-func (a *attempt) pendingFailed(err error) error {
-	err = fmt.Errorf("idempgx: coalesced group's savepoint: %w", err)
-	if a.pendErr == nil {
-		a.pendErr = err
-	}
-	a.spOpen = false
-	return err
-}
-
-// queueSavepoint queues the savepoint a member's claim is kept apart by
-// (after the release of the previous member's), unless the previous member
-// left its own unsent: nothing happened under it, so it marks this
-// member's start as well.
-func (a *attempt) queueSavepoint() {
-	if a.spQueued {
-		return
-	}
-	if a.spOpen {
-		a.pending = append(a.pending, dialect.MessageReleaseSQL)
-		a.spOpen = false
-	}
-	a.pending = append(a.pending, dialect.MessageSavepointSQL)
-	a.spQueued = true
-}
-
-// undoMember rolls a failed member's work back to its savepoint and
-// releases it, in one round trip, and then, when drop is set, deletes the
-// member's claim (taken with the group's, before the savepoint), so that
-// the key is not claimed when the group commits. Without drop the claim
-// stays for the next member of the same key. The statements go as one
-// query of the simple protocol: in a transaction that a failed statement
-// aborted, the extended protocol's preparation of a statement not yet
-// prepared on the connection would fail before the rollback ran.
-func (a *attempt) undoMember(ctx context.Context, deleteSQL string, drop bool, args ...any) error {
-	var stmts []string
-	for _, s := range a.pending {
-		if a.spQueued && s == dialect.MessageSavepointSQL {
-			continue // unsent: nothing to roll back
-		}
-		stmts = append(stmts, s)
-	}
-	a.pending, a.spQueued = a.pending[:0], false
-	if a.spOpen {
-		stmts = append(stmts, dialect.MessageRollbackSQL, dialect.MessageReleaseSQL)
-		a.spOpen = false
-	}
-	qargs := []any{pgx.QueryExecModeSimpleProtocol}
-	if drop {
-		stmts = append(stmts, deleteSQL)
-		qargs = append(qargs, args...)
-	}
-	if len(stmts) == 0 {
-		return nil
-	}
-	_, err := a.l.c.Exec(ctx, strings.Join(stmts, "; "), qargs...)
-	return err
-}
-
-// batchRows are a query's rows in a batch: closing them, or reading them
-// to the end, closes the batch and frees the connection.
-type batchRows struct {
-	pgx.Rows
-	br     pgx.BatchResults
-	closed bool
-	err    error
-}
-
-func (r *batchRows) Next() bool {
-	if r.Rows.Next() {
-		return true
-	}
-	r.Close()
-	return false
-}
-
-func (r *batchRows) Close() {
-	r.Rows.Close()
-	if !r.closed {
-		r.closed = true
-		r.err = r.br.Close()
-	}
-}
-
-func (r *batchRows) Err() error {
-	if err := r.Rows.Err(); err != nil {
-		return err
-	}
-	return r.err
-}
-
-// batchRow is a QueryRow's row in a batch: Scan closes the batch.
-type batchRow struct {
-	row pgx.Row
-	br  pgx.BatchResults
-}
-
-func (r batchRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	if cerr := r.br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	return err
+	return fmt.Errorf("%w: %s: %w", idempotent.ErrAutocommit, what, cause)
 }

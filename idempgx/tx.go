@@ -14,10 +14,8 @@ import (
 // claimTx is the pgx.Tx a handler gets: the claim's transaction, on the
 // attempt's connection. The middleware owns its end: Commit and Rollback
 // refuse. Begin opens a savepoint, as pgx's own nested transactions do.
-// Its statements go through the attempt (attempt.exec and the rest), which
-// sends the group's statements queued before them (attempt.pending) in the
-// same round trip. In a coalesced group each member's handler gets a
-// claimTx of its own on the group's attempt.
+// In a coalesced group each member's handler gets a claimTx of its own on
+// the group's attempt.
 type claimTx struct {
 	a      *attempt
 	closed bool
@@ -46,7 +44,7 @@ func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	}
 	t.savepoints++
 	sp := &savepointTx{parent: t, name: "idempgx_sp_" + strconv.Itoa(t.savepoints)}
-	if _, err := t.a.exec(ctx, "savepoint "+sp.name); err != nil {
+	if _, err := t.a.l.c.Exec(ctx, "savepoint "+sp.name); err != nil {
 		return nil, err
 	}
 	return sp, nil
@@ -62,9 +60,6 @@ func (t *claimTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, column
 	if t.closed {
 		return 0, pgx.ErrTxClosed
 	}
-	if err := t.a.flush(ctx); err != nil {
-		return 0, err
-	}
 	return t.a.l.c.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
@@ -72,14 +67,11 @@ func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
-	return t.a.sendBatch(ctx, b)
+	return t.a.l.c.SendBatch(ctx, b)
 }
 
-// LargeObjects returns the large objects of the claim's transaction. Their
-// statements do not go through the attempt: the group's queued statements
-// are sent first.
+// LargeObjects returns the large objects of the claim's transaction.
 func (t *claimTx) LargeObjects() pgx.LargeObjects {
-	_ = t.a.flush(context.Background()) // a failure fails the group (attempt.pendErr)
 	if t.a.inner == nil {
 		return pgx.LargeObjects{}
 	}
@@ -97,30 +89,26 @@ func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	return t.a.exec(ctx, sql, args...)
+	return t.a.l.c.Exec(ctx, sql, args...)
 }
 
 func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
-	return t.a.query(ctx, sql, args...)
+	return t.a.l.c.Query(ctx, sql, args...)
 }
 
 func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
-	return t.a.queryRow(ctx, sql, args...)
+	return t.a.l.c.QueryRow(ctx, sql, args...)
 }
 
 // Conn returns the claim's connection (nil in unit tests, whose
-// connection is a scripted fake). What is sent on it directly does not go
-// through the attempt: the group's queued statements are sent first.
-func (t *claimTx) Conn() *pgx.Conn {
-	_ = t.a.flush(context.Background()) // a failure fails the group (attempt.pendErr)
-	return t.a.l.raw
-}
+// connection is a scripted fake).
+func (t *claimTx) Conn() *pgx.Conn { return t.a.l.raw }
 
 // savepointTx is a savepoint inside the claim's transaction.
 type savepointTx struct {
@@ -146,7 +134,7 @@ func (s *savepointTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.parent.a.exec(ctx, "release savepoint "+s.name)
+	_, err := s.parent.a.l.c.Exec(ctx, "release savepoint "+s.name)
 	return err
 }
 
@@ -156,7 +144,7 @@ func (s *savepointTx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.parent.a.exec(ctx, "rollback to savepoint "+s.name)
+	_, err := s.parent.a.l.c.Exec(ctx, "rollback to savepoint "+s.name)
 	return err
 }
 

@@ -155,8 +155,10 @@
 // the offset advance alone. A poison record — no key (adapter.ErrNoKey), an
 // invalid key, an undecodable value, too old
 // ([idempotent.ErrBeyondRetention]), a bad event-time header, dated in the
-// future beyond the rule's bound (adapter.DefaultFutureBound, an hour past
-// the clock-skew margin: a seconds-for-milliseconds mix-up, say), or a
+// future beyond the rule's bound (the Middleware's clock-skew margin past
+// the clock plus that margin, unless [WithFutureBound] says otherwise: a
+// producer whose clock is off by a time zone, a seconds-for-milliseconds
+// mix-up), or a
 // handler error marked poison — is rolled back and written instead, in a
 // transaction that advances its offset, as one outbox row
 // ([DeadLetterKind], see [WithDeadLetter]); an outbox Relay with
@@ -168,7 +170,10 @@
 // [WithRetryDelay]'s bounds, for the attempt — and a record is never
 // skipped. A record dated in the future within the bound waits so, with
 // the records behind it, until the Middleware's clock reaches its event
-// time (less the clock-skew margin): that is the rule's delay then.
+// time (less the clock-skew margin): that is the rule's delay then. A
+// partition is ordered (adapter.Transport.Ordered), so the bound is short
+// by default — a record holds its partition no longer than the clock-skew
+// margin — where a queue's adapters wait up to adapter.DefaultFutureBound.
 // adapter.EventRequeued reports each wait, with the attempt and the delay;
 // a rebalance or the shutdown ends the wait (the record is then released,
 // and read again by the partition's next owner). A poll's records are

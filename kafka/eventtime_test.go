@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,13 +207,68 @@ func TestPartitionedNeedsProducerEventTime(t *testing.T) {
 	})
 }
 
+// TestFutureDatedRecordDoesNotHoldItsPartition: a record stamped an hour
+// ahead of the Middleware's clock (a producer whose clock is off by a time
+// zone), followed in its partition by a record of the present: by default
+// a partition waits for a record dated ahead no longer than the clock-skew
+// margin, so the record an hour ahead is dead-lettered at once, with its
+// reason (idempotent.ErrInvalidEventTime) in the dead letter, nothing of it
+// written, and the record behind it is applied without any wait for the
+// clock. Both consumers. It runs before the parallel tests rather than
+// beside them: the coalescing tests' groups form only when their
+// partitions' records arrive together, which a busy machine delays.
+func TestFutureDatedRecordDoesNotHoldItsPartition(t *testing.T) {
+	for _, mode := range consumerModes {
+		t.Run(mode.name, func(t *testing.T) {
+			const topic = "ahead"
+			db, s, prod, client := setup(t, topic)
+			clk := testenv.NewClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+			mw := newMiddleware(t, db, s, "ahead", idempotent.WithRetention(72*time.Hour), idempotent.WithClock(clk.Now))
+			ob := newOutbox(t, db, s, "ahead")
+			obs := &recorder{}
+			c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := clk.Now()
+			ahead, normal := paymentRecord(topic, "ahead", eventTimeHeader(now.Add(time.Hour))), paymentRecord(topic, "normal", eventTimeHeader(now.Add(-time.Minute)))
+			if err := prod.ProduceSync(context.Background(), ahead, normal).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			m := startMember(c, "m", client...)
+			waitFor(t, "both records settled", func() (bool, error) {
+				if rq := obs.of(adapter.EventRequeued); len(rq) > 0 {
+					return false, fmt.Errorf("the record dated an hour ahead was requeued for %v (%v): its partition waits behind it", rq[0].Delay, rq[0].Err)
+				}
+				return storedOffsets(t, db, s, "ahead", topic)[0] == 2, nil
+			})
+			m.stop(t)
+			if n := ledgerRows(t, db, s); n != 1 {
+				t.Fatalf("%d ledger rows, want 1: the normal record's", n)
+			}
+			dl := obs.of(adapter.EventDeadLettered)
+			if len(dl) != 1 || dl[0].Message.Key != "ahead" || !errors.Is(dl[0].Err, idempotent.ErrInvalidEventTime) {
+				t.Fatalf("dead-lettered %+v, want the record an hour ahead, with idempotent.ErrInvalidEventTime", dl)
+			}
+			dls := deadLetters(t, db, s)
+			if len(dls) != 1 || dls[0].Offset != 0 || !strings.Contains(dls[0].Error, "in the future") {
+				t.Fatalf("dead letters %+v, want the record at offset 0, its error saying it is dated in the future", dls)
+			}
+			if st := c.Stats(); st.Applied != 1 || st.DeadLettered != 1 || st.Requeued != 0 {
+				t.Fatalf("stats %+v, want 1 applied, 1 dead-lettered, no requeue", st)
+			}
+		})
+	}
+}
+
 // TestFutureEventTime is issue 21 case 3: a record dated in the future
-// within the settle rule's bound waits, in place and with the records
-// behind it, for the rule's delay — until the Middleware's clock catches up
-// — and is applied once by a member that runs when it has; a record dated
-// beyond the bound (a seconds-for-milliseconds mix-up, say) is
-// dead-lettered exactly once, with its key and event time, nothing
-// written, and does not stall its partition. Both consumers.
+// within the settle rule's bound (here WithFutureBound's hour, longer than
+// the default) waits, in place and with the records behind it, for the
+// rule's delay — until the Middleware's clock catches up — and is applied
+// once by a member that runs when it has; a record dated beyond the bound
+// (a seconds-for-milliseconds mix-up, say) is dead-lettered exactly once,
+// with its key and event time, nothing written, and does not stall its
+// partition. Both consumers.
 func TestFutureEventTime(t *testing.T) {
 	forEachMode(t, func(t *testing.T, mode consumerMode) {
 		const topic = "future"
@@ -222,7 +278,7 @@ func TestFutureEventTime(t *testing.T) {
 		ob := newOutbox(t, db, s, "future")
 		obs := &recorder{}
 		c, err := mode.make(db, mw, s, kafka.WithDeadLetter(ob, "dlq"), kafka.WithObserver(obs),
-			kafka.WithRetryDelay(5*time.Millisecond, 20*time.Millisecond))
+			kafka.WithRetryDelay(5*time.Millisecond, 20*time.Millisecond), kafka.WithFutureBound(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -359,21 +415,7 @@ func TestDeadLetterSenderCarriesEventTime(t *testing.T) {
 		}
 		want[c.value] = c.want
 	}
-	reader, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var got []*kgo.Record
-	for len(got) < len(want) {
-		f := reader.PollFetches(ctx)
-		if err := f.Err0(); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, f.Records()...)
-	}
+	got := readRecords(t, cluster, "dlq", len(want))
 	for _, r := range got {
 		var vals []string
 		for _, h := range r.Headers {

@@ -96,14 +96,7 @@ func newMiddleware(t testing.TB, db *sql.DB, s, consumer string, opts ...idempot
 
 func newOutbox(t testing.TB, db *sql.DB, s, consumer string) *outbox.Outbox {
 	t.Helper()
-	ob, err := outbox.New(db, consumer, outbox.WithTable(s+".outbox"), outbox.WithoutNotify())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return ob
+	return testenv.Outbox(t, db, s, consumer)
 }
 
 // newCluster starts a kfake cluster with topics of the given partitions,

@@ -37,14 +37,17 @@ const (
 
 // transport is what a Kafka record carries, for the configuration every
 // adapter shares: the key in the DefaultKeyHeader header by default, the
-// event time in the adapter.EventTimeHeader header, and the record
-// timestamp as the transport's time (WithTransportEventTime only).
+// event time in the adapter.EventTimeHeader header, the record timestamp
+// as the transport's time (WithTransportEventTime only); and a partition
+// is ordered: a record waiting for its next attempt holds back those
+// behind it.
 var transport = adapter.Transport[*kgo.Record]{
 	Name:       "kafka",
 	DefaultKey: Header(DefaultKeyHeader),
 	Header:     header,
 	Time:       func(r *kgo.Record) time.Time { return r.Timestamp },
 	TimeName:   "the Kafka record timestamp",
+	Ordered:    true,
 }
 
 type config struct {
@@ -155,8 +158,13 @@ func WithRetryDelay(initial, max time.Duration) Option {
 
 // WithFutureBound sets how far ahead of the Middleware's clock (past its
 // clock-skew margin) a record's event time may be and wait in place until
-// the clock catches up; a record dated further ahead is poison. It must be
-// positive. Default is adapter.DefaultFutureBound (an hour).
+// the clock catches up; a record dated further ahead is poison. While a
+// record waits, its partition waits behind it (and the member fetches
+// nothing new until the poll's records are done), so the default is short:
+// the Middleware's clock-skew margin (idempotent.WithClockSkew, 5 minutes
+// by default), after which a record dated ahead is dead-lettered with its
+// reason (idempotent.ErrInvalidEventTime). It must be positive. Default is
+// the clock-skew margin.
 func WithFutureBound(d time.Duration) Option {
 	return optionFunc(func(c *config) error { return shared(c.ac.SetFutureBound(d)) })
 }

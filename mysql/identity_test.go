@@ -64,13 +64,23 @@ func TestIdentitySQLGolden(t *testing.T) {
 	if _, err := d.Identity(context.Background(), dialect.Table{Name: "t"}, noRow); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("no row (no table): %v, want an error saying the table does not exist", err)
 	}
+	null := func(_ context.Context, _ string, args ...any) (string, error) {
+		if len(args) == 0 {
+			return "8.0.36", nil
+		}
+		return "", nil
+	}
+	if _, err := d.Identity(context.Background(), dialect.Table{Name: "t"}, null); err == nil || !strings.Contains(err.Error(), "does not show its start") {
+		t.Errorf("NULL (no Uptime): %v, want an error saying the server does not show its start", err)
+	}
 }
 
 // TestIdentityOnTheServer reads the name on the real server
 // (IDEMPOTENT_MYSQL_DSN, or MariaDB at 127.0.0.1:3306): the same from two
-// pools, different for another table, an error for a missing table. (A
-// table re-created has another CREATE_TIME only from the next second on,
-// which the test does not wait for.)
+// pools and on every read, with the second the server started; different
+// for another table, an error for a missing table. (A table re-created has
+// another CREATE_TIME only from the next second on, which the test does
+// not wait for.)
 func TestIdentityOnTheServer(t *testing.T) {
 	dsn := testenv.Getenv("IDEMPOTENT_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test")
 	open := func() *sql.DB {
@@ -116,6 +126,32 @@ func TestIdentityOnTheServer(t *testing.T) {
 	if again, err := read(open(), table); err != nil || again != name {
 		t.Fatalf("another pool: %q, %v; want %q", again, err, name)
 	}
+
+	// The start is the second the server started, the same on every read:
+	// read it until the server's clock has passed two second boundaries.
+	var first, now int64
+	if err := db.QueryRow("SELECT UNIX_TIMESTAMP()").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	for ; now < first+2; reads++ {
+		again, err := read(db, table)
+		if err != nil || again != name {
+			t.Fatalf("read %d: %q, %v; want %q on every read", reads, again, err, name)
+		}
+		if err := db.QueryRow("SELECT UNIX_TIMESTAMP()").Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var uptime int64
+	if err := db.QueryRow("SELECT UNIX_TIMESTAMP(), CAST(VARIABLE_VALUE AS SIGNED) FROM "+statusTable(t, db)+" WHERE VARIABLE_NAME = 'Uptime'").Scan(&now, &uptime); err != nil {
+		t.Fatal(err)
+	}
+	start := now - uptime
+	if !strings.Contains(name, fmt.Sprintf(" start %d table ", start)) {
+		t.Fatalf("identity %q: want the server's start %d", name, start)
+	}
+	t.Logf("the same name on %d reads over two second boundaries", reads)
 	if o, err := read(db, other); err != nil || o == name {
 		t.Fatalf("another table: %q, %v; want a name other than %q", o, err, name)
 	}
@@ -123,4 +159,19 @@ func TestIdentityOnTheServer(t *testing.T) {
 	if _, err := read(db, table); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("a missing table: %v, want an error saying it does not exist", err)
 	}
+}
+
+// statusTable returns the table that shows the server's status variables:
+// information_schema.GLOBAL_STATUS on MariaDB, performance_schema's on
+// MySQL 8.
+func statusTable(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRow("SELECT VERSION()").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(v, "MariaDB") {
+		return "information_schema.GLOBAL_STATUS"
+	}
+	return "performance_schema.global_status"
 }

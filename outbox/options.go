@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -91,17 +92,36 @@ type enqueueConfig struct {
 	at  time.Time
 }
 
-// eventTime is the event_time parameter: NULL when unknown.
-func (c *enqueueConfig) eventTime() any {
+// eventTime returns the event_time and event_time_ns parameters, NULL
+// when unknown. A timestamptz keeps microseconds, and Postgres rounds a
+// finer time to the nearest one: 23:59:59.9999996Z would be stored as the
+// next day's midnight. So event_time is the event time truncated to its
+// microsecond, sent exact — never a later day, as a day starts on a whole
+// microsecond — and event_time_ns the nanoseconds below it (0 to 999);
+// eventTimeOf adds them back. The time is stored without loss.
+func (c *enqueueConfig) eventTime() (at, ns any) {
 	if c.at.IsZero() {
-		return nil
+		return nil, nil
 	}
-	return c.at.UTC()
+	t := c.at.UTC()
+	below := t.Nanosecond() % int(time.Microsecond)
+	return t.Add(-time.Duration(below)), int16(below)
+}
+
+// eventTimeOf is the event time of a row whose event_time and
+// event_time_ns are at and ns: the zero time when at is NULL. A row
+// written without event_time_ns (before it existed) has its event_time
+// alone.
+func eventTimeOf(at sql.NullTime, ns sql.NullInt16) time.Time {
+	if !at.Valid {
+		return time.Time{}
+	}
+	return at.Time.Add(time.Duration(ns.Int16))
 }
 
 // WithEventTime stores t, the event time of the message whose handler
-// enqueues the call, with the row; the Sender finds it in
-// Message.EventTime. A Sender that publishes the call as a message (a
+// enqueues the call, with the row, to the nanosecond; the Sender finds it
+// in Message.EventTime, the same instant. A Sender that publishes the call as a message (a
 // dead letter, a message to a broker) carries it forward in the
 // adapter.EventTimeHeader header, so that the consumer of the re-sent
 // message claims it under its original event time — the same day's

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -304,12 +305,13 @@ func TestEnqueueStatements(t *testing.T) {
 	}
 	key := Key("shop", "order-1", "mail")
 	mock.ExpectBegin()
-	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, nil, notifying.Channel()).
+	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, nil, nil, notifying.Channel()).
 		WillReturnRows(sqlmock.NewRows([]string{"id", "pg_notify"}).AddRow(7, ""))
-	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))
-	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, at.UTC()).
+	at := time.Date(2026, 12, 1, 9, 30, 0, 123456789, time.FixedZone("CET", 3600))
+	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`,
+		time.Date(2026, 12, 1, 8, 30, 0, 123456000, time.UTC), int64(789)).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(8))
-	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, nil).
+	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, nil, nil).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}))
 	mock.ExpectCommit()
 	tx, err := db.Begin()
@@ -340,6 +342,48 @@ func TestEnqueueStatements(t *testing.T) {
 	}
 	if err := mock.ExpectationsWereMet(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestEventTimeStoredWithoutLoss: an event time goes into the row as its
+// microsecond, exact (a timestamptz keeps it as it is), and the nanoseconds
+// below it; read back, they are the same instant. The microsecond part
+// never falls on another day than the event time, so a reader that knows
+// only event_time (a relay from before event_time_ns) has the event's day.
+func TestEventTimeStoredWithoutLoss(t *testing.T) {
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	for _, at := range []time.Time{
+		day.Add(24*time.Hour - 400*time.Nanosecond), // rounds to the next day's midnight in a timestamptz
+		day.Add(24*time.Hour - time.Nanosecond),     // Go's end-of-day idiom
+		day,
+		day.Add(-500 * time.Nanosecond),
+		time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC), // before the Unix epoch
+		time.Date(2026, 12, 1, 0, 59, 59, 999999999, time.FixedZone("CET", 3600)),
+		time.Date(2026, 12, 1, 9, 30, 0, 123456789, time.UTC),
+	} {
+		c := enqueueConfig{at: at}
+		a, n := c.eventTime()
+		stored, ns := a.(time.Time), n.(int16)
+		if stored.Nanosecond()%1000 != 0 || ns < 0 || ns > 999 {
+			t.Errorf("%s: stored %s and %d ns, want a whole microsecond and 0 to 999", at.Format(time.RFC3339Nano), stored.Format(time.RFC3339Nano), ns)
+		}
+		if stored.UTC().Format(time.DateOnly) != at.UTC().Format(time.DateOnly) {
+			t.Errorf("%s: stored %s, on another day", at.Format(time.RFC3339Nano), stored.Format(time.RFC3339Nano))
+		}
+		back := eventTimeOf(sql.NullTime{Time: stored, Valid: true}, sql.NullInt16{Int16: ns, Valid: true})
+		if !back.Equal(at) {
+			t.Errorf("%s: read back as %s", at.Format(time.RFC3339Nano), back.Format(time.RFC3339Nano))
+		}
+	}
+	if a, n := (&enqueueConfig{}).eventTime(); a != nil || n != nil {
+		t.Errorf("no event time: %v, %v; want NULLs", a, n)
+	}
+	if got := eventTimeOf(sql.NullTime{}, sql.NullInt16{}); !got.IsZero() {
+		t.Errorf("a NULL event time reads as %v, want the zero time", got)
+	}
+	old := time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC)
+	if got := eventTimeOf(sql.NullTime{Time: old, Valid: true}, sql.NullInt16{}); !got.Equal(old) {
+		t.Errorf("a row without event_time_ns reads as %v, want its event_time %v", got, old)
 	}
 }
 

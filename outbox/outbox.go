@@ -153,11 +153,12 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgKey, kind string, p
 	}
 	var id int64
 	var err error
+	at, ns := cfg.eventTime()
 	if o.notify {
 		var discard string
-		err = tx.QueryRowContext(ctx, o.q.enqueueNotify, o.consumer, msgKey, kind, key, string(payload), cfg.eventTime(), o.channel).Scan(&id, &discard)
+		err = tx.QueryRowContext(ctx, o.q.enqueueNotify, o.consumer, msgKey, kind, key, string(payload), at, ns, o.channel).Scan(&id, &discard)
 	} else {
-		err = tx.QueryRowContext(ctx, o.q.enqueue, o.consumer, msgKey, kind, key, string(payload), cfg.eventTime()).Scan(&id)
+		err = tx.QueryRowContext(ctx, o.q.enqueue, o.consumer, msgKey, kind, key, string(payload), at, ns).Scan(&id)
 	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):

@@ -314,12 +314,11 @@ func (r *Relay) leaseRows(ctx context.Context, n int) ([]Message, error) {
 	for rows.Next() {
 		var m Message
 		var at sql.NullTime
-		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at); err != nil {
+		var ns sql.NullInt16
+		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at, &ns); err != nil {
 			return msgs, fmt.Errorf("outbox: lease rows of %s: %w", r.o.table, err)
 		}
-		if at.Valid {
-			m.EventTime = at.Time
-		}
+		m.EventTime = eventTimeOf(at, ns)
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {

@@ -48,9 +48,10 @@ type Message struct {
 	// CreatedAt is when the enqueueing transaction began.
 	CreatedAt time.Time
 	// EventTime is the event time the call was enqueued with
-	// (WithEventTime), or the zero time. A Sender that publishes the call
-	// as a message carries it in the adapter.EventTimeHeader header, so
-	// that its consumer claims it under the original event time.
+	// (WithEventTime), to the nanosecond, or the zero time. A Sender that
+	// publishes the call as a message carries it in the
+	// adapter.EventTimeHeader header, so that its consumer claims it under
+	// the original event time, on the same day.
 	EventTime time.Time
 }
 

@@ -24,11 +24,12 @@ type statements struct {
 	schema []string
 
 	// enqueue inserts a row: $1 consumer, $2 message_key, $3 kind,
-	// $4 idempotency_key, $5 payload (JSON text), $6 event_time (NULL when
-	// unknown). It returns the new id, or
-	// no row when (kind, idempotency_key) exists.
+	// $4 idempotency_key, $5 payload (JSON text), $6 event_time and $7
+	// event_time_ns (both NULL when unknown; see enqueueConfig.eventTime).
+	// It returns the new id, or no row when (kind, idempotency_key)
+	// exists.
 	enqueue string
-	// enqueueNotify is enqueue that also notifies channel $7 when it
+	// enqueueNotify is enqueue that also notifies channel $8 when it
 	// inserted; the notification is delivered when the transaction commits.
 	// It returns the id and a column to discard.
 	enqueueNotify string
@@ -36,7 +37,8 @@ type statements struct {
 	// lease takes up to $2 due rows of the kinds in $1 (text[]), skipping
 	// rows other relays have locked, and leases them to owner $3 for $4 ms.
 	// It returns id, consumer, message_key, kind, idempotency_key, payload,
-	// attempts (after the increment), created_at and event_time.
+	// attempts (after the increment), created_at, event_time and
+	// event_time_ns.
 	lease string
 
 	// markSent, markRetry and markDead record the results of attempts, in
@@ -63,8 +65,8 @@ func postgresStatements(t dialect.Table) statements {
 	q := t.Quoted(pq.QuoteIdentifier)
 	idx := func(suffix string) string { return pq.QuoteIdentifier(indexName(t.Name, suffix)) }
 	const ms = "::bigint * interval '1 millisecond'"
-	const insert = `INSERT INTO %s (consumer, message_key, kind, idempotency_key, payload, event_time)
-	VALUES ($1, $2, $3, $4, $5::json, $6)
+	const insert = `INSERT INTO %s (consumer, message_key, kind, idempotency_key, payload, event_time, event_time_ns)
+	VALUES ($1, $2, $3, $4, $5::json, $6, $7)
 	ON CONFLICT (kind, idempotency_key) DO NOTHING
 	RETURNING id`
 	// Arrays are indexed by array_position rather than joined with
@@ -98,12 +100,15 @@ RETURNING id`
 	last_error       text,
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	event_time       timestamptz,
+	event_time_ns    smallint,
 	sent_at          timestamptz,
 	dead_at          timestamptz,
 	UNIQUE (idempotency_key, kind)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02)`, q),
-			// A table made before event_time existed gains it.
+			// A table made before event_time (or event_time_ns) existed
+			// gains it.
 			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS event_time timestamptz", q),
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS event_time_ns smallint", q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (next_attempt_at) WHERE state = 'pending'", idx("_due"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (sent_at) WHERE state = 'sent'", idx("_sent_at"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (dead_at) WHERE state = 'dead'", idx("_dead_at"), q),
@@ -112,7 +117,7 @@ RETURNING id`
 		enqueueNotify: fmt.Sprintf(`WITH ins AS (
 	`+insert+`
 )
-SELECT id, pg_notify($7, '')::text FROM ins`, q),
+SELECT id, pg_notify($8, '')::text FROM ins`, q),
 		// ARRAY(…) makes the planner look the leased ids up by primary key
 		// even before the table has statistics.
 		lease: fmt.Sprintf(`UPDATE %[1]s
@@ -127,7 +132,7 @@ WHERE id = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time`, q, ms),
+RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns`, q, ms),
 		markSent: fmt.Sprintf(`UPDATE %s
 SET state = 'sent', sent_at = now(), lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
 WHERE %s`, q, owned),

@@ -100,7 +100,8 @@ func schema(t *testing.T, db *sql.DB) string {
 }
 
 // TestIdentityOnTheServer reads the name on the real server: the same from
-// two pools, different for another table, for the same name found by
+// two pools and in any time zone, with the server's start time; different
+// for another table, for the table truncated, for the same name found by
 // another search_path, for a table dropped and re-created, and for another
 // database; an error for a table that does not exist.
 func TestIdentityOnTheServer(t *testing.T) {
@@ -121,6 +122,34 @@ func TestIdentityOnTheServer(t *testing.T) {
 	}
 	if other, err := identity(t, db, s+".other"); err != nil || other == name {
 		t.Fatalf("another table: %q, %v; want a name other than %q", other, err, name)
+	}
+
+	// The server's start, to the microsecond, in a text no session
+	// setting changes.
+	var start string
+	if err := db.QueryRow("SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text").Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(name, " start "+start+" table ") {
+		t.Fatalf("identity %q: want the server's start %s µs", name, start)
+	}
+	if tz, err := identity(t, openDSN(t, "", url.Values{"timezone": {"Asia/Kathmandu"}}), s+".claims"); err != nil || tz != name {
+		t.Fatalf("a session in another time zone: %q, %v; want %q", tz, err, name)
+	}
+
+	// TRUNCATE gives the table new storage: a new name, whose start is
+	// the same.
+	mustExec(t, db, "TRUNCATE "+s+".claims")
+	truncated, err := identity(t, db, s+".claims")
+	if err != nil || truncated == name || !strings.Contains(truncated, " start "+start+" ") {
+		t.Fatalf("truncated: %q, %v; want a name other than %q, with the same start", truncated, err, name)
+	}
+	name = truncated
+
+	// A partitioned table has no storage of its own.
+	mustExec(t, db, "CREATE TABLE "+s+".parts (d date) PARTITION BY RANGE (d)")
+	if p, err := identity(t, db, s+".parts"); err != nil || !strings.Contains(p, " storage 0 database ") {
+		t.Fatalf("a partitioned table: %q, %v; want storage 0", p, err)
 	}
 
 	// Tenants: the same unqualified name, found in another schema by the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,9 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
-	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/redisstream"
 )
 
@@ -207,17 +208,10 @@ func TestDeadLetterStream(t *testing.T) {
 	db := testenv.OpenPostgres(t, 4)
 	l := newLedger(t, db, "loyalty")
 	ctx := context.Background()
-	ob, err := outbox.New(db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob := l.outbox(t)
 	rdb := newClient(t, redisAddr())
 	stream := newStream(t, rdb, group)
-	dead := stream + "-dead"
-	t.Cleanup(func() { _ = rdb.Del(context.Background(), dead).Err() })
+	dead := deadStream(t, rdb, stream)
 	at := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
 	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{redisstream.DefaultKeyField, "order-completed:77",
 		adapter.EventTimeHeader, adapter.FormatEventTime(at), redisstream.PayloadField, "not json"}}).Result()
@@ -236,26 +230,7 @@ func TestDeadLetterStream(t *testing.T) {
 	if n := pending(t, rdb, stream); n != 0 {
 		t.Fatalf("%d entries pending, want 0", n)
 	}
-	relay, err := outbox.NewRelay(ob, outbox.WithSender(redisstream.DeadLetterKind, redisstream.DeadLetterSender(rdb)),
-		outbox.WithPollInterval(10*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(rctx) }()
-	waitFor(t, 10*time.Second, "the dead letter sent", func() bool {
-		n, err := rdb.XLen(ctx, dead).Result()
-		return err == nil && n == 1
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	got, err := rdb.XRange(ctx, dead, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := relayDeadLetters(t, ob, rdb, dead, 1)
 	v := got[0].Values
 	if v[redisstream.DefaultKeyField] != "order-completed:77" || v[redisstream.PayloadField] != "not json" ||
 		v[adapter.EventTimeHeader] != adapter.FormatEventTime(at) || v[redisstream.DeadLetterSourceField] != stream+"/"+group+"/"+id ||
@@ -263,6 +238,61 @@ func TestDeadLetterStream(t *testing.T) {
 		t.Fatalf("dead letter %v", v)
 	}
 	testenv.AuditOrders(t, l.db, l.schema, nil)
+}
+
+// TestDeadLetterReplayKeepsEventDay: on a claim table partitioned by event
+// day, an entry dated 23:59:59.9999996Z whose first delivery is poison is
+// dead-lettered through the outbox, and DeadLetterSender adds it to the
+// dead-letter stream with its event time unchanged; that dead letter,
+// replayed into the stream, and a re-send of the original are then one
+// claim, on the entry's day, and one effect.
+func TestDeadLetterReplayKeepsEventDay(t *testing.T) {
+	t.Parallel()
+	db := testenv.OpenPostgres(t, 4)
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	at := day.Add(24*time.Hour - 400*time.Nanosecond)
+	clk := testenv.NewClock(day.Add(24*time.Hour + 30*time.Second))
+	l := newLedger(t, db, "loyalty", idempotent.WithRetention(72*time.Hour), idempotent.WithDailyPartitions(2), idempotent.WithClock(clk.Now))
+	ctx := context.Background()
+	ob := l.outbox(t)
+	rdb := newClient(t, redisAddr())
+	stream := newStream(t, rdb, group)
+	dead := deadStream(t, rdb, stream)
+	o := order{OrderID: 1, CustomerID: 1, Points: 5}
+	publish(t, rdb, stream, o, at)
+	var refused atomic.Bool
+	credit := l.handler()
+	c, err := redisstream.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, d *redisstream.Delivery) error {
+		if !refused.Swap(true) {
+			return adapter.Poison(errors.New("the ledger refused the order"))
+		}
+		return credit(ctx, tx, d)
+	}, redisstream.WithBlock(20*time.Millisecond), redisstream.WithDeadLetter(ob, dead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(c, rdb, stream, group)
+	waitFor(t, 10*time.Second, "the entry dead-lettered", func() bool { return c.Stats().DeadLettered == 1 })
+	got := relayDeadLetters(t, ob, rdb, dead, 1)
+	if v := got[0].Values[adapter.EventTimeHeader]; v != adapter.FormatEventTime(at) {
+		t.Errorf("the dead letter's event time is %v, want the entry's %s", v, adapter.FormatEventTime(at))
+	}
+	var replay []any
+	for k, v := range got[0].Values {
+		replay = append(replay, k, v)
+	}
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: replay}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, rdb, stream, o, at)
+	waitFor(t, 10*time.Second, "the replay and the re-send settled", func() bool { s := c.Stats(); return s.Applied+s.Duplicates == 2 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if days := testenv.ClaimDays(t, db, l.schema, o.Key()); !slices.Equal(days, []string{"2026-11-30"}) {
+		t.Errorf("claims of %s on days %v, want [2026-11-30]", o.Key(), days)
+	}
+	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
 
 // TestTrimmedPendingEntry: an entry trimmed from the stream while it waits

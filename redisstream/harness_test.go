@@ -13,6 +13,7 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/internal/testenv"
+	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/redisstream"
 )
@@ -77,6 +78,47 @@ func newLedger(t testing.TB, db *sql.DB, consumer string, opts ...idempotent.Opt
 		t.Fatal(err)
 	}
 	return &ledger{db: db, schema: schema, mw: mw}
+}
+
+// outbox returns the outbox of consumer "loyalty" on a table of the
+// ledger's schema, created.
+func (l *ledger) outbox(t testing.TB) *outbox.Outbox {
+	t.Helper()
+	return testenv.Outbox(t, l.db, l.schema, "loyalty")
+}
+
+// deadStream names a dead-letter stream for stream, deleted in Cleanup.
+func deadStream(t testing.TB, rdb *redis.Client, stream string) string {
+	dead := stream + "-dead"
+	t.Cleanup(func() { _ = rdb.Del(context.Background(), dead).Err() })
+	return dead
+}
+
+// relayDeadLetters runs an outbox Relay with DeadLetterSender on ob until
+// the dead-letter stream dead holds n entries, and returns them.
+func relayDeadLetters(t testing.TB, ob *outbox.Outbox, rdb *redis.Client, dead string, n int64) []redis.XMessage {
+	t.Helper()
+	relay, err := outbox.NewRelay(ob, outbox.WithSender(redisstream.DeadLetterKind, redisstream.DeadLetterSender(rdb)),
+		outbox.WithPollInterval(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	waitFor(t, 10*time.Second, "the dead letters sent", func() bool {
+		m, err := rdb.XLen(ctx, dead).Result()
+		return err == nil && m == n
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got, err := rdb.XRange(context.Background(), dead, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // handler is the per-message effect: the order decoded from the payload,

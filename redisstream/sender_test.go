@@ -25,13 +25,7 @@ func TestSenderResendIsDuplicate(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.OpenPostgres(t, 4)
 	l := newLedger(t, db, "points")
-	ob, err := outbox.New(db, "loyalty", outbox.WithTable(l.schema+".outbox"), outbox.WithoutNotify())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob := l.outbox(t)
 	rdb := newClient(t, redisAddr())
 	stream := newStream(t, rdb, group)
 	orders := testenv.MakeOrders(6)

@@ -11,15 +11,21 @@
 // does.
 //
 // Keys are scoped by the Middleware's idempotent.SeenScope — the claim
-// table's database as its dialect names it, the table and the consumer —
-// hashed into a tag after the key prefix (see Seen.Key). Middlewares of one
-// consumer name on different databases or tables can therefore share one
-// Redis, with the default prefix or any other: staging and production,
-// tenants, a database/sql and a pgx Middleware on different tables. A
-// Middleware whose database cannot be named consults no pre-check at all.
+// table's database as its dialect names it, with the start of the server
+// holding it, the table and the consumer — hashed into a tag after the key
+// prefix (see Seen.Key). Middlewares of one consumer name on different
+// databases or tables can therefore share one Redis, with the default
+// prefix or any other: tenants, a database/sql and a pgx Middleware on
+// different tables. The scope changes whenever the database's server
+// starts, so a restored or cloned database never finds the entries of the
+// original; that keeps apart environments that share a Redis by mistake,
+// but give each environment (staging, production) its own Redis or its
+// own WithPrefix all the same. A Middleware whose database cannot be named
+// consults no pre-check at all.
 //
 // A Duplicate from Redis is safe only where the message was already
-// settled at the broker; after restoring the claim database, see
-// idempotent.Seen and docs/operations.md ("Pre-check and restores") for
-// what to clear.
+// settled at the broker; for what a restart, a restore or a failover of
+// the claim database does to the scope, and what to clear when it does
+// not change it, see idempotent.Seen and docs/operations.md ("Pre-check
+// and restores").
 package seenredis

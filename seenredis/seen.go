@@ -23,10 +23,11 @@ const DefaultTimeout = 50 * time.Millisecond
 
 // Seen is an idempotent.Seen kept in Redis: one key per (scope, message
 // key), written with SET … PX after the claim committed and read with
-// EXISTS. The scope (idempotent.SeenScope: the claim table's database, the
-// table and the consumer) is always part of the key, so that Middlewares
-// of one consumer name on different databases or tables — staging and
-// production sharing one Redis, tenants — never answer for each other.
+// EXISTS. The scope (idempotent.SeenScope: the claim table's database and
+// its server's start, the table and the consumer) is always part of the
+// key, so that Middlewares of one consumer name on different databases or
+// tables — tenants, say — never answer for each other, nor a database
+// restored or cloned for the original.
 // Any Redis failure — down, slow beyond the timeout, evicted keys — is a
 // miss: the delivery goes to the claim in the database, which stays the
 // authority. It is safe for concurrent use.

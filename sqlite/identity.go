@@ -2,7 +2,9 @@ package sqlite
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -16,18 +18,31 @@ var _ dialect.Identifier = (*Dialect)(nil)
 // the file's absolute path, and "" for an in-memory or temporary database.
 const identitySQL = "SELECT file FROM pragma_database_list WHERE name = ?"
 
+// process is drawn once per process: SQLite runs inside the process, so
+// the process's start is the database engine's start.
+var process = func() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}()
+
 // Identity names the claim table t for the duplicate pre-check: "sqlite
-// table <schema>.<table> file <absolute path of the database file>". It
-// only reads.
+// table <schema>.<table> file <absolute path of the database file>
+// process <16 hex digits>". The last is a random number the package draws
+// once per process. It only reads.
 //
-// The path is what tells apart the databases of one host, which is what an
-// in-process pre-check (idempotent.SeenLRU) shared by several of them needs.
-// It does not tell apart two hosts whose databases have the same path, nor
-// a file from the copy restored over it: nothing in a SQLite file does (an
-// identifier stored in the database would be copied with it). Two hosts
-// that share one pre-check store, such as one Redis, need a key prefix
-// each (seenredis.WithPrefix); after restoring a file, clear the pre-check
-// (see idempotent.Seen on restores).
+// SQLite has no server: the database engine starts with the process that
+// opens the file, so the process stands for the server's start. The path
+// tells apart the databases of one host; the number tells apart
+// processes, and so two hosts whose databases have the same path, and the
+// same file before and after a restart of the process. Nothing in a SQLite
+// file can tell it from a copy restored over it (an identifier stored in
+// the database would be copied with it), so stop the consumers while
+// restoring the file, as SQLite needs anyway (a connection that stays open
+// across the copy goes on with the file it opened): once restarted they
+// use a new scope and find nothing from before. Two processes on one file
+// share no scope either: a message one of them recorded is a miss for the
+// other, which its claim then answers.
 //
 // An in-memory or temporary database has no path, and Identity returns an
 // error: the middleware leaves the pre-check out.
@@ -45,5 +60,5 @@ func (d *Dialect) Identity(ctx context.Context, t dialect.Table, q dialect.Query
 	case file == "":
 		return "", fmt.Errorf("sqlite dialect: read the identity of %s: database %q is in memory or temporary, with no file to name it", t, schema)
 	}
-	return "sqlite table " + schema + "." + t.Name + " file " + file, nil
+	return "sqlite table " + schema + "." + t.Name + " file " + file + " process " + process, nil
 }

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,7 +37,7 @@ func TestIdentitySQLGolden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(&b, "-- name %s\n\n", id)
+		fmt.Fprintf(&b, "-- name %s\n\n", strings.Replace(id, " process "+process, " process <16 hex digits>", 1))
 	}
 	golden.Compare(t, filepath.Join("testdata", "identity_sql.golden"), b.String())
 	boom := errors.New("boom")
@@ -46,8 +48,8 @@ func TestIdentitySQLGolden(t *testing.T) {
 
 // TestIdentityOnFiles reads the name on real files: the same from two
 // pools on one file, different for another file, the attached database's
-// file for its tables; an error for an unknown schema and for an in-memory
-// database.
+// file for its tables, each with this process's number; an error for an
+// unknown schema and for an in-memory database.
 func TestIdentityOnFiles(t *testing.T) {
 	db, path := openTemp(t)
 	name, err := readIdentity(db, dialect.Table{Name: "claims"})
@@ -58,7 +60,7 @@ func TestIdentityOnFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name != "sqlite table main.claims file "+abs {
+	if name != "sqlite table main.claims file "+abs+" process "+process {
 		t.Fatalf("identity %q, want the file %s", name, abs)
 	}
 	again, _ := openTemp(t)
@@ -81,7 +83,7 @@ func TestIdentityOnFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	otherAbs, _ := filepath.Abs(other)
-	if a, err := readIdentity(db, dialect.Table{Schema: "tenant", Name: "claims"}); err != nil || a != "sqlite table tenant.claims file "+otherAbs {
+	if a, err := readIdentity(db, dialect.Table{Schema: "tenant", Name: "claims"}); err != nil || a != "sqlite table tenant.claims file "+otherAbs+" process "+process {
 		t.Fatalf("attached: %q, %v; want the file %s", a, err, otherAbs)
 	}
 	if _, err := readIdentity(db, dialect.Table{Schema: "nope", Name: "claims"}); err == nil || !strings.Contains(err.Error(), "no attached database") {
@@ -95,5 +97,44 @@ func TestIdentityOnFiles(t *testing.T) {
 	defer mem.Close()
 	if _, err := readIdentity(mem, dialect.Table{Name: "claims"}); err == nil || !strings.Contains(err.Error(), "in memory") {
 		t.Fatalf("in memory: %v, want an error saying it has no file", err)
+	}
+}
+
+// TestIdentityOfAnotherProcess: another process (this test binary run
+// again) names the same file otherwise, as a restarted consumer does: the
+// number it drew is its own.
+func TestIdentityOfAnotherProcess(t *testing.T) {
+	if path := os.Getenv("IDEMPOTENT_SQLITE_IDENTITY_OF"); path != "" {
+		// The other process: print the name and stop.
+		db, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		name, err := readIdentity(db, dialect.Table{Name: "claims"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println(name)
+		return
+	}
+	if len(process) != 16 {
+		t.Fatalf("process %q, want 16 hex digits", process)
+	}
+	db, path := openTemp(t)
+	name, err := readIdentity(db, dialect.Table{Name: "claims"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIdentityOfAnotherProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEMPOTENT_SQLITE_IDENTITY_OF="+path)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the other process: %v\n%s", err, out)
+	}
+	other, _, _ := strings.Cut(string(out), "\n")
+	file, _, _ := strings.Cut(name, " process ")
+	if !strings.HasPrefix(other, file+" process ") || other == name {
+		t.Fatalf("the other process named the file %q, this one %q: want the same file and another process", other, name)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -1149,10 +1151,92 @@ func TestOutboxCarriesEventTime(t *testing.T) {
 	at := time.Date(2026, 11, 30, 23, 59, 58, 123456000, time.FixedZone("CET", 3600))
 	enqueue(t, db, ob, "order-1", "replay", `{"n":1}`, outbox.WithEventTime(at))
 	enqueue(t, db, ob, "order-2", "replay", `{"n":2}`)
+	got := relayedEventTimes(t, ob, "replay", 2)
+	if !got["order-1"].Equal(at) {
+		t.Errorf("order-1 reached the Sender with event time %v, want %v", got["order-1"], at)
+	}
+	if !got["order-2"].IsZero() {
+		t.Errorf("order-2 reached the Sender with event time %v, want the zero time", got["order-2"])
+	}
+}
+
+// TestOutboxEventTimeKeepsItsDay: a call enqueued with an event time in the
+// last microsecond of its day — 23:59:59.9999996Z; Go's end-of-day idiom,
+// day.Add(24*time.Hour - time.Nanosecond), lands there too — reaches its
+// Sender at the same instant, never the next day's midnight. A dead letter
+// the Sender publishes with it, replayed, and a re-send of the original are
+// then one claim, on the event's day, and one effect, on a claim table
+// partitioned by event day.
+func TestOutboxEventTimeKeepsItsDay(t *testing.T) {
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	for _, at := range []time.Time{day.Add(24*time.Hour - 400*time.Nanosecond), day.Add(24*time.Hour - time.Nanosecond)} {
+		t.Run(at.Format(time.RFC3339Nano), func(t *testing.T) {
+			l, _ := partitionedLoyalty(t, day.Add(24*time.Hour+30*time.Second), 2)
+			ob := testenv.Outbox(t, l.db, l.schema, "loyalty")
+			o := orderCompleted{OrderID: 1, CustomerID: 1, TotalCents: 500}
+			// The original's delivery was poison: its dead letter is a row
+			// with its event time, as every adapter's WithDeadLetter writes.
+			enqueue(t, l.db, ob, o.key(), "dead-letter", `{"order_id": 1}`, outbox.WithEventTime(at))
+			sent := relayedEventTimes(t, ob, "dead-letter", 1)[o.key()]
+			if !sent.Equal(at) {
+				t.Errorf("the Sender got event time %s, want %s", sent.UTC().Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
+			}
+			// The dead letter replayed, with the event time its Sender
+			// carries, and a re-send of the original.
+			var outcomes []idempotent.Outcome
+			for _, et := range []time.Time{sent, at} {
+				out, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: o.key(), EventTime: et}, func(ctx context.Context, tx *sql.Tx) error {
+					return l.credit(ctx, tx, o)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				outcomes = append(outcomes, out)
+			}
+			if days := testenv.ClaimDays(t, l.db, l.schema, o.key()); !slices.Equal(days, []string{"2026-11-30"}) {
+				t.Errorf("claims of %s on days %v, want [2026-11-30]; outcomes %v", o.key(), days, outcomes)
+			}
+			testenv.AuditLedger(t, l.db, l.schema, 1, map[int64]int64{1: 5})
+		})
+	}
+}
+
+// TestOutboxSchemaGainsEventTimeNs: an outbox table made before
+// event_time_ns existed gains it from EnsureSchema; its rows written
+// without it are read with their event_time alone, and new rows keep their
+// event time to the nanosecond.
+func TestOutboxSchemaGainsEventTimeNs(t *testing.T) {
+	db := openAsyncDB(t)
+	ob, schema := newOutbox(t, db, "upgrade", outbox.WithoutNotify())
+	table := pq.QuoteIdentifier(schema) + ".outbox"
+	if _, err := db.Exec("ALTER TABLE " + table + " DROP COLUMN event_time_ns"); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC)
+	if _, err := db.Exec("INSERT INTO "+table+" (consumer, message_key, kind, idempotency_key, payload, event_time) VALUES ('upgrade', 'order-1', 'replay', 'k1', '{}', $1)", old); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 30, 23, 59, 59, 999999999, time.UTC)
+	enqueue(t, db, ob, "order-2", "replay", `{}`, outbox.WithEventTime(at))
+	got := relayedEventTimes(t, ob, "replay", 2)
+	if !got["order-1"].Equal(old) || !got["order-2"].Equal(at) {
+		t.Errorf("event times %s and %s, want %s (a row from before event_time_ns) and %s",
+			got["order-1"].UTC().Format(time.RFC3339Nano), got["order-2"].UTC().Format(time.RFC3339Nano), old.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
+	}
+}
+
+// relayedEventTimes runs a relay whose Sender for kind takes note of each
+// call's Message.EventTime (the zero time for none), until n calls were
+// sent, and returns them by message key.
+func relayedEventTimes(t testing.TB, ob *outbox.Outbox, kind string, n int) map[string]time.Time {
+	t.Helper()
 	var mu sync.Mutex
 	got := map[string]time.Time{}
 	r, err := outbox.NewRelay(ob, outbox.WithPollInterval(10*time.Millisecond),
-		outbox.WithSender("replay", outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
+		outbox.WithSender(kind, outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
 			got[m.MessageKey] = m.EventTime
@@ -1162,16 +1246,13 @@ func TestOutboxCarriesEventTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runRelay(t, r)
-	waitUntil(t, 10*time.Second, "both calls sent", func() bool {
+	waitUntil(t, 10*time.Second, "the calls sent", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(got) == 2
+		return len(got) == n
 	})
 	stop()
-	if !got["order-1"].Equal(at) {
-		t.Errorf("order-1 reached the Sender with event time %v, want %v", got["order-1"], at)
-	}
-	if !got["order-2"].IsZero() {
-		t.Errorf("order-2 reached the Sender with event time %v, want the zero time", got["order-2"])
-	}
+	mu.Lock()
+	defer mu.Unlock()
+	return got
 }

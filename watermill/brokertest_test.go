@@ -34,7 +34,7 @@ func TestBrokertest(t *testing.T) {
 type goChannelHarness struct{}
 
 func (goChannelHarness) Features() brokertest.Features {
-	return brokertest.Features{LoseAck: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true}
+	return brokertest.Features{LoseAck: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true, Ordered: true}
 }
 
 func (goChannelHarness) Open(t *testing.T) brokertest.Transport {
@@ -59,7 +59,7 @@ func (goChannelHarness) Open(t *testing.T) brokertest.Transport {
 type amqpHarness struct{}
 
 func (amqpHarness) Features() brokertest.Features {
-	return brokertest.Features{LoseAck: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true}
+	return brokertest.Features{LoseAck: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true, Ordered: true}
 }
 
 func (amqpHarness) Open(t *testing.T) brokertest.Transport {

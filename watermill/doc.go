@@ -83,8 +83,8 @@
 // (adapter.Rule.Settle; the table is in that package's documentation):
 // Applied and Duplicate return nil, so the router acks; what a later
 // delivery may fix — your Handler's error, a claim the transaction could not
-// make, an event time less than the future bound ([WithFutureBound],
-// adapter.DefaultFutureBound) past the clock and its skew margin — returns
+// make, an event time less than the future bound ([WithFutureBound], by
+// default the clock-skew margin) past the clock and its skew margin — returns
 // a [*RequeueError], for the router to nack; what none can fix — no key, a
 // bad event-time field, an event time older than the retention window or
 // further ahead than the bound, a Handler error marked with adapter.Poison

@@ -74,7 +74,7 @@ func (v *verdicts) of(key string) (poisoned int, delay time.Duration, requeued b
 // poisonRouter runs the ledger's handler with a poison queue outside it,
 // filtered by adapter.IsPoison, and verdicts between them; it returns the
 // settlement counts, the verdicts, the Pub/Sub and the poison topic.
-func poisonRouter(t testing.TB, l *ledger) (*settled, *verdicts, *gochannel.GoChannel, <-chan *message.Message) {
+func poisonRouter(t testing.TB, l *ledger, opts ...idwm.Option) (*settled, *verdicts, *gochannel.GoChannel, <-chan *message.Message) {
 	t.Helper()
 	pubsub := newGoChannel(t)
 	poisonQ, err := middleware.PoisonQueueWithFilter(pubsub, "orders.poison", adapter.IsPoison)
@@ -88,7 +88,7 @@ func poisonRouter(t testing.TB, l *ledger) (*settled, *verdicts, *gochannel.GoCh
 	r := newRouter(t)
 	s, v := &settled{}, newVerdicts()
 	r.AddMiddleware(s.middleware, poisonQ, v.middleware)
-	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil)))
+	r.AddConsumerHandler("loyalty", "orders", pubsub, ours(t, l, l.handler(nil), opts...))
 	runRouter(t, r)
 	return s, v, pubsub, poisoned
 }
@@ -163,8 +163,10 @@ func TestPartitionedWithoutEventTimeIsRefusedAtConstruction(t *testing.T) {
 	}
 }
 
-// TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison: a message dated 30 minutes ahead of the clock (within
-// adapter.DefaultFutureBound past the clock-skew margin) is nacked with a
+// TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison: behind GoChannel,
+// where other messages pass a nacked one, with WithFutureBound(
+// adapter.DefaultFutureBound): a message dated 30 minutes ahead of the
+// clock (within the bound past the clock-skew margin) is nacked with a
 // *RequeueError, nothing written, and applied once the clock has caught
 // up; one dated 3 hours ahead goes to the poison topic exactly once,
 // nothing written.
@@ -180,7 +182,7 @@ func TestFutureDatedRequeuedUntilTheClockCatchesUpOrPoison(t *testing.T) {
 				opts = append(opts, idempotent.WithDailyPartitions(2))
 			}
 			l := newLedger(t, testenv.OpenPostgres(t, 4), "loyalty", opts...)
-			s, v, pubsub, poisoned := poisonRouter(t, l)
+			s, v, pubsub, poisoned := poisonRouter(t, l, idwm.WithFutureBound(adapter.DefaultFutureBound))
 
 			far := order{OrderID: 1, CustomerID: 1, Points: 5}
 			soon := order{OrderID: 2, CustomerID: 2, Points: 7}

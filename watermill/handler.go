@@ -26,6 +26,10 @@ var transport = adapter.Transport[*message.Message]{
 	Name:       "watermill",
 	DefaultKey: UUID(),
 	Header:     metadata,
+	// Some subscribers redeliver a nacked message before any behind it
+	// (Watermill's Kafka and SQL subscribers); the handler cannot tell
+	// which one feeds it.
+	Ordered: true,
 }
 
 // NewHandler returns the router handler that applies each message's effect

@@ -84,8 +84,14 @@ func WithRetryDelay(initial, max time.Duration) Option {
 
 // WithFutureBound sets how far ahead of the Middleware's clock (past its
 // clock-skew margin) a message's event time may be and the message be
-// requeued until the clock catches up; one further ahead is poison.
-// Default is adapter.DefaultFutureBound.
+// requeued until the clock catches up; one further ahead is poison. Some
+// subscribers redeliver a nacked message before any behind it (Watermill's
+// Kafka and SQL subscribers: the partition or table waits), so the default
+// is short: the Middleware's clock-skew margin (idempotent.WithClockSkew).
+// Behind a subscriber where other messages pass a nacked one (GoChannel,
+// AMQP), adapter.DefaultFutureBound lets a message dated up to an hour
+// ahead wait instead of going to the poison queue. Default is the
+// clock-skew margin.
 func WithFutureBound(d time.Duration) Option {
 	return optionFunc(func(c *config) error { return wrapOpt(c.SetFutureBound(d)) })
 }

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS `shop`.`processed_messages_http` (
 	message_key VARBINARY(1024) NOT NULL,
 	fingerprint VARBINARY(64)   NOT NULL,
 	status      INT             NOT NULL,
-	header      BLOB            NOT NULL,
+	header      LONGBLOB        NOT NULL,
 	body        LONGBLOB        NOT NULL,
 	created_at  BIGINT          NOT NULL,
 	PRIMARY KEY (consumer, message_key),
@@ -26,4 +26,11 @@ SELECT fingerprint, status, header, body FROM `shop`.`processed_messages_http` W
 
 DELETE FROM `shop`.`processed_messages_http` WHERE created_at < ?
 AND NOT EXISTS (SELECT 1 FROM `shop`.`processed_messages` c WHERE c.consumer = `shop`.`processed_messages_http`.consumer AND c.message_key = `shop`.`processed_messages_http`.message_key) LIMIT ?;
+
+-- upgrade of a table made by an earlier version: header type, lock wait, widen
+SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = 'header';
+
+SET SESSION lock_wait_timeout = 5;
+
+ALTER TABLE `shop`.`processed_messages_http` MODIFY header LONGBLOB NOT NULL;
 

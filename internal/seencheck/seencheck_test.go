@@ -3,6 +3,7 @@ package seencheck
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -16,14 +17,15 @@ func TestUnknown(t *testing.T) {
 	}
 }
 
-// TestScope: the scope is read once; a failed read is answered from memory
-// until RetryAfter has passed, then read again; a read cut short by its
-// caller's context is not remembered; concurrent callers share one read.
+// TestScope: a read scope is answered from memory; a failed read is
+// answered from memory until RetryAfter has passed, then read again; a
+// read cut short by its caller's context is not remembered; concurrent
+// callers share one read.
 func TestScope(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1000, 0)
 	var s Scope[string]
-	s.now = func() time.Time { return now }
+	s.Now = func() time.Time { return now }
 	reads := 0
 	boom := errors.New("boom")
 	fail := func(context.Context) (string, error) { reads++; return "", boom }
@@ -41,12 +43,12 @@ func TestScope(t *testing.T) {
 		t.Fatalf("after RetryAfter: %q, %v after %d reads", v, err, reads)
 	}
 	if v, err := s.Get(ctx, fail); err != nil || v != "scope" || reads != 2 {
-		t.Fatalf("once read: %q, %v after %d reads, want no read", v, err, reads)
+		t.Fatalf("read: %q, %v after %d reads, want no read", v, err, reads)
 	}
 
 	// A read that fails because its caller gave up is not remembered.
 	var c Scope[string]
-	c.now = s.now
+	c.Now = s.Now
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := c.Get(cctx, func(ctx context.Context) (string, error) { return "", ctx.Err() }); !errors.Is(err, context.Canceled) {
@@ -88,5 +90,93 @@ func TestScope(t *testing.T) {
 	wg.Wait()
 	if n != 1 || slices.ContainsFunc(got, func(v string) bool { return v != "scope" }) {
 		t.Fatalf("%d reads, answers %q; want one read and four answers", n, got)
+	}
+}
+
+// TestScopeAges: a scope is answered for MaxAge after its read began, by
+// the Scope's clock, then read again; a read that fails then leaves no
+// scope, and is not tried again before RetryAfter. A clock set back
+// before the read also reads again.
+func TestScopeAges(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	var s Scope[string]
+	s.Now = func() time.Time { return now }
+	name, reads := "one", 0
+	var readErr error
+	read := func(context.Context) (string, error) {
+		reads++
+		now = now.Add(time.Second) // a read takes time: the age counts from its start
+		return name, readErr
+	}
+	if v, err := s.Get(ctx, read); err != nil || v != "one" || reads != 1 {
+		t.Fatalf("first read: %q, %v after %d reads", v, err, reads)
+	}
+	now = now.Add(MaxAge - time.Second - time.Nanosecond)
+	if v, err := s.Get(ctx, read); err != nil || v != "one" || reads != 1 {
+		t.Fatalf("just under MaxAge: %q, %v after %d reads, want no read", v, err, reads)
+	}
+	now = now.Add(time.Nanosecond)
+	name = "two"
+	if v, err := s.Get(ctx, read); err != nil || v != "two" || reads != 2 {
+		t.Fatalf("at MaxAge: %q, %v after %d reads, want a new read", v, err, reads)
+	}
+
+	// An aged scope whose read fails is gone: the error, then nothing
+	// before RetryAfter.
+	now = now.Add(MaxAge)
+	boom := errors.New("boom")
+	readErr = boom
+	if v, err := s.Get(ctx, read); !errors.Is(err, boom) || v != "" || reads != 3 {
+		t.Fatalf("aged, read fails: %q, %v after %d reads", v, err, reads)
+	}
+	readErr = nil
+	now = now.Add(RetryAfter - 2*time.Second)
+	if v, err := s.Get(ctx, read); !errors.Is(err, boom) || v != "" || reads != 3 {
+		t.Fatalf("aged, within RetryAfter: %q, %v after %d reads, want the error and no read", v, err, reads)
+	}
+	now = now.Add(time.Second)
+	name = "three"
+	if v, err := s.Get(ctx, read); err != nil || v != "three" || reads != 4 {
+		t.Fatalf("after RetryAfter: %q, %v after %d reads", v, err, reads)
+	}
+
+	// A clock set back before the read: read again.
+	now = now.Add(-time.Hour)
+	name = "four"
+	if v, err := s.Get(ctx, read); err != nil || v != "four" || reads != 5 {
+		t.Fatalf("clock set back: %q, %v after %d reads, want a new read", v, err, reads)
+	}
+}
+
+// TestScopeForget: Forget drops the scope, whatever its age, and a read
+// that Forget overtakes is not kept: it fails with ErrForgotten and the
+// next Get reads again.
+func TestScopeForget(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	var s Scope[string]
+	s.Now = func() time.Time { return now }
+	reads := 0
+	read := func(context.Context) (string, error) { reads++; return fmt.Sprint("scope-", reads), nil }
+	if v, err := s.Get(ctx, read); err != nil || v != "scope-1" {
+		t.Fatalf("first read: %q, %v", v, err)
+	}
+	s.Forget()
+	if v, err := s.Get(ctx, read); err != nil || v != "scope-2" || reads != 2 {
+		t.Fatalf("after Forget: %q, %v after %d reads, want a new read", v, err, reads)
+	}
+
+	s.Forget()
+	overtaken := func(context.Context) (string, error) {
+		reads++
+		s.Forget() // a lost connection seen while the read runs
+		return "old", nil
+	}
+	if v, err := s.Get(ctx, overtaken); !errors.Is(err, ErrForgotten) || v != "" {
+		t.Fatalf("a read overtaken by Forget: %q, %v; want ErrForgotten", v, err)
+	}
+	if v, err := s.Get(ctx, read); err != nil || v != "scope-4" || reads != 4 {
+		t.Fatalf("after an overtaken read: %q, %v after %d reads, want a new read at once", v, err, reads)
 	}
 }

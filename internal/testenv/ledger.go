@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"context"
 	"database/sql"
 	"strings"
 	"testing"
 
 	"github.com/lib/pq"
+
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // Count runs query, a SELECT of one integer in which $S stands for the
@@ -70,4 +73,42 @@ func AuditLedger(t testing.TB, db *sql.DB, schema string, orders int, want map[i
 	if wrong > 0 {
 		t.Errorf("%d balances wrong", wrong)
 	}
+}
+
+// ClaimDays returns the event days (2006-01-02, ascending) of the claims
+// of key in the claim table processed_messages of schema, partitioned by
+// event day, on Postgres.
+func ClaimDays(t testing.TB, db *sql.DB, schema, key string) []string {
+	t.Helper()
+	rows, err := db.Query("SELECT to_char(event_day, 'YYYY-MM-DD') FROM "+pq.QuoteIdentifier(schema)+".processed_messages WHERE message_key = $1 ORDER BY event_day", key)
+	if err != nil {
+		t.Fatalf("claim days of %s: %v", key, err)
+	}
+	defer rows.Close()
+	var days []string
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		days = append(days, d)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return days
+}
+
+// Outbox returns consumer's outbox on the table outbox of schema, without
+// notifications, created.
+func Outbox(t testing.TB, db *sql.DB, schema, consumer string) *outbox.Outbox {
+	t.Helper()
+	ob, err := outbox.New(db, consumer, outbox.WithTable(schema+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

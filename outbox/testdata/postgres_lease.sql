@@ -10,4 +10,4 @@ WHERE id = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time
+RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns

@@ -15,12 +15,15 @@ CREATE TABLE IF NOT EXISTS "app"."outbox" (
 	last_error       text,
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	event_time       timestamptz,
+	event_time_ns    smallint,
 	sent_at          timestamptz,
 	dead_at          timestamptz,
 	UNIQUE (idempotency_key, kind)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS event_time timestamptz;
+
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS event_time_ns smallint;
 
 CREATE INDEX IF NOT EXISTS "outbox_due" ON "app"."outbox" (next_attempt_at) WHERE state = 'pending';
 
