@@ -49,10 +49,16 @@ const (
 	wantGone
 	// wantPanic: the handler's panic reaches its caller; nothing committed.
 	wantPanic
+	// wantRetried: the attempt failed on a retryable error the handler
+	// swallowed: an error with nothing committed, or Applied by a retry.
+	wantRetried
+	// wantDuplicate: Duplicate, its claim and effect committed once (by
+	// the culprit's own commit of the group's transaction).
+	wantDuplicate
 )
 
 func (k wantKind) String() string {
-	return [...]string{"applied", "failed, nothing committed", "committed by the handler", "gone", "panic, nothing committed"}[k]
+	return [...]string{"applied", "failed, nothing committed", "committed by the handler", "gone", "panic, nothing committed", "failed or applied by a retry", "duplicate"}[k]
 }
 
 // want is what a mistake's culprit must end as.
@@ -177,7 +183,13 @@ func mistakes[T any]() []mistake[T] {
 			},
 			want: func(c *cell[T], o *observed) want {
 				c.provoked(o)
-				return c.afterSwallowed(o)
+				w := c.afterSwallowed(o)
+				if w.kind == wantFailed {
+					// The attempt failed on a retryable error: the
+					// middleware may retry it.
+					w.kind = wantRetried
+				}
+				return w
 			},
 		},
 		{
@@ -481,9 +493,18 @@ func (c *cell[T]) mistake(mk mistake[T]) {
 				bad("want its panic, and nothing committed")
 			}
 			return
-		case wantApplied:
-			if r.err != nil || r.panicked != nil || r.out != idempotent.Applied || !committed {
-				bad("want Applied with its claim and effect once")
+		case wantApplied, wantDuplicate:
+			out := idempotent.Applied
+			if w.kind == wantDuplicate {
+				out = idempotent.Duplicate
+			}
+			if r.err != nil || r.panicked != nil || r.out != out || !committed {
+				bad("want %v with its claim and effect once", out)
+			}
+			return
+		case wantRetried:
+			if r.panicked != nil || !(r.err != nil && nothing || r.err == nil && r.out == idempotent.Applied && committed) {
+				bad("want an error with nothing committed, or Applied once by a retry")
 			}
 			return
 		}
@@ -519,7 +540,7 @@ func (c *cell[T]) mistake(mk mistake[T]) {
 		case res[i].out == idempotent.Duplicate && w.kind == wantCommitted && c.m.Coalesced && i < k:
 			// The culprit committed the group's transaction, its own
 			// and the earlier members' claims and effects with it.
-			ended(i, want{kind: wantCommitted}, "message")
+			ended(i, want{kind: wantDuplicate}, "message")
 		case res[i].err != nil:
 			ended(i, want{kind: wantFailed}, "message")
 		default:
