@@ -472,8 +472,9 @@ func (c *cell[T]) mistake(mk mistake[T]) {
 		c.t.Fatalf("the culprit's handler never ran: %v", res)
 	}
 	w := mk.want(c, o)
+	c.t.Logf("the culprit: %v; want %s", res[k], w.kind)
 	if w.why != "" {
-		c.t.Logf("%s: %s", w.kind, w.why)
+		c.t.Logf("because %s", w.why)
 	}
 	c.sameGroup(res, k)
 	claims := c.claims()
