@@ -279,7 +279,7 @@ func exerciseMode[T any](t *testing.T, e *Env, d Driver[T], m Mode, sem chan str
 		return
 	}
 	var cells []scenario[T]
-	if m.Coalesced {
+	if m.Coalesced && !d.Guarded {
 		cells = append(cells, scenario[T]{name: "LockWaitRefused", run: func(c *cell[T]) { checkLockWaitRefusal(c.t, e, d, m) }})
 	}
 	for _, s := range scenarios[T]() {

@@ -261,7 +261,7 @@ func (c *cell[T]) lostSession() {
 				return err
 			}
 			if i == 1 && !killed {
-				killed = true // handlers of one round run one at a time
+				killed = true // only message 1's handler reads it, one attempt at a time
 				c.d.KillSession(c.t, tx, admin)
 			}
 			return nil
