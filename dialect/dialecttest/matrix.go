@@ -216,6 +216,9 @@ type Driver[T any] struct {
 func Exercise[T any](t *testing.T, h Harness, d Driver[T]) {
 	t.Helper()
 	e := newEnv(t, h)
+	if d.New == nil || d.Exec == nil || d.QueryInt == nil || d.Commit == nil || d.Rollback == nil || d.Identity == nil {
+		t.Fatalf("dialecttest: Driver %q lacks one of New, Exec, QueryInt, Commit, Rollback and Identity", d.Name)
+	}
 	t.Run("Matrix", func(t *testing.T) { exercise(t, e, d) })
 }
 
