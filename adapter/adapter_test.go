@@ -156,3 +156,35 @@ func TestRuleDelay(t *testing.T) {
 		t.Errorf("Rule with an hour's backoff: Delay(1) = %v", d)
 	}
 }
+
+// TestRuleTakesAZeroClockSkew: the Rule of a Middleware created
+// WithClockSkew(0) has no margin — not idempotent.DefaultClockSkew — so on
+// an ordered transport a message dated a minute ahead is poison at once,
+// and on a queue it waits that minute, not the minute less five.
+func TestRuleTakesAZeroClockSkew(t *testing.T) {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	mw, err := idempotent.New(db, postgres.New(), "c", idempotent.WithClockSkew(0), idempotent.WithClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := idempotent.Message{Key: "k", EventTime: now.Add(time.Minute)}
+	ahead := fmt.Errorf("%w: dated ahead", idempotent.ErrInvalidEventTime)
+	for _, ordered := range []bool{true, false} {
+		cfg := adapter.NewConfig(adapter.Transport[string]{Name: "t", Ordered: ordered, DefaultKey: func(s string) (string, error) { return s, nil }, Header: func(string, string) (string, bool) { return "", false }})
+		if err := cfg.Check(mw); err != nil {
+			t.Fatal(err)
+		}
+		d := cfg.Rule().Settle(msg, ahead, 1)
+		switch {
+		case ordered && d.Action != adapter.DeadLetter:
+			t.Errorf("ordered, no margin: %+v, want dead-lettered", d)
+		case !ordered && (d.Action != adapter.Requeue || d.Delay < time.Minute):
+			t.Errorf("queue, no margin: %+v, want requeued for at least the minute it is ahead", d)
+		}
+	}
+}

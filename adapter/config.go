@@ -255,7 +255,7 @@ func (c *Config[T]) Rule() Rule {
 	}
 	if c.checked != nil {
 		cfg := c.checked.Config()
-		r.ClockSkew, r.Now = cfg.ClockSkew, cfg.Clock
+		r.ClockSkew, r.skewSet, r.Now = cfg.ClockSkew, true, cfg.Clock
 	}
 	return r
 }

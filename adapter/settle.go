@@ -75,9 +75,12 @@ type Rule struct {
 	// where the others pass a waiting delivery, keeps DefaultFutureBound.
 	Ordered bool
 	// ClockSkew is the Middleware's clock-skew margin (its
-	// Config().ClockSkew).
-	// Default idempotent.DefaultClockSkew.
+	// Config().ClockSkew). Default idempotent.DefaultClockSkew; the Rule
+	// of Config.Rule takes the Middleware's margin as it is, zero (a
+	// Middleware created WithClockSkew(0)) included.
 	ClockSkew time.Duration
+	// skewSet says ClockSkew is the Middleware's, zero included.
+	skewSet bool
 	// Now is the clock (the Middleware's Config().Clock). Default
 	// time.Now.
 	Now func() time.Time
@@ -121,7 +124,7 @@ func (r Rule) now() time.Time {
 }
 
 func (r Rule) skew() time.Duration {
-	if r.ClockSkew > 0 {
+	if r.ClockSkew > 0 || r.skewSet {
 		return r.ClockSkew
 	}
 	return idempotent.DefaultClockSkew

@@ -12,6 +12,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // Consumer receives messages from a gocloud.dev/pubsub Subscription, claims
@@ -70,6 +71,9 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c.hold = c.rule.Backoff.MaxBackoff
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
+		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
+			return nil, fmt.Errorf("cdkpubsub: WithDeadLetter: %w", err)
+		}
 		p, err := adapter.NewPath(mw)
 		if err != nil {
 			return nil, fmt.Errorf("cdkpubsub: WithDeadLetter: %w", err)

@@ -228,7 +228,8 @@ func WithBatchWait(d time.Duration) Option {
 // be read, from its body and metadata), so a poison message delivered
 // again makes no second row. Register DeadLetterSender(topic) for kind on
 // an outbox.Relay to publish the rows to a dead-letter topic. ob must be on
-// the Middleware's database. A row that cannot be written (the database is
+// the Middleware's database, which must be Postgres (the outbox is Postgres
+// only: NewConsumer refuses the option for another dialect). A row that cannot be written (the database is
 // down) leaves the message to be delivered again (EventRequeued). Without
 // this option a poison message is acked and dropped, reported as
 // adapter.EventDeadLettered. Default is none.

@@ -13,6 +13,7 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/cdkpubsub"
+	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
@@ -34,6 +35,12 @@ func unitMiddleware(t *testing.T, opts ...idempotent.Option) *idempotent.Middlew
 	return mw
 }
 
+// notPostgres is a dialect of another name: the outbox, Postgres only,
+// refuses it.
+type notPostgres struct{ dialect.Dialect }
+
+func (notPostgres) Name() string { return "mysql" }
+
 func TestNewConsumerRejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	mw := unitMiddleware(t)
@@ -44,6 +51,11 @@ func TestNewConsumerRejectsBadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := func(*pubsub.Message) (time.Time, error) { return time.Now(), nil }
+	odb, _ := mocks.New(t)
+	other, err := idempotent.New(odb, notPostgres{postgres.New()}, "loyalty")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name    string
 		mw      *idempotent.Middleware
@@ -70,6 +82,7 @@ func TestNewConsumerRejectsBadOptions(t *testing.T) {
 		{"batch size", mw, effect, []cdkpubsub.Option{cdkpubsub.WithBatchSize(10)}, "NewBatchConsumer", nil},
 		{"batch wait", mw, effect, []cdkpubsub.Option{cdkpubsub.WithBatchWait(time.Millisecond)}, "NewBatchConsumer", nil},
 		{"nil dead-letter outbox", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(nil, "dead-letter")}, "WithDeadLetter", nil},
+		{"dead letter on another dialect", other, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, "dead-letter")}, "WithDeadLetter: the outbox is Postgres only", nil},
 		{"empty dead-letter kind", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, "")}, "WithDeadLetter", outbox.ErrInvalidKind},
 		{"bad dead-letter kind", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, "dead letter")}, "WithDeadLetter", outbox.ErrInvalidKind},
 		{"dead-letter kind starting with punctuation", mw, effect, []cdkpubsub.Option{cdkpubsub.WithDeadLetter(ob, ".dead")}, "WithDeadLetter", outbox.ErrInvalidKind},

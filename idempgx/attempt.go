@@ -32,6 +32,16 @@ type lease struct {
 	pc  *pgxpool.Conn // nil in unit tests
 }
 
+// busy reports whether the connection is still busy with a statement's
+// results: a handler returned with a query's rows or a batch's results
+// open, and nothing else can be sent on it.
+func (l *lease) busy() bool { return l.raw != nil && l.raw.PgConn().IsBusy() }
+
+// errResultsOpen fails a message whose handler returned with a query's
+// rows or a batch's results open (lease.busy): its own mistake, not a lost
+// connection, so it is not retried.
+var errResultsOpen = errors.New("idempgx: the handler returned with a query's rows or a batch's results open (close them before returning): its transaction cannot go on, and nothing of it commits")
+
 func (l *lease) release() {
 	if l.pc != nil {
 		// The pool closes a connection that is not idle (a rollback that
@@ -119,6 +129,9 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	if err == nil {
 		err = tx.violation
 	}
+	if a.l.busy() {
+		err = joinErr(err, errResultsOpen)
+	}
 	if err == nil {
 		if st, closed := m.status(&a.l); !closed && st == 'I' {
 			err = fmt.Errorf("%w: the handler ended the claim's transaction (a COMMIT or ROLLBACK statement)", idempotent.ErrAutocommit)
@@ -205,6 +218,15 @@ func readSteps(br pgx.BatchResults, lock bool, c claimer) (claimed, claimFailed 
 	}
 	claimed, err = c.read(br)
 	return claimed, err != nil, err
+}
+
+// joinErr is err and also, when err is not nil, e: errors.Join without
+// the nil.
+func joinErr(err, e error) error {
+	if err == nil {
+		return e
+	}
+	return errors.Join(err, e)
 }
 
 // handlerClass classifies a handler's error: retryable only when it is a

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
 // BatchFunc applies the effects of a batch's new messages inside the
@@ -144,7 +145,7 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 	// The pre-check: keys it knows are duplicates, and are not claimed.
 	scope := m.preCheckScope(ctx)
 	if hit := m.seenKeys(ctx, scope, c.uniq); hit != nil {
-		if c.uniq, first = unknown(hit, c.uniq, first); len(c.uniq) == 0 {
+		if c.uniq, first = seencheck.Unknown(hit, c.uniq, first); len(c.uniq) == 0 {
 			outcomes := make([]idempotent.Outcome, len(msgs))
 			for i := range outcomes {
 				outcomes[i] = idempotent.Duplicate

@@ -206,14 +206,18 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			continue
 		}
 		p.Outcomes[i], held = 0, false
-		if !o.ended && c.savepoints {
+		switch {
+		case o.ended, o.stuck:
+			// Nothing more can be sent in the transaction: the pool
+			// discards a busy connection, and the server rolls it back.
+		case c.savepoints:
 			broken, err := g.undo(ctx)
 			if err == nil {
 				c.fail(p, mb, o)
 				continue
 			}
 			o.ended = broken
-		} else if !o.ended {
+		default:
 			o.ended = g.rollback(ctx)
 		}
 		if o.ended && !o.panicked {
@@ -240,6 +244,9 @@ type own struct {
 	panicked bool
 	alone    bool // it waited for a lock past the group's bound: it runs alone
 	ended    bool // it ended the group's transaction
+	// stuck: it left the connection busy with results it did not close,
+	// so that nothing more can be sent in the group's transaction.
+	stuck bool
 }
 
 // fail records mb's own failure o.
@@ -271,8 +278,9 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 	}
 	st, closed := m.status(&a.l)
 	over := !closed && st == 'I' // the connection is out of any transaction
+	stuck := !closed && a.l.busy()
 	if h.Panicked {
-		return &own{panicked: true, ended: over}, dialect.Class{}, nil
+		return &own{panicked: true, ended: over, stuck: stuck}, dialect.Class{}, nil
 	}
 	err = h.Err
 	v := tx.violation
@@ -285,6 +293,8 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 	switch {
 	case over:
 		return &own{err: err, ended: true}, dialect.Class{}, nil
+	case stuck:
+		return &own{err: joinErr(err, errResultsOpen), stuck: true}, dialect.Class{}, nil
 	case err != nil:
 	case closed:
 		return nil, dialect.Class{Kind: dialect.KindConnection}, fmt.Errorf("idempgx: key %q: the connection was lost", mb.Key)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,12 +107,13 @@ var mistakes = []mistake{
 	}, effects: 1, claims: 1, before: idempotent.Applied},
 }
 
-// TestCoalescedHandlerMistakes runs each mistake by the second of four
-// messages and by the last, in both designs.
+// TestCoalescedHandlerMistakes runs each mistake by the first of four
+// messages (whose claim went with BEGIN), by the second and by the last, in
+// both designs.
 func TestCoalescedHandlerMistakes(t *testing.T) {
 	t.Parallel()
 	for _, mk := range mistakes {
-		for _, culprit := range []int{1, 3} {
+		for _, culprit := range []int{0, 1, 3} {
 			t.Run(fmt.Sprintf("%s/message %d of 4", mk.name, culprit+1), func(t *testing.T) {
 				t.Parallel()
 				designs(t, func(t *testing.T, savepoints bool) {
@@ -410,4 +412,69 @@ func TestCoalescedCommitFails(t *testing.T) {
 		}
 		e.wantAudit(t, []string{"c1", "c3"}, []string{"c2"})
 	})
+}
+
+// leaveRowsOpen applies k's effect, then leaves a query's rows open
+// (queryLeftOpen).
+func leaveRowsOpen(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+	if err := e.apply(ctx, tx, k); err != nil {
+		return err
+	}
+	return queryLeftOpen(ctx, tx)
+}
+
+// queryLeftOpen runs a query on tx and reads one of its rows, leaving them
+// open (no rows.Close), so that the connection is busy with them.
+func queryLeftOpen(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, "SELECT generate_series(1, 3)")
+	if err != nil {
+		return err
+	}
+	rows.Next()
+	return nil
+}
+
+// TestCoalescedHandlerLeavesRowsOpen: a handler that returns with a
+// query's rows open, every time it runs, leaves the group's connection
+// busy: its own message fails at once (not as a lost connection, retried
+// until the policy gives up, nor as a handler that ended the transaction),
+// and every other message of the group is applied.
+func TestCoalescedHandlerLeavesRowsOpen(t *testing.T) {
+	t.Parallel()
+	for _, culprit := range []int{0, 1, 3} {
+		t.Run(fmt.Sprintf("message %d of 4", culprit+1), func(t *testing.T) {
+			t.Parallel()
+			designs(t, func(t *testing.T, savepoints bool) {
+				e := newCoEnv(t, 4)
+				keys := []string{"m1", "m2", "m3", "m4"}
+				m := e.mw(t, len(keys), savepoints, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+				runs := 0 // the culprit's; handlers run one at a time
+				res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+					return func(ctx context.Context, tx pgx.Tx) error {
+						if k != keys[culprit] {
+							return e.apply(ctx, tx, k)
+						}
+						runs++
+						return leaveRowsOpen(ctx, e, tx, k)
+					}
+				})
+				for i, r := range res {
+					k := keys[i]
+					if i != culprit {
+						if r.Err != nil || r.Outcome != idempotent.Applied {
+							t.Errorf("%s: %+v, want applied", k, r)
+						}
+						continue
+					}
+					var exhausted *idempotent.RetriesExhaustedError
+					if r.Err == nil || errors.Is(r.Err, idempotent.ErrAutocommit) || errors.As(r.Err, &exhausted) || runs != 1 {
+						t.Errorf("%s: %+v after %d runs, want its own failure after one", k, r, runs)
+					}
+				}
+				others := slices.Delete(slices.Clone(keys), culprit, culprit+1)
+				e.wantAudit(t, others, keys[culprit:culprit+1])
+				e.redeliver(t, m, keys)
+			})
+		})
+	}
 }

@@ -231,8 +231,10 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // middleware commits), recording an error matching idempotent.ErrAutocommit
 // that fails the delivery; a COMMIT or ROLLBACK statement run through it is
 // caught the same way, as the connection is then no longer in a transaction.
-// Its Begin opens a savepoint. ProcessMessage called with fn's ctx fails
-// with ErrNested.
+// Its Begin opens a savepoint. A handler that returns with a query's rows
+// or a batch's results open fails, and is not retried: the connection is
+// still busy with them, so nothing of the attempt can commit.
+// ProcessMessage called with fn's ctx fails with ErrNested.
 //
 // Under WithCoalescing, concurrent calls share transactions: see there.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {

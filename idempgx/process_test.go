@@ -602,3 +602,34 @@ func TestSeenPreCheckBatch(t *testing.T) {
 		t.Fatalf("%v, %v; want three duplicates from the pre-check", outs, err)
 	}
 }
+
+// TestHandlerLeavesRowsOpen: a handler that returns with a query's rows
+// open leaves the claim's connection busy: its message fails at once, as
+// the handler's own failure (not a lost connection, retried until the
+// policy gives up), nothing of it commits, and the pool goes on.
+func TestHandlerLeavesRowsOpen(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 1, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+	ctx := context.Background()
+	runs := 0
+	_, err := m.ProcessMessage(ctx, idempotent.Message{Key: "open"}, func(ctx context.Context, tx pgx.Tx) error {
+		runs++
+		if _, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ('open')"); err != nil {
+			return err
+		}
+		return queryLeftOpen(ctx, tx)
+	})
+	var exhausted *idempotent.RetriesExhaustedError
+	if err == nil || errors.As(err, &exhausted) || runs != 1 {
+		t.Fatalf("err = %v after %d runs, want the handler's own failure after one", err, runs)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".claims") + count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 0 {
+		t.Fatalf("%d claims and effects committed", n)
+	}
+	if out, err := m.ProcessMessage(ctx, idempotent.Message{Key: "open"}, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+s+".effects (id) VALUES ('open')")
+		return err
+	}); err != nil || out != idempotent.Applied {
+		t.Fatalf("redelivered: (%v, %v), want applied", out, err)
+	}
+}

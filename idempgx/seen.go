@@ -69,16 +69,3 @@ func (m *Middleware) lostConnection(class dialect.Class, err error) (dialect.Cla
 	}
 	return class, err
 }
-
-// unknown keeps, in place, the keys whose hit is false and the entries of
-// first at the same positions, and returns both shortened.
-func unknown(hit []bool, keys []string, first []int) ([]string, []int) {
-	n := 0
-	for j := range keys {
-		if !hit[j] {
-			keys[n], first[n] = keys[j], first[j]
-			n++
-		}
-	}
-	return keys[:n], first[:n]
-}

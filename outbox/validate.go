@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/txclaim/idempotent/dialect"
 )
 
 const (
@@ -114,4 +116,20 @@ func errorText(err error) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// CheckDialect returns an error naming d unless the outbox's table can live
+// in d's database: the outbox is Postgres only. An adapter that writes its
+// dead letters through an Outbox in the claim's transaction checks the
+// Middleware's dialect at construction, so a MySQL or SQLite consumer is
+// refused there instead of failing every dead letter it writes.
+func CheckDialect(d dialect.Dialect) error {
+	if d == nil || d.Name() != "postgres" {
+		name := "nil"
+		if d != nil {
+			name = d.Name()
+		}
+		return fmt.Errorf("the outbox is Postgres only, and the claim's transaction is on the %s dialect's database", name)
+	}
+	return nil
 }

@@ -67,6 +67,13 @@ const identitySQL = "SELECT 'postgres system ' || s.system_identifier" +
 // every server restart, and after a VACUUM FULL or CLUSTER of the claim
 // table, which give it new storage.
 //
+// The crash of one backend process (a segfault, the OOM killer taking a
+// backend) is not a restart: the postmaster runs crash recovery and keeps
+// its start time, so the name stays. That loses no committed claim, unless
+// claims commit with synchronous_commit = off, which can lose the last
+// acknowledged ones there while the pre-check still knows them: do not run
+// claims with it.
+//
 // pg_control_system(), pg_walfile_name(), pg_current_wal_lsn(),
 // pg_postmaster_start_time() and pg_relation_filenode() are open to every
 // role by default. A server that refuses one (a standby, a role whose

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // Consumer reads a Redis stream as one consumer of a consumer group,
@@ -77,6 +78,9 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c := &Consumer{mw: mw, handle: h, batch: b, cfg: cfg, rule: cfg.Rule()}
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
+		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
+			return nil, fmt.Errorf("redisstream: WithDeadLetter: %w", err)
+		}
 		p, err := adapter.NewPath(mw)
 		if err != nil {
 			return nil, fmt.Errorf("redisstream: %w", err)

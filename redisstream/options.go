@@ -273,8 +273,10 @@ func WithMaxDeliveries(n int) Option {
 // entry and the error, with the entry's event time (outbox.WithEventTime),
 // in a transaction of the Middleware's, and acknowledges the entry once it
 // committed; a relay with DeadLetterSender for that kind adds it to
-// deadStream. Without it a poison entry is acknowledged and dropped (the
-// event's Detail is a [Dropped]). Default is none.
+// deadStream. The outbox is Postgres only: NewConsumer refuses the option
+// for a Middleware of another dialect. Without it a poison entry is
+// acknowledged and dropped (the event's Detail is a [Dropped]). Default is
+// none.
 func WithDeadLetter(ob *outbox.Outbox, deadStream string) Option {
 	return optionFunc(func(c *config) error {
 		if ob == nil {

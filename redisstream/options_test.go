@@ -12,6 +12,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/redisstream"
@@ -37,6 +38,12 @@ func offline(t *testing.T) (mw, parted *idempotent.Middleware, db *sql.DB) {
 	return mw, parted, db
 }
 
+// notPostgres is a dialect of another name: the outbox, Postgres only,
+// refuses it.
+type notPostgres struct{ dialect.Dialect }
+
+func (notPostgres) Name() string { return "mysql" }
+
 func TestNewConsumerRefusesBadInput(t *testing.T) {
 	mw, parted, db := offline(t)
 	ob, err := outbox.New(db, "c")
@@ -44,6 +51,10 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := func(context.Context, *sql.Tx, *redisstream.Delivery) error { return nil }
+	other, err := idempotent.New(db, notPostgres{postgres.New()}, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		mw   *idempotent.Middleware
@@ -70,6 +81,7 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 		{"max deliveries", mw, h, []redisstream.Option{redisstream.WithMaxDeliveries(0)}, "WithMaxDeliveries", nil},
 		{"dead letter outbox", mw, h, []redisstream.Option{redisstream.WithDeadLetter(nil, "dead")}, "WithDeadLetter", nil},
 		{"dead letter stream", mw, h, []redisstream.Option{redisstream.WithDeadLetter(ob, "")}, "WithDeadLetter", nil},
+		{"dead letter on another dialect", other, h, []redisstream.Option{redisstream.WithDeadLetter(ob, "dead")}, "WithDeadLetter: the outbox is Postgres only", nil},
 		{"partitioned without an event time", parted, h, []redisstream.Option{redisstream.WithoutEventTime()}, "redisstream", adapter.ErrNoProducerEventTime},
 		{"partitioned with the entry id's time", parted, h, []redisstream.Option{redisstream.WithTransportEventTime()}, "entry id", adapter.ErrNoProducerEventTime},
 	}

@@ -126,7 +126,14 @@ func (s *Scope[S]) Get(ctx context.Context, read func(context.Context) (S, error
 		return zero, ErrForgotten
 	}
 	s.failed = nil
-	s.val.Store(&reading[S]{v: v, at: t})
+	r := &reading[S]{v: v, at: t}
+	s.val.Store(r)
+	if s.gen.Load() != gen {
+		// Forget ran between the check above and the Store, which its
+		// own Store(nil) may have preceded: drop r.
+		s.val.CompareAndSwap(r, nil)
+		return zero, ErrForgotten
+	}
 	return v, nil
 }
 
