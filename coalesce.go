@@ -2,9 +2,12 @@ package idempotent
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
@@ -16,15 +19,32 @@ import (
 //
 // Concurrent ProcessMessage calls join an open group; the group closes when
 // it is full or its wait has passed since its first member arrived, and a
-// driver goroutine then runs it: one transaction, the group's claims in one
-// statement (claimBatch, in key order), then each new message's handler —
-// handed to its caller's goroutine, one at a time, while the driver waits —
-// and one COMMIT, after which every caller gets its outcome. The design is
-// optimistic: no savepoints. When a handler fails on its own (its error, its
-// panic, its guard violation, its context), the driver rolls the whole
-// transaction back and runs the group again without that message; nothing
-// had committed, so the others' handlers run again from scratch. A failure
-// of the transaction itself is retried for the group by the retry policy.
+// driver goroutine then runs it in one transaction: its members in key
+// order, each claimed just before its handler runs — handed to its caller's
+// goroutine, one at a time, while the driver waits — and one COMMIT, after
+// which every caller gets its outcome. A member's claim is never in the
+// transaction before its handler is about to run, and before the next
+// claim, and before COMMIT, the middleware proves the transaction is still
+// the group's own: whatever a handler did to it (its own COMMIT or
+// ROLLBACK, an error it swallowed, a deadlock InnoDB rolled it back for),
+// the members after it were never claimed in it, and the next statement
+// tells.
+//
+// Two designs. The optimistic one (the default, on a dialect.TxFencer:
+// Postgres) marks the transaction with a random token (the fence) before
+// the first handler, and every claim after a handler, and a check before
+// COMMIT, fails unless it runs in the transaction so marked. A member whose
+// handler fails on its own (its error, its panic, its guard violation, its
+// context) rolls the whole transaction back, and the group runs again
+// without it; nothing had committed, so the others' handlers run again from
+// scratch. With savepoints (Coalescing.Savepoints, and the optimistic
+// design's on a dialect without a fence: MySQL, MariaDB, SQLite) each
+// member's claim and handler run under a savepoint of its own, whose
+// RELEASE is the proof: a member that fails on its own is rolled back to it
+// while the group goes on. Either way a handler that broke the transaction
+// fails alone, with an error matching ErrAutocommit, and the other members
+// run again in a new transaction of the group. A failure of the transaction
+// itself is retried for the group by the retry policy.
 //
 // The grouping itself — joining, closing, handing the transaction to each
 // caller in turn, a caller's withdrawal, the final words — is
@@ -37,27 +57,31 @@ type coalescer struct {
 	m *Middleware
 	// c is the Coalescing the Middleware was created with, as given.
 	c Coalescing
-	// lockWaitSQL bounds the lock waits of a group's handlers
-	// (Coalescing.LockWait); "" is no bound.
+	// lockWait is the bound of a group's lock waits (Coalescing.LockWait,
+	// see LockWaitOn), 0 for none; lockWaitSQL sets it, "" for none.
+	lockWait    time.Duration
 	lockWaitSQL string
-	g           coalesce.Coalescer[*sql.Tx, Outcome]
+	// fence is the dialect's transaction fence in the optimistic design,
+	// nil when the groups run with savepoints (Coalescing.Savepoints, or a
+	// dialect without one); fenceSQL marks a transaction, checkSQL checks
+	// the mark, claimSQL and hclaimSQL are the Middleware's claims fenced.
+	fence                                   dialect.TxFencer
+	fenceSQL, checkSQL, claimSQL, hclaimSQL string
+	g                                       coalesce.Coalescer[*sql.Tx, Outcome]
 
-	// A delivery path's coalescer (see pathCoalescer) sets both: r is the
-	// path's runner (nil: the Middleware's), and companion runs in every
-	// transaction of a group, after its handlers, with the items of the
-	// members that did not fail; a group whose claims were all duplicates
-	// then still commits.
-	r         *runner
+	// run is the runner of the groups' transactions: the Middleware's, or a
+	// delivery path's (see pathCoalescer), without the strict guard's check
+	// after a failed body, which a group makes member by member.
+	run runner
+	// A delivery path's coalescer (see pathCoalescer) sets companion: it
+	// runs in every transaction of a group, after its handlers, with the
+	// items of the members that did not fail; a group whose claims were all
+	// duplicates then still commits.
 	companion claimfold.Companion
 }
 
 // runner is the runner of the groups' transactions.
-func (c *coalescer) runner() *runner {
-	if c.r != nil {
-		return c.r
-	}
-	return &c.m.run
-}
+func (c *coalescer) runner() *runner { return &c.run }
 
 // member is one caller of ProcessMessage waiting in a group.
 type member = coalesce.Member[*sql.Tx, Outcome]
@@ -65,11 +89,27 @@ type member = coalesce.Member[*sql.Tx, Outcome]
 // final is a member's final word.
 type final = coalesce.Final[Outcome]
 
-// newCoalescer returns the coalescer of WithCoalescing(c) for m.
-func newCoalescer(m *Middleware, c Coalescing) *coalescer {
-	co := &coalescer{m: m, c: c}
-	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.run}
-	return co
+// newCoalescer returns the coalescer of WithCoalescing(c) for m, whose
+// groups run in transactions of r.
+func newCoalescer(m *Middleware, c Coalescing, r runner) (*coalescer, error) {
+	co := &coalescer{m: m, c: c, run: r}
+	co.run.afterFailure = nil
+	w, err := c.LockWaitOn(m.d)
+	if err != nil {
+		return nil, err
+	}
+	if w > 0 {
+		co.lockWait, co.lockWaitSQL = w, m.d.LockTimeoutSQL(w)
+	}
+	if f, ok := m.d.(dialect.TxFencer); ok && !c.Savepoints {
+		co.fence, co.fenceSQL, co.checkSQL = f, f.TxFenceSQL(co.lockWait), f.TxFenceCheckSQL()
+		co.claimSQL = f.TxFencedClaimSQL(m.table, m.ret.part != nil, false)
+		if m.hclaimSQL != "" {
+			co.hclaimSQL = f.TxFencedClaimSQL(m.table, m.ret.part != nil, true)
+		}
+	}
+	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.runGroup}
+	return co, nil
 }
 
 // errRegroup ends a group's transaction when a member failed on its own or
@@ -104,9 +144,9 @@ func (c *coalescer) keyError(key string, err error) error {
 // pass is what one transaction of a group tells the driver.
 type pass = coalesce.Pass[*sql.Tx, Outcome]
 
-// run runs a closed group of members to the end: every member gets its
+// runGroup runs a closed group of members to the end: every member gets its
 // final word.
-func (c *coalescer) run(members []*member) {
+func (c *coalescer) runGroup(members []*member) {
 	m := c.m
 	r := c.runner()
 	gctx := context.Background() // the group's own statements: no caller's context ends them
@@ -121,11 +161,21 @@ func (c *coalescer) run(members []*member) {
 			return r.policy.Run(gctx, attempt, retried)
 		},
 		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
-			return r.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-				return c.pass(ctx, tx, st, live, p)
+			passed := false
+			class, err := r.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+				err := c.pass(ctx, tx, st, live, p)
+				passed = err == nil
+				return err
 			})
+			if err != nil && passed && !class.Retryable() {
+				// Its COMMIT failed for good, and no member can be blamed
+				// (a deferred constraint, say): each goes alone, and gets
+				// an outcome of its own.
+				p.CommitFailed = true
+			}
+			return class, err
 		},
-		Regroup: func(err error) bool { return errors.Is(err, errRegroup) && !errors.Is(err, ErrAutocommit) },
+		Regroup: func(err error) bool { return errors.Is(err, errRegroup) },
 		Wrap:    func(key string, err error) error { return c.keyError(key, m.reclassify(gctx, err)) },
 		Exhausted: func(err error) bool {
 			var exhausted *RetriesExhaustedError
@@ -135,27 +185,27 @@ func (c *coalescer) run(members []*member) {
 	d.Run(members, m.ret.part != nil)
 }
 
-// pass is the body of one transaction of a group: the claims of live, in
-// key order, and each new message's handler on its caller's goroutine,
-// then every member marked committing. Without savepoints the claims are
-// one statement (claimBatch) and a member that fails on its own goes to
-// p.Fail while the pass returns errRegroup; with savepoints each member's
-// claim and handler run under a savepoint of their own, and a member that
-// fails on its own is rolled back to it while the pass goes on.
+// pass is the body of one transaction of a group: each member of live, in
+// key order, claimed and its handler run on its caller's goroutine (passFenced
+// or passSavepoints), the companion if any, then every member with work in
+// the transaction marked committing. A member that fails on its own is
+// recorded with p.Fail; the pass either goes on without it (savepoints) or
+// returns errRegroup.
 func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	p.Outcomes = make([]Outcome, len(live))
 	for i := range p.Outcomes {
 		p.Outcomes[i] = Duplicate
 	}
 	var err error
-	if c.c.Savepoints {
-		err = c.passSavepoints(ctx, tx, st, live, p)
+	if c.fence != nil {
+		err = c.passFenced(ctx, tx, st, live, p)
 	} else {
-		err = c.passOptimistic(ctx, tx, st, live, p)
+		err = c.passSavepoints(ctx, tx, st, live, p)
 	}
 	if err != nil {
 		return err
 	}
+	st.skipCommit = !slices.Contains(p.Outcomes, Applied)
 	if c.companion != nil {
 		// The companion's writes commit even when no claim was new.
 		st.skipCommit = false
@@ -180,58 +230,177 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 	return nil
 }
 
-// passOptimistic claims live in one statement and runs the new messages'
-// handlers; the first that fails on its own ends the pass (errRegroup).
-func (c *coalescer) passOptimistic(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+// passFenced is the optimistic design on a dialect.TxFencer. Claims before
+// the first handler are the plain ones (so the transaction's first
+// statement is a claim, as on the single path: under REPEATABLE READ its
+// snapshot is taken with the claim table's lock); the fence marks the
+// transaction with a fresh token just before the first handler, with the
+// group's lock wait bound; each claim after a handler, and a check after
+// the last one, is fenced by the token, so a handler that broke the
+// transaction fails there, alone (broke). The first member that fails on
+// its own ends the pass (errRegroup).
+func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	m := c.m
-	uniq := make([]string, 0, len(live))
-	first := make([]int, 0, len(live))
+	f := &txFence{claimSQL: c.claimSQL, hclaimSQL: c.hclaimSQL}
+	var fenced *txFence // f once the transaction is marked
+	last := -1          // the member whose handler ran last, not yet proved by a fenced statement
 	for i, mb := range live {
-		if i == 0 || live[i-1].Key != mb.Key {
-			uniq, first = append(uniq, mb.Key), append(first, i)
+		if i > 0 && live[i-1].Key == mb.Key {
+			continue // claimed in this transaction by the key's first member: a duplicate
 		}
-	}
-	ats := make([]time.Time, len(uniq))
-	for j, i := range first {
-		ats[j] = live[i].At
-	}
-	b := batchClaim{uniq: uniq, first: first, ats: ats}
-	if m.ret.part != nil {
-		b.days = ats
-	}
-	isNew := make([]bool, len(uniq))
-	claimed, err := m.claimBatch(ctx, tx, st, b, isNew)
-	if err != nil {
-		p.ClaimFailed = true
-		return err
-	}
-	if !claimed {
-		st.skipCommit = true
-		return nil
-	}
-	if err := c.boundLockWaits(ctx, tx); err != nil {
-		return err
-	}
-	for j, ok := range isNew {
-		if !ok {
+		claimed, err := c.claim(ctx, tx, st, mb, fenced)
+		if err != nil {
+			if last >= 0 && c.broken(err) {
+				return c.broke(live[last], p, err)
+			}
+			if last >= 0 && errors.Is(err, ErrBeyondRetention) {
+				// The horizon refused mb: the fenced claim inserted
+				// nothing, and may have skipped the fence (dialect.TxFencer).
+				// Its statements succeeded, so the check can tell whether
+				// the handler before broke the transaction. (A failed
+				// claim statement evaluated the fence first: it would have
+				// failed on it.)
+				if err := c.check(ctx, tx, live[last], f, p); err != nil {
+					return err
+				}
+			}
+			return c.claimFailed(mb, p, err)
+		}
+		last = -1
+		if !claimed {
 			continue
 		}
-		i := first[j]
 		p.Outcomes[i] = Applied
-		if own, err := c.handle(ctx, tx, st, live[i], p); err != nil {
+		if fenced == nil {
+			f.token = newFenceToken()
+			if _, err := tx.ExecContext(ctx, c.fenceSQL, f.token); err != nil {
+				p.ClaimFailed = true
+				return fmt.Errorf("idempotent: coalesced group: fence: %w", err)
+			}
+			fenced = f
+		} else if m.lockSQL != "" {
+			// The claim's own lock timeout (WithLockTimeout) lasts to
+			// the end of the transaction: the group's bound again.
+			if err := c.boundLockWaits(ctx, tx); err != nil {
+				return err
+			}
+		}
+		own, err := c.handle(ctx, tx, st, mb)
+		if err != nil {
 			return err
-		} else if own {
+		}
+		if own != nil {
+			if rbErr := endTx(st, tx, false); errors.Is(rbErr, sql.ErrTxDone) && own.Err != nil && !errors.Is(own.Err, ErrAutocommit) {
+				// It ended the transaction itself before it failed.
+				own.Err = errors.Join(own.Err, c.keyError(mb.Key, groupBroken(rbErr)))
+			}
+			p.Fail(mb, *own)
 			return errRegroup
 		}
+		last = i
+	}
+	if last >= 0 {
+		return c.check(ctx, tx, live[last], f, p)
 	}
 	return nil
 }
 
+// newFenceToken returns a random token for a group's transaction fence.
+func newFenceToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// txFence is a coalesced group's fence (dialect.TxFencer) in one
+// transaction: the fenced claims and the token the transaction is marked
+// with.
+type txFence struct {
+	claimSQL, hclaimSQL string
+	token               string
+}
+
+// check runs the fence's check after k's handler, the last that ran: a
+// failure that says the transaction is no longer the one marked is k's
+// (broke).
+func (c *coalescer) check(ctx context.Context, tx *sql.Tx, k *member, f *txFence, p *pass) error {
+	if _, err := tx.ExecContext(ctx, c.checkSQL, f.token); err != nil {
+		if c.broken(err) {
+			return c.broke(k, p, err)
+		}
+		return fmt.Errorf("idempotent: coalesced group: fence check: %w", err)
+	}
+	return nil
+}
+
+// broken reports whether err, a fenced statement's failure, says the
+// transaction is no longer the group's: ended (database/sql's
+// sql.ErrTxDone after a handler's tx.Commit) or not the one the fence
+// marked, or aborted.
+func (c *coalescer) broken(err error) bool {
+	return errors.Is(err, sql.ErrTxDone) || c.fence.TxFenceBroken(err)
+}
+
+// broke fails k, whose handler broke the group's transaction as the next
+// statement found (cause), alone; the others run again.
+func (c *coalescer) broke(k *member, p *pass, cause error) error {
+	p.Fail(k, final{Err: c.keyError(k.Key, groupBroken(cause))})
+	return errRegroup
+}
+
+// groupBroken is the error of a member whose handler broke its group's
+// transaction, as cause, the failure of the middleware's next statement,
+// shows.
+func groupBroken(cause error) error {
+	return fmt.Errorf("%w: the handler broke the coalesced group's transaction, as the middleware's next statement found (%w): "+
+		"it committed or rolled it back itself (tx.Commit, tx.Rollback, a COMMIT or ROLLBACK statement, one the database commits implicitly), "+
+		"or went on after an error that aborted it or made the database roll it back. CLAIM MAY HAVE COMMITTED WITHOUT ITS FULL EFFECT: "+
+		"if the transaction committed, this message's claim committed with the part of its effect run before, statements the handler ran after that "+
+		"committed one by one, and redeliveries will be Duplicate: check its effect by hand. The group's other messages ran again without it", ErrAutocommit, cause)
+}
+
+// groupAborted is the error of a member whose handler went on after a
+// statement of its own aborted the transaction, as cause, the failure of
+// the release of its savepoint, shows; its work was rolled back to the
+// savepoint.
+func groupAborted(cause error) error {
+	return fmt.Errorf("%w: the handler returned nil after a statement failed and aborted the transaction (it swallowed the error), as the release of its savepoint found (%w): "+
+		"its work is rolled back, and nothing of it committed", ErrAutocommit, cause)
+}
+
+// claim claims mb on tx, fenced by f when not nil (a handler ran before it
+// in tx). The strict guard's first reading is taken with the first new
+// claim only.
+func (c *coalescer) claim(ctx context.Context, tx *sql.Tx, st *attemptState, mb *member, f *txFence) (bool, error) {
+	cst := st
+	if st.txid != "" {
+		cst = nil
+	}
+	return c.m.claimKeyFenced(ctx, tx, cst, mb.Key, mb.At, f)
+}
+
+// claimFailed handles the failure of mb's claim: a failure of the
+// transaction itself (a serialization failure, a deadlock, a lost
+// connection) is the group's, retried; any other concerns mb only (a busy
+// key, a missing partition, the retention horizon), which goes alone — the
+// transaction is rolled back and the group runs again without it.
+func (c *coalescer) claimFailed(mb *member, p *pass, err error) error {
+	if c.m.d.Classify(err).Retryable() {
+		return err
+	}
+	p.Fail(mb, final{Alone: true})
+	return errRegroup
+}
+
 // passSavepoints claims and handles each member of live under a savepoint
-// of its own; a member that fails on its own is rolled back to it.
+// of its own; a member that fails on its own, or whose claim fails for
+// good, is rolled back to it and the group goes on. The RELEASE after a
+// handler proves the transaction still the group's: when it fails, the
+// member is rolled back to its savepoint if the transaction is still there
+// (a handler that swallowed an error that aborted it), or else fails alone
+// while the others run again (broke).
 func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	m := c.m
-	applied := false
 	if err := c.boundLockWaits(ctx, tx); err != nil {
 		return err
 	}
@@ -241,10 +410,18 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 		}
 		// A key given twice is claimed twice: the second claim is new only
 		// if the first member's was rolled back to its savepoint.
-		claimed, err := m.claimKey(ctx, tx, st, mb.Key, mb.At)
+		claimed, err := c.claim(ctx, tx, st, mb, nil)
 		if err != nil {
-			p.ClaimFailed = true
-			return err
+			if m.d.Classify(err).Retryable() {
+				return err
+			}
+			p.Outcomes[i] = 0
+			if rerr := c.rollbackTo(ctx, tx); rerr != nil {
+				p.Fail(mb, final{Alone: true})
+				return errRegroup // the savepoint is gone: the whole pass goes
+			}
+			p.Fail(mb, final{Alone: true})
+			continue
 		}
 		if claimed {
 			p.Outcomes[i] = Applied
@@ -255,27 +432,44 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 					return err
 				}
 			}
-			own, err := c.handle(ctx, tx, st, mb, p)
+			own, err := c.handle(ctx, tx, st, mb)
 			if err != nil {
 				return err
 			}
-			if own {
-				if _, err := tx.ExecContext(ctx, dialect.MessageRollbackSQL); err != nil {
+			if own != nil {
+				p.Outcomes[i] = 0
+				if rerr := c.rollbackTo(ctx, tx); rerr != nil {
+					if own.Err != nil && !errors.Is(own.Err, ErrAutocommit) && !m.run.lost(rerr) {
+						// It ended the transaction itself before it failed.
+						own.Err = errors.Join(own.Err, c.keyError(mb.Key, groupBroken(rerr)))
+					}
+					p.Fail(mb, *own)
 					return errRegroup // the savepoint is gone: the whole pass goes
 				}
-				p.Outcomes[i] = 0
+				p.Fail(mb, *own)
 				continue
 			}
-			applied = true
 		}
 		if _, err := tx.ExecContext(ctx, dialect.MessageReleaseSQL); err != nil {
-			return fmt.Errorf("idempotent: release savepoint: %w", err)
+			if m.run.lost(err) || p.Outcomes[i] != Applied {
+				return fmt.Errorf("idempotent: release savepoint: %w", err)
+			}
+			// mb's handler broke the transaction.
+			p.Outcomes[i] = 0
+			if rerr := c.rollbackTo(ctx, tx); rerr == nil {
+				p.Fail(mb, final{Err: c.keyError(mb.Key, groupAborted(err))})
+				continue
+			}
+			return c.broke(mb, p, err)
 		}
 	}
-	if !applied {
-		st.skipCommit = true
-	}
 	return nil
+}
+
+// rollbackTo rolls tx back to the member's savepoint.
+func (c *coalescer) rollbackTo(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, dialect.MessageRollbackSQL)
+	return err
 }
 
 // boundLockWaits sets the group's lock wait bound (Coalescing.LockWait),
@@ -291,25 +485,29 @@ func (c *coalescer) boundLockWaits(ctx context.Context, tx *sql.Tx) error {
 }
 
 // handle hands tx to mb's caller, which runs its handler, and judges how it
-// ended. own reports a failure of mb's own (its error, panic, guard
-// violation or context), recorded with p.Fail; err a failure of the
-// transaction (the group retries), of the strict guard (the group fails),
-// or mb's withdrawal in its turn (errRegroup).
-func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb *member, p *pass) (own bool, err error) {
+// ended. own is mb's final word when it failed on its own (its error,
+// panic, guard violation, context, a wait past the group's lock wait bound,
+// or the strict guard finding that it left the transaction); err a failure
+// of the transaction (the group retries), or mb's withdrawal in its turn
+// (errRegroup; its caller's context ended while its handler ran included,
+// see coalesce.Member.HandOrLeave).
+func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb *member) (own *final, err error) {
 	m := c.m
 	// The member's own guard token, bound to the group's connection: a
-	// violation is that handler's alone.
-	tok := &txToken{implicit: st.token.implicit}
+	// violation is that handler's alone. While it runs, a violation found
+	// on the transaction itself (its tx.Commit) is charged to it.
+	tok := &txToken{implicit: st.token.implicit, rollbacks: st.token.rollbacks}
 	if conn := st.token.conn.Load(); conn != nil {
 		tok.conn.Store(conn)
 	}
-	h, gone := mb.Hand(context.WithValue(mb.Ctx, tokenKey{}, tok), tx)
+	st.token.turn.Store(tok)
+	h, gone := mb.HandOrLeave(context.WithValue(mb.Ctx, tokenKey{}, tok), tx)
+	st.token.turn.Store(nil)
 	if gone {
-		return false, errRegroup
+		return nil, errRegroup
 	}
 	if h.Panicked {
-		p.Fail(mb, final{})
-		return true, nil
+		return &final{}, nil
 	}
 	err = h.Err
 	v := tok.violation()
@@ -319,12 +517,20 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 	case v != nil && !errors.Is(err, ErrAutocommit):
 		err = errors.Join(err, v)
 	}
+	if err == nil {
+		if why := tok.endedBy(); why != nil {
+			// A deadlock it swallowed, on MySQL: the database rolled the
+			// group's transaction back.
+			err = fmt.Errorf("%w: the handler returned nil after %w", ErrAutocommit, why)
+			v = err
+		}
+	}
 	if err != nil {
 		if v == nil && !contextError(err) && mb.Ctx.Err() == nil {
 			class := m.d.Classify(err)
 			if class.Retryable() && c.runner().suffered(ctx, tx, class, err) {
 				// The transaction's own failure: the group retries.
-				return false, fmt.Errorf("key %q: %w", mb.Key, err)
+				return nil, fmt.Errorf("key %q: %w", mb.Key, err)
 			}
 			if class.Kind == dialect.KindLockTimeout && c.lockWaitSQL != "" {
 				// It waited for a lock past the group's bound: it leaves
@@ -332,30 +538,27 @@ func (c *coalescer) handle(ctx context.Context, tx *sql.Tx, st *attemptState, mb
 				if r := c.runner(); r.onRetry != nil {
 					r.onRetry(mb.Ctx, mb.Key, 1, class, err, 0)
 				}
-				p.Fail(mb, final{Alone: true})
-				return true, nil
+				return &final{Alone: true}, nil
 			}
 		}
 		if v == nil && m.txidSQL != "" {
 			// The strict guard on the error path: a handler that left
 			// the group's transaction before it failed has committed
-			// every claim of the group — the group fails, loudly, this
-			// member with it.
+			// it; it says so, loudly.
 			if aerr := m.checkTxIDAfterFailure(ctx, tx, st); aerr != nil {
-				return false, errors.Join(c.keyError(mb.Key, err), aerr)
+				err = errors.Join(err, aerr)
 			}
 		}
-		p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
-		return true, nil
+		return &final{Err: c.keyError(mb.Key, err)}, nil
 	}
 	if m.txidSQL != "" {
 		// The strict guard after each handler: a handler that left the
-		// transaction fails the group, loudly (ErrAutocommit).
+		// transaction fails, loudly (ErrAutocommit), and alone.
 		if err := m.checkTxID(ctx, tx, st); err != nil {
-			return false, err
+			return &final{Err: c.keyError(mb.Key, groupBroken(err))}, nil
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
 // runCompanion runs the companion with the items of the members of live
@@ -407,8 +610,12 @@ func (p *path) Coalescer(companion claimfold.Companion, ready func() int) (claim
 	if m.co == nil || companion == nil {
 		return nil, false
 	}
-	co := &coalescer{m: m, c: m.co.c, lockWaitSQL: m.co.lockWaitSQL, r: &p.run, companion: companion}
-	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: co.c.Max, Wait: co.c.Wait, Run: co.run, Ready: ready}
+	mc := m.co
+	co := &coalescer{m: m, c: mc.c, lockWait: mc.lockWait, lockWaitSQL: mc.lockWaitSQL,
+		fence: mc.fence, fenceSQL: mc.fenceSQL, checkSQL: mc.checkSQL, claimSQL: mc.claimSQL, hclaimSQL: mc.hclaimSQL,
+		run: p.run, companion: companion}
+	co.run.afterFailure = nil
+	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: co.c.Max, Wait: co.c.Wait, Run: co.runGroup, Ready: ready}
 	return &pathCoalescer{p: p, co: co}, true
 }
 

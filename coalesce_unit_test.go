@@ -3,6 +3,7 @@ package idempotent_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"runtime"
@@ -62,15 +63,98 @@ func runGroup(t *testing.T, r *recorded, keys []string, fn func(key string) idem
 	return got
 }
 
-// expectGroupClaim scripts the group's one claim statement for keys,
-// inserting fresh.
-func expectGroupClaim(m sqlmock.Sqlmock, keys []string, fresh ...string) {
-	rows := sqlmock.NewRows([]string{"message_key"})
-	for _, k := range fresh {
-		rows.AddRow(k)
-	}
-	m.ExpectQuery(batchSQL).WithArgs(consumer, pg.BatchKeysArg(keys)).WillReturnRows(rows)
+// The optimistic design's statements on Postgres (dialect.TxFencer): a
+// group's transaction is fenced by a random token from just before its
+// first handler.
+var (
+	fenceSQL       = pg.TxFenceSQL(0)
+	fenceCheckSQL  = pg.TxFenceCheckSQL()
+	fencedClaimSQL = pg.TxFencedClaimSQL(dialect.Table{Name: idempotent.DefaultTable}, false, false)
+)
+
+// fenceToken is a sqlmock.Argument matching a group transaction's fence
+// token: any value the first time, then only that value.
+type fenceToken struct {
+	mu sync.Mutex
+	v  driver.Value
 }
+
+func (f *fenceToken) Match(v driver.Value) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.v == nil {
+		f.v = v
+		return v != nil && v != ""
+	}
+	return v == f.v
+}
+
+// groupTx scripts one transaction of a group in the optimistic design:
+// BEGIN, then each member's claim — plain until a handler has run,
+// fenced after — the fence before the first handler (with waitSQL, the
+// fence statement for the group's lock wait bound), and the check.
+type groupTx struct {
+	m       sqlmock.Sqlmock
+	tok     *fenceToken
+	fenced  bool
+	waitSQL string
+}
+
+func beginGroup(m sqlmock.Sqlmock) *groupTx {
+	m.ExpectBegin()
+	return &groupTx{m: m, tok: &fenceToken{}, waitSQL: fenceSQL}
+}
+
+// claim scripts k's claim inserting rows (1 or 0), and the fence after the
+// first new one.
+func (g *groupTx) claim(k string, rows int64) {
+	if g.fenced {
+		g.m.ExpectExec(fencedClaimSQL).WithArgs(consumer, k, g.tok).WillReturnResult(sqlmock.NewResult(0, rows))
+		return
+	}
+	expectClaim(g.m, k, rows)
+	if rows == 1 {
+		g.m.ExpectExec(g.waitSQL).WithArgs(g.tok).WillReturnResult(sqlmock.NewResult(0, 0))
+		g.fenced = true
+	}
+}
+
+// claimError scripts k's claim failing with err.
+func (g *groupTx) claimError(k string, err error) {
+	if g.fenced {
+		g.m.ExpectExec(fencedClaimSQL).WithArgs(consumer, k, g.tok).WillReturnError(err)
+		return
+	}
+	expectClaimError(g.m, k, err)
+}
+
+// check scripts the check after the last handler, failing with err if not
+// nil.
+func (g *groupTx) check(err error) {
+	e := g.m.ExpectExec(fenceCheckSQL).WithArgs(g.tok)
+	if err != nil {
+		e.WillReturnError(err)
+		return
+	}
+	e.WillReturnResult(sqlmock.NewResult(0, 0))
+}
+
+// expectGroup scripts a whole transaction of a group whose members, keys,
+// are all new and apply effectSQL: BEGIN, each claim and effect, the
+// check, COMMIT.
+func expectGroup(m sqlmock.Sqlmock, keys ...string) {
+	g := beginGroup(m)
+	for _, k := range keys {
+		g.claim(k, 1)
+		expectEffect(m)
+	}
+	g.check(nil)
+	m.ExpectCommit()
+}
+
+// fenceBroken is Postgres's answer to a fenced statement outside the
+// transaction the fence marked: the fence's division by zero.
+var fenceBroken = &pq.Error{Code: "22012", Message: "division by zero"}
 
 // ownEffect is a handler that checks it runs with its own caller's context
 // and applies effectSQL.
@@ -84,12 +168,15 @@ func ownEffect(t *testing.T, key string) idempotent.TxFunc {
 }
 
 func TestCoalescing(t *testing.T) {
-	t.Run("one transaction: one claim in key order, each new message's handler, one commit", func(t *testing.T) {
+	t.Run("one transaction: claims in key order, each just before its handler, fenced after the first handler; one commit", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "c")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 0)
+		g.claim("c", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectCommit()
 		got := runGroup(t, r, []string{"c", "b", "a"}, func(k string) idempotent.TxFunc {
 			if k == "b" {
@@ -101,33 +188,41 @@ func TestCoalescing(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("got %v, want %v", got, want)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "COMMIT")
+	})
+	t.Run("a group of duplicates: plain claims, no fence, rolled back", func(t *testing.T) {
+		r := newRecorded(t)
+		g := beginGroup(r.mock)
+		g.claim("a", 0)
+		g.claim("b", 0)
+		r.mock.ExpectRollback()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			return func(context.Context, *sql.Tx) error { t.Error("a duplicate's handler ran"); return nil }
+		})
+		if got["0a"].outcome != idempotent.Duplicate || got["1b"].outcome != idempotent.Duplicate {
+			t.Fatalf("got %v, want both duplicates", got)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, claimSQL, "ROLLBACK")
 	})
 	t.Run("a key twice in a group: one claim, one handler run", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a"}, "a")
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a")
 		got := runGroup(t, r, []string{"a", "a"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		outs := []idempotent.Outcome{got["0a"].outcome, got["1a"].outcome}
 		slices.Sort(outs)
 		if !slices.Equal(outs, []idempotent.Outcome{idempotent.Applied, idempotent.Duplicate}) || got["0a"].err != nil || got["1a"].err != nil {
 			t.Fatalf("got %v, want one applied and one duplicate", got)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
-	t.Run("a handler's failure fails its message alone: rolled back, the others run again without it", func(t *testing.T) {
+	t.Run("a handler's failure fails its message alone: rolled back, the others run again without it, the later ones never claimed", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "b", "c")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "c"}, "a", "c")
-		expectEffect(r.mock)
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a", "c")
 		bad := errors.New("bad payload")
 		got := runGroup(t, r, []string{"a", "b", "c"}, func(k string) idempotent.TxFunc {
 			if k == "b" {
@@ -138,20 +233,18 @@ func TestCoalescing(t *testing.T) {
 		if got["0a"].outcome != idempotent.Applied || got["2c"].outcome != idempotent.Applied || got["0a"].err != nil || got["2c"].err != nil {
 			t.Fatalf("got %v, want a and c applied", got)
 		}
-		if b := got["1b"]; !errors.Is(b.err, bad) || b.outcome != 0 {
+		if b := got["1b"]; !errors.Is(b.err, bad) || b.outcome != 0 || errors.Is(b.err, idempotent.ErrAutocommit) {
 			t.Fatalf("b got %v, want its own error", b)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, "ROLLBACK",
+			"BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 	t.Run("a panicking handler: the panic reaches its caller after the rollback, the others commit", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"b"}, "b")
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
 				return func(context.Context, *sql.Tx) error { panic("boom") }
@@ -161,17 +254,14 @@ func TestCoalescing(t *testing.T) {
 		if got["0a"].panicked != "boom" || got["1b"].outcome != idempotent.Applied || got["1b"].panicked != nil {
 			t.Fatalf("got %v, want a's panic and b applied", got)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, "ROLLBACK", "BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 	t.Run("a handler that calls runtime.Goexit leaves the group, which goes on without it", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"b"}, "b")
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
 				return func(context.Context, *sql.Tx) error { runtime.Goexit(); return nil }
@@ -181,35 +271,34 @@ func TestCoalescing(t *testing.T) {
 		if got["0a"].outcome != 0 || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want a gone and b applied", got)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, "ROLLBACK", "BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 	t.Run("a failed commit is retried for the whole group", func(t *testing.T) {
 		r := newRecorded(t)
 		for _, commitErr := range []error{&pq.Error{Code: "40001"}, nil} {
-			r.mock.ExpectBegin()
-			expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+			g := beginGroup(r.mock)
+			g.claim("a", 1)
 			expectEffect(r.mock)
+			g.claim("b", 1)
 			expectEffect(r.mock)
+			g.check(nil)
 			r.mock.ExpectCommit().WillReturnError(commitErr)
 		}
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT", "BEGIN", batchSQL, effectSQL, effectSQL, "COMMIT")
+		once := []string{"BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "COMMIT"}
+		r.wantCalls(t, append(once, once...)...)
 	})
 	t.Run("a serialization failure in a handler's statement is the group's: retried for all", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "40001"})
 		expectProbe(r.mock, aborted)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
-		expectEffect(r.mock)
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "a", "b")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
@@ -217,15 +306,14 @@ func TestCoalescing(t *testing.T) {
 	})
 	t.Run("a caller whose context ends mid-group gets its error; its work is rolled back", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"b"}, "b")
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
 		actx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -260,7 +348,8 @@ func TestCoalescing(t *testing.T) {
 		if bErr != nil || bOut != idempotent.Applied {
 			t.Fatalf("b got (%v, %v), want applied", bOut, bErr)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "ROLLBACK",
+			"BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 	t.Run("a call left alone runs as without the option", func(t *testing.T) {
 		r := newRecorded(t)
@@ -273,13 +362,10 @@ func TestCoalescing(t *testing.T) {
 	})
 	t.Run("a handler's nested ProcessMessage is refused", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"b"}, "b")
-		expectEffect(r.mock)
-		r.mock.ExpectCommit()
+		expectGroup(r.mock, "b")
 		var nested error
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
@@ -293,6 +379,179 @@ func TestCoalescing(t *testing.T) {
 		if !errors.Is(nested, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v (nested %v), want a failed with ErrAutocommit and b applied", got, nested)
 		}
+	})
+}
+
+// TestCoalescingFence: a handler that breaks the group's transaction fails
+// alone, found by the next fenced statement, and the other members run
+// again; a claim or a COMMIT that fails for good concerns its member or
+// sends each alone; a handler that hangs past its context does not hold
+// the group.
+func TestCoalescingFence(t *testing.T) {
+	t.Run("the next member's fenced claim finds the transaction ended: the handler before fails alone, loudly", func(t *testing.T) {
+		r := newRecorded(t)
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		g.claimError("b", fenceBroken)
+		r.mock.ExpectRollback()
+		expectGroup(r.mock, "b")
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) })
+		a := got["0a"]
+		if !errors.Is(a.err, idempotent.ErrAutocommit) || !strings.Contains(a.err.Error(), "CLAIM MAY HAVE COMMITTED") || a.outcome != 0 {
+			t.Fatalf("a got %v, want ErrAutocommit saying its claim may have committed", a)
+		}
+		if b := got["1b"]; b.err != nil || b.outcome != idempotent.Applied {
+			t.Fatalf("b got %v, want applied in a transaction of its own", b)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, "ROLLBACK",
+			"BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
+	})
+	t.Run("the check before COMMIT finds the transaction aborted: the last handler fails alone", func(t *testing.T) {
+		r := newRecorded(t)
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		g.claim("b", 1)
+		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
+		g.check(aborted)
+		r.mock.ExpectRollback()
+		expectGroup(r.mock, "a")
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "b" {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					_ = effect(ctx, tx) // swallowed
+					return nil
+				}
+			}
+			return ownEffect(t, k)
+		})
+		if b := got["1b"]; !errors.Is(b.err, idempotent.ErrAutocommit) || b.outcome != 0 {
+			t.Fatalf("b got %v, want ErrAutocommit", b)
+		}
+		if a := got["0a"]; a.err != nil || a.outcome != idempotent.Applied {
+			t.Fatalf("a got %v, want applied", a)
+		}
+	})
+	t.Run("a handler's own tx.Commit: the next claim is never sent, the others run again", func(t *testing.T) {
+		r := newRecorded(t)
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit() // the handler's
+		expectGroup(r.mock, "b")
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
+			if k == "a" {
+				return func(ctx context.Context, tx *sql.Tx) error {
+					if err := effect(ctx, tx); err != nil {
+						return err
+					}
+					return tx.Commit()
+				}
+			}
+			return ownEffect(t, k)
+		})
+		if a := got["0a"]; !errors.Is(a.err, idempotent.ErrAutocommit) || a.outcome != 0 {
+			t.Fatalf("a got %v, want ErrAutocommit", a)
+		}
+		if b := got["1b"]; b.err != nil || b.outcome != idempotent.Applied {
+			t.Fatalf("b got %v, want applied", b)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, "COMMIT", "BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
+	})
+	t.Run("a claim that fails for good concerns its member only: it goes alone, the others run again", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.MatchExpectationsInOrder(false) // b alone runs while the group runs again
+		lockSQL := pg.LockTimeoutSQL(time.Second)
+		expectLock := func() { r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
+		g := beginGroup(r.mock)
+		expectLock()
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		expectLock()
+		g.claimError("b", &pq.Error{Code: "55P03", Message: "canceling statement due to lock timeout"})
+		r.mock.ExpectRollback()
+		g = beginGroup(r.mock)
+		expectLock()
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		g.check(nil)
+		r.mock.ExpectCommit()
+		r.mock.ExpectBegin() // b alone
+		expectLock()
+		expectClaim(r.mock, "b", 1)
+		expectEffect(r.mock)
+		r.mock.ExpectCommit()
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, idempotent.WithLockTimeout(time.Second))
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied || got["0a"].err != nil || got["1b"].err != nil {
+			t.Fatalf("got %v (b: %v), want both applied, b alone", got, got["1b"].err)
+		}
+		first := []string{"BEGIN", lockSQL, claimSQL, fenceSQL, effectSQL, lockSQL, fencedClaimSQL, "ROLLBACK"}
+		if calls := r.calls(); len(calls) != len(first)+7+5 || !slices.Equal(calls[:len(first)], first) {
+			t.Fatalf("calls %q, want %q, then the group again and b alone", calls, first)
+		}
+	})
+	t.Run("a COMMIT that fails for good sends every member alone, each to its own outcome", func(t *testing.T) {
+		r := newRecorded(t)
+		r.mock.MatchExpectationsInOrder(false) // the members' own transactions run at once
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
+		expectEffect(r.mock)
+		g.claim("b", 1)
+		expectEffect(r.mock)
+		g.check(nil)
+		r.mock.ExpectCommit().WillReturnError(&pq.Error{Code: "23505", Message: "deferred unique violation"})
+		for _, k := range []string{"a", "b"} {
+			r.mock.ExpectBegin()
+			expectClaim(r.mock, k, 1)
+			expectEffect(r.mock)
+			r.mock.ExpectCommit()
+		}
+		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return effect })
+		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied || got["0a"].err != nil || got["1b"].err != nil {
+			t.Fatalf("got %v, want both applied alone", got)
+		}
+		if calls := r.calls(); len(calls) != 8+2*4 || !slices.Equal(calls[:8], []string{"BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "COMMIT"}) {
+			t.Fatalf("calls %q, want the group's transaction, then one of each member's", calls)
+		}
+	})
+	t.Run("a handler that hangs past its context does not hold the group", func(t *testing.T) {
+		r := newRecorded(t)
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
+		r.mock.ExpectRollback()
+		expectGroup(r.mock, "b")
+		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
+		actx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		hung, release := make(chan struct{}), make(chan struct{})
+		aDone := make(chan error, 1)
+		go func() {
+			_, err := mw.ProcessMessage(actx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx *sql.Tx) error {
+				close(hung)
+				<-release // heeds no context
+				return nil
+			})
+			aDone <- err
+		}()
+		bDone := make(chan error, 1)
+		go func() {
+			out, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, effect)
+			if err == nil && out != idempotent.Applied {
+				err = fmt.Errorf("outcome %v, want applied", out)
+			}
+			bDone <- err
+		}()
+		<-hung
+		cancel()
+		if err := <-bDone; err != nil { // while a's handler still hangs
+			t.Fatalf("b: %v", err)
+		}
+		close(release)
+		if err := <-aDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a got %v, want context.Canceled", err)
+		}
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, "ROLLBACK", "BEGIN", claimSQL, fenceSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 }
 
@@ -363,47 +622,70 @@ func TestCoalescingKeepsTheSinglePathsOptions(t *testing.T) {
 	}
 	lockSQL := pg.LockTimeoutSQL(time.Second)
 	guards := []idempotent.Option{idempotent.WithStrictGuard(), idempotent.WithLockTimeout(time.Second)}
-	t.Run("lock timeout around the claim; the strict guard after every handler and before COMMIT", func(t *testing.T) {
+	t.Run("lock timeout around each claim; the strict guard after the first claim, every handler and before COMMIT", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectLock := func() { r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
+		g := beginGroup(r.mock)
+		expectLock()
+		expectClaim(r.mock, "a", 1)
 		expectTxID(r.mock, "77")
-		for range 2 {
-			expectEffect(r.mock)
-			expectTxID(r.mock, "77")
-		}
+		r.mock.ExpectExec(fenceSQL).WithArgs(g.tok).WillReturnResult(sqlmock.NewResult(0, 0))
+		g.fenced = true
+		expectEffect(r.mock)
+		expectTxID(r.mock, "77")
+		expectLock()
+		g.claim("b", 1)
+		expectEffect(r.mock)
+		expectTxID(r.mock, "77")
+		g.check(nil)
 		expectTxID(r.mock, "77")
 		r.mock.ExpectCommit()
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
 		}
-		r.wantCalls(t, "BEGIN", lockSQL, batchSQL, txidSQL, effectSQL, txidSQL, effectSQL, txidSQL, txidSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", lockSQL, claimSQL, txidSQL, fenceSQL, effectSQL, txidSQL, lockSQL, fencedClaimSQL, effectSQL, txidSQL, fenceCheckSQL, txidSQL, "COMMIT")
 	})
-	t.Run("a handler that left the transaction fails the whole group with ErrAutocommit", func(t *testing.T) {
-		r := newRecorded(t)
-		r.mock.ExpectBegin()
+	// expectFirst scripts a transaction's start up to its first handler:
+	// BEGIN, the lock timeout, a's claim, the strict guard's first reading
+	// (77) and the fence.
+	expectFirst := func(r *recorded, k string) *groupTx {
+		g := beginGroup(r.mock)
 		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		expectClaim(r.mock, k, 1)
 		expectTxID(r.mock, "77")
+		r.mock.ExpectExec(fenceSQL).WithArgs(g.tok).WillReturnResult(sqlmock.NewResult(0, 0))
+		g.fenced = true
+		return g
+	}
+	t.Run("a handler that left the transaction fails alone with ErrAutocommit; the others run again", func(t *testing.T) {
+		r := newRecorded(t)
+		expectFirst(r, "a")
 		expectEffect(r.mock)
 		expectTxID(r.mock, "78") // a's handler committed behind the middleware's back
 		r.mock.ExpectRollback()
+		g := expectFirst(r, "b")
+		expectEffect(r.mock)
+		expectTxID(r.mock, "77")
+		g.check(nil)
+		expectTxID(r.mock, "77")
+		r.mock.ExpectCommit()
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) }, guards...)
-		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["1b"].err, idempotent.ErrAutocommit) {
-			t.Fatalf("got %v, want ErrAutocommit for both", got)
+		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || got["1b"].err != nil || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want ErrAutocommit for a, b applied", got)
 		}
 	})
-	t.Run("a handler that left the transaction and then failed fails the whole group with ErrAutocommit, itself included", func(t *testing.T) {
+	t.Run("a handler that left the transaction and then failed fails alone with ErrAutocommit and its error", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		r.mock.ExpectExec(lockSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
-		expectTxID(r.mock, "77")
+		expectFirst(r, "a")
 		expectTxID(r.mock, "78") // a's handler committed, then failed
-		expectTxID(r.mock, "78") // the runner's own check on the error path
 		r.mock.ExpectRollback()
+		g := expectFirst(r, "b")
+		expectEffect(r.mock)
+		expectTxID(r.mock, "77")
+		g.check(nil)
+		expectTxID(r.mock, "77")
+		r.mock.ExpectCommit()
 		bad := errors.New("the effect failed")
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc {
 			if k == "a" {
@@ -411,10 +693,11 @@ func TestCoalescingKeepsTheSinglePathsOptions(t *testing.T) {
 			}
 			return ownEffect(t, k)
 		}, guards...)
-		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, bad) || !errors.Is(got["1b"].err, idempotent.ErrAutocommit) {
-			t.Fatalf("got %v, want ErrAutocommit for both (and a's own error for a)", got)
+		if !errors.Is(got["0a"].err, idempotent.ErrAutocommit) || !errors.Is(got["0a"].err, bad) || got["1b"].err != nil || got["1b"].outcome != idempotent.Applied {
+			t.Fatalf("got %v, want ErrAutocommit and its own error for a, b applied", got)
 		}
-		r.wantCalls(t, "BEGIN", lockSQL, batchSQL, txidSQL, txidSQL, txidSQL, "ROLLBACK")
+		r.wantCalls(t, "BEGIN", lockSQL, claimSQL, txidSQL, fenceSQL, txidSQL, "ROLLBACK",
+			"BEGIN", lockSQL, claimSQL, txidSQL, fenceSQL, effectSQL, txidSQL, fenceCheckSQL, txidSQL, "COMMIT")
 	})
 	t.Run("the retention fence refuses a message before it joins a group", func(t *testing.T) {
 		r := newRecorded(t)
@@ -445,20 +728,23 @@ func TestWithCoalescingRefusesBadBounds(t *testing.T) {
 // handler whose statement ran out of it leaves the group and runs alone.
 func TestCoalescingLockWait(t *testing.T) {
 	waitSQL := pg.LockTimeoutSQL(idempotent.DefaultLockWait)
-	t.Run("optimistic: the default bound, once, after the claims", func(t *testing.T) {
+	t.Run("optimistic: the default bound, once, with the fence before the first handler", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
-		r.mock.ExpectExec(waitSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
+		fenceWaitSQL := pg.TxFenceSQL(idempotent.DefaultLockWait)
+		g := beginGroup(r.mock)
+		g.waitSQL = fenceWaitSQL
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectCommit()
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) },
 			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, waitSQL, effectSQL, effectSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceWaitSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, "COMMIT")
 	})
 	t.Run("savepoints: a handler past the bound leaves the group and runs alone after its COMMIT", func(t *testing.T) {
 		r := newRecorded(t)
@@ -606,8 +892,10 @@ func TestCoalescedPath(t *testing.T) {
 	})
 	t.Run("a group of duplicates still commits its companion", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b", "c"})
+		g := beginGroup(r.mock)
+		g.claim("a", 0)
+		g.claim("b", 0)
+		g.claim("c", 0)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 3))
 		r.mock.ExpectCommit()
 		got, alone, passes := runPathGroup(t, r, []string{"c", "a", "b"}, func(string) idempotent.TxFunc {
@@ -621,18 +909,21 @@ func TestCoalescedPath(t *testing.T) {
 		if fmt.Sprint(passes) != "[[a b c]]" {
 			t.Errorf("companion items %v, want [[a b c]] (key order)", passes)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, companionSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, claimSQL, claimSQL, companionSQL, "COMMIT")
 	})
 	t.Run("a handler's failure: the group runs again without it, the companion without its item", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b", "c"}, "a", "b", "c")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "c"}, "a", "c")
+		g = beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("c", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
 		r.mock.ExpectCommit()
 		bad := errors.New("bad payload")
@@ -648,7 +939,8 @@ func TestCoalescedPath(t *testing.T) {
 		if fmt.Sprint(passes) != "[[a c]]" {
 			t.Errorf("companion items %v, want [[a c]]", passes)
 		}
-		r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "ROLLBACK", "BEGIN", batchSQL, effectSQL, effectSQL, companionSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, "ROLLBACK",
+			"BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, effectSQL, fenceCheckSQL, companionSQL, "COMMIT")
 	})
 	t.Run("with savepoints a failed member's item is left out of the companion", func(t *testing.T) {
 		r := newRecorded(t)
@@ -681,15 +973,18 @@ func TestCoalescedPath(t *testing.T) {
 	})
 	t.Run("a member the companion fails fails alone: the group runs again without it", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 1))
 		r.mock.ExpectRollback()
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a"}, "a")
+		g = beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 1))
 		r.mock.ExpectCommit()
 		fenced := errors.New("fenced")
@@ -714,10 +1009,12 @@ func TestCoalescedPath(t *testing.T) {
 	})
 	t.Run("a group closes once it has as many members as ready says may join, not after Wait", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
 		r.mock.ExpectCommit()
 		start := time.Now()
@@ -732,10 +1029,12 @@ func TestCoalescedPath(t *testing.T) {
 	})
 	t.Run("Flush closes a group that has every member ready says may still join", func(t *testing.T) {
 		r := newRecorded(t)
-		r.mock.ExpectBegin()
-		expectGroupClaim(r.mock, []string{"a", "b"}, "a", "b")
+		g := beginGroup(r.mock)
+		g.claim("a", 1)
 		expectEffect(r.mock)
+		g.claim("b", 1)
 		expectEffect(r.mock)
+		g.check(nil)
 		r.mock.ExpectExec(companionSQL).WillReturnResult(sqlmock.NewResult(0, 2))
 		r.mock.ExpectCommit()
 		mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 8, Wait: time.Second, LockWait: -1}))
@@ -807,9 +1106,10 @@ func TestCoalescingLockWaitOn(t *testing.T) {
 // has nothing in the transaction: the group commits without running again.
 func TestCoalescingDuplicateLeaves(t *testing.T) {
 	r := newRecorded(t)
-	r.mock.ExpectBegin()
-	expectGroupClaim(r.mock, []string{"a", "b"}, "a")
+	g := beginGroup(r.mock)
+	g.claim("a", 1)
 	expectEffect(r.mock)
+	g.claim("b", 0)
 	r.mock.ExpectCommit()
 	mw := newMiddleware(t, r, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
 	bctx, cancel := context.WithCancel(context.Background())
@@ -832,5 +1132,5 @@ func TestCoalescingDuplicateLeaves(t *testing.T) {
 	if aErr != nil || aOut != idempotent.Applied {
 		t.Fatalf("a got (%v, %v), want applied", aOut, aErr)
 	}
-	r.wantCalls(t, "BEGIN", batchSQL, effectSQL, "COMMIT")
+	r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, "COMMIT")
 }

@@ -230,11 +230,19 @@
 // statement run with the function's context on any connection but the
 // claim's transaction fails with [ErrAutocommit] before it reaches the
 // database, and the whole transaction rolls back even if the function
-// ignores the error. So do db.BeginTx with that context, a function that
-// commits or rolls back the *sql.Tx itself, and a transaction-control
-// statement (COMMIT, ROLLBACK, BEGIN, …) run through the tx. On MySQL and
+// ignores the error. So does db.BeginTx with that context, and a
+// transaction-control statement (COMMIT, ROLLBACK, BEGIN, …) leading a
+// string run through the tx. The guard also wraps the claim's transaction:
+// only the middleware commits or rolls it back, so a function's own
+// tx.Commit() or tx.Rollback() rolls it back, fails with ErrAutocommit, and
+// nothing of that attempt — claim or effect — commits. On MySQL and
 // MariaDB, a statement the database would commit implicitly (DDL, LOCK
-// TABLES, …: dialect.ImplicitCommitter) is refused the same way.
+// TABLES, …: dialect.ImplicitCommitter) is refused the same way; and after
+// a statement fails with an error for which InnoDB rolled the whole
+// transaction back (a deadlock: dialect.ImplicitRollbacker), every further
+// statement of the function is refused, since it would commit on its own,
+// and a function that swallowed the error and returned nil fails with
+// ErrAutocommit instead of being reported applied with nothing committed.
 // [WithStrictGuard] also reads the database's transaction id after the claim
 // and before COMMIT and refuses to commit if the session left the
 // transaction (which the guard cannot see in a multi-statement string, or
@@ -342,15 +350,21 @@
 // Most handlers are written one message at a time and run from several
 // workers. [WithCoalescing] lets such concurrent [Middleware.ProcessMessage]
 // calls share one transaction: those arriving within [Coalescing].Wait of
-// the first, up to Coalescing.Max, are claimed in one statement in key
-// order, their handlers run one after the other — each on its own caller's
-// goroutine, with its own context, so the *sql.Tx is never used
-// concurrently and a panic stays its caller's — and one COMMIT ends them;
-// each call returns its own outcome after that COMMIT. A handler's failure
-// fails its own message: by default the group is rolled back and runs again
-// without it (the others' handlers run again; nothing of theirs had
-// committed), or with Coalescing.Savepoints it rolls back to a savepoint
-// of its own. docs/performance.md says when it pays and what it costs.
+// the first, up to Coalescing.Max, run in key order, each claimed just
+// before its handler runs — on its own caller's goroutine, with its own
+// context, so the *sql.Tx is never used concurrently and a panic stays its
+// caller's — and one COMMIT ends them; each call returns its own outcome
+// after that COMMIT. A handler's failure fails its own message: by default
+// the group is rolled back and runs again without it (the others' handlers
+// run again; nothing of theirs had committed), or with
+// Coalescing.Savepoints it rolls back to a savepoint of its own. A handler
+// cannot break its neighbours: before the next claim and before COMMIT the
+// middleware proves the transaction is still the group's (a fence on
+// Postgres, the member's savepoint elsewhere), so a handler that commits,
+// rolls back or breaks the transaction fails alone with [ErrAutocommit]
+// and the others run again; [WithCoalescing] lists every such mistake and
+// what it costs. docs/performance.md says when coalescing pays and what it
+// costs.
 //
 // # Natural keys and versioned upserts
 //

@@ -18,11 +18,14 @@ var (
 	// claim's transaction: a statement ran with the handler's context on
 	// another connection (db.ExecContext instead of tx.ExecContext), the
 	// handler committed or rolled back the transaction itself, the strict
-	// guard found the session in another transaction before commit, or a
+	// guard found the session in another transaction before commit, a
 	// transaction was begun inside a handler with the handler's context
-	// (RunTx, or ProcessMessage of any Middleware). The transaction is rolled back
-	// where it still can be. This is a bug in the handler, not a transient
-	// failure.
+	// (RunTx, or ProcessMessage of any Middleware), or the handler went on
+	// after the database rolled its transaction back (a deadlock it
+	// swallowed, on MySQL) or, in a coalesced group, after an error that
+	// aborted it. The transaction is rolled back where it still can be. This
+	// is a bug in the handler, not a transient failure: it is never
+	// retried.
 	ErrAutocommit = errors.New("idempotent: statement outside the claim's transaction")
 
 	// ErrRetriesExhausted reports that every attempt allowed by the retry

@@ -16,9 +16,9 @@ import (
 )
 
 // Three workers call ProcessMessage at once on a Middleware WithCoalescing:
-// their messages share one transaction — one claim statement for the three
-// keys, in key order, each handler on its own worker's goroutine, one
-// COMMIT — and each worker gets its own outcome after that COMMIT. The
+// their messages share one transaction — in key order, each message's
+// claim just before its handler, which runs on its own worker's goroutine,
+// one COMMIT — and each worker gets its own outcome after that COMMIT. The
 // message claimed before is a duplicate, and its handler does not run.
 func ExampleWithCoalescing() {
 	db, mock, err := mocks.Open()
@@ -34,10 +34,13 @@ func ExampleWithCoalescing() {
 
 	// What the database sees: one transaction for the three.
 	m := mocks.ForMiddleware(mock, mw)
-	m.ExpectGroupApplied([]string{"order-completed:1", "order-completed:2", "order-completed:3"}, "order-completed:1", "order-completed:3")
+	m.ExpectGroupBegin()
+	m.ExpectGroupApplied("order-completed:1")
 	m.ExpectExec(creditSQL).WithArgs(50, 1).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectGroupDuplicate("order-completed:2")
+	m.ExpectGroupApplied("order-completed:3")
 	m.ExpectExec(creditSQL).WithArgs(50, 3).WillReturnResult(sqlmock.NewResult(0, 1))
-	m.ExpectCommit()
+	m.ExpectGroupCommit()
 
 	outcomes := make([]idempotent.Outcome, 3)
 	var wg sync.WaitGroup

@@ -49,6 +49,9 @@ type fakeConnector struct {
 	beginErr   error
 	resetErr   error
 	invalid    bool
+	// execErr, when set, is what the modern connection's ExecContext
+	// returns for a query (nil: success).
+	execErr func(query string) error
 }
 
 func (f *fakeConnector) add(format string, a ...any) {
@@ -201,6 +204,11 @@ func (c *modernConn) PrepareContext(ctx context.Context, q string) (driver.Stmt,
 
 func (c *modernConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
 	c.f.add("c%d execctx %s %s", c.id, q, namedArgs(a))
+	if c.f.execErr != nil {
+		if err := c.f.execErr(q); err != nil {
+			return nil, err
+		}
+	}
 	return driver.RowsAffected(1), nil
 }
 

@@ -30,6 +30,17 @@ import (
 // own transaction that the database would commit implicitly (DDL, LOCK
 // TABLES, …) fails with ErrAutocommit the same way, before it reaches the
 // database.
+//
+// The connection also wraps the transaction it begins with a token
+// (guardTx): only the middleware ends it. A handler's tx.Commit() or
+// tx.Rollback() rolls the transaction back, records a violation and fails
+// with ErrAutocommit, so nothing of the attempt commits. And where the
+// dialect implements dialect.ImplicitRollbacker (MySQL, MariaDB), a
+// statement of the token that fails with an error after which the database
+// has rolled the transaction back and left it (an InnoDB deadlock) ends the
+// token: every further statement of it is refused with ErrAutocommit,
+// since it would commit on its own, and the attempt fails even if the
+// handler returns nil.
 
 type tokenKey struct{}
 
@@ -40,8 +51,31 @@ type txToken struct {
 	// implicit, when set, is the dialect's test for statements its
 	// database commits implicitly (dialect.ImplicitCommitter).
 	implicit dialect.ImplicitCommitter
-	mu       sync.Mutex
-	broken   error
+	// rollbacks, when set, is the dialect's test for failures after which
+	// its database has rolled the transaction back
+	// (dialect.ImplicitRollbacker).
+	rollbacks dialect.ImplicitRollbacker
+	// turn is set, on the token a coalesced group's transaction was begun
+	// with, to the token of the member whose handler runs: a violation
+	// found without a statement's context (a handler's tx.Commit) is that
+	// member's.
+	turn atomic.Pointer[txToken]
+	// ending is set by the middleware right before it commits or rolls
+	// back the transaction itself (endTx): only then may guardTx end it.
+	ending atomic.Bool
+	mu     sync.Mutex
+	broken error
+	// ended, once set, says why the token's transaction is over although
+	// the middleware did not end it: every further statement of the token
+	// is refused.
+	ended error
+}
+
+// withoutToken returns ctx without a claim's token, for a statement of
+// the middleware's own that must run whatever a handler did to the
+// transaction (the reset of a session setting).
+func withoutToken(ctx context.Context) context.Context {
+	return context.WithValue(ctx, tokenKey{}, (*txToken)(nil))
 }
 
 func tokenFrom(ctx context.Context) *txToken {
@@ -64,6 +98,48 @@ func (t *txToken) violate(err error) {
 	}
 }
 
+// end records that the token's transaction is over (why), although the
+// middleware did not end it.
+func (t *txToken) end(why error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended == nil {
+		t.ended = why
+	}
+}
+
+// endedBy returns why the token's transaction ended behind the
+// middleware's back (see end), or nil.
+func (t *txToken) endedBy() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ended
+}
+
+// current is the token a violation of the transaction t was begun with is
+// charged to: the member's whose handler runs in a coalesced group, t
+// itself otherwise.
+func (t *txToken) current() *txToken {
+	if cur := t.turn.Load(); cur != nil {
+		return cur
+	}
+	return t
+}
+
+// failed is told of every failure of a statement run with ctx on c: one
+// after which the database rolled the token's transaction back ends the
+// token (see end).
+func (c *guardConn) failed(ctx context.Context, err error) {
+	if err == nil {
+		return
+	}
+	t := tokenFrom(ctx)
+	if t == nil || t.rollbacks == nil || t.conn.Load() != c || !t.rollbacks.RollsBackImplicitly(err) {
+		return
+	}
+	t.end(fmt.Errorf("the database rolled the transaction back when a statement failed (%w)", err))
+}
+
 // check fails if ctx belongs to a claim transaction running on another
 // connection than c.
 func (c *guardConn) check(ctx context.Context, op, query string) error {
@@ -72,6 +148,11 @@ func (c *guardConn) check(ctx context.Context, op, query string) error {
 		return nil
 	}
 	if t.conn.Load() == c {
+		if why := t.endedBy(); why != nil {
+			err := fmt.Errorf("%w: the handler ran %q after the claim's transaction had ended (%w): it would commit on its own, outside any transaction", ErrAutocommit, truncate(query, 80), why)
+			t.violate(err)
+			return err
+		}
 		if endsTransaction(query) {
 			err := fmt.Errorf("%w: the handler ran %q, which would end the claim's transaction behind the middleware's back", ErrAutocommit, truncate(query, 80))
 			t.violate(err)
@@ -165,7 +246,11 @@ func truncate(s string, n int) string {
 // Statements are checked only when run with a context that ProcessMessage or RunTx
 // handed to a handler; all other use of the database is unchanged. A handler
 // that runs a statement with context.Background() on the *sql.DB cannot be
-// caught this way. The wrapped connections pass through every optional
+// caught this way. The transaction ProcessMessage (or RunTx, and every
+// entry point built on them) begins is wrapped too: only the middleware
+// commits or rolls it back, and a handler's tx.Commit() or tx.Rollback()
+// rolls it back and fails with ErrAutocommit, so nothing of that attempt
+// commits. The wrapped connections pass through every optional
 // driver interface the driver's connections implement; Unwrap returns the
 // driver's own connection for sql.Conn.Raw.
 func GuardConnector(c driver.Connector) driver.Connector {
@@ -266,10 +351,53 @@ func (c *guardConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	if t != nil {
-		t.conn.CompareAndSwap(nil, c)
+	if t == nil {
+		return tx, nil
 	}
-	return tx, nil
+	t.conn.CompareAndSwap(nil, c)
+	return &guardTx{Tx: tx, t: t, ctx: ctx}, nil
+}
+
+// guardTx is a transaction begun with a claim's token: only the
+// middleware, which marks the token before it ends the transaction
+// (endTx), commits or rolls it back.
+type guardTx struct {
+	driver.Tx
+	t   *txToken
+	ctx context.Context // BeginTx's
+}
+
+// Commit commits the transaction when the middleware ends it; otherwise
+// the handler is committing it itself, and the guard rolls it back
+// instead (refuse).
+func (g *guardTx) Commit() error {
+	if g.t.ending.Load() {
+		return g.Tx.Commit()
+	}
+	return g.refuse("Commit")
+}
+
+// Rollback rolls the transaction back. Unless the middleware ends it, or
+// database/sql does because BeginTx's context ended, it is the handler's
+// own and a violation (refuse).
+func (g *guardTx) Rollback() error {
+	if g.t.ending.Load() || g.ctx.Err() != nil {
+		return g.Tx.Rollback()
+	}
+	return g.refuse("Rollback")
+}
+
+// refuse rolls the transaction back for a handler that tried to end it
+// itself, and records the violation on the token of the handler running.
+func (g *guardTx) refuse(op string) error {
+	err := fmt.Errorf("%w: the handler called tx.%s on the claim's transaction: it committed or rolled back the transaction itself, which only the middleware may do; the guard rolled it back, so nothing of this attempt is committed", ErrAutocommit, op)
+	t := g.t.current()
+	t.violate(err)
+	t.end(fmt.Errorf("the handler's tx.%s", op))
+	if rbErr := g.Tx.Rollback(); rbErr != nil {
+		return errors.Join(err, rbErr)
+	}
+	return err
 }
 
 func (c *guardConn) Prepare(query string) (driver.Stmt, error) {
@@ -297,34 +425,44 @@ func (c *guardConn) ExecContext(ctx context.Context, query string, args []driver
 	if err := c.check(ctx, "exec", query); err != nil {
 		return nil, err
 	}
+	var res driver.Result
+	var err error
 	switch e := c.Conn.(type) {
 	case driver.ExecerContext:
-		return e.ExecContext(ctx, query, args)
+		res, err = e.ExecContext(ctx, query, args)
 	case driver.Execer: //nolint:staticcheck // fallback for old drivers
-		vals, err := plainValues(args)
-		if err != nil {
-			return nil, err
+		vals, verr := plainValues(args)
+		if verr != nil {
+			return nil, verr
 		}
-		return e.Exec(query, vals)
+		res, err = e.Exec(query, vals)
+	default:
+		return nil, driver.ErrSkip
 	}
-	return nil, driver.ErrSkip
+	c.failed(ctx, err)
+	return res, err
 }
 
 func (c *guardConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if err := c.check(ctx, "query", query); err != nil {
 		return nil, err
 	}
+	var rows driver.Rows
+	var err error
 	switch q := c.Conn.(type) {
 	case driver.QueryerContext:
-		return q.QueryContext(ctx, query, args)
+		rows, err = q.QueryContext(ctx, query, args)
 	case driver.Queryer: //nolint:staticcheck // fallback for old drivers
-		vals, err := plainValues(args)
-		if err != nil {
-			return nil, err
+		vals, verr := plainValues(args)
+		if verr != nil {
+			return nil, verr
 		}
-		return q.Query(query, vals)
+		rows, err = q.Query(query, vals)
+	default:
+		return nil, driver.ErrSkip
 	}
-	return nil, driver.ErrSkip
+	c.failed(ctx, err)
+	return rows, err
 }
 
 func (c *guardConn) Ping(ctx context.Context) error {
@@ -393,28 +531,38 @@ func (s *guardStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (
 	if err := s.conn.check(ctx, "exec", s.query); err != nil {
 		return nil, err
 	}
+	var res driver.Result
+	var err error
 	if e, ok := s.Stmt.(driver.StmtExecContext); ok {
-		return e.ExecContext(ctx, args)
+		res, err = e.ExecContext(ctx, args)
+	} else {
+		vals, verr := plainValues(args)
+		if verr != nil {
+			return nil, verr
+		}
+		res, err = s.Stmt.Exec(vals) //nolint:staticcheck // fallback for old drivers
 	}
-	vals, err := plainValues(args)
-	if err != nil {
-		return nil, err
-	}
-	return s.Stmt.Exec(vals) //nolint:staticcheck // fallback for old drivers
+	s.conn.failed(ctx, err)
+	return res, err
 }
 
 func (s *guardStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	if err := s.conn.check(ctx, "query", s.query); err != nil {
 		return nil, err
 	}
+	var rows driver.Rows
+	var err error
 	if q, ok := s.Stmt.(driver.StmtQueryContext); ok {
-		return q.QueryContext(ctx, args)
+		rows, err = q.QueryContext(ctx, args)
+	} else {
+		vals, verr := plainValues(args)
+		if verr != nil {
+			return nil, verr
+		}
+		rows, err = s.Stmt.Query(vals) //nolint:staticcheck // fallback for old drivers
 	}
-	vals, err := plainValues(args)
-	if err != nil {
-		return nil, err
-	}
-	return s.Stmt.Query(vals) //nolint:staticcheck // fallback for old drivers
+	s.conn.failed(ctx, err)
+	return rows, err
 }
 
 func (s *guardStmt) CheckNamedValue(nv *driver.NamedValue) error {

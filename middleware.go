@@ -133,7 +133,7 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	m.run = runner{db: db, d: d, policy: cfg.retry, seenScope: &m.seenScope}
 	m.seenScope.Now = cfg.retention.clock
-	m.run.implicit, _ = d.(dialect.ImplicitCommitter)
+	m.run.guardDialect(d)
 	if cfg.txOpts != (sql.TxOptions{}) {
 		if c, ok := d.(dialect.TxOptionsChecker); ok {
 			if err := c.CheckTxOptions(cfg.txOpts); err != nil {
@@ -150,21 +150,16 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 		m.run.beforeCommit = m.checkTxID
 		m.run.afterFailure = m.checkTxIDAfterFailure
 	}
-	if cfg.coalesce.Max > 0 {
-		m.co = newCoalescer(m, cfg.coalesce)
-		w, err := cfg.coalesce.LockWaitOn(d)
-		if err != nil {
-			return nil, err
-		}
-		if w > 0 {
-			m.co.lockWaitSQL = d.LockTimeoutSQL(w)
-		}
-	}
 	if err := checkSeen(cfg.seen, d); err != nil {
 		return nil, err
 	}
 	if err := m.initRetention(cfg.retention); err != nil {
 		return nil, err
+	}
+	if cfg.coalesce.Max > 0 {
+		if m.co, err = newCoalescer(m, cfg.coalesce, m.run); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -196,15 +191,32 @@ func (m *Middleware) observe(ctx context.Context, key string, f func(ctx context
 // did not either), or after a new claim on a dialect that cannot fence in
 // the statement.
 func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time) (bool, error) {
+	return m.claimKeyFenced(ctx, tx, st, key, at, nil)
+}
+
+// claimKeyFenced is claimKey with the claim statements of a coalesced
+// group's fence, f, when not nil (see coalescer.passFenced): the same
+// statement, which also fails unless it runs in the transaction f's token
+// marked.
+func (m *Middleware) claimKeyFenced(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time, f *txFence) (bool, error) {
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
 		fenced := m.hclaimSQL != "" && !at.IsZero()
-		q, args := m.claimSQL, make([]any, 0, 4)
+		q, args := m.claimSQL, make([]any, 0, 5)
+		if f != nil {
+			q = f.claimSQL
+		}
 		args = append(args, m.consumerArg, key)
 		if m.ret.part != nil {
 			args = append(args, eventDay(at).Format(time.DateOnly))
 		}
 		if fenced {
 			q, args = m.hclaimSQL, append(args, m.ret.fence(at))
+			if f != nil {
+				q = f.hclaimSQL
+			}
+		}
+		if f != nil {
+			args = append(args, f.token)
 		}
 		res, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
@@ -255,7 +267,7 @@ func (m *Middleware) withLockTimeout(ctx context.Context, tx *sql.Tx, stmt func(
 		}
 		if m.lockReset != "" {
 			defer func() {
-				if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), m.lockReset); rerr != nil && err == nil {
+				if _, rerr := tx.ExecContext(withoutToken(context.WithoutCancel(ctx)), m.lockReset); rerr != nil && err == nil {
 					claimed, err = false, fmt.Errorf("idempotent: reset lock timeout: %w", rerr)
 				}
 			}()

@@ -181,9 +181,14 @@ type Coalescing struct {
 	// of its own: a handler's failure rolls back to it — the claim with
 	// the effect — and the group goes on in the same transaction without
 	// that message, so no other handler runs again. It costs three
-	// statements per message (SAVEPOINT, its own claim, RELEASE) where the
-	// optimistic default claims the whole group in one statement and
-	// spends more only when a handler fails. Default is false.
+	// statements per message (SAVEPOINT, its claim, RELEASE) where the
+	// optimistic default sends its claim alone, plus one statement per
+	// group (its fence), and spends more only when a handler fails. On a
+	// dialect without a transaction fence (dialect.TxFencer: MySQL,
+	// MariaDB, SQLite) the optimistic design runs with savepoints too, the
+	// savepoint's RELEASE being the proof that a handler left the
+	// transaction whole; Config().Coalescing still reports the Coalescing
+	// as given. Default is false.
 	Savepoints bool
 	// LockWait bounds how long a handler in a group may wait for a lock
 	// (a row another transaction holds) before its message leaves the
@@ -231,54 +236,99 @@ const DefaultLockWait = 50 * time.Millisecond
 // WithCoalescing makes concurrent ProcessMessage calls (and WrapMessage's,
 // and so every adapter's per-message workers) share transactions: calls
 // arriving within c.Wait of the first, up to c.Max of them, run in one
-// transaction on one connection — one BEGIN, their claims in one statement
-// in key order (as ProcessMessages claims a batch; with c.Savepoints, one
-// claim per message, in key order), each new message's
-// handler on its own caller's goroutine, one at a time (so the *sql.Tx is
-// never used concurrently, and a handler's panic and context values stay its
+// transaction on one connection — one BEGIN, then the messages in key
+// order, each claimed just before its own handler runs, on its own
+// caller's goroutine, one at a time (so the *sql.Tx is never used
+// concurrently, and a handler's panic and context values stay its
 // caller's), one COMMIT — and each call returns its own outcome only after
-// that COMMIT. Duplicates in a group run no handler. A call left alone when
-// the wait ends runs as it would without the option.
+// that COMMIT. Duplicates in a group run no handler. A call left alone
+// when the wait ends runs as it would without the option.
 //
-// A handler's failure fails its own message only. By default the design
-// is optimistic, with no savepoints: the failure (an error, a panic, a
-// guard violation, or the caller's context ending before the COMMIT) rolls
-// the whole transaction back, and the group runs again without that
-// message. The others' handlers therefore run again: nothing of them had
-// committed, so running them again is as safe as a retry is — but work a
-// handler does outside the transaction (a call to another service) happens
-// again too. With c.Savepoints a handler's error or panic rolls back to a
-// savepoint taken before it instead, and the others do not run again; a
-// caller whose context ends after its handler ran still costs a re-run.
-// A failure of the transaction itself (a serialization failure, a deadlock,
-// a lost connection, a COMMIT whose answer was lost) is retried for the
-// whole group under the retry policy; a lost COMMIT that landed makes every
-// message of the group Duplicate on the retry. A handler whose lock wait ran
-// past c.LockWait is not a failure: its message leaves the group and runs
-// in a transaction of its own, while the group goes on without it. A caller whose context ends
-// before the COMMIT starts gets the context's error, and its work is rolled
-// back with the group's attempt; once the COMMIT has started the caller
-// waits for it. A claim that fails for good (ErrClaimBusy under
-// WithLockTimeout, ErrNoPartition, the retention fence) sends every message
-// of the group back to a transaction of its own, so each gets its own
-// outcome. The autocommit guard, the strict guard (which then checks after
-// every handler; a handler that left the transaction fails the whole group
-// with ErrAutocommit), the lock timeout, the retention fence and the
-// pre-check work as without it. The group's own statements (BEGIN, the
-// claims, COMMIT) run with no caller's context, so a caller that leaves
-// does not cut them short: bound the claim's lock waits with
-// WithLockTimeout. A handler that swallows a database error on
-// a database where that aborts the transaction (Postgres) fails the group's
-// COMMIT, and with it every message of the group.
+// A message's claim is never in the transaction before its handler is
+// about to run, and before it sends the next claim, and before COMMIT, the
+// Middleware proves the transaction is still the group's own: in the
+// optimistic design (the default) on Postgres, by a fence — the
+// transaction is marked with a random token before the first handler, and
+// each later claim, and a check before COMMIT, fails outside the
+// transaction so marked (dialect.TxFencer); with savepoints (c.Savepoints,
+// and the optimistic design on MySQL, MariaDB and SQLite, which have no
+// fence), by the RELEASE of the message's savepoint after its handler.
+//
+// What a handler can do to its group, and what it costs:
+//
+//   - It fails (returns an error, panics, leaves the group by a
+//     guard violation, or its caller's context ends before the COMMIT
+//     starts): its message fails alone with that error (the panic reaches
+//     its caller after the rollback). Optimistic: the transaction rolls
+//     back and the group runs again without it, so the others' handlers run
+//     again — safe, nothing of theirs had committed, but work a handler
+//     does outside the transaction (a call to another service) happens
+//     again too. With savepoints: it is rolled back to its savepoint and
+//     the others go on; a caller whose context ends after its handler ran
+//     still costs a re-run.
+//   - It hangs past its context: the group stops waiting for it when its
+//     caller's context ends; the transaction is rolled back (once the
+//     statement it has in flight, if any, returns) and the group runs
+//     again without it, in either design; its caller gets the context's
+//     error when the handler returns.
+//   - It ends or breaks the transaction — its own tx.Commit or tx.Rollback,
+//     a COMMIT or ROLLBACK statement (also inside a multi-statement string),
+//     a statement MySQL commits implicitly, an error it swallows after
+//     which Postgres aborted the transaction or InnoDB rolled it back (a
+//     deadlock) — and returns nil: the middleware's next statement finds
+//     it, before any other message is claimed outside the transaction. Its
+//     message fails alone with an error matching ErrAutocommit, and every
+//     other message runs again in a new transaction of the group. When the
+//     transaction may have committed under it, the error says so loudly:
+//     its claim committed with the part of its effect that ran before, the
+//     messages before it in the group committed too (they come back
+//     Duplicate: their effects exist once), and statements it ran after
+//     committed one by one. With savepoints on Postgres, a swallowed error
+//     that only aborted the transaction is rolled back to the message's
+//     savepoint and fails it alone, and nothing runs again. Through
+//     GuardConnector most of these never reach the database: tx.Commit and
+//     tx.Rollback roll the transaction back and fail with ErrAutocommit,
+//     transaction-control and implicitly committing statements are refused,
+//     and on MySQL and MariaDB a statement after a swallowed deadlock is
+//     refused (see GuardConnector) — the message fails alone and nothing
+//     of it committed.
+//   - It is a deadlock victim or meets a serialization failure, and
+//     returns that error: the transaction's own failure, retried for the
+//     whole group under the retry policy.
+//   - It writes through the *sql.DB with its context: refused by
+//     GuardConnector (its message fails alone); without the guard the
+//     write commits on its own, apart from the group, as it would alone.
+//   - It waits for a lock past c.LockWait: not a failure; its message
+//     leaves the group and runs in a transaction of its own, while the
+//     group goes on without it.
+//
+// A claim that fails for good (ErrClaimBusy under WithLockTimeout,
+// ErrNoPartition, the retention horizon) concerns its message only: it
+// runs alone, and the group goes on without it (optimistic: runs again
+// without it). A failure of the transaction itself (a serialization
+// failure, a deadlock, a lost connection, a COMMIT whose answer was lost)
+// is retried for the whole group under the retry policy; a lost COMMIT
+// that landed makes every message of the group Duplicate on the retry. A
+// COMMIT that fails for any other reason (a deferred constraint) sends
+// every message of the group to a transaction of its own, so each gets
+// its own outcome. A caller whose context ends before the COMMIT starts
+// gets the context's error, and its work is rolled back with the group's
+// attempt; once the COMMIT has started the caller waits for it. The
+// autocommit guard, the strict guard (which then reads the transaction id
+// after the first claim, after every handler and before COMMIT; a handler
+// that left the transaction fails alone, loudly), the lock timeout, the
+// retention fence and the pre-check work as without it. The group's own
+// statements (BEGIN, the claims, COMMIT) run with no caller's context, so
+// a caller that leaves does not cut them short: bound the claim's lock
+// waits with WithLockTimeout.
 //
 // It pays where several calls are in flight at once (a consumer with
-// several workers): every message of a group shares BEGIN, the claim and
-// COMMIT, and each may wait up to Wait for the group to close (a group of
-// one waits the whole Wait). ProcessMessageTx and the batch entry points
-// are not coalesced; the Kafka per-record consumer coalesces its records
-// with their offset advances (see package kafka). docs/performance.md
-// says when to use it and what it costs. Default is off: one transaction
-// per call.
+// several workers): every message of a group shares BEGIN and COMMIT, and
+// each may wait up to Wait for the group to close (a group of one waits the
+// whole Wait). ProcessMessageTx and the batch entry points are not
+// coalesced; the Kafka per-record consumer coalesces its records with
+// their offset advances (see package kafka). docs/performance.md says when
+// to use it and what it costs. Default is off: one transaction per call.
 func WithCoalescing(c Coalescing) Option {
 	return optionFunc(func(cfg *config) error {
 		switch {

@@ -96,7 +96,7 @@ func RunTx(ctx context.Context, db *sql.DB, d dialect.Dialect, opts *sql.TxOptio
 		return fmt.Errorf("idempotent: RunTx: %w", err)
 	}
 	r := runner{db: db, d: d, txOpts: opts, policy: p}
-	r.implicit, _ = d.(dialect.ImplicitCommitter)
+	r.guardDialect(d)
 	_, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		st.inHandler = true
 		return fn(ctx, tx)
@@ -116,9 +116,10 @@ type runner struct {
 	// begin, when set, begins each attempt's transaction instead of
 	// db.BeginTx (see ProcessMessageTx).
 	begin func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, error)
-	// implicit, when set, goes into each attempt's guard token (see
-	// dialect.ImplicitCommitter).
-	implicit dialect.ImplicitCommitter
+	// implicit and rollbacks, when set, go into each attempt's guard token
+	// (see dialect.ImplicitCommitter and dialect.ImplicitRollbacker).
+	implicit  dialect.ImplicitCommitter
+	rollbacks dialect.ImplicitRollbacker
 	// afterFailure, when set, runs after the body (not beforeCommit) failed
 	// with an error that is not retryable, before the rollback; an error it
 	// returns is joined to the failure and makes it final (the strict
@@ -128,6 +129,15 @@ type runner struct {
 	// seenScope is the Middleware's pre-check scope, forgotten when an
 	// attempt loses its connection (lostConnection); nil for RunTx.
 	seenScope *preCheckScopes
+}
+
+// guardDialect gives r's guard tokens d's tests for statements that
+// commit implicitly and failures that roll back implicitly, where d has
+// them: the entry points that run a caller's function (Middleware, RunTx)
+// call it.
+func (r *runner) guardDialect(d dialect.Dialect) {
+	r.implicit, _ = d.(dialect.ImplicitCommitter)
+	r.rollbacks, _ = d.(dialect.ImplicitRollbacker)
 }
 
 // attemptState is what one attempt's body tells the loop.
@@ -231,7 +241,7 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 	}{}
 	st := &a.st
 	st.token = &a.tok
-	a.tok.implicit = r.implicit
+	a.tok.implicit, a.tok.rollbacks = r.implicit, r.rollbacks
 	tctx := context.WithValue(ctx, tokenKey{}, st.token)
 	tx, err := r.beginTx(tctx)
 	if err != nil {
@@ -242,14 +252,14 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		if !done {
 			// body panicked: roll back so the connection returns to the
 			// pool, then let the panic go on.
-			_ = tx.Rollback()
+			_ = endTx(st, tx, false)
 		}
 	}()
 	err = body(tctx, tx, st)
 	bodyFailed := err != nil
 	if err == nil && st.skipCommit {
 		done = true
-		if rbErr := tx.Rollback(); rbErr != nil && ctx.Err() == nil {
+		if rbErr := endTx(st, tx, false); rbErr != nil && ctx.Err() == nil {
 			return r.d.Classify(rbErr), fmt.Errorf("idempotent: rollback: %w", rbErr)
 		}
 		return dialect.Class{}, nil
@@ -258,31 +268,49 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		st.inHandler = false // what follows is the middleware's own
 		err = st.token.violation()
 	}
+	if err == nil {
+		if why := st.token.endedBy(); why != nil {
+			// The handler returned nil after the database rolled the
+			// transaction back (a deadlock it swallowed, on MySQL): a
+			// COMMIT now would commit nothing, and report it applied.
+			err = fmt.Errorf("%w: the handler returned nil after %w: nothing of this attempt is committed", ErrAutocommit, why)
+		}
+	}
 	if err == nil && r.beforeCommit != nil {
-		err = r.beforeCommit(tctx, tx, st)
+		err = r.beforeCommit(ctx, tx, st)
 	}
 	if err != nil {
 		done = true
 		failure := r.d.Classify(err)
 		class = failure
+		if errors.Is(err, ErrAutocommit) {
+			// A handler's bug, never retried, whatever failure it wraps
+			// (a deadlock it swallowed).
+			class = dialect.Class{}
+		}
 		if st.inHandler && class.Retryable() && !r.suffered(ctx, tx, class, err) {
 			// The handler met the failure elsewhere: its own to return.
 			class = dialect.Class{}
 		}
-		if r.afterFailure != nil && bodyFailed && !class.Retryable() {
-			if ferr := r.afterFailure(tctx, tx, st); ferr != nil {
+		if r.afterFailure != nil && bodyFailed && !class.Retryable() && st.token.violation() == nil {
+			if ferr := r.afterFailure(ctx, tx, st); ferr != nil {
 				err = errors.Join(err, ferr)
 				class = dialect.Class{}
 			}
 		}
-		if rbErr := tx.Rollback(); rbErr != nil {
+		if rbErr := endTx(st, tx, false); rbErr != nil {
 			switch {
 			case errors.Is(rbErr, sql.ErrTxDone) && ctx.Err() == nil:
-				// The body ended the transaction itself. The strict guard
-				// may have said so already (it found the tx done before
-				// commit); say it once.
+				// The body ended the transaction itself (with the guard,
+				// which rolled it back, the violation says so). The strict
+				// guard may have said so already (it found the tx done
+				// before commit); say it once.
 				if !errors.Is(err, ErrAutocommit) {
-					err = errors.Join(err, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit))
+					cause := st.token.violation()
+					if cause == nil {
+						cause = fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit)
+					}
+					err = errors.Join(err, cause)
 				}
 				class = dialect.Class{}
 			case errors.Is(rbErr, sql.ErrTxDone), failure.Kind == dialect.KindConnection, r.lost(rbErr):
@@ -300,13 +328,24 @@ func (r *runner) once(ctx context.Context, body func(context.Context, *sql.Tx, *
 		return class, err
 	}
 	done = true
-	if err := tx.Commit(); err != nil {
+	if err := endTx(st, tx, true); err != nil {
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
 			return dialect.Class{}, fmt.Errorf("%w: the handler committed or rolled back the transaction itself", ErrAutocommit)
 		}
 		return r.d.Classify(err), fmt.Errorf("idempotent: commit: %w", err)
 	}
 	return dialect.Class{}, nil
+}
+
+// endTx commits tx, or rolls it back, as the middleware: it marks the
+// attempt's token first, so that GuardConnector lets it through (a
+// handler's own tx.Commit or tx.Rollback is refused).
+func endTx(st *attemptState, tx *sql.Tx, commit bool) error {
+	st.token.ending.Store(true)
+	if commit {
+		return tx.Commit()
+	}
+	return tx.Rollback()
 }
 
 // refuseNested fails when ctx carries a claim's token: it is a handler's

@@ -20,10 +20,12 @@ import "time"
 // handler), whose release fails once the transaction it was taken in is
 // gone.
 type TxFencer interface {
-	// TxFenceSQL returns one statement, run first in a group's
-	// transaction, that marks the transaction with parameter 1, the token
-	// (a string), until it ends; when lockWait is positive it also bounds
-	// the transaction's lock waits, as LockTimeoutSQL(lockWait) would.
+	// TxFenceSQL returns one statement, run in a group's transaction
+	// before its first handler (after the claims that precede it, which
+	// need no fence), that marks the transaction with parameter 1, the
+	// token (a string), until it ends; when lockWait is positive it also
+	// bounds the transaction's lock waits, as LockTimeoutSQL(lockWait)
+	// would.
 	TxFenceSQL(lockWait time.Duration) string
 	// TxFencedClaimSQL returns the claim statement the middleware runs
 	// otherwise — ClaimSQL, the Partitioner's ClaimAtSQL when partitioned,

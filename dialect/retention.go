@@ -121,7 +121,11 @@ type HorizonKeeper interface {
 //
 // Without a HorizonClaimer, the middleware reads the horizon (HorizonSQL)
 // after a claim inserted, in the claim's transaction: a statement after the
-// insert sees any cleanup that committed before the insert could succeed.
+// insert sees any cleanup that committed before the insert could succeed,
+// provided it reads the rows as last committed rather than from a snapshot
+// the transaction took earlier (before a coalesced group's earlier
+// handlers, or a caller's own reads) — the MySQL dialect's HorizonSQL is a
+// locking read for that reason.
 type HorizonClaimer interface {
 	// HorizonClaimSQL returns the claim statement with the horizon folded
 	// in: parameters consumer $1, key $2, the event day $3 (a "2006-01-02"

@@ -45,25 +45,6 @@ func (m *Mock) ExpectBatchApplied(keys []string, fresh ...string) {
 	m.expectFirstTxID()
 }
 
-// ExpectGroupApplied expects the start of a coalesced group's
-// transaction (idempotent.WithCoalescing, optimistic) of the concurrent
-// ProcessMessage calls of keys, fresh the new ones: BEGIN, the group's
-// claims in one statement as ExpectBatchApplied scripts them, and the bound
-// of the group's lock waits where the dialect sets one
-// (Coalescing.LockWait). Script the new messages' handlers' statements, in
-// the order of their keys, and the COMMIT after it. It panics on a Mock
-// made without WithCoalescing (ForMiddleware passes it), or with
-// Coalescing.Savepoints, whose groups claim message by message.
-func (m *Mock) ExpectGroupApplied(keys []string, fresh ...string) {
-	if m.group.Max == 0 || m.group.Savepoints {
-		panic("mocks: ExpectGroupApplied: the Mock has no optimistic WithCoalescing")
-	}
-	m.ExpectBatchApplied(keys, fresh...)
-	if m.groupWaitSQL != "" {
-		m.Sqlmock.ExpectExec(m.groupWaitSQL).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
-	}
-}
-
 // ExpectBatchDuplicate expects a whole ProcessMessages call of messages
 // without event times whose claims all exist: BEGIN, the batch's claim
 // inserting nothing, ROLLBACK. The handler does not run.

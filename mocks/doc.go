@@ -53,6 +53,13 @@
 //     [Mock.ExpectMessagesDuplicate] and [Mock.ExpectMessagesBeyondHorizon],
 //     in plain and partitioned mode (there, each distinct key claimed in the
 //     event day of its first message).
+//   - ProcessMessage on a Middleware WithCoalescing, whose concurrent calls
+//     share a group's transaction: [Mock.ExpectGroupBegin], then each
+//     member in key order — [Mock.ExpectGroupApplied] followed by its
+//     handler's statements, or [Mock.ExpectGroupDuplicate] (and their
+//     event-time forms) — then [Mock.ExpectGroupCommit]; the helpers script
+//     what the Middleware sends between the handlers in its design (the
+//     fence on Postgres, or the savepoints).
 //   - ProcessNatural: [Mock.ExpectNatural] (BEGIN), the handler's own
 //     conflict-free insert, then ExpectCommit, sent whether or not the
 //     insert took effect.

@@ -44,13 +44,19 @@ type Mock struct {
 	hk        dialect.HorizonKeeper
 	lockSQL   string
 	lockReset string
-	// group is the WithCoalescing the Mock was made with (Max 0: none),
+	// groupCo is the WithCoalescing the Mock was made with (Max 0: none),
 	// and groupWaitSQL the bound of its groups' lock waits
-	// (Coalescing.LockWait), "" when there is none.
-	group        idempotent.Coalescing
-	groupWaitSQL string
-	txidSQL      string
-	schema       []string
+	// (Coalescing.LockWait), "" when there is none. In the optimistic
+	// design on a dialect.TxFencer, fenceSQL marks a group's transaction
+	// (with that bound), checkSQL checks it, and fclaimSQL and fhclaimSQL
+	// are claimSQL and hclaimSQL fenced; fenceSQL is "" with savepoints.
+	// grp is the group's transaction being scripted (ExpectGroupBegin).
+	groupCo                                   idempotent.Coalescing
+	groupWaitSQL                              string
+	fenceSQL, checkSQL, fclaimSQL, fhclaimSQL string
+	grp                                       *group
+	txidSQL                                   string
+	schema                                    []string
 	// part is the dialect's partitioner in partitioned mode
 	// (WithDailyPartitions), nil otherwise.
 	part  dialect.Partitioner
@@ -107,8 +113,9 @@ func WithLockTimeout(d time.Duration) Option {
 	})
 }
 
-// WithCoalescing matches idempotent.WithCoalescing, for ExpectGroupApplied:
-// a group's claims are followed by the bound of its lock waits
+// WithCoalescing matches idempotent.WithCoalescing, for the group helpers
+// (ExpectGroupBegin and the others): its design (Coalescing.Savepoints, or
+// the dialect's fence) and the bound of its lock waits
 // (Coalescing.LockWait) where the dialect sets one. Default is none.
 func WithCoalescing(c idempotent.Coalescing) Option {
 	return optionFunc(func(s *settings) error {
@@ -298,13 +305,20 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 		}
 	}
 	if c := s.coalescing; c.Max > 0 {
-		m.group = c
+		m.groupCo = c
 		w, err := c.LockWaitOn(d)
 		if err != nil {
 			return nil, err
 		}
 		if w > 0 {
 			m.groupWaitSQL = d.LockTimeoutSQL(w)
+		}
+		if f, ok := d.(dialect.TxFencer); ok && !c.Savepoints {
+			m.fenceSQL, m.checkSQL = f.TxFenceSQL(w), f.TxFenceCheckSQL()
+			m.fclaimSQL = f.TxFencedClaimSQL(table, m.part != nil, false)
+			if m.hclaimSQL != "" {
+				m.fhclaimSQL = f.TxFencedClaimSQL(table, m.part != nil, true)
+			}
 		}
 	}
 	if s.strictGuard {

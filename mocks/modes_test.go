@@ -13,6 +13,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/mocks"
 	"github.com/txclaim/idempotent/postgres"
 )
@@ -502,41 +503,138 @@ func keyMessages(keys ...string) []idempotent.Message {
 	return msgs
 }
 
-// TestExpectGroupApplied scripts a coalesced group's start for a
-// Middleware with and without a lock wait bound, and refuses a Mock
-// without optimistic coalescing.
-func TestExpectGroupApplied(t *testing.T) {
-	for _, lockWait := range []time.Duration{0, -1} {
-		db, mock := mocks.New(t)
-		mw, err := idempotent.New(db, postgres.New(), "loyalty",
-			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: lockWait}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := mocks.ForMiddleware(mock, mw)
-		m.ExpectGroupApplied([]string{"a", "b"}, "a", "b")
-		m.ExpectCommit()
-		done := make(chan error, 2)
-		for _, k := range []string{"a", "b"} {
-			go func() {
-				_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, func(context.Context, *sql.Tx) error { return nil })
-				done <- err
-			}()
-		}
-		for range 2 {
-			if err := <-done; err != nil {
-				t.Errorf("LockWait %v: %v", lockWait, err)
+// fenceless is the Postgres dialect without its optional abilities: no
+// transaction fence, so that its coalesced groups run with savepoints, as
+// MySQL's and SQLite's do.
+type fenceless struct{ dialect.Dialect }
+
+// TestExpectGroup scripts coalesced groups of three members — the first
+// new, the second a duplicate, the third new, each with and without an
+// event time — in both designs and with the options that add statements
+// around a group's claims and handlers, and the Middleware sends exactly
+// that.
+func TestExpectGroup(t *testing.T) {
+	at := now.Add(-time.Hour)
+	for _, tc := range []struct {
+		name string
+		d    dialect.Dialect
+		c    idempotent.Coalescing
+		opts []idempotent.Option
+	}{
+		{"optimistic", postgres.New(), idempotent.Coalescing{}, nil},
+		{"optimistic without a lock wait bound", postgres.New(), idempotent.Coalescing{LockWait: -1}, nil},
+		{"optimistic with lock timeout and strict guard", postgres.New(), idempotent.Coalescing{}, []idempotent.Option{idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
+		{"savepoints", postgres.New(), idempotent.Coalescing{Savepoints: true}, nil},
+		{"savepoints with lock timeout and strict guard", postgres.New(), idempotent.Coalescing{Savepoints: true}, []idempotent.Option{idempotent.WithLockTimeout(time.Second), idempotent.WithStrictGuard()}},
+		{"a dialect without a fence: savepoints", fenceless{postgres.New()}, idempotent.Coalescing{}, nil},
+	} {
+		for _, withTime := range []bool{false, true} {
+			name := tc.name
+			if withTime {
+				name += "/event times"
 			}
-		}
-		if err := mock.ExpectationsWereMet(); err != nil {
-			t.Errorf("LockWait %v: %v", lockWait, err)
+			t.Run(name, func(t *testing.T) {
+				db, mock := mocks.New(t)
+				c := tc.c
+				c.Max, c.Wait = 3, time.Second
+				opts := append([]idempotent.Option{idempotent.WithCoalescing(c), idempotent.WithClock(clock)}, tc.opts...)
+				mw, err := idempotent.New(db, tc.d, "loyalty", opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := mocks.ForMiddleware(mock, mw)
+				m.ExpectGroupBegin()
+				if withTime {
+					m.ExpectGroupAppliedAt("a", at)
+					expectEffect(m)
+					m.ExpectGroupDuplicateAt("b", at)
+					m.ExpectGroupAppliedAt("c", at)
+				} else {
+					m.ExpectGroupApplied("a")
+					expectEffect(m)
+					m.ExpectGroupDuplicate("b")
+					m.ExpectGroupApplied("c")
+				}
+				expectEffect(m)
+				m.ExpectGroupCommit()
+				outs := make(chan string, 3)
+				for _, k := range []string{"c", "b", "a"} {
+					go func() {
+						msg := idempotent.Message{Key: k}
+						if withTime {
+							msg.EventTime = at
+						}
+						out, err := mw.ProcessMessage(context.Background(), msg, effect)
+						if err != nil {
+							t.Errorf("%s: %v", k, err)
+						}
+						outs <- k + ":" + out.String()
+					}()
+				}
+				var got []string
+				for range 3 {
+					got = append(got, <-outs)
+				}
+				slices.Sort(got)
+				if strings.Join(got, " ") != "a:applied b:duplicate c:applied" {
+					t.Errorf("outcomes %v", got)
+				}
+				if err := mock.ExpectationsWereMet(); err != nil {
+					t.Error(err)
+				}
+			})
 		}
 	}
-	defer func() {
-		if recover() == nil {
-			t.Error("ExpectGroupApplied on a Mock without WithCoalescing did not panic")
+	t.Run("a group of duplicates, then one that runs again without a failed member", func(t *testing.T) {
+		mw, m := newMiddleware(t, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+		m.ExpectGroupBegin()
+		m.ExpectGroupDuplicate("a")
+		m.ExpectGroupDuplicate("b")
+		m.ExpectRollback()
+		m.ExpectGroupBegin()
+		m.ExpectGroupApplied("a")
+		m.ExpectExec(effectSQL).WillReturnError(errors.New("bad payload"))
+		m.ExpectRollback()
+		m.ExpectGroupBegin()
+		m.ExpectGroupApplied("b")
+		expectEffect(m)
+		m.ExpectGroupCommit()
+		for round, want := range []string{"a:duplicate b:duplicate", "a:none b:applied"} {
+			outs := make(chan string, 2)
+			for _, k := range []string{"a", "b"} {
+				go func() {
+					out, _ := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
+					outs <- k + ":" + out.String()
+				}()
+			}
+			got := []string{<-outs, <-outs}
+			slices.Sort(got)
+			if strings.Join(got, " ") != want {
+				t.Errorf("round %d: outcomes %v, want %s", round, got, want)
+			}
 		}
-	}()
-	_, mock := mocks.New(t)
-	mocks.For(mock, postgres.New(), "loyalty").ExpectGroupApplied([]string{"a"}, "a")
+	})
+	mustPanic := func(what string, f func()) {
+		t.Helper()
+		defer func() {
+			if recover() == nil {
+				t.Errorf("%s did not panic", what)
+			}
+		}()
+		f()
+	}
+	db, mock, err := mocks.Open() // the panics leave expectations behind
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := mocks.For(mock, postgres.New(), "loyalty")
+	mustPanic("ExpectGroupBegin on a Mock without WithCoalescing", m.ExpectGroupBegin)
+	m = mocks.For(mock, postgres.New(), "loyalty", mocks.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second}))
+	mustPanic("ExpectGroupApplied before ExpectGroupBegin", func() { m.ExpectGroupApplied("a") })
+	mustPanic("ExpectGroupCommit of a group of duplicates", func() {
+		m.ExpectGroupBegin()
+		m.ExpectGroupDuplicate("a")
+		m.ExpectGroupCommit()
+	})
 }

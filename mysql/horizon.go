@@ -59,12 +59,20 @@ func (d *Dialect) AdvanceHorizonSQL(t dialect.Table, consumer string, before tim
 		d.horizon(t)), []any{consumer, b, b}
 }
 
-// HorizonSQL returns the later of consumer's row and the "" row. It is a
-// plain (consistent) read: it never waits for a cleanup that holds the row,
-// and it sees every cleanup that committed before the transaction's first
-// consistent read, which is why the middleware runs it after the claim.
+// HorizonSQL returns the later of consumer's row and the "" row, read with
+// LOCK IN SHARE MODE (which MySQL 8 and MariaDB both accept). A locking
+// read sees the rows as last committed, whatever the transaction read
+// before and at every isolation level, where a plain (consistent) read
+// under REPEATABLE READ would see them as of the transaction's first
+// consistent read — in a coalesced group, before the handlers of the
+// members claimed earlier ran. The middleware runs it after a claim that
+// inserted: the insert can only succeed over a claim a cleanup deleted
+// once that cleanup committed, and the cleanup raised the horizon in a
+// transaction it committed before, so the read sees the raise. Its shared
+// locks last until the claim's transaction ends; a cleanup raising the
+// horizon meanwhile waits for it, which is all the ordering it needs.
 func (d *Dialect) HorizonSQL(t dialect.Table, consumer string) (string, []any) {
-	return fmt.Sprintf("SELECT %s FROM %s WHERE consumer IN ('', ?)", micros("MAX(forgotten_before)"), d.horizon(t)), []any{consumer}
+	return fmt.Sprintf("SELECT %s FROM %s WHERE consumer IN ('', ?) LOCK IN SHARE MODE", micros("MAX(forgotten_before)"), d.horizon(t)), []any{consumer}
 }
 
 // HorizonsSQL returns every row of the horizon table.

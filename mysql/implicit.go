@@ -2,16 +2,32 @@ package mysql
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/txclaim/idempotent/dialect"
 )
 
 var (
-	_ dialect.ImplicitCommitter = (*Dialect)(nil)
-	_ dialect.TxOptionsChecker  = (*Dialect)(nil)
+	_ dialect.ImplicitCommitter  = (*Dialect)(nil)
+	_ dialect.ImplicitRollbacker = (*Dialect)(nil)
+	_ dialect.TxOptionsChecker   = (*Dialect)(nil)
 )
+
+// RollsBackImplicitly reports the failures after which InnoDB has rolled
+// the whole transaction back and the session runs in autocommit mode: a
+// deadlock (1213) and MariaDB's write conflict under
+// innodb_snapshot_isolation (1020). A lock wait timeout (1205) rolls back
+// only the statement, unless the server runs with
+// innodb_rollback_on_timeout, which the text of an error does not tell;
+// it is not reported.
+func (*Dialect) RollsBackImplicitly(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errLockDeadlock || me.Number == errCheckRead)
+}
 
 // CommitsImplicitly reports whether MySQL or MariaDB commits the current
 // transaction to run query's first statement. It follows the MySQL manual's

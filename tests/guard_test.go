@@ -194,9 +194,13 @@ func TestGuardInRunTx(t *testing.T) {
 	f.assertNothingWritten(t, "none", 1)
 }
 
-// A handler that commits or rolls back the transaction itself gets
-// ErrAutocommit, not a bare sql.ErrTxDone.
-func TestGuardHandlerEndsTheTransaction(t *testing.T) {
+// A handler that commits or rolls back the transaction itself cannot end
+// it on a guarded connection: tx.Commit and tx.Rollback fail with
+// ErrAutocommit, the guard rolls the transaction back, and nothing of the
+// attempt — claim or effect — is committed, whether the handler returns
+// the error or swallows it, with and without the strict guard, in
+// ProcessMessage, ProcessMessageTx and RunTx alike.
+func TestGuardRefusesHandlerCommitOrRollback(t *testing.T) {
 	t.Parallel()
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -205,53 +209,65 @@ func TestGuardHandlerEndsTheTransaction(t *testing.T) {
 			f := newGuardFixture(t, db)
 			strictMW := strictTwin(t, f)
 			customer := int64(0)
-			for _, strict := range []bool{false, true} {
-				for _, end := range []string{"commit", "rollback"} {
-					for _, swallow := range []bool{false, true} {
-						customer++
-						t.Run(fmt.Sprintf("%s/strict=%v/swallow=%v", end, strict, swallow), func(t *testing.T) {
-							mw := f.mw
-							if strict {
-								mw = strictMW
-							}
-							msg := orderCompleted{OrderID: customer, CustomerID: customer, TotalCents: 200}
-							_, err := mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, func(ctx context.Context, tx *sql.Tx) error {
-								if err := f.credit(ctx, tx, msg); err != nil {
-									return err
+			for _, entry := range []string{"ProcessMessage", "ProcessMessageTx", "RunTx"} {
+				for _, strict := range []bool{false, true} {
+					for _, end := range []string{"Commit", "Rollback"} {
+						for _, swallow := range []bool{false, true} {
+							customer++
+							t.Run(fmt.Sprintf("%s/strict=%v/%s/swallow=%v", entry, strict, end, swallow), func(t *testing.T) {
+								mw := f.mw
+								if strict {
+									mw = strictMW
+								}
+								msg := orderCompleted{OrderID: customer, CustomerID: customer, TotalCents: 200}
+								var endErr error
+								handler := func(ctx context.Context, tx *sql.Tx) error {
+									if err := f.credit(ctx, tx, msg); err != nil {
+										return err
+									}
+									if end == "Commit" {
+										endErr = tx.Commit()
+									} else {
+										endErr = tx.Rollback()
+									}
+									if swallow {
+										return nil
+									}
+									return fmt.Errorf("handler's own %s: %w", end, endErr)
 								}
 								var err error
-								if end == "commit" {
-									err = tx.Commit()
-								} else {
-									err = tx.Rollback()
+								switch entry {
+								case "ProcessMessage":
+									_, err = mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key()}, handler)
+								case "ProcessMessageTx":
+									// A begin function as a library wrapping *sql.Tx
+									// (idemsqlx) has.
+									begin := func(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*sql.Tx, *sql.Tx, error) {
+										tx, err := db.BeginTx(ctx, opts)
+										return tx, tx, err
+									}
+									_, err = idempotent.ProcessMessageTx(context.Background(), mw, idempotent.Message{Key: msg.key()}, begin, handler)
+								case "RunTx":
+									if strict {
+										t.Skip("RunTx has no strict guard")
+									}
+									err = idempotent.RunTx(context.Background(), db, postgres.New(), nil, idempotent.DefaultRetryPolicy(), handler)
 								}
-								if err != nil {
-									return fmt.Errorf("handler's own %s failed: %w", end, err)
+								if !errors.Is(endErr, idempotent.ErrAutocommit) {
+									t.Errorf("the handler's tx.%s returned %v, want ErrAutocommit", end, endErr)
 								}
-								if swallow {
-									return nil
+								if !errors.Is(err, idempotent.ErrAutocommit) {
+									t.Fatalf("%s: %v, want ErrAutocommit", entry, err)
 								}
-								return errors.New("handler failed after ending the transaction")
+								if n := strings.Count(err.Error(), "committed or rolled back the transaction itself"); n != 1 {
+									t.Errorf("error states the cause %d times, want once: %v", n, err)
+								}
+								c := claims(t, db, f.schema+".processed_messages", "loyalty", msg.key())
+								if b := f.balance(t, msg.CustomerID); c != 0 || b != 0 {
+									t.Errorf("%d claims and balance %d after the handler's tx.%s, want nothing committed", c, b, end)
+								}
 							})
-							if !errors.Is(err, idempotent.ErrAutocommit) {
-								t.Fatalf("Process: %v, want ErrAutocommit", err)
-							}
-							if n := strings.Count(err.Error(), "committed or rolled back the transaction itself"); n != 1 {
-								t.Errorf("error states the cause %d times, want once: %v", n, err)
-							}
-							// The handler's own commit committed claim and
-							// effect together; its rollback dropped both.
-							// Never one without the other.
-							c := claims(t, db, f.schema+".processed_messages", "loyalty", msg.key())
-							b := f.balance(t, msg.CustomerID)
-							want := 0
-							if end == "commit" {
-								want = 1
-							}
-							if c != want || b != int64(want)*pointsFor(msg) {
-								t.Errorf("%d claims and balance %d after the handler's %s, want %d and %d", c, b, end, want, int64(want)*pointsFor(msg))
-							}
-						})
+						}
 					}
 				}
 			}

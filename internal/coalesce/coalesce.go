@@ -127,8 +127,9 @@ func (c *Coalescer[T, O]) ProcessItem(ctx context.Context, key string, at time.T
 		select {
 		case t = <-mb.in:
 		case <-done:
-			if mb.state.CompareAndSwap(waiting, withdrawn) {
-				close(mb.gone)
+			if mb.withdraw() || mb.state.Load() == withdrawn {
+				// It left, or the driver stopped waiting for it
+				// (HandOrLeave).
 				if panicked != nil {
 					panic(panicked.Value)
 				}
@@ -146,6 +147,15 @@ func (c *Coalescer[T, O]) ProcessItem(ctx context.Context, key string, at time.T
 				panicked = &h
 			}
 			mb.ret <- h
+			if mb.state.Load() == withdrawn {
+				// The driver stopped waiting for this handler when ctx
+				// ended (HandOrLeave), or it called runtime.Goexit: no
+				// word comes.
+				if panicked != nil {
+					panic(panicked.Value)
+				}
+				return Final[O]{}, ctx.Err()
+			}
 			continue
 		}
 		if panicked != nil {
@@ -168,9 +178,10 @@ func (mb *Member[T, O]) runHandler(t turn[T, O]) (h Handled) {
 			return
 		}
 		// runtime.Goexit: this goroutine ends here, the caller with it.
-		mb.state.Store(withdrawn)
-		mb.ret <- Handled{Err: errors.New("idempotent: the handler called runtime.Goexit")}
-		close(mb.gone)
+		if mb.state.CompareAndSwap(waiting, withdrawn) {
+			mb.ret <- Handled{Err: errors.New("idempotent: the handler called runtime.Goexit")}
+			close(mb.gone)
+		}
 	}()
 	err := mb.fn(t.ctx, t.tx)
 	ok = true
@@ -263,6 +274,46 @@ func (mb *Member[T, O]) Hand(ctx context.Context, tx T) (h Handled, gone bool) {
 	}
 }
 
+// HandOrLeave is Hand that does not wait for a handler past its caller's
+// context (mb.Ctx): when that ends before the handler returns, mb
+// withdraws at once and HandOrLeave reports gone, so that a handler that
+// hangs without heeding its context cannot hold the group. The handler
+// may then still be running, and using tx: the driver must end tx in a way
+// that waits for the statement it may have in flight (database/sql's
+// Tx.Rollback does) and never hand tx to another handler. The caller
+// returns its context's error once its handler has returned.
+func (mb *Member[T, O]) HandOrLeave(ctx context.Context, tx T) (h Handled, gone bool) {
+	mb.in <- turn[T, O]{ctx: ctx, tx: tx}
+	done := mb.Ctx.Done()
+	for {
+		select {
+		case h = <-mb.ret:
+			return h, false
+		case <-mb.gone:
+			return Handled{}, true
+		case <-done:
+			done = nil
+			select {
+			case h = <-mb.ret: // it returned meanwhile
+				return h, false
+			default:
+			}
+			if mb.withdraw() {
+				return Handled{}, true
+			}
+		}
+	}
+}
+
+// withdraw moves mb from waiting to withdrawn, and reports whether it did.
+func (mb *Member[T, O]) withdraw() bool {
+	if mb.state.CompareAndSwap(waiting, withdrawn) {
+		close(mb.gone)
+		return true
+	}
+	return false
+}
+
 // Commit marks mb committing: from here its caller waits for the COMMIT.
 // It reports false when the caller withdrew first, whose work must then be
 // rolled back with the rest.
@@ -315,8 +366,12 @@ func Prune[T, O any](live []*Member[T, O], wrap func(key string, err error) erro
 
 // Pass is what one transaction of a group tells the driver.
 type Pass[T, O any] struct {
-	Outcomes    []O  // per live member, when the transaction committed
-	ClaimFailed bool // the group's claim statement failed
+	Outcomes []O // per live member, when the transaction committed
+	// ClaimFailed reports that the group's claims failed for good in a
+	// way no one member can be blamed for; CommitFailed that its COMMIT
+	// failed for a reason that is not retried (a deferred constraint, say).
+	// Either sends every member to a transaction of its own.
+	ClaimFailed, CommitFailed bool
 
 	failed   []*Member[T, O] // members that failed on their own
 	failures []Final[O]      // their final words
@@ -350,14 +405,15 @@ type Driver[T, O any] struct {
 }
 
 // Run runs a closed group of members to the end: every member gets its
-// final word. A group whose claim failed for good (a busy key, a missing
-// partition, the retention fence) sends each member to a transaction of
-// its own, which finds out which of them it was.
+// final word. A group whose claims failed for good (Pass.ClaimFailed) or
+// whose COMMIT failed for a reason that is not retried
+// (Pass.CommitFailed) sends each member to a transaction of its own,
+// which finds out which of them it was.
 func (d *Driver[T, O]) Run(members []*Member[T, O], partitioned bool) {
 	live := Order(members, partitioned)
 	var (
-		outcomes    []O
-		claimFailed bool
+		outcomes []O
+		alone    bool
 	)
 	attempts, err := d.Retry(func(ctx context.Context) (dialect.Class, error) {
 		for {
@@ -374,7 +430,7 @@ func (d *Driver[T, O]) Run(members []*Member[T, O], partitioned bool) {
 			if d.Regroup(err) {
 				continue // rolled back: again, without the failed
 			}
-			outcomes, claimFailed = p.Outcomes, p.ClaimFailed
+			outcomes, alone = p.Outcomes, p.ClaimFailed || p.CommitFailed
 			return class, err
 		}
 	})
@@ -382,7 +438,7 @@ func (d *Driver[T, O]) Run(members []*Member[T, O], partitioned bool) {
 		switch {
 		case err == nil:
 			mb.Finish(Final[O]{Outcome: outcomes[i], Attempts: attempts})
-		case claimFailed && !d.Exhausted(err):
+		case alone && !d.Exhausted(err):
 			mb.Finish(Final[O]{Alone: true})
 		default:
 			mb.Finish(Final[O]{Attempts: attempts, Err: d.Wrap(mb.Key, err)})
