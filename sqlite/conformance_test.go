@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/dialect/dialecttest"
 	"github.com/txclaim/idempotent/sqlite"
@@ -29,6 +30,13 @@ func TestSQLiteConforms(t *testing.T) {
 			return "claims_" + hex.EncodeToString(b)
 		},
 		SerialWriters: true,
+		OpenGuarded: func(testing.TB) (*sql.DB, error) {
+			dsn, err := sqlite.DSN(path)
+			if err != nil {
+				return nil, err
+			}
+			return idempotent.OpenGuarded(sqlite.DriverName, dsn)
+		},
 		ProcessedAt: func(t time.Time) string {
 			return "'" + t.UTC().Format("2006-01-02 15:04:05.000") + "'"
 		},

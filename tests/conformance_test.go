@@ -12,6 +12,7 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
 	"github.com/txclaim/idempotent/dialect/dialecttest"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/sqlite"
@@ -20,32 +21,45 @@ import (
 // The conformance suite, run by every dialect against its real database.
 
 func TestConformancePostgres(t *testing.T) {
+	dialecttest.Run(t, pgHarness(t, "pq"))
+}
+
+// TestConformancePostgresPgx is the suite through pgx's database/sql driver
+// (github.com/jackc/pgx/v5/stdlib).
+func TestConformancePostgresPgx(t *testing.T) {
+	dialecttest.Run(t, pgHarness(t, "pgx"))
+}
+
+// pgHarness is the Postgres harness with the named database/sql driver
+// ("pq" or "pgx").
+func pgHarness(t *testing.T, drv string) dialecttest.Harness {
 	if pgDSN == "" {
 		t.Skip(skipReason)
 	}
-	dialecttest.Run(t, dialecttest.Harness{
+	return dialecttest.Harness{
 		Dialect: postgres.New(),
-		Open:    func(testing.TB) (*sql.DB, error) { return sql.Open("postgres", pgDSN) },
+		Open:    func(t testing.TB) (*sql.DB, error) { return sql.OpenDB(connector(t, drv, pgDSN)), nil },
 		Table: func(t testing.TB, db *sql.DB) string {
 			return tempSchema(t, db) + ".claims"
 		},
 		// The server is shared (max_connections 100): 32 deliveries queue
 		// for 16 connections.
-		MaxConns:         16,
-		KillSession:      killPostgres,
-		LockTimeoutQuery: "SHOW lock_timeout",
+		MaxConns:          16,
+		KillSession:       killPostgres,
+		LateDeadlockCheck: "SET LOCAL deadlock_timeout = '1min'",
+		LockTimeoutQuery:  "SHOW lock_timeout",
 		ProcessedAt: func(t time.Time) string {
 			return "'" + t.UTC().Format("2006-01-02 15:04:05.000Z") + "'::timestamptz"
 		},
 		OpenGuarded: func(t testing.TB) (*sql.DB, error) {
-			return sql.OpenDB(idempotent.GuardConnector(connector(t, "pq", pgDSN))), nil
+			return sql.OpenDB(idempotent.GuardConnector(connector(t, drv, pgDSN))), nil
 		},
 		Provokers: []dialecttest.Provoker{
 			{Name: "serialization failure", Want: dialect.KindSerialization, Provoke: pgWriteSkew},
 			{Name: "lock not available", Want: dialect.KindLockTimeout, Provoke: pgNoWait},
 			{Name: "undefined table", Want: dialect.KindUndefinedTable, Provoke: missingTableInsert("$1")},
 		},
-	})
+	}
 }
 
 func TestConformanceMySQL(t *testing.T) {
@@ -87,6 +101,13 @@ func TestConformanceSQLite(t *testing.T) {
 		MaxConns:      34,
 		SerialWriters: true,
 		ProcessedAt:   sqliteProcessedAt,
+		OpenGuarded: func(testing.TB) (*sql.DB, error) {
+			dsn, err := sqlite.DSN(path)
+			if err != nil {
+				return nil, err
+			}
+			return idempotent.OpenGuarded(sqlite.DriverName, dsn)
+		},
 		Provokers: []dialecttest.Provoker{
 			{Name: "busy", Want: dialect.KindSerialization, Provoke: sqliteBusy},
 			{Name: "busy snapshot", Want: dialect.KindSerialization, Provoke: func(t testing.TB, _ *sql.DB, table string) error {
@@ -172,10 +193,7 @@ func killPostgres(t testing.TB, tx *sql.Tx, admin *sql.DB) {
 	if err := tx.QueryRow("SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
-		t.Fatal(err)
-	}
-	waitGone(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+	testenv.TerminatePostgres(t, admin, pid)
 }
 
 func killMySQL(t testing.TB, tx *sql.Tx, admin *sql.DB) {

@@ -71,4 +71,63 @@
 //
 // Every check feeds the dialect errors the database really produced; none
 // is built by hand.
+//
+// # The matrix
+//
+// Run ends with the matrix ("Matrix"): every [Mode] of the Middleware —
+// single (ProcessMessage), batch (ProcessMessages), coalesced
+// (WithCoalescing, optimistic), savepoints (Coalescing.Savepoints), precheck
+// (WithSeen), strict (WithStrictGuard), partitioned (WithDailyPartitions),
+// and coalesced and savepoints each with precheck, strict and partitioned —
+// on every column: database/sql opened with Harness.Open ("plain") and,
+// when Harness.OpenGuarded is set, through idempotent.GuardConnector
+// ("guarded"). A library whose handlers take a transaction type of its own
+// runs the same rows with [Exercise] and a [Driver] of that type, which
+// builds its Middleware from a [Config] and gives the matrix a [Deliverer]
+// and the handler's actions on a transaction (package idempgx does, on
+// pgx.Tx). A cell is "Matrix/<mode>/<column>/<scenario>", on tables of its
+// own; Harness.Concurrent cells run at a time.
+//
+// A mode the dialect cannot run is one cell, "Refused", which checks that
+// New refuses it naming the dialect (the strict guard without
+// Dialect.TxIDSQL, the pre-check without dialect.Identifier, partitions
+// without dialect.Partitioner); a coalesced row also checks that a positive
+// Coalescing.LockWait is refused where the dialect's lock timeout outlives a
+// transaction ("LockWaitRefused"). A mode a Driver has no option for is
+// skipped with the reason it gives (Driver.Lacks). Nothing else is
+// skipped but what the database cannot do: a deadlock with SerialWriters, a
+// killed session without a way to kill one.
+//
+// The scenarios deliver their messages in rounds, all of a round at once:
+// concurrent calls that share a group in the coalesced modes, one batch in
+// the batch mode. The claim, retention and edge scenarios run in the modes
+// whose path changes what they exercise: ClaimOnce (new, then duplicates —
+// answered by the pre-check where there is one — and another consumer's),
+// Duplicates (copies of two keys in one round), KeysByteExact,
+// TakeOver/RolledBack and TakeOver/Committed (a round waiting behind a
+// claim another transaction holds), LostSession (the round's session killed
+// in a handler: retried), LockTimeout (ErrClaimBusy for the held key alone,
+// or New refusing WithLockTimeout), Horizon (replays of claims a cleanup
+// with a shorter window forgot are refused with ErrBeyondRetention beside
+// new messages that apply), and in the partitioned modes MissingPartition
+// (ErrNoPartition for the message of a day not created yet, alone).
+//
+// The handler mistakes ("Mistake/…") deliver five messages at once; the
+// third's handler (in a batch, the batch function after its effects) makes
+// the mistake on its first run: returns an error (Error), panics (Panic),
+// swallows a failed statement (SwallowedError), is a real deadlock's victim
+// and returns the error or swallows it (Deadlock/Returned,
+// Deadlock/Swallowed), calls Commit or Rollback on its transaction, runs
+// COMMIT, COMMIT as the second statement of a string (CommitInString) or
+// ROLLBACK through it, writes through the pool with its context
+// (PoolWrite), or sees its context cancelled (Cancelled). Each cell checks
+// in the database that the culprit ended as the mistake must end it, given
+// what the database did to the transaction (read back by the handler: a
+// transaction Postgres aborted, one InnoDB rolled back and left, one that
+// survived); that every other message applied once, or failed with nothing
+// committed, or — where the culprit committed a group's transaction itself —
+// came back Duplicate with its effect committed once; and that redelivering
+// every failed message until it settles leaves each effect exactly once with
+// one claim. The repository's docs/guarantees.md tabulates what each
+// mistake costs in each mode.
 package dialecttest

@@ -22,7 +22,7 @@ import (
 func (e *Env) guardedDB(t testing.TB) *sql.DB {
 	t.Helper()
 	if e.h.OpenGuarded == nil {
-		t.Fatalf("dialecttest: the %s dialect implements dialect.ImplicitCommitter, so Harness.OpenGuarded is required", e.h.Dialect.Name())
+		t.Fatalf("dialecttest: Harness.OpenGuarded is required (the %s dialect implements dialect.ImplicitCommitter)", e.h.Dialect.Name())
 	}
 	db, err := e.h.OpenGuarded(t)
 	if err != nil {

@@ -86,6 +86,21 @@ type Harness struct {
 	// the dialect can bound lock waits: the LockTimeoutRestored checks
 	// compare it on one session before and after a claim.
 	LockTimeoutQuery string
+
+	// LateDeadlockCheck, if set, is a statement that makes the
+	// transaction it runs in look for deadlocks only long after the
+	// others do (Postgres: SET LOCAL deadlock_timeout = '1min'). The
+	// matrix's deadlock cells run it in the transaction they set against a
+	// handler, so that the handler's transaction finds the deadlock and is
+	// its victim, on a database where the first to look is the victim.
+	// Where the database picks the lighter transaction (InnoDB), the cells
+	// make the other one heavier and need no statement.
+	LateDeadlockCheck string
+
+	// Concurrent is how many cells of the matrix run at a time. A cell
+	// waits on the database far more than on the CPU, and opens up to
+	// about ten connections. Default is 4.
+	Concurrent int
 }
 
 // Provoker makes the database under test fail with a real error that the
@@ -191,19 +206,29 @@ func (e *Env) NewEffects(t testing.TB, db *sql.DB, table string, n int) *Effects
 	if _, err := db.Exec("CREATE TABLE " + name + " (id INTEGER NOT NULL PRIMARY KEY, n INTEGER NOT NULL)"); err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}
-	for i := 1; i <= n; i++ {
-		if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (id, n) VALUES (%d, 0)", name, i)); err != nil {
-			t.Fatalf("fill %s: %v", name, err)
-		}
+	rows := make([]string, n)
+	for i := range rows {
+		rows[i] = fmt.Sprintf("(%d, 0)", i+1)
+	}
+	if _, err := db.Exec("INSERT INTO " + name + " (id, n) VALUES " + strings.Join(rows, ", ")); err != nil {
+		t.Fatalf("fill %s: %v", name, err)
 	}
 	return &Effects{db: db, name: name}
 }
 
 // Bump adds one to counter id through tx.
 func (f *Effects) Bump(ctx context.Context, tx *sql.Tx, id int) error {
-	_, err := tx.ExecContext(ctx, fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = %d", f.name, id))
+	_, err := tx.ExecContext(ctx, f.BumpSQL(id))
 	return err
 }
+
+// BumpSQL is the statement that adds one to counter id.
+func (f *Effects) BumpSQL(id int) string {
+	return fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = %d", f.name, id)
+}
+
+// Name is the counter table's name.
+func (f *Effects) Name() string { return f.name }
 
 // Get returns counter id.
 func (f *Effects) Get(t testing.TB, id int) int {

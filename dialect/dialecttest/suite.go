@@ -72,28 +72,20 @@ func checks() []check {
 	}
 }
 
-// Run runs the conformance suite for h as subtests of t. It does not call
-// t.Parallel; the checks run one after another, each on tables of its own.
+// Run runs the conformance suite for h as subtests of t: the checks, one
+// after another, each on tables of its own, then the matrix on
+// database/sql ("Matrix", see Exercise), whose cells run in parallel —
+// with a "guarded" column beside the "plain" one when h.OpenGuarded is set.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
-	switch {
-	case h.Dialect == nil:
-		t.Fatal("dialecttest: Harness.Dialect is nil")
-	case h.Open == nil:
-		t.Fatal("dialecttest: Harness.Open is nil")
-	case h.Table == nil:
-		t.Fatal("dialecttest: Harness.Table is nil")
-	}
-	if h.MaxConns <= 0 {
-		h.MaxConns = 34
-	}
+	e := newEnv(t, h)
+	h = e.h
 	all := checks()
 	for name := range h.Skip {
 		if !slices.ContainsFunc(all, func(c check) bool { return c.name == name || strings.HasPrefix(c.name, name+"/") }) {
 			t.Fatalf("dialecttest: Harness.Skip names %q, which is not a check", name)
 		}
 	}
-	e := &Env{h: h}
 	for _, c := range all {
 		t.Run(c.name, func(t *testing.T) {
 			if why, ok := skipped(h.Skip, c.name); ok {
@@ -110,6 +102,7 @@ func Run(t *testing.T, h Harness) {
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) { h.Extra[name](t, e) })
 	}
+	t.Run("Matrix", func(t *testing.T) { exercise(t, e, sqlDrivers(e)...) })
 }
 
 func skipped(skip map[string]string, name string) (string, bool) {

@@ -108,3 +108,26 @@ func (c *Clock) Add(d time.Duration) {
 	}
 	c.at = c.at.Add(d)
 }
+
+// TerminatePostgres ends the Postgres backend pid (pg_terminate_backend)
+// and returns once it is gone.
+func TerminatePostgres(t testing.TB, admin *sql.DB, pid int64) {
+	t.Helper()
+	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatalf("terminate backend %d: %v", pid, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatalf("wait for backend %d to end: %v", pid, err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d still there after 30s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
