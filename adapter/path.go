@@ -111,9 +111,9 @@ func (p *Path) Coalesced(companion func(ctx context.Context, tx *sql.Tx, items [
 
 // Coalesced is a Path's deliveries coalesced as the Middleware's
 // WithCoalescing coalesces ProcessMessage calls: concurrent deliveries
-// share one transaction — up to Max, closing Wait after the first — with
-// their claims in one statement, each new message's handler on its own
-// caller's goroutine, one after the other, the group's companion, and one
+// share one transaction — up to Max, closing Wait after the first — each
+// message claimed just before its handler runs on its own caller's
+// goroutine, one after the other, then the group's companion, and one
 // COMMIT. A handler's failure fails its own delivery only; a failure of
 // the transaction itself is retried for the whole group under the retry
 // policy. Its groups hold only its own deliveries.

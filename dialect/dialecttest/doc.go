@@ -54,7 +54,7 @@
 //     time, at a cutoff between milliseconds too, and record the horizon;
 //     four runners at once delete every expired claim exactly once, a runner
 //     that finds the lock held stopping at once, or, with SerialWriters,
-//     waiting its turn; the lock answers false at once while another
+//     waiting its turn up to the busy timeout; the lock answers false at once while another
 //     transaction holds it, and is free again once the holder released it
 //     and ended), dialect.StatsReader (claims per consumer, oldest and
 //     newest as microseconds), dialect.HorizonKeeper (an advance never

@@ -98,6 +98,18 @@ func countClaims(t testing.TB, db *sql.DB, table, consumer, prefix string) int {
 // the transaction ends — the dialect's release. It returns the rows
 // deleted and whether the lock was taken.
 func cleanupBatch(ctx context.Context, db *sql.DB, c dialect.Cleaner, tab dialect.Table, consumer string, cutoff time.Time, limit int) (n int64, locked bool, err error) {
+	n, locked, err = cleanupBatchTx(ctx, db, c, tab, consumer, cutoff, limit)
+	if w, ok := c.(dialect.CleanupLockWaiter); ok && err != nil && w.IsCleanupLockBusy(err) {
+		// The lock is one a batch waits for (SQLite's write lock), and it
+		// stayed taken past the wait: as ClaimTable.Cleanup does
+		// (ErrCleanupBusy), the batch did not take it.
+		return 0, false, nil
+	}
+	return n, locked, err
+}
+
+// cleanupBatchTx is cleanupBatch before a busy lock is told apart.
+func cleanupBatchTx(ctx context.Context, db *sql.DB, c dialect.Cleaner, tab dialect.Table, consumer string, cutoff time.Time, limit int) (n int64, locked bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, false, err
@@ -281,7 +293,8 @@ func checkCleanerExact(t *testing.T, e *Env) {
 // them (and a last sweep, in case every runner stopped on a held lock)
 // every expired claim goes exactly once and nothing else does. A runner
 // that finds the lock held stops at once; where writers are serial
-// (SQLite) the lock is the write lock, and every runner finishes.
+// (SQLite) the lock is the write lock, which a runner waits for up to the
+// busy timeout, and stops when it outwaits it.
 func checkCleanerConcurrent(t *testing.T, e *Env) {
 	c := implements[dialect.Cleaner](t, e, "Cleaner")
 	ctx := testContext(t)
@@ -346,9 +359,10 @@ func checkCleanerConcurrent(t *testing.T, e *Env) {
 	if n := countClaims(t, db, table, "c1", "fresh"); n != 10 {
 		t.Errorf("%d fresh claims left, want 10", n)
 	}
-	if e.h.SerialWriters && nbusy > 0 {
-		t.Errorf("SerialWriters: %d runners found the lock held; the write lock queues them instead", nbusy)
-	}
+	// Where writers are serial the write lock queues the runners, up to
+	// the busy timeout: on a loaded machine a runner may outwait it, and
+	// then stops as ClaimTable.Cleanup does (ErrCleanupBusy), which the
+	// sweep and the counts above cover.
 	t.Logf("runners deleted %v in %v batches; %d stopped on a held lock; the sweep deleted %d", deleted, batches, nbusy, swept)
 }
 
