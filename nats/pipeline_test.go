@@ -99,7 +99,7 @@ func TestWorkerTakesNextMessageWhileAckIsConfirmed(t *testing.T) {
 		if seq == 1 {
 			select {
 			case <-secondHandled:
-			case <-time.After(10 * time.Second):
+			case <-time.After(time.Minute):
 				t.Error("the worker waited for the first message's ack confirmation before taking the second message")
 			}
 			// The second message's settle must wait for this one: give a

@@ -42,8 +42,8 @@ func start(t *testing.T, c *rabbitmq.Consumer, ch rabbitmq.Channel) (stop func()
 		select {
 		case <-finished:
 			return runErr
-		case <-time.After(10 * time.Second):
-			return errors.New("Run did not return within 10s of its context ending")
+		case <-time.After(time.Minute):
+			return errors.New("Run did not return within a minute of its context ending")
 		}
 	}
 	t.Cleanup(func() { _ = stop() })

@@ -668,7 +668,7 @@ func TestOutboxDeadAfterMaxAttempts(t *testing.T) {
 				t.Fatal(err)
 			}
 			stop := runRelay(t, r)
-			waitUntil(t, 10*time.Second, "a dead event", func() bool { return log.Count(outbox.EventDead) > 0 })
+			waitUntil(t, time.Minute, "a dead event", func() bool { return log.Count(outbox.EventDead) > 0 })
 			// Give the relay many polls in which it must not try again.
 			time.Sleep(100 * time.Millisecond)
 			stop()
@@ -755,7 +755,7 @@ func TestOutboxAbandonedLease(t *testing.T) {
 				t.Fatal(err)
 			}
 			stopB := runRelay(t, b)
-			waitUntil(t, 10*time.Second, "relay-b to finish the row", func() bool { return outboxRows(t, db, ob)[key].state != "pending" })
+			waitUntil(t, time.Minute, "relay-b to finish the row", func() bool { return outboxRows(t, db, ob)[key].state != "pending" })
 			stopB()
 			row = outboxRows(t, db, ob)[key]
 			if row.state != tc.wantState || row.attempts != 2 {
@@ -811,13 +811,13 @@ func TestOutboxLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopA := runRelay(t, a)
-	waitUntil(t, 10*time.Second, "relay-a to lease the row", func() bool { return outboxRows(t, db, ob)[key].owner == "relay-a" })
+	waitUntil(t, time.Minute, "relay-a to lease the row", func() bool { return outboxRows(t, db, ob)[key].owner == "relay-a" })
 	stopB := runRelay(t, b)
-	waitUntil(t, 10*time.Second, "relay-a to record its call", func() bool {
+	waitUntil(t, time.Minute, "relay-a to record its call", func() bool {
 		return log.Count(outbox.EventLeaseLost)+log.Count(outbox.EventSent) > 0
 	})
 	close(aDone)
-	waitUntil(t, 10*time.Second, "relay-b to mark the row sent", func() bool { return outboxRows(t, db, ob)[key].state == "sent" })
+	waitUntil(t, time.Minute, "relay-b to mark the row sent", func() bool { return outboxRows(t, db, ob)[key].state == "sent" })
 	stopA()
 	stopB()
 	lost := log.of(outbox.EventLeaseLost)
@@ -846,7 +846,7 @@ func TestOutboxNotifyWakesRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRelay(t, r)
-	waitUntil(t, 10*time.Second, "the relay to listen", func() bool { return log.Count(outbox.EventListening) > 0 })
+	waitUntil(t, time.Minute, "the relay to listen", func() bool { return log.Count(outbox.EventListening) > 0 })
 	// The first row may be found by the lease the subscription triggers; the
 	// second can only be found through its notification.
 	for i := range 2 {
@@ -856,8 +856,8 @@ func TestOutboxNotifyWakesRelay(t *testing.T) {
 			if k != key {
 				t.Fatalf("relay sent %s, want %s", k, key)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("row %d not sent 10s after commit: the notification did not wake the relay", i)
+		case <-time.After(time.Minute):
+			t.Fatalf("row %d not sent a minute after commit: the notification did not wake the relay", i)
 		}
 	}
 }
@@ -879,7 +879,7 @@ func TestOutboxListenerReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRelay(t, r)
-	waitUntil(t, 10*time.Second, "the relay to listen", func() bool { return log.Count(outbox.EventListening) == 1 })
+	waitUntil(t, time.Minute, "the relay to listen", func() bool { return log.Count(outbox.EventListening) == 1 })
 	res, err := db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1`, `LISTEN "`+ob.Channel()+`"`)
 	if err != nil {
 		t.Fatal(err)
@@ -887,7 +887,7 @@ func TestOutboxListenerReconnects(t *testing.T) {
 	if n, _ := res.RowsAffected(); n != 1 {
 		t.Fatalf("found %d LISTEN connections for %s, want 1", n, ob.Channel())
 	}
-	waitUntil(t, 10*time.Second, "the relay to listen again", func() bool { return log.Count(outbox.EventListening) == 2 })
+	waitUntil(t, time.Minute, "the relay to listen again", func() bool { return log.Count(outbox.EventListening) == 2 })
 	if log.Count(outbox.EventRelayError) == 0 {
 		t.Error("the lost LISTEN connection was not reported")
 	}
@@ -900,8 +900,8 @@ func TestOutboxListenerReconnects(t *testing.T) {
 			if k != key {
 				t.Fatalf("relay sent %s, want %s", k, key)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("row %d not sent 10s after commit: the relay is not woken after reconnecting", i)
+		case <-time.After(time.Minute):
+			t.Fatalf("row %d not sent a minute after commit: the relay is not woken after reconnecting", i)
 		}
 	}
 }
@@ -1246,7 +1246,7 @@ func relayedEventTimes(t testing.TB, ob *outbox.Outbox, kind string, n int) map[
 		t.Fatal(err)
 	}
 	stop := runRelay(t, r)
-	waitUntil(t, 10*time.Second, "the calls sent", func() bool {
+	waitUntil(t, time.Minute, "the calls sent", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) == n
