@@ -24,7 +24,10 @@ type TenantsConfig struct {
 	// tenant's DSN, which sends nothing yet. It is called the first time a
 	// tenant is used, and again after a failed first use (a failure is not
 	// kept). The Tenants owns the *sql.DB from then on: it sets its
-	// connection bound and closes it in Close. Required.
+	// connection bound and closes it in Close. The name comes from a
+	// delivery: Open must refuse a tenant it does not know (its error
+	// fails that delivery, which is redelivered; mark it with
+	// adapter.ErrPoison to dead-letter it instead). Required.
 	Open func(ctx context.Context, tenant string) (*sql.DB, error)
 	// List returns every tenant, for Each: the upkeep (cleanup,
 	// partitions, stats) runs over all of them, not only those that
