@@ -124,7 +124,7 @@
 //
 // The whole transaction, claim and function, is run again when the claim's
 // own transaction suffered a serialization failure (Postgres 40001), a
-// deadlock (40P01) or the loss of its connection (class 08, 57P01–57P03,
+// deadlock (40P01) or the loss of its connection (class 08, 57P01–57P03, 25006,
 // driver.ErrBadConn, a network error) — see "What is retried" below for
 // what a handler meets elsewhere —, with exponential backoff and jitter,
 // sleeping with no transaction open and giving up when the context ends.

@@ -66,8 +66,10 @@ type Config[T any] struct {
 	workers   int
 	shutdown  time.Duration
 	isPoison  func(error) bool
-	checked   *idempotent.Middleware
+	checked   *idempotent.Config
 	partition bool
+	tenants   *idempotent.Tenants
+	tenantOf  func(msg T) (string, error)
 }
 
 // Default values of Config.
@@ -207,14 +209,24 @@ func (c *Config[T]) SetPoison(isPoison func(error) bool) error {
 }
 
 // Check is what every adapter's constructor runs once its options are
-// applied: mw must be given, and a Middleware in partitioned mode
-// (idempotent.WithDailyPartitions) needs every delivery's producer event
-// time, so a Config reading none (WithoutEventTime) or the transport's
-// (WithTransportEventTime) is refused with an error matching
-// ErrNoProducerEventTime, before any delivery.
+// applied: mw must be given — or, with a tenant function (SetTenant), must
+// not be: each delivery then goes to its tenant's Middleware — and a
+// Middleware in partitioned mode (idempotent.WithDailyPartitions) needs
+// every delivery's producer event time, so a Config reading none
+// (WithoutEventTime) or the transport's (WithTransportEventTime) is
+// refused with an error matching ErrNoProducerEventTime, before any
+// delivery.
 func (c *Config[T]) Check(mw *idempotent.Middleware) error {
-	if mw == nil {
+	var cfg idempotent.Config
+	switch {
+	case c.tenants != nil && mw != nil:
+		return fmt.Errorf("%s: both a Middleware and WithTenant given: with WithTenant, pass a nil Middleware (each delivery goes to its tenant's)", c.tr.Name)
+	case c.tenants != nil:
+		cfg = c.tenants.Config()
+	case mw == nil:
 		return fmt.Errorf("%s: nil Middleware", c.tr.Name)
+	default:
+		cfg = mw.Config()
 	}
 	if c.key == nil {
 		return fmt.Errorf("%s: no KeyFunc: give one with WithKey", c.tr.Name)
@@ -224,15 +236,15 @@ func (c *Config[T]) Check(mw *idempotent.Middleware) error {
 	}
 	switch c.source {
 	case fromTransport:
-		if err := CheckEventTimeSource(mw, c.tr.Name, false); err != nil {
+		if err := checkEventTimeSource(cfg, c.tr.Name); err != nil {
 			return fmt.Errorf("%w; WithTransportEventTime reads %s, which a re-send stamps anew", err, c.tr.TimeName)
 		}
 	case fromNone:
-		if err := CheckEventTimeSource(mw, c.tr.Name, false); err != nil {
+		if err := checkEventTimeSource(cfg, c.tr.Name); err != nil {
 			return fmt.Errorf("%w; WithoutEventTime reads none", err)
 		}
 	}
-	c.checked, c.partition = mw, mw.Config().Partitioned()
+	c.checked, c.partition = &cfg, cfg.Partitioned()
 	return nil
 }
 
@@ -254,7 +266,7 @@ func (c *Config[T]) Rule() Rule {
 		r.Backoff = idempotent.RetryPolicy{MaxAttempts: 1, InitialBackoff: c.retryInit, MaxBackoff: c.retryMax}
 	}
 	if c.checked != nil {
-		cfg := c.checked.Config()
+		cfg := c.checked
 		r.ClockSkew, r.skewSet, r.Now = cfg.ClockSkew, true, cfg.Clock
 	}
 	return r

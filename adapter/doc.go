@@ -50,4 +50,12 @@
 // producer whose clock is off by a time zone — is dead-lettered with its
 // reason instead of stopping its partition for an hour. Each adapter's
 // WithFutureBound sets another bound.
+//
+// # A database per tenant
+//
+// With a tenant function (Config.SetTenant, each adapter's WithTenant),
+// each delivery goes to its tenant's Middleware in an idempotent.Tenants,
+// and a batch is split by tenant, each part claimed and committed in a
+// transaction of its own: a tenant whose database is down has its
+// deliveries requeued while the others are acked.
 package adapter

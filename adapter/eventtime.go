@@ -54,7 +54,13 @@ func CheckEventTimeSource(mw *idempotent.Middleware, adapterName string, produce
 	if mw == nil || producer {
 		return nil
 	}
-	if cfg := mw.Config(); cfg.Partitioned() {
+	return checkEventTimeSource(mw.Config(), adapterName)
+}
+
+// checkEventTimeSource is CheckEventTimeSource for a source that is not
+// the producer's, given the Middleware's configuration.
+func checkEventTimeSource(cfg idempotent.Config, adapterName string) error {
+	if cfg.Partitioned() {
 		return fmt.Errorf("%s: %w (claim table %s): read it from the %s header (the default) or a function over the payload",
 			adapterName, ErrNoProducerEventTime, cfg.Table, EventTimeHeader)
 	}

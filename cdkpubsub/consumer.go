@@ -71,6 +71,9 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c.hold = c.rule.Backoff.MaxBackoff
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
+		if mw == nil {
+			return nil, errors.New("cdkpubsub: WithDeadLetter with WithTenant: the dead-letter outbox is one database's, and each tenant has its own")
+		}
 		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
 			return nil, fmt.Errorf("cdkpubsub: WithDeadLetter: %w", err)
 		}
@@ -223,7 +226,7 @@ func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
 	d, err := w.read(m)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.mw.ProcessMessage(ctx, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = c.cfg.Process(ctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, m)
 		})
 	}
@@ -246,7 +249,7 @@ func (w worker) handleBatch(ctx context.Context, msgs []*pubsub.Message) {
 		ds[i], errs[i] = w.read(m)
 		claims[i] = ds[i].msg
 	}
-	res := adapter.ProcessBatch[*pubsub.Message](ctx, c.mw, msgs, claims, errs, c.batch)
+	res := c.cfg.ProcessBatch(ctx, c.mw, msgs, claims, errs, c.batch)
 	w.settle(ctx, ds, res)
 }
 

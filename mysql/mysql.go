@@ -35,6 +35,11 @@ const (
 	errClientInteraction = 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8.0.24+)
 	errServerGone        = 2006 // CR_SERVER_GONE_ERROR
 	errServerLost        = 2013 // CR_SERVER_LOST
+	// errWsrepNotReady is ER_UNKNOWN_COM_ERROR, SQLSTATE 08S01, as a
+	// Galera node answers it ("WSREP has not yet prepared node for
+	// application use") while it is outside the primary component, still
+	// joining, or rejecting queries (wsrep_reject_queries = ALL).
+	errWsrepNotReady = 1047
 )
 
 // Dialect is the MySQL/MariaDB dialect. Its zero value is ready to use.
@@ -212,7 +217,21 @@ func (*Dialect) TxIDSQL() string { return "SELECT @@in_transaction" }
 //	1205 lock wait timeout                                 KindLockTimeout
 //	1146 no such table                                     KindUndefinedTable
 //	1053 server shutdown, 1927 connection killed,
-//	4031 client interaction timeout, 2006, 2013            KindConnection
+//	4031 client interaction timeout, 2006, 2013,
+//	1047 Galera node not ready (non-primary, joining,
+//	wsrep_reject_queries)                                  KindConnection
+//
+// On a Galera cluster (MariaDB Cluster, Percona XtraDB Cluster) a
+// transaction that loses certification against a write set committed on
+// another node fails with 1213 — at COMMIT, or at its next statement when
+// the applier aborted it first — and is retried like any deadlock; the
+// claim then finds the winner's row (Duplicate). A node that left the
+// primary component answers 1047 to every statement until it rejoins: the
+// retry waits out the rejoin, or a proxy's switch to another node, within
+// the RetryPolicy. A node killing its sessions (wsrep_reject_queries =
+// ALL_KILL) gives 1927 or a lost connection, retried as well. A causal read
+// that waits longer than its bound (wsrep_sync_wait) fails with 1205, a
+// lock wait timeout.
 //
 // A lost connection, which the driver reports as mysql.ErrInvalidConn or
 // driver.ErrBadConn (or the network error itself), is KindConnection. Code
@@ -231,7 +250,7 @@ func (*Dialect) Classify(err error) dialect.Class {
 			c.Kind = dialect.KindLockTimeout
 		case errNoSuchTable:
 			c.Kind = dialect.KindUndefinedTable
-		case errServerShutdown, errConnectionKilled, errClientInteraction, errServerGone, errServerLost:
+		case errServerShutdown, errConnectionKilled, errClientInteraction, errServerGone, errServerLost, errWsrepNotReady:
 			c.Kind = dialect.KindConnection
 		}
 		return c

@@ -35,6 +35,10 @@ func TestClassifyTable(t *testing.T) {
 		{&mysql.MySQLError{Number: 4031}, dialect.KindConnection, "4031"},
 		{&mysql.MySQLError{Number: 2006}, dialect.KindConnection, "2006"},
 		{&mysql.MySQLError{Number: 2013}, dialect.KindConnection, "2013"},
+		// Galera: a certification failure, as MariaDB 10.11 Cluster reports it
+		// at COMMIT (tests/galera_test.go); a node outside the primary component.
+		{&mysql.MySQLError{Number: 1213, SQLState: [5]byte{'4', '0', '0', '0', '1'}, Message: "Deadlock found when trying to get lock; try restarting transaction"}, dialect.KindSerialization, "1213"},
+		{&mysql.MySQLError{Number: 1047, SQLState: [5]byte{'0', '8', 'S', '0', '1'}, Message: "WSREP has not yet prepared node for application use"}, dialect.KindConnection, "1047"},
 		{&mysql.MySQLError{Number: 1062}, dialect.KindOther, "1062"},
 		{&mysql.MySQLError{Number: 1406}, dialect.KindOther, "1406"},
 		{mysql.ErrInvalidConn, dialect.KindConnection, ""},

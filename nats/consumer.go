@@ -353,7 +353,7 @@ func (w worker) handleOne(ctx context.Context, m jetstream.Msg, settling *chan s
 	d, err := w.read(m)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.mw.ProcessMessage(ctx, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = c.cfg.Process(ctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, m)
 		})
 	}
@@ -386,7 +386,7 @@ func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		ds[i], errs[i] = w.read(m)
 		claims[i] = ds[i].msg
 	}
-	res := adapter.ProcessBatch[jetstream.Msg](ctx, c.mw, msgs, claims, errs, c.batch)
+	res := c.cfg.ProcessBatch(ctx, c.mw, msgs, claims, errs, c.batch)
 	stop()
 	var wg sync.WaitGroup
 	for i := range msgs {

@@ -64,6 +64,18 @@ func newConfig(who string, mw *idempotent.Middleware, opts []Option) (config, er
 	return c, nil
 }
 
+// WithTenant routes each message to its tenant's Middleware in ts, for a
+// consumer whose tenants each have a database of their own: tenant names
+// the message's tenant (from a header or the body). The constructors are
+// then given a nil Middleware. A batch is split by tenant, each tenant's
+// part claimed and committed in a transaction of its own; a tenant whose
+// database is down has its messages redelivered while the others are
+// acked; a message whose tenant cannot be read is poison. See
+// adapter.Config.SetTenant. Default: no tenants.
+func WithTenant(ts *idempotent.Tenants, tenant func(m jetstream.Msg) (string, error)) Option {
+	return optionFunc(func(c *config) error { return c.SetTenant(ts, tenant) })
+}
+
 // WithKey sets how the key of each message is read: MsgID (the default),
 // Header, BodyField, Prefixed, or a KeyFunc of your own. Default is MsgID().
 func WithKey(k KeyFunc) Option {

@@ -173,10 +173,21 @@ func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
 //	40001 serialization_failure, 40P01 deadlock_detected  KindSerialization
 //	class 08 (connection exceptions), 57P01 admin_shutdown,
 //	57P02 crash_shutdown, 57P03 cannot_connect_now,
+//	25006 read_only_sql_transaction (a standby),
 //	driver.ErrBadConn, EOF, network errors, errors with a
 //	SafeToRetry() bool method (pgx's connection failures) KindConnection
 //	55P03 lock_not_available                              KindLockTimeout
 //	42P01 undefined_table                                 KindUndefinedTable
+//
+// During a failover clients see all of these: connection refused (a
+// network error) and 57P01/57P02 while the old primary goes down, 57P03
+// while the new one finishes recovery, and 25006 when a connection made
+// through a virtual IP, DNS name, proxy or multi-host string reached a
+// server that is still (or again) a standby. The claim is the first write
+// of every transaction, so a standby answers it with 25006 before any
+// effect: the transaction is retried like a lost connection, reaching the
+// primary once the switch is done. A 25006 that lasts (a pool pinned to
+// a standby) fails after the RetryPolicy's attempts.
 //
 // 40003 statement_completion_unknown is deliberately KindOther: the server
 // itself does not know what happened to the statement.
@@ -190,7 +201,7 @@ func (*Dialect) Classify(err error) dialect.Class {
 		switch {
 		case code == "40001" || code == "40P01":
 			return dialect.Class{Kind: dialect.KindSerialization, Code: code}
-		case len(code) == 5 && code[:2] == "08", code == "57P01", code == "57P02", code == "57P03":
+		case len(code) == 5 && code[:2] == "08", code == "57P01", code == "57P02", code == "57P03", code == "25006":
 			return dialect.Class{Kind: dialect.KindConnection, Code: code}
 		case code == "55P03":
 			return dialect.Class{Kind: dialect.KindLockTimeout, Code: code}

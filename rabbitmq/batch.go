@@ -6,7 +6,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/adapter"
 )
 
 // batches is a batch consumer's worker: it takes a delivery, adds those
@@ -47,7 +46,7 @@ func (c *Consumer) workBatch(ctx context.Context, r *run, ds []*amqp.Delivery) {
 	for i, d := range ds {
 		msgs[i], errs[i] = c.cfg.Message(d)
 	}
-	res := adapter.ProcessBatch[*amqp.Delivery](ctx, c.mw, ds, msgs, errs, c.bh)
+	res := c.cfg.ProcessBatch(ctx, c.mw, ds, msgs, errs, c.bh)
 	done := make([]result, len(ds))
 	for i, d := range ds {
 		done[i] = result{d: d, msg: msgs[i], out: res[i].Outcome, err: res[i].Err}

@@ -61,8 +61,9 @@ type Consumer struct {
 // committed — Applied — or the claim was found — Duplicate —, and
 // otherwise settled by the settle rule (see the package documentation).
 //
-// NewConsumer sends nothing to the broker; Run does. It returns an error
-// for a nil Middleware, handler or option, a bad option value, and, for a
+// NewConsumer sends nothing to the broker; Run does. With WithTenant, mw
+// is nil and each delivery goes to its tenant's Middleware. It returns an
+// error for a nil Middleware (without WithTenant), handler or option, a bad option value, and, for a
 // Middleware in partitioned mode, an event time that is not the
 // producer's (WithTransportEventTime, WithoutEventTime): an error matching
 // adapter.ErrNoProducerEventTime.
@@ -340,7 +341,7 @@ func (c *Consumer) work(ctx context.Context, r *run, d *amqp.Delivery) {
 	msg, err := c.cfg.Message(d)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error { return c.h(ctx, tx, d) })
+		out, err = c.cfg.Process(ctx, c.mw, d, msg, func(ctx context.Context, tx *sql.Tx) error { return c.h(ctx, tx, d) })
 	}
 	c.settle(ctx, r, []result{{d: d, msg: msg, out: out, err: err}})
 }

@@ -62,6 +62,18 @@ func WithKey(k KeyFunc) Option {
 	return optionFunc(func(c *config) error { return c.SetKey(k) })
 }
 
+// WithTenant routes each delivery to its tenant's Middleware in ts, for a
+// consumer whose tenants each have a database of their own: tenant names
+// the delivery's tenant (from a header or the body). NewConsumer and
+// NewBatchConsumer are then given a nil Middleware. A batch is split by
+// tenant, each tenant's part claimed and committed in a transaction of its
+// own; a tenant whose database is down has its deliveries requeued while
+// the others are acked; a delivery whose tenant cannot be read is poison.
+// See adapter.Config.SetTenant. Default: no tenants.
+func WithTenant(ts *idempotent.Tenants, tenant func(d *amqp.Delivery) (string, error)) Option {
+	return optionFunc(func(c *config) error { return c.SetTenant(ts, tenant) })
+}
+
 // WithEventTime reads each delivery's event time with f, a function over
 // the delivery (a header of the producer's own, see [TimeHeader], or a
 // body field), instead of the adapter.EventTimeHeader header. f counts as

@@ -78,6 +78,9 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c := &Consumer{mw: mw, handle: h, batch: b, cfg: cfg, rule: cfg.Rule()}
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
+		if mw == nil {
+			return nil, errors.New("redisstream: WithDeadLetter with WithTenant: the dead-letter outbox is one database's, and each tenant has its own")
+		}
 		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
 			return nil, fmt.Errorf("redisstream: WithDeadLetter: %w", err)
 		}
@@ -583,7 +586,7 @@ func (r *run) handleOne(ctx context.Context, d *Delivery) {
 		it.err = r.over(d)
 	}
 	if it.err == nil {
-		it.out, it.err = c.mw.ProcessMessage(ctx, it.msg, func(ctx context.Context, tx *sql.Tx) error {
+		it.out, it.err = c.cfg.Process(ctx, c.mw, d, it.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, d)
 		})
 	}
@@ -611,7 +614,7 @@ func (r *run) handleBatch(ctx context.Context, ds []*Delivery) {
 		}
 		claims[i], errs[i] = it.msg, it.err
 	}
-	for i, res := range adapter.ProcessBatch[*Delivery](ctx, c.mw, ds, claims, errs, c.batch) {
+	for i, res := range c.cfg.ProcessBatch(ctx, c.mw, ds, claims, errs, c.batch) {
 		items[i].out, items[i].err = res.Outcome, res.Err
 	}
 	r.settle(ctx, items)

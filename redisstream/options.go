@@ -89,6 +89,20 @@ func defaultName() string {
 	return host + "-" + hex.EncodeToString(b)
 }
 
+// WithTenant routes each entry to its tenant's Middleware in ts, for a
+// consumer whose tenants each have a database of their own: tenant names
+// the entry's tenant (from a header or the body). The constructors are
+// then given a nil Middleware. A batch is split by tenant, each tenant's
+// part claimed and committed in a transaction of its own; a tenant whose
+// database is down has its entrys redelivered while the others are
+// acked; a entry whose tenant cannot be read is poison. See
+// adapter.Config.SetTenant. Default: no tenants.
+// WithDeadLetter cannot be combined with it: the dead-letter outbox is one
+// database's.
+func WithTenant(ts *idempotent.Tenants, tenant func(d *Delivery) (string, error)) Option {
+	return optionFunc(func(c *config) error { return c.SetTenant(ts, tenant) })
+}
+
 // WithKey sets how the key of each entry is read: Field, BodyField,
 // Prefixed, or a KeyFunc of your own. Default is Field(DefaultKeyField).
 func WithKey(k KeyFunc) Option {
