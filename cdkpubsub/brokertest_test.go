@@ -42,27 +42,33 @@ func (tr *memTransport) Publish(ctx context.Context, m brokertest.Message) error
 // NewConsumer builds the adapter's consumer of cfg's mode with the default
 // key and event time, and short retry delays.
 func (tr *memTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
+	c := &memConsumer{b: tr.b, lose: cfg.LoseAck}
+	var err error
+	c.c, err = newSuiteConsumer(cfg)
+	return c, err
+}
+
+// newSuiteConsumer builds the adapter's consumer of cfg's mode with the
+// default key and event time, and short retry delays: what every harness
+// of this package gives the suite.
+func newSuiteConsumer(cfg brokertest.ConsumerConfig) (*cdkpubsub.Consumer, error) {
 	opts := []cdkpubsub.Option{cdkpubsub.WithWorkers(cfg.Workers), cdkpubsub.WithObserver(cfg.Observer),
 		cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
 	if cfg.NoEventTime {
 		opts = append(opts, cdkpubsub.WithoutEventTime())
 	}
-	c := &memConsumer{b: tr.b, lose: cfg.LoseAck}
-	var err error
 	if cfg.Batch {
-		c.c, err = cdkpubsub.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msgs []*pubsub.Message) error {
+		return cdkpubsub.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msgs []*pubsub.Message) error {
 			bodies := make([][]byte, len(msgs))
 			for i, m := range msgs {
 				bodies[i] = m.Body
 			}
 			return cfg.BatchHandler(ctx, tx, bodies)
 		}, append(opts, cdkpubsub.WithBatchSize(cfg.BatchSize))...)
-	} else {
-		c.c, err = cdkpubsub.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
-			return cfg.Handler(ctx, tx, m.Body)
-		}, opts...)
 	}
-	return c, err
+	return cdkpubsub.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
+		return cfg.Handler(ctx, tx, m.Body)
+	}, opts...)
 }
 
 // memConsumer is a consumer process: a Subscription of its own and a Run.
@@ -117,6 +123,21 @@ func (c *subRun) Stop(ctx context.Context) error {
 		err = errors.Join(err, serr)
 	}
 	return err
+}
+
+// crash shuts the Subscription down at once, as a crash does, and cancels
+// the Run without waiting for its handlers: from then on the process's
+// acks go nowhere, and the service delivers again what it had not acked
+// when its ack deadline (visibility timeout) passes.
+func (c *subRun) crash() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.killed = true
+	c.run.Cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.sub.Shutdown(ctx)
+	return nil
 }
 
 // Kill crashes the process: its acks and nacks go nowhere from now on, and

@@ -166,26 +166,9 @@ func (tr *gcpTransport) Publish(ctx context.Context, m brokertest.Message) error
 }
 
 func (tr *gcpTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest.Consumer, error) {
-	opts := []cdkpubsub.Option{cdkpubsub.WithWorkers(cfg.Workers), cdkpubsub.WithObserver(cfg.Observer),
-		cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
-	if cfg.NoEventTime {
-		opts = append(opts, cdkpubsub.WithoutEventTime())
-	}
 	c := &gcpConsumer{tr: tr}
 	var err error
-	if cfg.Batch {
-		c.c, err = cdkpubsub.NewBatchConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, msgs []*pubsub.Message) error {
-			bodies := make([][]byte, len(msgs))
-			for i, m := range msgs {
-				bodies[i] = m.Body
-			}
-			return cfg.BatchHandler(ctx, tx, bodies)
-		}, append(opts, cdkpubsub.WithBatchSize(cfg.BatchSize))...)
-	} else {
-		c.c, err = cdkpubsub.NewConsumer(cfg.Middleware, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
-			return cfg.Handler(ctx, tx, m.Body)
-		}, opts...)
-	}
+	c.c, err = newSuiteConsumer(cfg)
 	return c, err
 }
 
@@ -205,12 +188,5 @@ func (c *gcpConsumer) Start(context.Context) error {
 // its acks go nowhere, and the service delivers again what it had not
 // acked when the ack deadline passes. It does not wait for the handlers.
 func (c *gcpConsumer) Kill() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.killed = true
-	c.run.Cancel()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = c.sub.Shutdown(ctx)
-	return nil
+	return c.crash()
 }

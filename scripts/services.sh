@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts (and, on a machine without them, installs) the servers the tests
 # talk to: PostgreSQL on 127.0.0.1:5432, MariaDB on 127.0.0.1:3306, RabbitMQ
-# on 127.0.0.1:5672, NATS with JetStream on 127.0.0.1:4222 and Redis on
-# 127.0.0.1:6379; and installs the binaries tests start servers of their own
+# on 127.0.0.1:5672, NATS with JetStream on 127.0.0.1:4222, Redis on
+# 127.0.0.1:6379, Mosquitto (MQTT 5) on 127.0.0.1:1883 and moto's SQS API
+# server on 127.0.0.1:5000; and installs the binaries tests start servers of their own
 # from (nats-server for a JetStream cluster, redis-server, pgbouncer).
 # Servers that already answer are left alone.
 set -euo pipefail
@@ -73,9 +74,34 @@ redis() {
   wait_for 6379 Redis 60
 }
 
+mosquitto() {
+  type -P mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { echo "services: installing Mosquitto"; apt_install mosquitto; }
+  listening 1883 && return 0
+  # A configuration of the tests' own: loopback only, anonymous, persistent
+  # sessions kept on disk.
+  local dir=/var/lib/mosquitto-idempotent
+  as_root mkdir -p "$dir"
+  as_root chown mosquitto: "$dir" 2>/dev/null || true
+  printf '%s\n' 'listener 1883 127.0.0.1' 'allow_anonymous true' 'persistence true' \
+    "persistence_location $dir/" "log_dest file $dir/mosquitto.log" | as_root tee "$dir/mosquitto.conf" >/dev/null
+  as_root "$(type -P mosquitto || echo /usr/sbin/mosquitto)" -d -c "$dir/mosquitto.conf"
+  wait_for 1883 Mosquitto 30
+}
+
+# moto's server speaks the SQS API (and the rest of AWS's) on 127.0.0.1:5000,
+# keeping its queues in memory.
+moto() {
+  if ! type -P moto_server >/dev/null; then
+    echo "services: installing moto"; python3 -m pip install -q 'moto[server]'
+  fi
+  listening 5000 && return 0
+  (setsid nohup moto_server -H 127.0.0.1 -p 5000 >/tmp/moto_server.log 2>&1 &)
+  wait_for 5000 moto 60
+}
+
 pgbouncer() {
   type -P pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { echo "services: installing PgBouncer"; apt_install pgbouncer; }
 }
 
-if [ $# -eq 0 ]; then set -- postgres mariadb rabbitmq nats redis pgbouncer; fi
+if [ $# -eq 0 ]; then set -- postgres mariadb rabbitmq nats redis mosquitto moto pgbouncer; fi
 for s in "$@"; do "$s"; done
