@@ -221,12 +221,14 @@ func (w worker) read(m *pubsub.Message) (delivery, error) {
 func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
 	c := w.c
 	d, err := w.read(m)
+	tctx, end := c.cfg.StartTrace(ctx, m, d.msg)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.mw.ProcessMessage(ctx, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = c.mw.ProcessMessage(tctx, d.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, m)
 		})
 	}
+	end(out, err)
 	w.settle(ctx, []delivery{d}, []adapter.Result{{Outcome: out, Err: err}})
 }
 
@@ -246,7 +248,9 @@ func (w worker) handleBatch(ctx context.Context, msgs []*pubsub.Message) {
 		ds[i], errs[i] = w.read(m)
 		claims[i] = ds[i].msg
 	}
-	res := adapter.ProcessBatch[*pubsub.Message](ctx, c.mw, msgs, claims, errs, c.batch)
+	tctx, end := c.cfg.StartBatchTrace(ctx, msgs, claims)
+	res := adapter.ProcessBatch[*pubsub.Message](tctx, c.mw, msgs, claims, errs, c.batch)
+	end(res)
 	w.settle(ctx, ds, res)
 }
 

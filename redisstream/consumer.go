@@ -582,11 +582,13 @@ func (r *run) handleOne(ctx context.Context, d *Delivery) {
 	if it.err == nil {
 		it.err = r.over(d)
 	}
+	tctx, end := c.cfg.StartTrace(ctx, d, it.msg)
 	if it.err == nil {
-		it.out, it.err = c.mw.ProcessMessage(ctx, it.msg, func(ctx context.Context, tx *sql.Tx) error {
+		it.out, it.err = c.mw.ProcessMessage(tctx, it.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, d)
 		})
 	}
+	end(it.out, it.err)
 	r.settle(ctx, []item{it})
 }
 
@@ -611,7 +613,10 @@ func (r *run) handleBatch(ctx context.Context, ds []*Delivery) {
 		}
 		claims[i], errs[i] = it.msg, it.err
 	}
-	for i, res := range adapter.ProcessBatch[*Delivery](ctx, c.mw, ds, claims, errs, c.batch) {
+	tctx, end := c.cfg.StartBatchTrace(ctx, ds, claims)
+	results := adapter.ProcessBatch[*Delivery](tctx, c.mw, ds, claims, errs, c.batch)
+	end(results)
+	for i, res := range results {
 		items[i].out, items[i].err = res.Outcome, res.Err
 	}
 	r.settle(ctx, items)
