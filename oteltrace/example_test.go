@@ -9,8 +9,8 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/oteltrace"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // Follow one message without a database or a broker: what outbox.Enqueue
