@@ -33,6 +33,15 @@ type Transport[T any] struct {
 	// Set it, too, for a transport that may be either, depending on a
 	// driver or broker setting the adapter cannot see.
 	Ordered bool
+	// System names the messaging system for a Tracer, as OpenTelemetry's
+	// messaging.system does ("rabbitmq", "kafka"…).
+	System string
+	// Destination returns the queue, topic, subject or stream a delivery
+	// was consumed from, for a Tracer; nil when unknown.
+	Destination func(msg T) string
+	// MessageID returns the transport's id of a delivery, for a Tracer;
+	// nil when it has none.
+	MessageID func(msg T) string
 }
 
 // timeSource is where a Config reads each delivery's event time.
@@ -66,6 +75,7 @@ type Config[T any] struct {
 	workers   int
 	shutdown  time.Duration
 	isPoison  func(error) bool
+	tracer    Tracer
 	checked   *idempotent.Config
 	partition bool
 	tenants   *idempotent.Tenants

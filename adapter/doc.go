@@ -4,6 +4,12 @@
 // message's event time in, and the one rule that turns the Middleware's
 // answer into a settlement (ack, requeue after a delay, or poison).
 //
+// A [Tracer] (package oteltrace gives one for OpenTelemetry) sees every
+// transaction a consumer runs, with each delivery's destination, id, key
+// and the trace context in its headers, and each one's result: an adapter
+// calls [Config.StartTrace] around one delivery's transaction and
+// [Config.StartBatchTrace] around a batch's.
+//
 // # Event times come from the producer
 //
 // The retention fence and daily partitions rest on a message's event time,

@@ -224,12 +224,14 @@ func (w worker) read(m *pubsub.Message) (delivery, error) {
 func (w worker) handleOne(ctx context.Context, m *pubsub.Message) {
 	c := w.c
 	d, err := w.read(m)
+	tctx, end := c.cfg.StartTrace(ctx, m, d.msg)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.cfg.Process(ctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = c.cfg.Process(tctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, m)
 		})
 	}
+	end(out, err)
 	w.settle(ctx, []delivery{d}, []adapter.Result{{Outcome: out, Err: err}})
 }
 
@@ -249,7 +251,9 @@ func (w worker) handleBatch(ctx context.Context, msgs []*pubsub.Message) {
 		ds[i], errs[i] = w.read(m)
 		claims[i] = ds[i].msg
 	}
-	res := c.cfg.ProcessBatch(ctx, c.mw, msgs, claims, errs, c.batch)
+	tctx, end := c.cfg.StartBatchTrace(ctx, msgs, claims)
+	res := c.cfg.ProcessBatch(tctx, c.mw, msgs, claims, errs, c.batch)
+	end(res)
 	w.settle(ctx, ds, res)
 }
 

@@ -118,6 +118,7 @@ func DeadLetterSender(topic *pubsub.Topic) outbox.Sender {
 		}
 		md := make(map[string]string, len(d.Metadata)+4)
 		maps.Copy(md, d.Metadata)
+		maps.Copy(md, m.Trace)
 		if !m.EventTime.IsZero() {
 			md[adapter.EventTimeHeader] = adapter.FormatEventTime(m.EventTime)
 		}

@@ -88,6 +88,9 @@ var transport = adapter.Transport[*pubsub.Message]{
 	DefaultKey: Metadata(DefaultKeyMetadata),
 	Header:     metadata,
 	Ordered:    true,
+	// The driver behind a topic is unknown to the adapter.
+	System:    "gocloud.dev/pubsub",
+	MessageID: func(m *pubsub.Message) string { return m.LoggableID },
 }
 
 // metadata returns msg's metadata value name.

@@ -135,6 +135,14 @@ func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return c.SetObserver(o) })
 }
 
+// WithTracer traces the messages with t (package oteltrace gives one):
+// each message's transaction, or each batch's, is a span that continues the
+// trace of the producer whose context the messages carry in their
+// metadata. Default is none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return c.SetTracer(t) })
+}
+
 // WithRetryDelay sets how long a message whose handler failed with an
 // error that is not poison is held before it is handed back: the worker
 // waits the delay adapter.Rule.Settle gives (idempotent.RetryPolicy.Backoff;

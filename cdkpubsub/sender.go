@@ -85,6 +85,7 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if at := m.StableEventTime(); !at.IsZero() {
 		md[adapter.EventTimeHeader] = adapter.FormatEventTime(at)
 	}
+	maps.Copy(md, m.Trace)
 	if err := s.topic.Send(ctx, &pubsub.Message{Body: m.Payload, Metadata: md}); err != nil {
 		return fmt.Errorf("cdkpubsub: publish outbox call %d (%s): %w", m.ID, m.Kind, err)
 	}

@@ -863,7 +863,10 @@ func (s *session) wait(ctx context.Context, events []adapter.Event, attempt int,
 func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, topicID string, h Handler, attempt int) (adapter.Event, error) {
 	msg, cause := c.cfg.ac.Message(r)
 	e := adapter.Event{Message: msg, Source: position(r), Detail: r, Attempt: attempt}
-	if cause == nil {
+	tctx, end := c.cfg.ac.StartTrace(ctx, r, msg)
+	if cause != nil {
+		end(0, cause)
+	} else {
 		stmt := c.foldStmt(ctx)
 		handle := func(ctx context.Context, tx *sql.Tx) error { return h(ctx, tx, r) }
 		body := func(ctx context.Context, a *adapter.Attempt) error {
@@ -880,13 +883,14 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 			// flight, alone (body) otherwise.
 			c.prepareGroup(ctx)
 			item := offsetItem{topic: r.Topic, partition: r.Partition, expected: expected, next: r.Offset + 1, topicID: topicID}
-			applied, err = c.co.Process(ctx, msg, item, handle, body)
+			applied, err = c.co.Process(tctx, msg, item, handle, body)
 		} else {
-			applied, err = c.path.Process(ctx, msg, body)
+			applied, err = c.path.Process(tctx, msg, body)
 		}
 		if err != nil && stmt != nil {
 			err = c.foldError(ctx, err)
 		}
+		end(outcome(applied), err)
 		if err == nil {
 			e.Type = adapter.EventDuplicate
 			if applied {
@@ -1022,7 +1026,7 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 // the offset past a record it never applied.
 func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected int64, topicID string, attempt int) ([]adapter.Event, int, error) {
 	var good, poison []*kgo.Record
-	var msgs, poisonMsgs []idempotent.Message
+	var msgs, poisonMsgs, chunkMsgs []idempotent.Message
 	var causes []error
 	for i, r := range chunk {
 		msg, err := c.cfg.ac.Message(r)
@@ -1047,10 +1051,17 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 				break
 			}
 			poison, poisonMsgs, causes = append(poison, r), append(poisonMsgs, msg), append(causes, err)
+			chunkMsgs = append(chunkMsgs, msg)
 			continue
 		}
 		good, msgs = append(good, r), append(msgs, msg)
+		chunkMsgs = append(chunkMsgs, msg)
 	}
+	// One span for the transaction of the chunk's records, the poison ones
+	// (dead-lettered in it) included.
+	ctx, end := c.cfg.ac.StartBatchTrace(ctx, chunk, chunkMsgs)
+	var results []adapter.Result
+	defer func() { end(results) }()
 	first, last := chunk[0], chunk[len(chunk)-1]
 	next := last.Offset + 1
 	companion := func(ctx context.Context, tx *sql.Tx) error {
@@ -1097,6 +1108,10 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			err = c.path.Tx(ctx, companion)
 		}
 		if err != nil {
+			results = make([]adapter.Result, len(chunk))
+			for i := range results {
+				results[i].Err = err
+			}
 			return nil, 0, err
 		}
 		byRecord := make(map[*kgo.Record]adapter.Event, len(chunk))
@@ -1111,8 +1126,10 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 			byRecord[r] = c.poisoned(adapter.Event{Message: poisonMsgs[i], Source: position(r), Attempt: attempt}, r, causes[i])
 		}
 		events := make([]adapter.Event, len(chunk))
+		results = make([]adapter.Result, len(chunk))
 		for i, r := range chunk {
 			events[i] = byRecord[r]
+			results[i] = eventResult(events[i])
 		}
 		return events, len(chunk), nil
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -100,7 +102,13 @@ func DeadLetterSender(cl *kgo.Client) outbox.Sender {
 			if !m.EventTime.IsZero() && h.Key == adapter.EventTimeHeader {
 				continue
 			}
+			if _, ok := m.Trace[h.Key]; ok {
+				continue
+			}
 			rec.Headers = append(rec.Headers, h)
+		}
+		for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(m.Trace[k])})
 		}
 		if !m.EventTime.IsZero() {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(m.EventTime))})

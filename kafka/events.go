@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 )
 
@@ -34,6 +35,25 @@ type Rebalance struct {
 // an event's Source, a dead letter's outbox key and DeadLetterSourceHeader.
 func position(r *kgo.Record) string {
 	return partitionSource(r.Topic, r.Partition, r.Offset)
+}
+
+// outcome is the Outcome of a record whose claim was new (applied) or not.
+func outcome(applied bool) idempotent.Outcome {
+	if applied {
+		return idempotent.Applied
+	}
+	return idempotent.Duplicate
+}
+
+// eventResult is the result of a record settled with event e, for a Tracer.
+func eventResult(e adapter.Event) adapter.Result {
+	switch e.Type {
+	case adapter.EventApplied:
+		return adapter.Result{Outcome: idempotent.Applied}
+	case adapter.EventDuplicate:
+		return adapter.Result{Outcome: idempotent.Duplicate}
+	}
+	return adapter.Result{Err: e.Err}
 }
 
 func partitionSource(topic string, partition int32, offset int64) string {

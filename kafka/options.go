@@ -3,6 +3,7 @@ package kafka
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -42,12 +43,18 @@ const (
 // is ordered: a record waiting for its next attempt holds back those
 // behind it.
 var transport = adapter.Transport[*kgo.Record]{
-	Name:       "kafka",
-	DefaultKey: Header(DefaultKeyHeader),
-	Header:     header,
-	Time:       func(r *kgo.Record) time.Time { return r.Timestamp },
-	TimeName:   "the Kafka record timestamp",
-	Ordered:    true,
+	Name:        "kafka",
+	DefaultKey:  Header(DefaultKeyHeader),
+	Header:      header,
+	Time:        func(r *kgo.Record) time.Time { return r.Timestamp },
+	TimeName:    "the Kafka record timestamp",
+	Ordered:     true,
+	System:      "kafka",
+	Destination: func(r *kgo.Record) string { return r.Topic },
+	// A record has no id of the transport's but its position.
+	MessageID: func(r *kgo.Record) string {
+		return strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
+	},
 }
 
 type config struct {
@@ -136,6 +143,14 @@ func WithoutEventTime() Option {
 // either way.
 func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return shared(c.ac.SetObserver(o)) })
+}
+
+// WithTracer traces the records with t (package oteltrace gives one):
+// each record's transaction, or each batch's, is a span that continues the
+// trace of the producer whose context the records carry in their headers.
+// Default is none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return shared(c.ac.SetTracer(t)) })
 }
 
 // WithRetryDelay sets the wait of a record (or batch) that failed with an

@@ -351,12 +351,14 @@ func (w worker) handleOne(ctx context.Context, m jetstream.Msg, settling *chan s
 	c := w.c
 	stop := w.heartbeat([]jetstream.Msg{m})
 	d, err := w.read(m)
+	tctx, end := c.cfg.StartTrace(ctx, m, d.msg)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.cfg.Process(ctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
+		out, err = c.cfg.Process(tctx, c.mw, m, d.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, m)
 		})
 	}
+	end(out, err)
 	stop()
 	if *settling != nil {
 		<-*settling
@@ -386,7 +388,9 @@ func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		ds[i], errs[i] = w.read(m)
 		claims[i] = ds[i].msg
 	}
-	res := c.cfg.ProcessBatch(ctx, c.mw, msgs, claims, errs, c.batch)
+	tctx, end := c.cfg.StartBatchTrace(ctx, msgs, claims)
+	res := c.cfg.ProcessBatch(tctx, c.mw, msgs, claims, errs, c.batch)
+	end(res)
 	stop()
 	var wg sync.WaitGroup
 	for i := range msgs {

@@ -71,11 +71,17 @@ func TimeHeader(name string) EventTimeFunc {
 
 // transport is what JetStream messages carry, for adapter.Config.
 var transport = adapter.Transport[jetstream.Msg]{
-	Name:       "nats",
-	DefaultKey: MsgID(),
-	Header:     header,
-	Time:       streamTime,
-	TimeName:   "the stream's timestamp",
+	Name:        "nats",
+	DefaultKey:  MsgID(),
+	Header:      header,
+	Time:        streamTime,
+	TimeName:    "the stream's timestamp",
+	System:      "nats",
+	Destination: func(m jetstream.Msg) string { return m.Subject() },
+	MessageID: func(m jetstream.Msg) string {
+		v, _ := header(m, jetstream.MsgIDHeader)
+		return v
+	},
 }
 
 // header returns the first value of msg's header name.

@@ -132,6 +132,14 @@ func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return c.SetObserver(o) })
 }
 
+// WithTracer traces the deliveries with t (package oteltrace gives one):
+// each delivery's transaction, or each batch's, is a span that continues
+// the trace of the producer whose context the deliveries carry in their
+// headers (fields, for a stream entry). Default is none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return c.SetTracer(t) })
+}
+
 // WithRetryDelay sets the redelivery delay of a message whose handler
 // failed with an error that is not poison: the Consumer naks it with the
 // delay adapter.Rule.Settle gives, idempotent.RetryPolicy.Backoff of the

@@ -85,6 +85,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if at := m.StableEventTime(); !at.IsZero() {
 		msg.Header.Set(adapter.EventTimeHeader, adapter.FormatEventTime(at))
 	}
+	for k, v := range m.Trace {
+		msg.Header.Set(k, v)
+	}
 	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {
 		// No stream answering is retried too: in a cluster electing a

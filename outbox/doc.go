@@ -47,6 +47,15 @@
 // only. [Relay.Run] returns
 // after the calls in flight when its context ended have finished.
 //
+// # Tracing
+//
+// With [WithTracer] (package oteltrace gives one for OpenTelemetry),
+// Enqueue stores the caller's trace context with the row — W3C
+// traceparent, tracestate and baggage, bounded — and each attempt of a
+// relay runs in the Tracer's send span, a child of that context. The
+// Sender finds the span's context in [Message.Trace] and puts it in the
+// message's headers, so that the consumer's span continues the trace.
+//
 // # Housekeeping
 //
 // [Outbox.Cleanup] deletes sent rows older than a retention window in small

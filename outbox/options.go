@@ -29,6 +29,7 @@ type config struct {
 	observer     Observer
 	notify       bool
 	cleanupBatch int
+	tracer       Tracer
 }
 
 // WithTable sets the outbox table, as "table" or "schema.table". Each part

@@ -24,6 +24,7 @@ type Outbox struct {
 	channel      string
 	notify       bool
 	observer     Observer
+	tracer       Tracer
 	cleanupBatch int
 }
 
@@ -63,6 +64,7 @@ func New(db *sql.DB, consumer string, opts ...Option) (*Outbox, error) {
 		channel:      notifyChannel(table),
 		notify:       cfg.notify,
 		observer:     cfg.observer,
+		tracer:       cfg.tracer,
 		cleanupBatch: cfg.cleanupBatch,
 	}, nil
 }
@@ -154,11 +156,16 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgKey, kind string, p
 	var id int64
 	var err error
 	at, ns := cfg.eventTime()
+	var parent, state, baggage any
+	if o.tracer != nil {
+		parent, state, baggage = traceColumns(o.tracer.Inject(ctx))
+	}
+	args := []any{o.consumer, msgKey, kind, key, string(payload), at, ns, parent, state, baggage}
 	if o.notify {
 		var discard string
-		err = tx.QueryRowContext(ctx, o.q.enqueueNotify, o.consumer, msgKey, kind, key, string(payload), at, ns, o.channel).Scan(&id, &discard)
+		err = tx.QueryRowContext(ctx, o.q.enqueueNotify, append(args, o.channel)...).Scan(&id, &discard)
 	} else {
-		err = tx.QueryRowContext(ctx, o.q.enqueue, o.consumer, msgKey, kind, key, string(payload), at, ns).Scan(&id)
+		err = tx.QueryRowContext(ctx, o.q.enqueue, args...).Scan(&id)
 	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):

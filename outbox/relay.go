@@ -315,10 +315,13 @@ func (r *Relay) leaseRows(ctx context.Context, n int) ([]Message, error) {
 		var m Message
 		var at sql.NullTime
 		var ns sql.NullInt16
-		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at, &ns); err != nil {
+		var parent, state, baggage *string
+		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at, &ns,
+			&parent, &state, &baggage); err != nil {
 			return msgs, fmt.Errorf("outbox: lease rows of %s: %w", r.o.table, err)
 		}
 		m.EventTime = eventTimeOf(at, ns)
+		m.Trace = traceOf(parent, state, baggage)
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -365,8 +368,8 @@ func (r *Relay) deliver(hard context.Context, m Message) (result, bool) {
 	}
 }
 
-// call runs the sender under the call timeout. A panic in the sender is a
-// failed attempt.
+// call runs the sender under the call timeout, in the Tracer's span of the
+// attempt if there is one. A panic in the sender is a failed attempt.
 func (r *Relay) call(ctx context.Context, m Message) (err error) {
 	s := r.senders[m.Kind]
 	if s == nil {
@@ -374,6 +377,11 @@ func (r *Relay) call(ctx context.Context, m Message) (err error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.callTimeout)
 	defer cancel()
+	if t := r.o.tracer; t != nil {
+		var end func(error)
+		cctx, m.Trace, end = t.StartSend(cctx, m)
+		defer func() { end(err) }()
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("outbox: sender for %s panicked: %v", m.Kind, p)

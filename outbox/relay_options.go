@@ -18,7 +18,8 @@ import (
 // A call may be made more than once — after a failure, a timeout, or a
 // relay that died mid-call — always with the same idempotency key, so the
 // provider must drop repeats by key. Return an error wrapped with Permanent
-// when retrying cannot help.
+// when retrying cannot help. A Sender that publishes the call as a message
+// puts m.Trace in its headers, so that the trace goes on.
 type Sender interface {
 	Send(ctx context.Context, m Message) error
 }
@@ -53,6 +54,14 @@ type Message struct {
 	// adapter.EventTimeHeader header, so that its consumer claims it under
 	// the original event time, on the same day.
 	EventTime time.Time
+	// Trace is the trace context to carry forward, by header name
+	// (TraceParentHeader, TraceStateHeader, BaggageHeader): with a Tracer
+	// (WithTracer), that of the attempt's span, a child of the context
+	// the row was enqueued in; without one, the context stored with the
+	// row, if any (nil when none). A Sender that publishes
+	// the call as a message copies it into the message's headers, so that
+	// the consumer's span continues the trace.
+	Trace map[string]string
 }
 
 // StableEventTime is the event time a Sender that publishes m as a message

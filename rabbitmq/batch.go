@@ -46,7 +46,9 @@ func (c *Consumer) workBatch(ctx context.Context, r *run, ds []*amqp.Delivery) {
 	for i, d := range ds {
 		msgs[i], errs[i] = c.cfg.Message(d)
 	}
-	res := c.cfg.ProcessBatch(ctx, c.mw, ds, msgs, errs, c.bh)
+	tctx, end := c.cfg.StartBatchTrace(ctx, ds, msgs)
+	res := c.cfg.ProcessBatch(tctx, c.mw, ds, msgs, errs, c.bh)
+	end(res)
 	done := make([]result, len(ds))
 	for i, d := range ds {
 		done[i] = result{d: d, msg: msgs[i], out: res[i].Outcome, err: res[i].Err}

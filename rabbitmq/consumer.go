@@ -339,10 +339,12 @@ func (c *Consumer) work(ctx context.Context, r *run, d *amqp.Delivery) {
 		}
 	}
 	msg, err := c.cfg.Message(d)
+	tctx, end := c.cfg.StartTrace(ctx, d, msg)
 	var out idempotent.Outcome
 	if err == nil {
-		out, err = c.cfg.Process(ctx, c.mw, d, msg, func(ctx context.Context, tx *sql.Tx) error { return c.h(ctx, tx, d) })
+		out, err = c.cfg.Process(tctx, c.mw, d, msg, func(ctx context.Context, tx *sql.Tx) error { return c.h(ctx, tx, d) })
 	}
+	end(out, err)
 	c.settle(ctx, r, []result{{d: d, msg: msg, out: out, err: err}})
 }
 

@@ -51,4 +51,12 @@ var transport = adapter.Transport[*amqp.Delivery]{
 	Header:     headerValue,
 	Time:       func(d *amqp.Delivery) time.Time { return d.Timestamp },
 	TimeName:   "the AMQP timestamp property",
+	System:     "rabbitmq",
+	Destination: func(d *amqp.Delivery) string {
+		if d.Exchange == "" {
+			return d.RoutingKey // the default exchange's routing key is the queue
+		}
+		return d.Exchange
+	},
+	MessageID: func(d *amqp.Delivery) string { return d.MessageId },
 }

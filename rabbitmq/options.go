@@ -119,6 +119,14 @@ func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return c.SetObserver(o) })
 }
 
+// WithTracer traces the deliveries with t (package oteltrace gives one):
+// each delivery's transaction, or each batch's, is a span that continues
+// the trace of the producer whose context the deliveries carry in their
+// headers. Default is none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return c.SetTracer(t) })
+}
+
 // WithRetryDelay sets how long a delivery to be requeued is held before it
 // is nacked with requeue, so that a failing message does not spin between
 // the broker and the consumer: initial after its first failure, doubling

@@ -585,11 +585,13 @@ func (r *run) handleOne(ctx context.Context, d *Delivery) {
 	if it.err == nil {
 		it.err = r.over(d)
 	}
+	tctx, end := c.cfg.StartTrace(ctx, d, it.msg)
 	if it.err == nil {
-		it.out, it.err = c.cfg.Process(ctx, c.mw, d, it.msg, func(ctx context.Context, tx *sql.Tx) error {
+		it.out, it.err = c.cfg.Process(tctx, c.mw, d, it.msg, func(ctx context.Context, tx *sql.Tx) error {
 			return c.handle(ctx, tx, d)
 		})
 	}
+	end(it.out, it.err)
 	r.settle(ctx, []item{it})
 }
 
@@ -614,7 +616,10 @@ func (r *run) handleBatch(ctx context.Context, ds []*Delivery) {
 		}
 		claims[i], errs[i] = it.msg, it.err
 	}
-	for i, res := range c.cfg.ProcessBatch(ctx, c.mw, ds, claims, errs, c.batch) {
+	tctx, end := c.cfg.StartBatchTrace(ctx, ds, claims)
+	results := c.cfg.ProcessBatch(tctx, c.mw, ds, claims, errs, c.batch)
+	end(results)
+	for i, res := range results {
 		items[i].out, items[i].err = res.Outcome, res.Err
 	}
 	r.settle(ctx, items)

@@ -109,7 +109,13 @@ func DeadLetterSender(client redis.UniversalClient) outbox.Sender {
 				(!m.EventTime.IsZero() && k == adapter.EventTimeHeader) {
 				continue
 			}
+			if _, ok := m.Trace[k]; ok {
+				continue
+			}
 			vals = append(vals, k, d.Values[k])
+		}
+		for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
+			vals = append(vals, k, m.Trace[k])
 		}
 		if !m.EventTime.IsZero() {
 			vals = append(vals, adapter.EventTimeHeader, adapter.FormatEventTime(m.EventTime))

@@ -62,11 +62,14 @@ func TimeField(name string) EventTimeFunc {
 
 // transport is what stream entries carry, for adapter.Config.
 var transport = adapter.Transport[*Delivery]{
-	Name:       "redisstream",
-	DefaultKey: Field(DefaultKeyField),
-	Header:     field,
-	Time:       (*Delivery).Time,
-	TimeName:   "the time in the entry id",
+	Name:        "redisstream",
+	DefaultKey:  Field(DefaultKeyField),
+	Header:      field,
+	Time:        (*Delivery).Time,
+	TimeName:    "the time in the entry id",
+	System:      "redis",
+	Destination: func(d *Delivery) string { return d.Stream },
+	MessageID:   func(d *Delivery) string { return d.ID },
 }
 
 func field(d *Delivery, name string) (string, bool) { return d.Field(name) }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 
@@ -52,6 +54,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	vals := []any{DefaultKeyField, m.IdempotencyKey}
 	if at := m.StableEventTime(); !at.IsZero() {
 		vals = append(vals, adapter.EventTimeHeader, adapter.FormatEventTime(at))
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
+		vals = append(vals, k, m.Trace[k])
 	}
 	vals = append(vals, PayloadField, string(m.Payload))
 	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: vals}).Err(); err != nil {

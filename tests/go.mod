@@ -20,6 +20,7 @@ require (
 	github.com/txclaim/idempotent/mysql v0.0.0
 	github.com/txclaim/idempotent/nats v0.0.0
 	github.com/txclaim/idempotent/otelmetrics v0.0.0
+	github.com/txclaim/idempotent/oteltrace v0.0.0
 	github.com/txclaim/idempotent/rabbitmq v0.0.0
 	github.com/txclaim/idempotent/redisstream v0.0.0
 	github.com/txclaim/idempotent/sqlite v0.0.0
@@ -98,6 +99,7 @@ replace (
 	github.com/txclaim/idempotent/mysql => ../mysql
 	github.com/txclaim/idempotent/nats => ../nats
 	github.com/txclaim/idempotent/otelmetrics => ../otelmetrics
+	github.com/txclaim/idempotent/oteltrace => ../oteltrace
 	github.com/txclaim/idempotent/rabbitmq => ../rabbitmq
 	github.com/txclaim/idempotent/redisstream => ../redisstream
 	github.com/txclaim/idempotent/sqlite => ../sqlite

@@ -29,7 +29,9 @@ var transport = adapter.Transport[*message.Message]{
 	// Some subscribers redeliver a nacked message before any behind it
 	// (Watermill's Kafka and SQL subscribers); the handler cannot tell
 	// which one feeds it.
-	Ordered: true,
+	Ordered:   true,
+	System:    "watermill",
+	MessageID: func(m *message.Message) string { return m.UUID },
 }
 
 // NewHandler returns the router handler that applies each message's effect
@@ -107,17 +109,20 @@ type run struct {
 func (r *run) handle(msg *message.Message) error {
 	ctx := msg.Context()
 	m, err := r.c.Message(msg)
+	tctx, end := r.c.StartTrace(ctx, msg, m)
 	if err != nil {
+		end(0, err)
 		return r.settle(ctx, msg, m, err)
 	}
 	var outcome idempotent.Outcome
 	if r.c.subscriberTx != nil {
-		outcome, err = r.inSubscriberTx(ctx, msg, m)
+		outcome, err = r.inSubscriberTx(tctx, msg, m)
 	} else {
-		outcome, err = r.mw.ProcessMessage(ctx, m, func(ctx context.Context, tx *sql.Tx) error {
+		outcome, err = r.mw.ProcessMessage(tctx, m, func(ctx context.Context, tx *sql.Tx) error {
 			return r.h(ctx, tx, msg)
 		})
 	}
+	end(outcome, err)
 	if err != nil {
 		return r.settle(ctx, msg, m, err)
 	}

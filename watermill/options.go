@@ -72,6 +72,14 @@ func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return wrapOpt(c.SetObserver(o)) })
 }
 
+// WithTracer traces the messages with t (package oteltrace gives one):
+// each message's transaction is a span that continues the trace of the
+// producer whose context the message carries in its metadata. Default is
+// none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return wrapOpt(c.SetTracer(t)) })
+}
+
 // WithRetryDelay sets the delays the settle rule gives a requeued message
 // (RequeueError.Delay, Event.Delay): initial, doubling with jitter up to
 // max, as idempotent.RetryPolicy.Backoff computes them. Watermill counts no

@@ -58,6 +58,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	case msg.Metadata.Get(adapter.EventTimeHeader) == "" && !m.CreatedAt.IsZero():
 		msg.Metadata.Set(adapter.EventTimeHeader, adapter.FormatEventTime(m.CreatedAt))
 	}
+	for k, v := range m.Trace {
+		msg.Metadata.Set(k, v)
+	}
 	msg.SetContext(ctx)
 	if err := s.pub.Publish(s.topic, msg); err != nil {
 		return fmt.Errorf("watermill: publish outbox row %d to %q: %w", m.ID, s.topic, err)

@@ -10,4 +10,5 @@ WHERE id = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns
+RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns,
+	trace_parent, trace_state, baggage

@@ -25,6 +25,12 @@ ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS event_time timestamptz;
 
 ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS event_time_ns smallint;
 
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS trace_parent text;
+
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS trace_state text;
+
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS baggage text;
+
 CREATE INDEX IF NOT EXISTS "outbox_due" ON "app"."outbox" (next_attempt_at) WHERE state = 'pending';
 
 CREATE INDEX IF NOT EXISTS "outbox_sent_at" ON "app"."outbox" (sent_at) WHERE state = 'sent';
