@@ -69,6 +69,11 @@ func checks() []check {
 		{"Optional/Upserter", checkUpserter},
 		{"Optional/ClaimFolder", checkClaimFolder},
 		{"Optional/Identifier", checkIdentifier},
+		{"Optional/Orderer/Shuffled", checkOrderShuffled},
+		{"Optional/Orderer/GapSkip", checkOrderGapSkip},
+		{"Optional/Orderer/ParkCrash", checkOrderParkCrash},
+		{"Optional/Orderer/ReleaseCrash", checkOrderReleaseCrash},
+		{"Optional/Orderer/BadInput", checkOrderBadInput},
 	}
 }
 
