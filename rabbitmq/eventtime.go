@@ -51,4 +51,5 @@ var transport = adapter.Transport[*amqp.Delivery]{
 	Header:     headerValue,
 	Time:       func(d *amqp.Delivery) time.Time { return d.Timestamp },
 	TimeName:   "the AMQP timestamp property",
+	Payload:    func(d *amqp.Delivery) []byte { return d.Body },
 }
