@@ -47,6 +47,7 @@ var transport = adapter.Transport[*kgo.Record]{
 	Header:     header,
 	Time:       func(r *kgo.Record) time.Time { return r.Timestamp },
 	TimeName:   "the Kafka record timestamp",
+	Payload:    func(r *kgo.Record) []byte { return r.Value },
 	Ordered:    true,
 }
 

@@ -76,6 +76,7 @@ var transport = adapter.Transport[jetstream.Msg]{
 	Header:     header,
 	Time:       streamTime,
 	TimeName:   "the stream's timestamp",
+	Payload:    func(m jetstream.Msg) []byte { return m.Data() },
 }
 
 // header returns the first value of msg's header name.
