@@ -245,18 +245,23 @@ func (o *gapObserver) Gap(_ context.Context, g idempotent.Gap) {
 	o.gaps = append(o.gaps, g)
 }
 
+// gapSetup is orderSetup's start for a check that moves the clock: the
+// clock, at now (microseconds since the Unix epoch), for WithClock.
+func gapSetup(t *testing.T, e *Env) (context.Context, *sql.DB, string, *orderAudit, *atomic.Int64, func() time.Time) {
+	t.Helper()
+	needOrderer(t, e)
+	db := e.DB(t)
+	table := e.Table(t, db)
+	now := new(atomic.Int64)
+	now.Store(time.Date(2031, 2, 1, 12, 0, 0, 0, time.UTC).UnixMicro())
+	return testContext(t), db, table, newOrderAudit(t, db, table), now, func() time.Time { return time.UnixMicro(now.Load()) }
+}
+
 // checkOrderGapSkip: sequence 5 never arrives; 6 to 10 park; the gap is
 // reported once GapTimeout has passed; the operator's SkipGap applies 6 to
 // 10 in order; a late 5 is refused with ErrSkippedSequence, naming it.
 func checkOrderGapSkip(t *testing.T, e *Env) {
-	needOrderer(t, e)
-	ctx := testContext(t)
-	db := e.DB(t)
-	table := e.Table(t, db)
-	a := newOrderAudit(t, db, table)
-	var now atomic.Int64
-	now.Store(time.Date(2031, 2, 1, 12, 0, 0, 0, time.UTC).UnixMicro())
-	clock := func() time.Time { return time.UnixMicro(now.Load()) }
+	ctx, db, table, a, now, clock := gapSetup(t, e)
 	obs := &gapObserver{}
 	mw := e.Middleware(t, db, table, "ordered", idempotent.WithClock(clock), idempotent.WithObserver(obs),
 		idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a), GapTimeout: time.Minute}))
@@ -441,4 +446,42 @@ func checkOrderBadInput(t *testing.T, e *Env) {
 	if waiting, err := mw.Waiting(ctx); err != nil || len(waiting) != 0 {
 		t.Errorf("Waiting: %+v, %v; want nothing parked", waiting, err)
 	}
+}
+
+// checkOrderGapDeadLetter: under GapDeadLetter, an expired gap's parked
+// messages go to Ordering.DeadLetter, in order, and leave the parking table
+// with their claims, so that their replay from the dead-letter queue is a
+// new delivery, parked again while the gap is open.
+func checkOrderGapDeadLetter(t *testing.T, e *Env) {
+	ctx, db, table, a, now, clock := gapSetup(t, e)
+	var dead []string
+	mw := e.Middleware(t, db, table, "ordered", idempotent.WithClock(clock),
+		idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a), GapTimeout: time.Minute, Policy: idempotent.GapDeadLetter,
+			DeadLetter: func(_ context.Context, p idempotent.ParkedMessage) error {
+				dead = append(dead, fmt.Sprintf("%s@%d:%s", p.Key, p.OrderSeq, p.Payload))
+				return nil
+			}}))
+	want := func(seq int64, want idempotent.Outcome) {
+		t.Helper()
+		if out, err := a.process(ctx, mw, orderedMessage("d", seq)); err != nil || out != want {
+			t.Fatalf("sequence %d: %v, %v; want %v", seq, out, err, want)
+		}
+	}
+	want(1, idempotent.Applied)
+	want(3, idempotent.Parked)
+	want(4, idempotent.Parked)
+	now.Add((2 * time.Minute).Microseconds())
+	gaps, err := mw.CheckGaps(ctx)
+	if err != nil || len(gaps) != 1 || gaps[0].Policy != idempotent.GapDeadLetter || gaps[0].DeadLettered != 2 {
+		t.Fatalf("CheckGaps: %+v, %v; want one gap, 2 dead-lettered", gaps, err)
+	}
+	if got := strings.Join(dead, " "); got != "d-3@3:d:3 d-4@4:d:4" {
+		t.Errorf("dead-lettered %q, want d-3 then d-4 with their payloads", got)
+	}
+	if waiting, err := mw.Waiting(ctx); err != nil || len(waiting) != 0 {
+		t.Errorf("Waiting: %+v, %v; want nothing parked", waiting, err)
+	}
+	want(3, idempotent.Parked) // the replay from the dead-letter queue
+	want(2, idempotent.Applied)
+	wantOrder(t, a, "d", 1, 2, 3)
 }

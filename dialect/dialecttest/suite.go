@@ -71,6 +71,7 @@ func checks() []check {
 		{"Optional/Identifier", checkIdentifier},
 		{"Optional/Orderer/Shuffled", checkOrderShuffled},
 		{"Optional/Orderer/GapSkip", checkOrderGapSkip},
+		{"Optional/Orderer/GapDeadLetter", checkOrderGapDeadLetter},
 		{"Optional/Orderer/ParkCrash", checkOrderParkCrash},
 		{"Optional/Orderer/ReleaseCrash", checkOrderReleaseCrash},
 		{"Optional/Orderer/BadInput", checkOrderBadInput},
