@@ -134,6 +134,9 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 		if err := m.checkMessage(msg); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
+		if err := refuseOrdered(msg, "a batch"); err != nil {
+			return nil, 0, &BatchKeyError{Index: i, Err: err}
+		}
 	}
 	// uniq holds the distinct keys in ascending order, first[j] the index
 	// of uniq[j]'s first occurrence in msgs.

@@ -173,7 +173,13 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error {
 	if m.txidSQL != "" {
 		probe = m.probeTxID
 	}
-	return m.ClaimTable().ensureSchema(ctx, probe)
+	if err := m.ClaimTable().ensureSchema(ctx, probe); err != nil {
+		return err
+	}
+	if m.ord != nil {
+		return m.ensureOrderSchema(ctx)
+	}
+	return nil
 }
 
 // txQuery returns a dialect.QueryFunc that runs on tx.

@@ -43,6 +43,10 @@ type Config struct {
 	// Coalescing is WithCoalescing's bound, the zero value when
 	// ProcessMessage calls do not share transactions.
 	Coalescing Coalescing
+	// Ordering reports whether the Middleware was created WithOrdering:
+	// adapters then route the deliveries of one ordering key to one
+	// worker.
+	Ordering bool
 }
 
 // Partitioned reports whether the claim table is partitioned by event day
@@ -61,6 +65,7 @@ func (m *Middleware) Config() Config {
 		PartitionLeadDays: m.ret.leadDays,
 		LockTimeout:       m.lockTimeout,
 		StrictGuard:       m.txidSQL != "",
+		Ordering:          m.ord != nil,
 	}
 	if m.co != nil {
 		c.Coalescing = m.co.c

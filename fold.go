@@ -227,6 +227,9 @@ func (p *path) batch(ctx context.Context, msgs []Message, body func(context.Cont
 		if err := m.checkMessage(msg); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
+		if err := refuseOrdered(msg, "a batch"); err != nil {
+			return nil, 0, &BatchKeyError{Index: i, Err: err}
+		}
 	}
 	uniq, first, err := m.batchKeys(msgs)
 	if err != nil {

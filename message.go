@@ -34,12 +34,33 @@ type Message struct {
 	// (WithDailyPartitions) it chooses the claim's partition and is
 	// required: a zero EventTime is refused with ErrInvalidEventTime.
 	EventTime time.Time
+
+	// OrderKey names the entity whose messages must apply in the
+	// producer's order (an account, an order), and OrderSeq is the
+	// producer's sequence number of this message for that entity, from 1
+	// with no gaps. Both or neither: "" and 0 mean the message is not
+	// ordered. They need a Middleware created WithOrdering, which applies
+	// the message only after its predecessor (see docs/ordering.md). The
+	// key must be non-empty valid UTF-8 without NUL bytes, at most the
+	// dialect's dialect.Orderer limit in bytes.
+	OrderKey string
+	OrderSeq int64
+
+	// Payload and Headers are the message as the transport delivered it.
+	// They are read only for an ordered message that arrives before its
+	// predecessor: it is parked with them, and applied later by
+	// Ordering.Release from them.
+	Payload []byte
+	Headers map[string]string
 }
 
 // checkMessage decides, before any transaction, whether msg may be claimed:
 // its key is valid and its event time, if any, passes the retention fence.
 func (m *Middleware) checkMessage(msg Message) error {
 	if err := validateKey(msg.Key, m.maxKey); err != nil {
+		return err
+	}
+	if err := m.checkOrder(msg); err != nil {
 		return err
 	}
 	return m.checkEvent(msg.Key, msg.EventTime)
@@ -111,7 +132,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 	if m.seenBefore(ctx, scope, msg.Key) {
 		return Duplicate, 0, nil
 	}
-	if m.co != nil && r == &m.run {
+	if m.co != nil && r == &m.run && msg.OrderKey == "" {
 		return m.co.process(ctx, msg, fn, scope)
 	}
 	return m.claimAndRun(ctx, r, msg, fn, scope)
@@ -124,7 +145,9 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn TxFunc, scope SeenScope) (Outcome, int, error) {
 	key := msg.Key
 	var outcome Outcome
+	var released []ParkedMessage
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		released = nil
 		claimed, err := m.claimKey(ctx, tx, st, key, msg.EventTime)
 		if err != nil {
 			return err
@@ -133,6 +156,10 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 			outcome = Duplicate
 			st.skipCommit = true
 			return nil
+		}
+		if msg.OrderKey != "" {
+			outcome, released, err = m.ordered(ctx, tx, st, msg, fn)
+			return err
 		}
 		outcome = Applied
 		st.inHandler = true
@@ -143,6 +170,7 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
 	m.recordSeen(ctx, scope, key)
+	m.observeReleased(ctx, released)
 	return outcome, attempts, nil
 }
 
@@ -164,6 +192,9 @@ func (m *Middleware) ClaimMessage(ctx context.Context, tx *sql.Tx, msg Message) 
 		return false, errors.New("idempotent: ClaimMessage: nil transaction")
 	}
 	if err := m.checkMessage(msg); err != nil {
+		return false, err
+	}
+	if err := refuseOrdered(msg, "ClaimMessage"); err != nil {
 		return false, err
 	}
 	claimed, err = m.claimKey(ctx, tx, nil, msg.Key, msg.EventTime)

@@ -25,8 +25,8 @@ const (
 	Duplicate
 )
 
-// String returns "applied", "duplicate", or "none" for the zero Outcome (a
-// failed delivery's).
+// String returns "applied", "duplicate", "parked", or "none" for the zero
+// Outcome (a failed delivery's).
 func (o Outcome) String() string {
 	switch o {
 	case 0:
@@ -35,6 +35,8 @@ func (o Outcome) String() string {
 		return "applied"
 	case Duplicate:
 		return "duplicate"
+	case Parked:
+		return "parked"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -72,6 +74,7 @@ type Middleware struct {
 	seenBatch   SeenBatch                  // SeenBatchOf(seen), for batches
 	seenScope   seencheck.Scope[SeenScope] // see SeenScope
 	co          *coalescer                 // nil without WithCoalescing
+	ord         *orderer                   // nil without WithOrdering
 }
 
 // New returns a Middleware that records claims for consumer in the claim
@@ -155,6 +158,11 @@ func New(db *sql.DB, d dialect.Dialect, consumer string, opts ...Option) (*Middl
 	}
 	if err := m.initRetention(cfg.retention); err != nil {
 		return nil, err
+	}
+	if cfg.ordering != nil {
+		if m.ord, err = newOrderer(d, table, cfg.ordering); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.coalesce.Max > 0 {
 		if m.co, err = newCoalescer(m, cfg.coalesce, m.run); err != nil {

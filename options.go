@@ -19,8 +19,9 @@ const DefaultTable = "processed_messages"
 // name, retention, clock, partitions and the retry policy of its
 // transactions — and is accepted by New and by NewClaimTable alike. Every
 // other Option configures one consumer's deliveries (WithTxOptions,
-// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen, WithCoalescing) and is accepted
-// by New only: given to NewClaimTable it does not compile.
+// WithLockTimeout, WithObserver, WithStrictGuard, WithSeen, WithCoalescing,
+// WithOrdering) and is accepted by New only: given to NewClaimTable it
+// does not compile.
 type Option interface {
 	apply(*config) error
 }
@@ -63,6 +64,7 @@ type config struct {
 	retention   retentionConfig
 	seen        Seen
 	coalesce    Coalescing
+	ordering    *Ordering
 }
 
 func defaultConfig() config {

@@ -40,6 +40,7 @@ func TestOptionKinds(t *testing.T) {
 		"WithStrictGuard":     {idempotent.WithStrictGuard, false},
 		"WithSeen":            {idempotent.WithSeen, false},
 		"WithCoalescing":      {idempotent.WithCoalescing, false},
+		"WithOrdering":        {idempotent.WithOrdering, false},
 	}
 	if optionType.Implements(tableType) {
 		t.Fatal("an Option is a TableOption: a consumer's option given to NewClaimTable would compile")

@@ -23,6 +23,12 @@ func (bareDialect) Name() string                        { return "bare" }
 func (bareDialect) LockTimeoutSQL(time.Duration) string { return "" }
 func (bareDialect) TxIDSQL() string                     { return "" }
 
+// unorderedDialect is a dialect with only the methods of dialect.Dialect:
+// no dialect.Orderer.
+type unorderedDialect struct{ dialect.Dialect }
+
+func release(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }
+
 func TestNewRejects(t *testing.T) {
 	db, _ := sqlmockDB(t)
 	cases := []struct {
@@ -52,6 +58,11 @@ func TestNewRejects(t *testing.T) {
 		{name: "nil observer", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithObserver(nil)}, want: "WithObserver: nil observer"},
 		{name: "lock timeout on a dialect without", db: db, d: bareDialect{pg}, consumer: "c", opts: []idempotent.Option{idempotent.WithLockTimeout(time.Second)}, want: "the bare dialect cannot bound lock waits"},
 		{name: "strict guard on a dialect without", db: db, d: bareDialect{pg}, consumer: "c", opts: []idempotent.Option{idempotent.WithStrictGuard()}, want: "the bare dialect cannot identify transactions"},
+		{name: "ordering on a dialect without", db: db, d: unorderedDialect{pg}, consumer: "c", opts: []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: release})}, want: "the postgres dialect cannot keep messages in order"},
+		{name: "ordering without Release", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{})}, want: "WithOrdering: nil Release"},
+		{name: "negative gap timeout", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: release, GapTimeout: -time.Second})}, want: "GapTimeout -1s is negative"},
+		{name: "dead-letter policy without a function", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: release, Policy: idempotent.GapDeadLetter})}, want: "GapDeadLetter needs a DeadLetter function"},
+		{name: "dead-letter function under hold", db: db, d: pg, consumer: "c", opts: []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: release, DeadLetter: func(context.Context, idempotent.ParkedMessage) error { return nil }})}, want: "only called under GapDeadLetter, not hold"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -54,6 +54,8 @@ func TestSettle(t *testing.T) {
 		{"applied or duplicate", msg(now), nil, 1, adapter.Ack, 0},
 		{"too old", msg(now.AddDate(0, -2, 0)), wrap(idempotent.ErrBeyondRetention), 1, adapter.DeadLetter, 0},
 		{"bad key", msg(now), wrap(idempotent.ErrInvalidKey), 1, adapter.DeadLetter, 0},
+		{"bad ordering", msg(now), wrap(idempotent.ErrInvalidOrder), 1, adapter.DeadLetter, 0},
+		{"skipped sequence", msg(now), wrap(idempotent.ErrSkippedSequence), 1, adapter.DeadLetter, 0},
 		{"a handler that ends the claim's transaction", msg(now), wrap(idempotent.ErrAutocommit), 1, adapter.DeadLetter, 0},
 		{"bad header", msg(time.Time{}), wrap(adapter.ErrBadEventTime), 1, adapter.DeadLetter, 0},
 		{"no event time where one is required", msg(time.Time{}), wrap(idempotent.ErrInvalidEventTime), 1, adapter.DeadLetter, 0},

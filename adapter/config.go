@@ -27,6 +27,10 @@ type Transport[T any] struct {
 	// TimeName names the transport time in docs and errors, such as "the
 	// AMQP timestamp property".
 	TimeName string
+	// Payload returns the delivery's body, kept with an ordered message
+	// that has to wait for its predecessor (idempotent.Message.Payload);
+	// nil when the adapter does not give it.
+	Payload func(msg T) []byte
 	// Ordered says that a delivery waiting to be given again holds back
 	// those behind it (a Kafka partition): the default future bound is then
 	// the clock-skew margin instead of DefaultFutureBound (Rule.Ordered).
@@ -282,8 +286,9 @@ func (c *Config[T]) Rule() Rule {
 	return r
 }
 
-// Message reads a delivery's key and event time into an idempotent
-// Message. A key error is wrapped with idempotent.ErrInvalidKey unless it
+// Message reads a delivery's key, event time and ordering (OrderKeyHeader,
+// OrderSeqHeader, with the payload and those headers kept for parking)
+// into an idempotent Message. A key error is wrapped with idempotent.ErrInvalidKey unless it
 // already matches it or ErrPoison; an event-time error with
 // idempotent.ErrInvalidEventTime likewise; a delivery without the
 // EventTimeHeader header has no event time, which is an error
@@ -298,6 +303,9 @@ func (c *Config[T]) Message(msg T) (idempotent.Message, error) {
 		return idempotent.Message{}, fmt.Errorf("%s: %w: key function: %w", c.tr.Name, idempotent.ErrInvalidKey, err)
 	}
 	m := idempotent.Message{Key: key}
+	if err := c.order(msg, &m); err != nil {
+		return m, err
+	}
 	switch c.source {
 	case fromNone:
 		return m, nil
@@ -330,4 +338,30 @@ func (c *Config[T]) Message(msg T) (idempotent.Message, error) {
 	}
 	m.EventTime = at
 	return m, nil
+}
+
+// order reads the delivery's OrderKeyHeader and OrderSeqHeader into m,
+// with its payload and the headers a parked message keeps.
+func (c *Config[T]) order(msg T, m *idempotent.Message) error {
+	if c.tr.Header == nil {
+		return nil
+	}
+	kv, _ := c.tr.Header(msg, OrderKeyHeader)
+	sv, _ := c.tr.Header(msg, OrderSeqHeader)
+	key, seq, err := ParseOrder(kv, sv)
+	if err != nil {
+		return fmt.Errorf("%s: message %q: %w", c.tr.Name, m.Key, err)
+	}
+	if key == "" {
+		return nil
+	}
+	m.OrderKey, m.OrderSeq = key, seq
+	m.Headers = map[string]string{OrderKeyHeader: kv, OrderSeqHeader: sv}
+	if at, ok := c.tr.Header(msg, EventTimeHeader); ok {
+		m.Headers[EventTimeHeader] = at
+	}
+	if c.tr.Payload != nil {
+		m.Payload = c.tr.Payload(msg)
+	}
+	return nil
 }

@@ -31,11 +31,13 @@
 // [Rule.Settle] is the one place an adapter decides what to do with a
 // delivery once the Middleware has answered:
 //
-//	Applied, Duplicate                          → Ack
+//	Applied, Duplicate, Parked                  → Ack
 //	the transaction's retryable failures,
 //	  ErrClaimBusy, ErrNoPartition, other errors → Requeue after RetryPolicy.Backoff
 //	ErrBeyondRetention (too old)                → DeadLetter
 //	ErrInvalidKey, a bad event-time header,
+//	  ErrInvalidOrder (bad ordering headers),
+//	  ErrSkippedSequence,
 //	  ErrPoison (Poison, ErrUndecodable)         → DeadLetter
 //	ErrAutocommit (the handler left the claim's
 //	  transaction: every delivery would again)  → DeadLetter

@@ -100,6 +100,8 @@ func (r Rule) Settle(msg idempotent.Message, err error, attempt int) Decision {
 	case IsPoison(err), r.IsPoison != nil && r.IsPoison(err),
 		errors.Is(err, idempotent.ErrBeyondRetention),
 		errors.Is(err, idempotent.ErrInvalidKey),
+		errors.Is(err, idempotent.ErrInvalidOrder),
+		errors.Is(err, idempotent.ErrSkippedSequence),
 		errors.Is(err, idempotent.ErrBatchTooLarge),
 		errors.Is(err, idempotent.ErrAutocommit):
 		return Decision{Action: DeadLetter, Err: err}

@@ -87,6 +87,7 @@ var transport = adapter.Transport[*pubsub.Message]{
 	Name:       "cdkpubsub",
 	DefaultKey: Metadata(DefaultKeyMetadata),
 	Header:     metadata,
+	Payload:    func(m *pubsub.Message) []byte { return m.Body },
 	Ordered:    true,
 	// The driver behind a topic is unknown to the adapter.
 	System:    "gocloud.dev/pubsub",

@@ -55,6 +55,7 @@ var transport = adapter.Transport[*kgo.Record]{
 	MessageID: func(r *kgo.Record) string {
 		return strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
 	},
+	Payload: func(r *kgo.Record) []byte { return r.Value },
 }
 
 type config struct {

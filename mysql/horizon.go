@@ -19,8 +19,11 @@ const MaxIdentifierLength = 64
 // (unqualified, unquoted): name + "_horizon" when that fits in
 // [MaxIdentifierLength], else a prefix of name, a hash of the whole name and
 // the suffix, so two long names sharing a prefix never share a horizon.
-func HorizonName(name string) string {
-	const suffix = "_horizon"
+func HorizonName(name string) string { return suffixed(name, "_horizon") }
+
+// suffixed returns name + suffix when that fits in [MaxIdentifierLength],
+// else a prefix of name, a hash of the whole name and the suffix.
+func suffixed(name, suffix string) string {
 	if len(name)+len(suffix) <= MaxIdentifierLength {
 		return name + suffix
 	}

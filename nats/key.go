@@ -82,6 +82,7 @@ var transport = adapter.Transport[jetstream.Msg]{
 		v, _ := header(m, jetstream.MsgIDHeader)
 		return v
 	},
+	Payload: func(m jetstream.Msg) []byte { return m.Data() },
 }
 
 // header returns the first value of msg's header name.

@@ -281,3 +281,8 @@ func TestTxFenceSQLGolden(t *testing.T) {
 	fmt.Fprintf(&b, "-- check\n%s;\n", d.TxFenceCheckSQL())
 	golden.Compare(t, filepath.Join("testdata", "tx_fence_sql.golden"), b.String())
 }
+
+// TestOrderSQLGolden covers the dialect.Orderer statements.
+func TestOrderSQLGolden(t *testing.T) {
+	golden.Compare(t, filepath.Join("testdata", "order_sql.golden"), golden.Orderer(postgres.New(), tables...))
+}

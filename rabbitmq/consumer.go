@@ -246,14 +246,25 @@ func (c *Consumer) Run(ctx context.Context, ch Channel, queue string) error {
 	r := &run{queue: queue, stopping: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(c.cfg.Workers())
-	for range c.cfg.Workers() {
+	// With ordering, each worker takes the deliveries of its own ordering
+	// keys (adapter.Route), so that one entity's deliveries run one after
+	// another and need not park.
+	var routed []<-chan amqp.Delivery
+	if c.bh == nil && c.mw.Config().Ordering && c.cfg.Workers() > 1 {
+		routed = adapter.Route(deliveries, c.cfg.Workers(), 1, routeKey)
+	}
+	for w := range c.cfg.Workers() {
 		go func() {
 			defer wg.Done()
 			if c.bh != nil {
 				c.batches(hctx, r, deliveries)
 				return
 			}
-			for d := range deliveries {
+			in := deliveries
+			if routed != nil {
+				in = routed[w]
+			}
+			for d := range in {
 				c.work(hctx, r, &d)
 			}
 		}()
@@ -443,4 +454,13 @@ func attempt(d *amqp.Delivery) int {
 		return 1
 	}
 	return int(min(max(n, 0), 1<<20)) + 1
+}
+
+// routeKey is the key a delivery is routed to a worker by: its ordering
+// key, else its message id.
+func routeKey(d amqp.Delivery) string {
+	if k, ok := headerValue(&d, adapter.OrderKeyHeader); ok && k != "" {
+		return k
+	}
+	return d.MessageId
 }

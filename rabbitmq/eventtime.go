@@ -59,4 +59,5 @@ var transport = adapter.Transport[*amqp.Delivery]{
 		return d.Exchange
 	},
 	MessageID: func(d *amqp.Delivery) string { return d.MessageId },
+	Payload:   func(d *amqp.Delivery) []byte { return d.Body },
 }

@@ -44,3 +44,16 @@ func orNone(s string) string {
 	}
 	return s + ";"
 }
+
+// TestOrderSQLGolden covers the dialect.Orderer statements.
+func TestOrderSQLGolden(t *testing.T) {
+	var ts []dialect.Table
+	for _, name := range []string{"processed_messages", "shop.claims", "order", "t" + strings.Repeat("x", 60)} {
+		tbl, err := dialect.ParseTable(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, tbl)
+	}
+	golden.Compare(t, filepath.Join("testdata", "order_sql.golden"), golden.Orderer(New(), ts...))
+}

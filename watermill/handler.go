@@ -26,6 +26,7 @@ var transport = adapter.Transport[*message.Message]{
 	Name:       "watermill",
 	DefaultKey: UUID(),
 	Header:     metadata,
+	Payload:    func(m *message.Message) []byte { return m.Payload },
 	// Some subscribers redeliver a nacked message before any behind it
 	// (Watermill's Kafka and SQL subscribers); the handler cannot tell
 	// which one feeds it.

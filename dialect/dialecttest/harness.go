@@ -161,6 +161,12 @@ func (e *Env) Table(t testing.TB, db *sql.DB) string {
 		// EnsureSchema creates it beside the claim table.
 		dropAtEnd(t, db, h.HorizonTable(tab).String())
 	}
+	if o, ok := e.h.Dialect.(dialect.Orderer); ok {
+		// EnsureSchema creates them WithOrdering.
+		seq, parked := o.OrderTables(tab)
+		dropAtEnd(t, db, seq.String())
+		dropAtEnd(t, db, parked.String())
+	}
 	return name
 }
 

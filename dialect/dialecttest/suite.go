@@ -69,6 +69,12 @@ func checks() []check {
 		{"Optional/Upserter", checkUpserter},
 		{"Optional/ClaimFolder", checkClaimFolder},
 		{"Optional/Identifier", checkIdentifier},
+		{"Optional/Orderer/Shuffled", checkOrderShuffled},
+		{"Optional/Orderer/GapSkip", checkOrderGapSkip},
+		{"Optional/Orderer/GapDeadLetter", checkOrderGapDeadLetter},
+		{"Optional/Orderer/ParkCrash", checkOrderParkCrash},
+		{"Optional/Orderer/ReleaseCrash", checkOrderReleaseCrash},
+		{"Optional/Orderer/BadInput", checkOrderBadInput},
 	}
 }
 

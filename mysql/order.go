@@ -1,0 +1,102 @@
+package mysql
+
+import (
+	"fmt"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+var _ dialect.Orderer = (*Dialect)(nil)
+
+// MaxOrderKeyBytes is the longest ordering key the MySQL dialect
+// accepts, the same on every dialect.
+const MaxOrderKeyBytes = 512
+
+// OrderTables returns t's sequence table, t's name + "_order_seq", and
+// parking table, t's name + "_order_parked", in t's schema (shortened with
+// a hash as HorizonName is, when too long).
+func (*Dialect) OrderTables(t dialect.Table) (seq, parked dialect.Table) {
+	return dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_seq")},
+		dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_parked")}
+}
+
+func (d *Dialect) orderTables(t dialect.Table) (seq, parked string) {
+	s, p := d.OrderTables(t)
+	return quote(s), quote(p)
+}
+
+func (d *Dialect) order(t dialect.Table) dialect.OrderStatements {
+	s, p := d.orderTables(t)
+	return dialect.OrderStatements{Seq: s, Parked: p, Claims: quote(t), Placeholder: func(int) string { return "?" }, ForUpdate: " FOR UPDATE"}
+}
+
+// MaxOrderKeyBytes returns [MaxOrderKeyBytes].
+func (*Dialect) MaxOrderKeyBytes() int { return MaxOrderKeyBytes }
+
+// OrderSchemaSQL returns the sequence table and the parking table, InnoDB
+// tables whose keys are VARBINARY like the claim table's (byte comparison);
+// headers are kept as bytes, whatever the server's default character set.
+func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
+	s, p := d.orderTables(t)
+	return []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer  VARBINARY(128) NOT NULL,
+	order_key VARBINARY(%d) NOT NULL,
+	last_seq  BIGINT         NOT NULL,
+	PRIMARY KEY (consumer, order_key)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, s, MaxOrderKeyBytes),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	consumer      VARBINARY(128)  NOT NULL,
+	order_key     VARBINARY(%d)  NOT NULL,
+	seq           BIGINT          NOT NULL,
+	state         CHAR(1)         NOT NULL,
+	message_key   VARBINARY(%d) NOT NULL,
+	payload       LONGBLOB        NOT NULL,
+	headers       LONGBLOB        NOT NULL,
+	event_time_us BIGINT          NOT NULL,
+	parked_at_us  BIGINT          NOT NULL,
+	PRIMARY KEY (consumer, order_key, seq)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, p, MaxOrderKeyBytes, MaxKeyBytes),
+	}
+}
+
+// OrderRowSQL inserts the sequence row; a duplicate updates nothing (ON
+// DUPLICATE KEY UPDATE of a column to itself, which unlike INSERT IGNORE
+// turns no other error into a warning).
+func (d *Dialect) OrderRowSQL(t dialect.Table) string {
+	s, _ := d.orderTables(t)
+	return fmt.Sprintf("INSERT INTO %s (consumer, order_key, last_seq) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE last_seq = last_seq", s)
+}
+
+// OrderLockSQL reads last_seq FOR UPDATE.
+func (d *Dialect) OrderLockSQL(t dialect.Table) string { return d.order(t).Lock() }
+
+// OrderBumpSQL sets last_seq.
+func (d *Dialect) OrderBumpSQL(t dialect.Table) string { return d.order(t).Bump() }
+
+// ParkSQL inserts a parked message; a duplicate updates nothing.
+func (d *Dialect) ParkSQL(t dialect.Table) string {
+	o := d.order(t)
+	return "INSERT INTO " + o.Parked + " " + o.Park() + " ON DUPLICATE KEY UPDATE seq = seq"
+}
+
+// SkipSQL inserts a tombstone; a duplicate updates nothing.
+func (d *Dialect) SkipSQL(t dialect.Table) string {
+	o := d.order(t)
+	return "INSERT INTO " + o.Parked + " " + o.Skip("''") + " ON DUPLICATE KEY UPDATE seq = seq"
+}
+
+// ParkedSQL reads the row of one sequence.
+func (d *Dialect) ParkedSQL(t dialect.Table) string { return d.order(t).ParkedOne() }
+
+// UnparkSQL deletes the parked message of one sequence.
+func (d *Dialect) UnparkSQL(t dialect.Table) string { return d.order(t).Unpark() }
+
+// WaitingSQL lists the entities with parked messages.
+func (d *Dialect) WaitingSQL(t dialect.Table) string { return d.order(t).Waiting() }
+
+// ParkedRowsSQL lists one entity's parked messages in sequence order.
+func (d *Dialect) ParkedRowsSQL(t dialect.Table) string { return d.order(t).ParkedRows() }
+
+// UnclaimSQL deletes one claim.
+func (d *Dialect) UnclaimSQL(t dialect.Table) string { return d.order(t).Unclaim() }

@@ -1,0 +1,644 @@
+package idempotent
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/txclaim/idempotent/dialect"
+)
+
+// Ordered per key.
+//
+// A message that carries an ordering key (Message.OrderKey: the entity, an
+// account or an order) and a sequence number (Message.OrderSeq: the
+// producer's version of that entity, from 1) is applied only in sequence
+// order, checked in the claim's database, in the effect's transaction:
+//
+//   - the sequence table holds, per (consumer, ordering key), the last
+//     sequence applied; the transaction locks that row after the claim;
+//   - the next sequence (last + 1) runs its handler, then every parked
+//     successor that has become next, in order, through Ordering.Release,
+//     and sets the row to the last one applied — all in the same
+//     transaction, committed with the claim;
+//   - a sequence at or below the row is Duplicate, even when its claim was
+//     cleaned up long ago; one an operator skipped (SkipGap) is refused
+//     with ErrSkippedSequence;
+//   - a sequence further ahead is parked: its key, payload, headers and
+//     event time go into the parking table, in the transaction that
+//     inserts its claim, and the outcome is Parked: the caller acks it. A
+//     redelivery of a parked message finds its claim and is Duplicate.
+//
+// Why the parked successors apply in the predecessor's transaction, not in
+// transactions that follow: the predecessor's delivery is acked only after
+// that transaction commits, so a crash anywhere leaves either everything
+// (predecessor, successors, the row) committed or nothing, and the broker
+// redelivers the predecessor, which releases them again. No parked message
+// can be left next-but-waiting by a crash, and no sweeper is needed for
+// correctness. The price: one delivery's transaction grows with the chain
+// it releases, and a successor whose Release fails fails its predecessor's
+// delivery too (the entity cannot progress past it anyway; the error names
+// it). CheckGaps releases what an operator's skip made next.
+
+// Parked is the outcome of a message that arrived before its predecessor:
+// it is stored in the parking table, with its claim, and applies when its
+// predecessor does. Ack it.
+const Parked Outcome = Duplicate + 1
+
+// ErrInvalidOrder reports a message whose ordering fields cannot be used:
+// an ordering key without a sequence or the other way round, a sequence
+// below 1, an ordering key that is empty, not UTF-8, has a NUL byte or is
+// longer than the dialect's limit, or ordering fields given to a
+// Middleware created without WithOrdering or to an entry point that does
+// not keep order. Nothing was written. The message is poison: redelivering
+// it fails the same way.
+var ErrInvalidOrder = errors.New("idempotent: invalid message order")
+
+// ErrSkippedSequence reports a message whose sequence an operator skipped
+// (SkipGap): it arrived after its successors were applied without it, and
+// is not applied. Nothing was written.
+var ErrSkippedSequence = errors.New("idempotent: sequence was skipped")
+
+// GapPolicy is what CheckGaps does with the parked messages of a gap open
+// longer than Ordering.GapTimeout.
+type GapPolicy int
+
+const (
+	// GapHold keeps them parked and reports the gap (the default): the
+	// missing message, or an operator's SkipGap, releases them.
+	GapHold GapPolicy = iota
+	// GapDeadLetter hands each of them to Ordering.DeadLetter, then deletes
+	// it from the parking table together with its claim, so that a replay
+	// from the dead-letter queue is a new delivery.
+	GapDeadLetter
+)
+
+// String returns "hold" or "dead-letter".
+func (p GapPolicy) String() string {
+	switch p {
+	case GapHold:
+		return "hold"
+	case GapDeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("GapPolicy(%d)", int(p))
+}
+
+// DefaultGapTimeout is Ordering.GapTimeout when zero.
+const DefaultGapTimeout = 15 * time.Minute
+
+// MaxSkip is the most sequence numbers one SkipGap may skip.
+const MaxSkip = 10000
+
+// Ordering configures WithOrdering.
+type Ordering struct {
+	// Release applies a parked message's effect, in the transaction of
+	// the delivery (or the SkipGap, or the CheckGaps) that made it next,
+	// after its predecessor's effect. It gets the message as it was
+	// parked: key, event time, ordering key and sequence, payload and
+	// headers. Like a handler, it must do all its work through tx.
+	// Required.
+	Release func(ctx context.Context, tx *sql.Tx, p ParkedMessage) error
+	// GapTimeout is how long a parked message may wait for its
+	// predecessor before CheckGaps reports the gap and applies Policy.
+	// Default is DefaultGapTimeout.
+	GapTimeout time.Duration
+	// Policy is what CheckGaps does with a gap older than GapTimeout.
+	// Default is GapHold.
+	Policy GapPolicy
+	// DeadLetter receives each parked message of an expired gap under
+	// GapDeadLetter; the message leaves the parking table only when it
+	// returns nil. Required with GapDeadLetter, refused otherwise.
+	DeadLetter func(ctx context.Context, p ParkedMessage) error
+}
+
+// ParkedMessage is a message kept in the parking table.
+type ParkedMessage struct {
+	// Message is the message as it was parked, with its Payload and
+	// Headers.
+	Message
+	// ParkedAt is when it was parked, by the Middleware's clock.
+	ParkedAt time.Time
+}
+
+// WithOrdering makes the Middleware keep, per ordering key, the producer's
+// sequence order of the messages that carry one (Message.OrderKey and
+// Message.OrderSeq; messages without them are processed as before). See
+// docs/ordering.md. EnsureSchema then also creates the sequence and
+// parking tables; New refuses it on a dialect that is not a
+// dialect.Orderer. Ordered messages run one per transaction: they are
+// never coalesced (WithCoalescing), and ProcessMessages, ClaimMessage and
+// the batch wrappers refuse them with ErrInvalidOrder. Default is off.
+func WithOrdering(o Ordering) Option {
+	return optionFunc(func(c *config) error {
+		switch {
+		case o.Release == nil:
+			return errors.New("idempotent: WithOrdering: nil Release")
+		case o.GapTimeout < 0:
+			return fmt.Errorf("idempotent: WithOrdering: GapTimeout %v is negative", o.GapTimeout)
+		case o.Policy != GapHold && o.Policy != GapDeadLetter:
+			return fmt.Errorf("idempotent: WithOrdering: unknown %v", o.Policy)
+		case o.Policy == GapDeadLetter && o.DeadLetter == nil:
+			return errors.New("idempotent: WithOrdering: GapDeadLetter needs a DeadLetter function")
+		case o.Policy != GapDeadLetter && o.DeadLetter != nil:
+			return fmt.Errorf("idempotent: WithOrdering: a DeadLetter function is only called under GapDeadLetter, not %v", o.Policy)
+		}
+		if o.GapTimeout == 0 {
+			o.GapTimeout = DefaultGapTimeout
+		}
+		c.ordering = &o
+		return nil
+	})
+}
+
+// orderer is a Middleware's ordering: its configuration and statements.
+type orderer struct {
+	Ordering
+	d                                     dialect.Orderer
+	maxKey                                int
+	rowSQL, lockSQL, bumpSQL, parkSQL     string
+	skipSQL, parkedSQL, unparkSQL         string
+	waitingSQL, parkedRowsSQL, unclaimSQL string
+	seqTable, parkTable                   dialect.Table
+	schema                                []string
+}
+
+func newOrderer(d dialect.Dialect, t dialect.Table, o *Ordering) (*orderer, error) {
+	od, ok := d.(dialect.Orderer)
+	if !ok {
+		return nil, fmt.Errorf("idempotent: WithOrdering: the %s dialect cannot keep messages in order (it is no dialect.Orderer)", d.Name())
+	}
+	seq, park := od.OrderTables(t)
+	return &orderer{
+		Ordering: *o, d: od, maxKey: od.MaxOrderKeyBytes(),
+		rowSQL: od.OrderRowSQL(t), lockSQL: od.OrderLockSQL(t), bumpSQL: od.OrderBumpSQL(t),
+		parkSQL: od.ParkSQL(t), skipSQL: od.SkipSQL(t), parkedSQL: od.ParkedSQL(t), unparkSQL: od.UnparkSQL(t),
+		waitingSQL: od.WaitingSQL(t), parkedRowsSQL: od.ParkedRowsSQL(t), unclaimSQL: od.UnclaimSQL(t),
+		seqTable: seq, parkTable: park, schema: od.OrderSchemaSQL(t),
+	}, nil
+}
+
+// checkOrder validates msg's ordering fields (see ErrInvalidOrder).
+func (m *Middleware) checkOrder(msg Message) error {
+	if msg.OrderKey == "" && msg.OrderSeq == 0 {
+		return nil
+	}
+	if m.ord == nil {
+		return fmt.Errorf("%w: consumer %q, key %q: the message has an ordering key or sequence, but the Middleware was not created WithOrdering", ErrInvalidOrder, m.consumer, msg.Key)
+	}
+	return validateOrder(msg.OrderKey, msg.OrderSeq, m.ord.maxKey)
+}
+
+// validateOrder checks an ordering key and sequence.
+func validateOrder(key string, seq int64, max int) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: sequence %d without an ordering key", ErrInvalidOrder, seq)
+	case seq == 0:
+		return fmt.Errorf("%w: ordering key %q without a sequence (sequences start at 1)", ErrInvalidOrder, truncate(key, 80))
+	case seq < 0:
+		return fmt.Errorf("%w: ordering key %q: sequence %d is below 1", ErrInvalidOrder, truncate(key, 80), seq)
+	case len(key) > max:
+		return fmt.Errorf("%w: ordering key of %d bytes, the limit is %d", ErrInvalidOrder, len(key), max)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: ordering key %q is not valid UTF-8", ErrInvalidOrder, key)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: ordering key %q has a NUL byte at %d", ErrInvalidOrder, key, i)
+		}
+	}
+	return nil
+}
+
+// refuseOrdered is the check of the entry points that do not keep order.
+func refuseOrdered(msg Message, entry string) error {
+	if msg.OrderKey == "" && msg.OrderSeq == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: key %q: %s does not keep order; process ordered messages with ProcessMessage (or WrapMessage)", ErrInvalidOrder, msg.Key, entry)
+}
+
+// lock makes sure the entity's sequence row exists and locks it, returning
+// its last sequence.
+func (o *orderer) lock(ctx context.Context, tx *sql.Tx, consumer, key string) (int64, error) {
+	if _, err := tx.ExecContext(ctx, o.rowSQL, consumer, key); err != nil {
+		return 0, fmt.Errorf("idempotent: ordering key %q: insert sequence row: %w", key, err)
+	}
+	var last int64
+	if err := tx.QueryRowContext(ctx, o.lockSQL, consumer, key).Scan(&last); err != nil {
+		return 0, fmt.Errorf("idempotent: ordering key %q: lock sequence row: %w", key, err)
+	}
+	return last, nil
+}
+
+// lookup reads the parking table's row of one sequence: state "" when
+// there is none.
+func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64) (state string, p ParkedMessage, err error) {
+	var headers string
+	var at int64
+	err = tx.QueryRowContext(ctx, o.parkedSQL, consumer, key, seq).Scan(&state, &p.Key, &p.Payload, &headers, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", p, nil
+	}
+	if err != nil {
+		return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: read parking table: %w", key, seq, err)
+	}
+	p.OrderKey, p.OrderSeq = key, seq
+	if at != 0 {
+		p.EventTime = time.UnixMicro(at).UTC()
+	}
+	if headers != "" {
+		if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
+			return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, seq, err)
+		}
+	}
+	return state, p, nil
+}
+
+// ordered decides, in tx, after msg's claim was inserted, what msg's
+// sequence means (see the top of this file), and runs fn or parks it. It
+// reports the outcome and the parked messages it released.
+func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc) (Outcome, []ParkedMessage, error) {
+	o := m.ord
+	last, err := o.lock(ctx, tx, m.consumer, msg.OrderKey)
+	if err != nil {
+		return 0, nil, err
+	}
+	seq := msg.OrderSeq
+	switch {
+	case seq <= last:
+		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
+		if err != nil {
+			return 0, nil, err
+		}
+		if state == "S" {
+			return 0, nil, fmt.Errorf("%w: ordering key %q, sequence %d was skipped by an operator and its successors applied without it (last applied %d); it is not applied",
+				ErrSkippedSequence, msg.OrderKey, seq, last)
+		}
+		st.skipCommit = true
+		return Duplicate, nil, nil
+	case seq > last+1:
+		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
+		if err != nil {
+			return 0, nil, err
+		}
+		if state != "" {
+			// Another message with the same sequence waits already.
+			st.skipCommit = true
+			return Duplicate, nil, nil
+		}
+		headers := ""
+		if len(msg.Headers) > 0 {
+			b, err := json.Marshal(msg.Headers)
+			if err != nil {
+				return 0, nil, fmt.Errorf("idempotent: park: headers: %w", err)
+			}
+			headers = string(b)
+		}
+		payload := msg.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		var at int64
+		if !msg.EventTime.IsZero() {
+			at = msg.EventTime.UnixMicro()
+		}
+		if _, err := tx.ExecContext(ctx, o.parkSQL, m.consumer, msg.OrderKey, seq, msg.Key, payload, headers, at, m.ret.clock().UnixMicro()); err != nil {
+			return 0, nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, seq, err)
+		}
+		return Parked, nil, nil
+	}
+	st.inHandler = true
+	if err := fn(ctx, tx); err != nil {
+		return 0, nil, err
+	}
+	st.inHandler = false
+	released, err := m.release(ctx, tx, st, msg.OrderKey, seq)
+	return Applied, released, err
+}
+
+// release applies, in tx, every parked message of key that follows last
+// without a gap, through Ordering.Release, and sets the sequence row to
+// the last one applied. The row must be locked by tx.
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last int64) ([]ParkedMessage, error) {
+	o := m.ord
+	var released []ParkedMessage
+	for {
+		state, p, err := o.lookup(ctx, tx, m.consumer, key, last+1)
+		if err != nil {
+			return nil, err
+		}
+		if state != "P" {
+			break
+		}
+		st.inHandler = true
+		if err := o.Release(ctx, tx, p); err != nil {
+			return nil, fmt.Errorf("idempotent: release parked message %q (ordering key %q, sequence %d): %w", p.Key, key, p.OrderSeq, err)
+		}
+		st.inHandler = false
+		if _, err := tx.ExecContext(ctx, o.unparkSQL, m.consumer, key, p.OrderSeq); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: unpark: %w", key, p.OrderSeq, err)
+		}
+		released = append(released, p)
+		last++
+	}
+	if _, err := tx.ExecContext(ctx, o.bumpSQL, last, m.consumer, key); err != nil {
+		return nil, fmt.Errorf("idempotent: ordering key %q: set last sequence %d: %w", key, last, err)
+	}
+	return released, nil
+}
+
+// observeReleased tells the observer of each released message, Applied.
+func (m *Middleware) observeReleased(ctx context.Context, released []ParkedMessage) {
+	if m.observer == nil {
+		return
+	}
+	for _, p := range released {
+		m.observer.Outcome(ctx, Event{Consumer: m.consumer, Key: p.Key, Outcome: Applied, Attempts: 1})
+	}
+}
+
+// SkipGap is the operator's answer to a gap that will never close: it
+// marks every sequence of orderKey after the last applied, up to and
+// including seq, as skipped, and applies the parked messages that follow
+// without a gap, in one transaction. It returns how many it applied. A
+// skipped message that arrives later is refused with ErrSkippedSequence.
+// It fails, changing nothing, when seq is not ahead of the last applied
+// sequence, when it would skip more than MaxSkip sequences, or when a
+// message is parked at or below seq (it is not missing: skip only up to the
+// sequence before it).
+func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (int, error) {
+	if m.ord == nil {
+		return 0, errors.New("idempotent: SkipGap: the Middleware was not created WithOrdering")
+	}
+	if err := validateOrder(orderKey, seq, m.ord.maxKey); err != nil {
+		return 0, fmt.Errorf("idempotent: SkipGap: %w", err)
+	}
+	o := m.ord
+	var released []ParkedMessage
+	_, err := m.run.run(ctx, orderKey, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		released = nil
+		last, err := o.lock(ctx, tx, m.consumer, orderKey)
+		if err != nil {
+			return err
+		}
+		switch {
+		case seq <= last:
+			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is not ahead of the last applied, %d", ErrInvalidOrder, orderKey, seq, last)
+		case seq-last > MaxSkip:
+			return fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", ErrInvalidOrder, orderKey, last+1, seq, MaxSkip)
+		}
+		first, err := o.firstParked(ctx, tx, m.consumer, orderKey)
+		if err != nil {
+			return err
+		}
+		if first != 0 && first <= seq {
+			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is parked, not missing; skip at most up to %d", ErrInvalidOrder, orderKey, first, first-1)
+		}
+		now := m.ret.clock().UnixMicro()
+		for s := last + 1; s <= seq; s++ {
+			if _, err := tx.ExecContext(ctx, o.skipSQL, m.consumer, orderKey, s, now); err != nil {
+				return fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
+			}
+		}
+		released, err = m.release(ctx, tx, st, orderKey, seq)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idempotent: consumer %q: %w", m.consumer, err)
+	}
+	m.observeReleased(ctx, released)
+	return len(released), nil
+}
+
+// firstParked returns the lowest parked sequence of key, 0 when none.
+func (o *orderer) firstParked(ctx context.Context, tx *sql.Tx, consumer, key string) (int64, error) {
+	rows, err := o.parkedRows(ctx, tx, consumer, key)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	return rows[0].OrderSeq, nil
+}
+
+// parkedRows reads every parked message of key, in sequence order.
+func (o *orderer) parkedRows(ctx context.Context, tx *sql.Tx, consumer, key string) ([]ParkedMessage, error) {
+	rows, err := tx.QueryContext(ctx, o.parkedRowsSQL, consumer, key)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: ordering key %q: read parking table: %w", key, err)
+	}
+	defer rows.Close()
+	var out []ParkedMessage
+	for rows.Next() {
+		p := ParkedMessage{Message: Message{OrderKey: key}}
+		var headers string
+		var at, parked int64
+		if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parked); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q: read parking table: %w", key, err)
+		}
+		if at != 0 {
+			p.EventTime = time.UnixMicro(at).UTC()
+		}
+		p.ParkedAt = time.UnixMicro(parked).UTC()
+		if headers != "" {
+			if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
+				return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, p.OrderSeq, err)
+			}
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idempotent: ordering key %q: read parking table: %w", key, err)
+	}
+	return out, nil
+}
+
+// Gap is an entity whose parked messages wait for a missing predecessor.
+type Gap struct {
+	// Consumer is the Middleware's consumer name.
+	Consumer string
+	// OrderKey is the entity's ordering key.
+	OrderKey string
+	// LastSeq is the last sequence applied (or skipped).
+	LastSeq int64
+	// NextParked is the lowest parked sequence: LastSeq+1 to NextParked-1
+	// are missing.
+	NextParked int64
+	// Parked is how many messages of the entity are parked.
+	Parked int
+	// Since is when the oldest of them was parked.
+	Since time.Time
+	// Policy is the policy applied: GapHold, or GapDeadLetter when the
+	// parked messages were handed to Ordering.DeadLetter.
+	Policy GapPolicy
+	// DeadLettered is how many parked messages were dead-lettered.
+	DeadLettered int
+}
+
+// GapObserver is implemented by an Observer (WithObserver) that is told of
+// each gap CheckGaps finds open longer than Ordering.GapTimeout.
+type GapObserver interface {
+	Gap(ctx context.Context, g Gap)
+}
+
+// CheckGaps looks at every entity of the consumer with parked messages.
+// One whose next sequence is parked (an operator's skip from the CLI made
+// it next) is released at once, in a transaction of its own. One whose
+// oldest parked message waited longer than Ordering.GapTimeout is a gap:
+// it is returned, told to the Observer if it is a GapObserver, and handled
+// by Ordering.Policy. Run it periodically (every GapTimeout/2, say) in one
+// process or several: every decision is taken under the entity's lock.
+func (m *Middleware) CheckGaps(ctx context.Context) ([]Gap, error) {
+	if m.ord == nil {
+		return nil, errors.New("idempotent: CheckGaps: the Middleware was not created WithOrdering")
+	}
+	waiting, err := m.waiting(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := m.ret.clock()
+	var gaps []Gap
+	for _, g := range waiting {
+		if g.NextParked == g.LastSeq+1 {
+			if err := m.releaseNext(ctx, g.OrderKey); err != nil {
+				return gaps, err
+			}
+			continue
+		}
+		if now.Sub(g.Since) < m.ord.GapTimeout {
+			continue
+		}
+		g.Policy = m.ord.Policy
+		if g.Policy == GapDeadLetter {
+			if g.DeadLettered, err = m.deadLetter(ctx, g.OrderKey); err != nil {
+				return gaps, err
+			}
+		}
+		if gob, ok := m.observer.(GapObserver); ok {
+			gob.Gap(ctx, g)
+		}
+		gaps = append(gaps, g)
+	}
+	return gaps, nil
+}
+
+// Waiting returns every entity of the consumer with parked messages, with
+// its last applied sequence, lowest parked sequence, count and oldest
+// park, whatever its age; Policy and DeadLettered are zero.
+func (m *Middleware) Waiting(ctx context.Context) ([]Gap, error) {
+	if m.ord == nil {
+		return nil, errors.New("idempotent: Waiting: the Middleware was not created WithOrdering")
+	}
+	return m.waiting(ctx)
+}
+
+func (m *Middleware) waiting(ctx context.Context) ([]Gap, error) {
+	rows, err := m.db.QueryContext(ctx, m.ord.waitingSQL, m.consumer)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+	}
+	defer rows.Close()
+	var out []Gap
+	for rows.Next() {
+		g := Gap{Consumer: m.consumer}
+		var since int64
+		if err := rows.Scan(&g.OrderKey, &g.LastSeq, &g.NextParked, &g.Parked, &since); err != nil {
+			return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+		}
+		g.Since = time.UnixMicro(since).UTC()
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+	}
+	return out, nil
+}
+
+// releaseNext releases, under the entity's lock, the parked messages that
+// follow its last sequence without a gap.
+func (m *Middleware) releaseNext(ctx context.Context, key string) error {
+	var released []ParkedMessage
+	_, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		last, err := m.ord.lock(ctx, tx, m.consumer, key)
+		if err != nil {
+			return err
+		}
+		released, err = m.release(ctx, tx, st, key, last)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idempotent: consumer %q: %w", m.consumer, err)
+	}
+	m.observeReleased(ctx, released)
+	return nil
+}
+
+// deadLetter hands every parked message of key to Ordering.DeadLetter and
+// deletes it with its claim, under the entity's lock.
+func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
+	o := m.ord
+	n := 0
+	_, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		n = 0
+		if _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
+			return err
+		}
+		parked, err := o.parkedRows(ctx, tx, m.consumer, key)
+		if err != nil {
+			return err
+		}
+		for _, p := range parked {
+			if err := o.DeadLetter(ctx, p); err != nil {
+				return fmt.Errorf("idempotent: dead-letter parked message %q (ordering key %q, sequence %d): %w", p.Key, key, p.OrderSeq, err)
+			}
+			if _, err := tx.ExecContext(ctx, o.unparkSQL, m.consumer, key, p.OrderSeq); err != nil {
+				return fmt.Errorf("idempotent: ordering key %q, sequence %d: unpark: %w", key, p.OrderSeq, err)
+			}
+			if _, err := tx.ExecContext(ctx, o.unclaimSQL, m.consumer, p.Key); err != nil {
+				return fmt.Errorf("idempotent: ordering key %q, sequence %d: delete claim %q: %w", key, p.OrderSeq, p.Key, err)
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idempotent: consumer %q: %w", m.consumer, err)
+	}
+	return n, nil
+}
+
+// ensureOrderSchema creates the sequence and parking tables if missing.
+func (m *Middleware) ensureOrderSchema(ctx context.Context) error {
+	t := m.ClaimTable()
+	insp, ok := m.d.(dialect.SchemaInspector)
+	if !ok {
+		_, err := m.run.run(ctx, "", func(ctx context.Context, tx *sql.Tx, _ *attemptState) error {
+			for _, s := range m.ord.schema {
+				if _, err := tx.ExecContext(ctx, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("idempotent: ensure ordering tables of %s: %w", m.table, err)
+		}
+		return nil
+	}
+	objs := []dialect.SchemaObject{
+		{Kind: dialect.ObjectTable, Table: m.ord.seqTable, CreateSQL: m.ord.schema[0]},
+		{Kind: dialect.ObjectTable, Table: m.ord.parkTable, CreateSQL: m.ord.schema[1]},
+	}
+	missing, err := t.checkSchema(ctx, insp, objs, nil)
+	if err != nil {
+		return fmt.Errorf("idempotent: ensure ordering tables of %s: %w", m.table, err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return t.createMissing(ctx, insp, objs, missing)
+}
