@@ -169,6 +169,16 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			continue
 		}
 		st := g.claim(ctx, mb)
+		if st.queued != nil {
+			// The statements the member before queued, sent with this
+			// claim, failed: that member fails alone.
+			again, class, err := c.queuedFailed(ctx, g, live, p, st.queued)
+			if !again {
+				return class, err
+			}
+			applied--
+			st = g.claim(ctx, mb) // with savepoints, the group goes on
+		}
 		switch {
 		case st.err != nil && (st.before || !c.savepoints && m.pg.TxFenceBroken(st.err)):
 			return g.checkFailed(p, st.err)
@@ -202,6 +212,7 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			return class, err
 		case o == nil:
 			g.unchecked = mb
+			g.queuedBy = i
 			applied++
 			continue
 		}
@@ -234,8 +245,56 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 	if applied == 0 {
 		return dialect.Class{}, nil // no new message succeeded: roll back
 	}
-	done = true
-	return g.commit(ctx, p)
+	for {
+		class, err, queued := g.commit(ctx, p)
+		if queued == nil {
+			done = true
+			return class, err
+		}
+		again, class, err := c.queuedFailed(ctx, g, live, p, queued)
+		if !again {
+			return class, err
+		}
+		if applied--; applied == 0 {
+			return dialect.Class{}, nil // no new message left: roll back
+		}
+	}
+}
+
+// queuedFailed judges err, the failure of a statement that the member
+// g.queuedBy queued, sent after its handler returned (with the next claim,
+// or with COMMIT). A failure of the transaction (a serialization failure
+// or a deadlock that failed it, a lost connection) is the group's, retried;
+// a lock wait past the group's bound sends the member alone; anything else
+// (a constraint violation, say) is the member's own error. With savepoints
+// the member is rolled back to its savepoint, with its claim, and the group
+// goes on (again); otherwise the transaction rolls back and the group runs
+// again without it (errRegroup).
+func (c *coalescer) queuedFailed(ctx context.Context, g *groupTx, live []*member, p *pass, err error) (again bool, class dialect.Class, _ error) {
+	k := g.queuedBy
+	mb := live[k]
+	if class := c.m.queuedClass(&g.a.l, err); class.Retryable() {
+		return false, class, fmt.Errorf("key %q: %w", mb.Key, err)
+	}
+	o := &own{err: err}
+	if class := c.m.pg.Classify(err); class.Kind == dialect.KindLockTimeout && c.lockWait > 0 {
+		o = &own{alone: true}
+	}
+	p.Outcomes[k] = 0
+	if c.savepoints {
+		broken, uerr := g.undo(ctx)
+		if uerr == nil {
+			c.fail(p, mb, o)
+			return true, dialect.Class{}, nil
+		}
+		if broken {
+			o.err, o.alone = ended(err), false
+		}
+	} else {
+		g.a.rollback(ctx)
+	}
+	c.fail(p, mb, o)
+	return false, dialect.Class{}, errRegroup
 }
 
 // own is how a member's handler failed on its own.
@@ -301,6 +360,7 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 	case st == 'E':
 		err = fmt.Errorf("idempgx: the handler returned nil after a failed statement, which aborted the transaction: %w", pgx.ErrTxCommitRollback)
 	default:
+		g.queue = tx.queue // sent with the next claim, or with COMMIT
 		return nil, dialect.Class{}, nil
 	}
 	if v == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && mb.Ctx.Err() == nil {

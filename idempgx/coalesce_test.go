@@ -34,6 +34,9 @@ type coEnv struct {
 	s     string
 	audit string
 	tap   *tap
+	// queued: apply queues its effect (idempgx.Queue) instead of running
+	// it at once; set for the subtests designs names "+queued".
+	queued bool
 }
 
 // tap wraps each connection of a pool: it counts writes (each a round
@@ -81,7 +84,7 @@ func newCoEnv(t *testing.T, maxConns int32, options ...string) *coEnv {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
-	e := &coEnv{tap: &tap{}}
+	e := &coEnv{tap: &tap{}, queued: strings.HasSuffix(t.Name(), "+queued") || strings.Contains(t.Name(), "+queued/")}
 	dialer := &net.Dialer{}
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
@@ -110,7 +113,13 @@ func (e *coEnv) mw(t *testing.T, max int, savepoints bool, opts ...idempgx.Optio
 // mwWith returns a Middleware on e coalescing with c.
 func (e *coEnv) mwWith(t *testing.T, c idempotent.Coalescing, opts ...idempgx.Option) *idempgx.Middleware {
 	t.Helper()
-	opts = append([]idempgx.Option{idempgx.WithTable(e.s + ".claims"), idempgx.WithCoalescing(c)}, opts...)
+	return e.plain(t, append([]idempgx.Option{idempgx.WithCoalescing(c)}, opts...)...)
+}
+
+// plain returns a Middleware on e with opts only.
+func (e *coEnv) plain(t *testing.T, opts ...idempgx.Option) *idempgx.Middleware {
+	t.Helper()
+	opts = append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)
 	m, err := idempgx.New(e.p, "co", opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +130,11 @@ func (e *coEnv) mwWith(t *testing.T, c idempotent.Coalescing, opts ...idempgx.Op
 	return m
 }
 
-// apply is the effect of key k: one audit row.
+// apply is the effect of key k: one audit row, queued when e.queued.
 func (e *coEnv) apply(ctx context.Context, tx pgx.Tx, k string) error {
+	if e.queued {
+		return idempgx.Queue(tx, "INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
+	}
 	_, err := tx.Exec(ctx, "INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
 	return err
 }
@@ -180,17 +192,21 @@ func recordXID(ctx context.Context, tx pgx.Tx, r *coCall) error {
 	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.Tx)
 }
 
-// designs runs test for the optimistic design and with savepoints.
+// designs runs test for the optimistic design and with savepoints, each
+// with effects run at once and queued (idempgx.Queue): newCoEnv reads the
+// subtest's name, "…+queued", for the latter.
 func designs(t *testing.T, test func(t *testing.T, savepoints bool)) {
 	for _, sp := range []bool{false, true} {
-		name := "optimistic"
-		if sp {
-			name = "savepoints"
+		for _, q := range []string{"", "+queued"} {
+			name := "optimistic"
+			if sp {
+				name = "savepoints"
+			}
+			t.Run(name+q, func(t *testing.T) {
+				t.Parallel()
+				test(t, sp)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			test(t, sp)
-		})
 	}
 }
 
@@ -626,16 +642,27 @@ func TestCoalescedPartitionedFailureKeepsOtherDays(t *testing.T) {
 // and the fence or the lock wait bound; its handler's statements; the
 // check with COMMIT) in both designs: with savepoints, each SAVEPOINT and
 // the RELEASE before it ride with a claim, the last RELEASE with COMMIT.
-// Without coalescing the 4 cost 4 × (1 + 2 + 1).
+// Without coalescing the 4 cost 4 × (1 + 2 + 1). When the handlers queue
+// their statements (idempgx.Queue) instead, each message's ride with the
+// next claim, the last one's with COMMIT: 4 + 1 round trips coalesced,
+// 4 × 2 alone.
 func TestCoalescedRoundTrips(t *testing.T) {
 	t.Parallel()
-	inExecModes(t, testCoalescedRoundTrips)
+	inExecModes(t, func(t *testing.T, mode string) {
+		for _, queued := range []bool{false, true} {
+			t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
+				t.Parallel()
+				testCoalescedRoundTrips(t, mode, queued)
+			})
+		}
+	})
 }
 
-func testCoalescedRoundTrips(t *testing.T, mode string) {
+func testCoalescedRoundTrips(t *testing.T, mode string, queued bool) {
 	const n, stmts = 4, 2
 	measure := func(t *testing.T, opts ...idempgx.Option) int64 {
 		e := newCoEnv(t, 1, mode)
+		e.queued = queued
 		m, err := idempgx.New(e.p, "co", append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
@@ -675,12 +702,16 @@ func testCoalescedRoundTrips(t *testing.T, mode string) {
 		return idempgx.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: sp})
 	}
 	single, optimistic, savepoints := measure(t), measure(t, co(false)), measure(t, co(true))
-	t.Logf("round trips for %d messages of %d statements: %d alone, %d coalesced, %d coalesced with savepoints", n, stmts, single, optimistic, savepoints)
-	if single != n*(1+stmts+1) {
-		t.Errorf("alone: %d round trips, want %d", single, n*(1+stmts+1))
+	t.Logf("round trips for %d messages of %d statements (queued: %v): %d alone, %d coalesced, %d coalesced with savepoints", n, stmts, queued, single, optimistic, savepoints)
+	var h int64 = stmts // the handler's own round trips
+	if queued {
+		h = 0
 	}
-	if optimistic != n*(1+stmts)+1 {
-		t.Errorf("coalesced: %d round trips, want %d", optimistic, n*(1+stmts)+1)
+	if single != n*(1+h+1) {
+		t.Errorf("alone: %d round trips, want %d", single, n*(1+h+1))
+	}
+	if optimistic != n*(1+h)+1 {
+		t.Errorf("coalesced: %d round trips, want %d", optimistic, n*(1+h)+1)
 	}
 	if savepoints != optimistic {
 		t.Errorf("coalesced with savepoints: %d round trips, want %d, as many as without", savepoints, optimistic)

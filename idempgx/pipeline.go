@@ -54,6 +54,11 @@ type groupTx struct {
 	// since has shown the transaction to be still the group's: the one to
 	// blame when the next check fails.
 	unchecked *member
+	// queue holds the statements that the member whose handler ran last
+	// (live[queuedBy]) queued (Queue), sent with the next claim or with
+	// COMMIT.
+	queue    []queued
+	queuedBy int
 }
 
 func newGroupTx(c *coalescer, a *attempt) *groupTx {
@@ -75,6 +80,9 @@ type claimStep struct {
 	// or RELEASE), which the claim then never ran after.
 	err    error
 	before bool
+	// queued is the failure of a statement the member before queued, sent
+	// in front of the claim, which the server then skipped.
+	queued error
 }
 
 // claim sends mb's claim with the statements in front of it, in one round
@@ -83,6 +91,8 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 	co, m := g.c, g.c.m
 	var b pgx.Batch
 	first := !g.begun
+	qs := g.queue
+	g.queue = nil
 	if first {
 		b.BeginTx(m.txOpts)
 		if co.boundSQL != "" {
@@ -91,7 +101,14 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 		if g.token != "" {
 			b.Queue(co.fenceSQL, g.token)
 		}
-	} else if g.spOpen {
+	} else if len(qs) > 0 && g.token != "" {
+		// The check, first, shows the transaction still the group's, so
+		// that a queued statement's failure is its member's own.
+		b.Queue(co.checkSQL, g.token)
+	}
+	pre := len(b.QueuedQueries)
+	queueInto(&b, qs)
+	if !first && g.spOpen {
 		b.Queue(dialect.MessageReleaseSQL)
 	}
 	if co.savepoints {
@@ -107,7 +124,17 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 	if first {
 		g.begun, g.a.inner = true, br.Tx()
 	}
-	for i := range before {
+	for i := 0; i < before; i++ {
+		if i == pre {
+			if err := readQueued(br, qs); err != nil {
+				_ = br.Close()
+				return claimStep{queued: err}
+			}
+			i += len(qs)
+			if i == before {
+				break
+			}
+		}
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			g.spOpen = false
@@ -221,26 +248,45 @@ func (g *groupTx) rollback(ctx context.Context) (broken bool) {
 }
 
 // commit sends COMMIT after the check — the fence's, or the RELEASE of
-// the last savepoint — in one round trip. A failed check blames the
-// handler that ran last (errRegroup). A COMMIT that fails for a reason no
-// member can be blamed for is retried for the group when its class is
-// retryable, and otherwise sends every member alone.
-func (g *groupTx) commit(ctx context.Context, p *pass) (dialect.Class, error) {
+// the last savepoint — in one round trip, with the statements the last
+// member queued between the fence's check and COMMIT, or before the
+// RELEASE. A failed check blames the handler that ran last (errRegroup). A
+// failed queued statement is returned as queued, for its member
+// (coalescer.queuedFailed); the transaction is then aborted, still open. A
+// COMMIT that fails for a reason no member can be blamed for is retried for
+// the group when its class is retryable, and otherwise sends every member
+// alone.
+func (g *groupTx) commit(ctx context.Context, p *pass) (class dialect.Class, err, queued error) {
 	var b pgx.Batch
-	switch {
-	case g.token != "":
+	qs := g.queue
+	g.queue = nil
+	if g.token != "" {
 		b.Queue(g.c.checkSQL, g.token)
-	case g.spOpen:
+	}
+	queueInto(&b, qs)
+	if g.spOpen {
 		b.Queue(dialect.MessageReleaseSQL)
 	}
-	check := len(b.QueuedQueries) == 1
 	b.Queue("commit")
 	br := g.a.l.c.SendBatch(ctx, &b)
-	if check {
+	if g.token != "" {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			g.a.rollback(ctx)
-			return g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			class, err := g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			return class, err, nil
+		}
+	}
+	if err := readQueued(br, qs); err != nil {
+		_ = br.Close()
+		return dialect.Class{}, nil, err
+	}
+	if g.spOpen {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			g.a.rollback(ctx)
+			class, err := g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			return class, err, nil
 		}
 	}
 	tag, err := br.Exec()
@@ -254,13 +300,13 @@ func (g *groupTx) commit(ctx context.Context, p *pass) (dialect.Class, error) {
 	if err != nil {
 		class := g.classify(err)
 		p.ClaimFailed = !class.Retryable()
-		return class, fmt.Errorf("idempgx: commit: %w", err)
+		return class, fmt.Errorf("idempgx: commit: %w", err), nil
 	}
 	if tag.String() == "ROLLBACK" {
 		p.ClaimFailed = true
-		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback)
+		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback), nil
 	}
-	return dialect.Class{}, nil
+	return dialect.Class{}, nil, nil
 }
 
 // checkFailed judges err, a failed check: when a handler ran since the

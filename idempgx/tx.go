@@ -24,6 +24,9 @@ type claimTx struct {
 	// violation is the first refusal of Commit or Rollback: it fails the
 	// delivery even if the handler swallowed it.
 	violation error
+	// queue holds the statements the handler queued (Queue) and has not
+	// sent yet.
+	queue []queued
 }
 
 var _ pgx.Tx = (*claimTx)(nil)
@@ -41,6 +44,9 @@ func (t *claimTx) refuse(op string) error {
 func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.flush(ctx); err != nil {
+		return nil, err
 	}
 	t.savepoints++
 	sp := &savepointTx{parent: t, name: "idempgx_sp_" + strconv.Itoa(t.savepoints)}
@@ -60,12 +66,18 @@ func (t *claimTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, column
 	if t.closed {
 		return 0, pgx.ErrTxClosed
 	}
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
 	return t.a.l.c.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
 func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	if err := t.flush(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	return t.a.l.c.SendBatch(ctx, b)
 }
@@ -89,12 +101,18 @@ func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	if err := t.flush(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	return t.a.l.c.Exec(ctx, sql, args...)
 }
 
 func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.flush(ctx); err != nil {
+		return nil, err
 	}
 	return t.a.l.c.Query(ctx, sql, args...)
 }
@@ -103,12 +121,23 @@ func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	if t.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
 	return t.a.l.c.QueryRow(ctx, sql, args...)
 }
 
 // Conn returns the claim's connection (nil in unit tests, whose
-// connection is a scripted fake).
-func (t *claimTx) Conn() *pgx.Conn { return t.a.l.raw }
+// connection is a scripted fake), after sending the statements the handler
+// queued, so that those it runs on the connection come after them. A
+// queued statement that fails there aborts the transaction, which fails
+// the delivery when the handler returns.
+func (t *claimTx) Conn() *pgx.Conn {
+	if !t.closed {
+		_ = t.flush(context.Background())
+	}
+	return t.a.l.raw
+}
 
 // savepointTx is a savepoint inside the claim's transaction.
 type savepointTx struct {
