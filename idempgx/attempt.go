@@ -113,7 +113,7 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	*outcome = idempotent.Applied
 
 	tx := &a.tx
-	tx.a = a
+	tx.a, tx.queueOnly = a, m.queuedOnly
 	done := false
 	defer func() {
 		tx.closed = true

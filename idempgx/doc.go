@@ -115,7 +115,9 @@
 //     in its order. A queued statement's failure is its message's alone, as
 //     a handler's error is (with savepoints its claim is undone and the
 //     group goes on; optimistic the group runs again without it), at no
-//     round trip when nobody fails.
+//     round trip when nobody fails. WithQueuedOnly declares handlers that
+//     only queue (a statement run at once is refused): an optimistic group
+//     then claims every message with BEGIN, and costs two round trips.
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool

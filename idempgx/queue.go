@@ -117,6 +117,40 @@ func txCommand(sql string) string {
 	return ""
 }
 
+// pending is the statements that the member live[idx] of a coalesced
+// group queued, not sent yet.
+type pending struct {
+	idx int
+	qs  []queued
+}
+
+// queuePending adds ps's statements to b.
+func queuePending(b *pgx.Batch, ps []pending) {
+	for _, p := range ps {
+		queueInto(b, p.qs)
+	}
+}
+
+// readPending reads the results of ps's statements from br: the first
+// failure, and the member whose statement it was.
+func readPending(br pgx.BatchResults, ps []pending) (idx int, err error) {
+	for _, p := range ps {
+		if err := readQueued(br, p.qs); err != nil {
+			return p.idx, err
+		}
+	}
+	return -1, nil
+}
+
+// statements counts ps's statements.
+func statements(ps []pending) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p.qs)
+	}
+	return n
+}
+
 // queueInto adds qs to b.
 func queueInto(b *pgx.Batch, qs []queued) {
 	for _, q := range qs {

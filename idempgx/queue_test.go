@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -198,4 +200,163 @@ func TestQueueRefuses(t *testing.T) {
 		t.Errorf("Queue on the pool's own transaction = %v, want ErrNotQueueable", err)
 	}
 	e.wantAudit(t, []string{"r1"}, nil)
+}
+
+// TestQueuedOnlyMistakes: on a Middleware made WithQueuedOnly (the
+// optimistic design claims the whole group with BEGIN), whatever one
+// handler does fails its own message alone — a queued statement that
+// fails, an error, a panic, a statement run at once or a Conn() (refused,
+// even when swallowed) — and every other message of the group commits
+// with its effect; a key already claimed is a duplicate with no effect.
+// Each case then redelivers every message: each effect exactly once.
+func TestQueuedOnlyMistakes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		fn      func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error
+		wantErr error // nil: a panic
+		code    string
+	}{
+		{"queued statement fails", func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			return e.violate(tx, k)
+		}, nil, "23514"},
+		{"error", func(context.Context, *coEnv, pgx.Tx, string) error { return errBoom }, errBoom, ""},
+		{"panic", func(context.Context, *coEnv, pgx.Tx, string) error { panic("boom") }, nil, ""},
+		{"statement run at once, swallowed", func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			_, _ = tx.Exec(ctx, "COMMIT")
+			return nil
+		}, idempgx.ErrQueuedOnly, ""},
+		{"Conn", func(ctx context.Context, e *coEnv, tx pgx.Tx, k string) error {
+			if c := tx.Conn(); c != nil {
+				_, err := c.Exec(ctx, "COMMIT")
+				return err
+			}
+			return nil
+		}, idempgx.ErrQueuedOnly, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, culprit := range []int{0, 1, 3} {
+				t.Run(fmt.Sprintf("message %d of 4", culprit+1), func(t *testing.T) {
+					t.Parallel()
+					queuedOnlyDesigns(t, func(t *testing.T, savepoints bool) {
+						e := newCoEnv(t, 4)
+						e.strict(t)
+						keys := []string{"q1", "q2", "q3", "q4", "q5"}
+						m := e.mw(t, len(keys), savepoints)
+						// q5 is already claimed: a duplicate in the group.
+						if o, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "q5"}, func(ctx context.Context, tx pgx.Tx) error {
+							return e.apply(ctx, tx, "q5")
+						}); err != nil || o != idempotent.Applied {
+							t.Fatalf("q5: %v, %v", o, err)
+						}
+						res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+							return func(ctx context.Context, tx pgx.Tx) error {
+								if err := e.apply(ctx, tx, k); err != nil || k != keys[culprit] {
+									return err
+								}
+								return tc.fn(ctx, e, tx, k)
+							}
+						})
+						var applied []string
+						for i, r := range res {
+							k := keys[i]
+							switch {
+							case i == culprit && tc.code != "":
+								var pe *pgconn.PgError
+								if !errors.As(r.Err, &pe) || pe.Code != tc.code || r.Outcome != 0 {
+									t.Errorf("%s: %+v, want SQLSTATE %s", k, r, tc.code)
+								}
+							case i == culprit && tc.wantErr == nil:
+								if r.Panicked == nil {
+									t.Errorf("%s: %+v, want its panic", k, r)
+								}
+							case i == culprit:
+								if !errors.Is(r.Err, tc.wantErr) || r.Outcome != 0 {
+									t.Errorf("%s: %+v, want an error matching %v", k, r, tc.wantErr)
+								}
+							case k == "q5":
+								if r.Err != nil || r.Outcome != idempotent.Duplicate {
+									t.Errorf("%s: %+v, want duplicate", k, r)
+								}
+							default:
+								if r.Err != nil || r.Outcome != idempotent.Applied {
+									t.Errorf("%s: %+v, want applied", k, r)
+								}
+								applied = append(applied, k)
+							}
+						}
+						e.wantAudit(t, append(applied, "q5"), keys[culprit:culprit+1])
+						e.redeliver(t, m, keys)
+					})
+				})
+			}
+		})
+	}
+}
+
+// TestQueuedOnlyLostCommit: on a Middleware made WithQueuedOnly, a group
+// whose COMMIT landed but whose answer was lost runs again and finds every
+// claim: each message is a duplicate, applied once.
+func TestQueuedOnlyLostCommit(t *testing.T) {
+	t.Parallel()
+	queuedOnlyDesigns(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 3, savepoints, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+		keys := []string{"l1", "l2", "l3"}
+		e.tap.armed.Store(true) // the first COMMIT's answer is cut
+		res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, k) }
+		})
+		for i, r := range res {
+			if r.Err != nil || r.Outcome != idempotent.Duplicate {
+				t.Errorf("%s: %+v, want duplicate (the lost COMMIT landed)", keys[i], r)
+			}
+		}
+		if n := e.tap.cut.Load(); n != 1 {
+			t.Fatalf("%d commits cut, want 1", n)
+		}
+		e.wantAudit(t, keys, nil)
+	})
+}
+
+// TestQueuedOnlyLeftBeforeItsTurn: on a Middleware made WithQueuedOnly,
+// a message whose caller leaves while it waits for its turn — its claim
+// already sent with BEGIN — fails alone with its context's error, nothing
+// of it committed; the group runs again without it.
+func TestQueuedOnlyLeftBeforeItsTurn(t *testing.T) {
+	t.Parallel()
+	queuedOnlyDesigns(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		m := e.mw(t, 2, savepoints)
+		bctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aHeld, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		aErr, bErr := make(chan error, 1), make(chan error, 1)
+		go func() {
+			_, err := m.ProcessMessage(context.Background(), idempotent.Message{Key: "a"}, func(ctx context.Context, tx pgx.Tx) error {
+				once.Do(func() { close(aHeld); <-release })
+				return e.apply(ctx, tx, "a")
+			})
+			aErr <- err
+		}()
+		go func() {
+			_, err := m.ProcessMessage(bctx, idempotent.Message{Key: "b"}, func(ctx context.Context, tx pgx.Tx) error {
+				return e.apply(ctx, tx, "b")
+			})
+			bErr <- err
+		}()
+		<-aHeld // a's handler runs: b waits for its turn
+		cancel()
+		if err := <-bErr; !errors.Is(err, context.Canceled) {
+			t.Fatalf("b got %v, want context.Canceled", err)
+		}
+		close(release)
+		if err := <-aErr; err != nil {
+			t.Fatalf("a got %v", err)
+		}
+		e.wantAudit(t, []string{"a"}, []string{"b"})
+	})
 }
