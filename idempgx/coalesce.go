@@ -183,6 +183,11 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 		var st claimStep
 		if eager {
 			st = g.eager[i].claimStep
+			if st.err != nil {
+				// Sent with BEGIN, before any handler ran: no handler
+				// to blame.
+				g.unchecked = nil
+			}
 		} else {
 			st = g.claim(ctx, mb)
 		}

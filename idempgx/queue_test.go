@@ -360,3 +360,54 @@ func TestQueuedOnlyLeftBeforeItsTurn(t *testing.T) {
 		e.wantAudit(t, []string{"a"}, []string{"b"})
 	})
 }
+
+// TestQueuedOnlyHotRow: on a Middleware made WithQueuedOnly, a message
+// whose queued statement waits for a row lock past the group's LockWait
+// (found with COMMIT) leaves the group and runs alone, unbounded; the
+// others commit while the row is still locked.
+func TestQueuedOnlyHotRow(t *testing.T) {
+	t.Parallel()
+	queuedOnlyDesigns(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		ctx := context.Background()
+		rows := e.rows(t, 1)
+		m := e.mwWith(t, idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: savepoints, LockWait: 50 * time.Millisecond})
+		holder := e.hold(t, "SELECT n FROM "+rows+" WHERE id = 1 FOR UPDATE")
+		hot, cold := make(chan coCall, 1), make(chan coCall, 1)
+		for k, ch := range map[string]chan coCall{"hot": hot, "cold": cold} {
+			go func() {
+				var r coCall
+				r.Outcome, r.Err = m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error {
+					if k == "hot" {
+						if err := idempgx.Queue(tx, "UPDATE "+rows+" SET n = n + 1 WHERE id = 1"); err != nil {
+							return err
+						}
+					}
+					return e.apply(ctx, tx, k)
+				})
+				ch <- r
+			}()
+		}
+		select {
+		case c := <-cold:
+			if c.Err != nil || c.Outcome != idempotent.Applied {
+				t.Fatalf("cold: %+v, want applied", c)
+			}
+		case r := <-hot:
+			t.Fatalf("hot finished first, while its row was locked: %+v", r)
+		case <-time.After(30 * time.Second):
+			t.Fatal("cold did not commit while the hot row was locked")
+		}
+		e.wantAudit(t, []string{"cold"}, []string{"hot"})
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-hot; r.Err != nil || r.Outcome != idempotent.Applied {
+			t.Fatalf("hot: %+v, want applied", r)
+		}
+		e.wantAudit(t, []string{"cold", "hot"}, nil)
+		if n := count(t, e.p, "SELECT n FROM "+rows+" WHERE id = 1"); n != 1 {
+			t.Errorf("the hot row's n = %d, want 1", n)
+		}
+	})
+}
