@@ -113,7 +113,7 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 	*outcome = idempotent.Applied
 
 	tx := &a.tx
-	tx.a = a
+	tx.a, tx.queueOnly = a, m.queuedOnly
 	done := false
 	defer func() {
 		tx.closed = true
@@ -147,7 +147,7 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 		a.rollback(ctx)
 		return class, err
 	}
-	return a.commit(ctx)
+	return a.commit(ctx, tx.queue)
 }
 
 // begin sends BEGIN (with the lock timeout) and c's claim as one pgx.Batch,
@@ -185,9 +185,34 @@ func (a *attempt) unclaimed(ctx context.Context, err error) (dialect.Class, erro
 	return dialect.Class{}, nil
 }
 
-// commit sends COMMIT and returns the attempt's classified failure.
-func (a *attempt) commit(ctx context.Context) (dialect.Class, error) {
-	tag, err := a.l.c.Exec(ctx, "commit")
+// commit sends the statements the handler queued, if any, and COMMIT, in
+// one round trip, and returns the attempt's classified failure. A queued
+// statement's failure is the handler's, classified as its errors are; the
+// server skips the statements after it and COMMIT, and the attempt rolls
+// back.
+func (a *attempt) commit(ctx context.Context, qs []queued) (dialect.Class, error) {
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if len(qs) == 0 {
+		tag, err = a.l.c.Exec(ctx, "commit")
+	} else {
+		var b pgx.Batch
+		queueInto(&b, qs)
+		b.Queue("commit")
+		br := a.l.c.SendBatch(ctx, &b)
+		if err := readQueued(br, qs); err != nil {
+			_ = br.Close()
+			class := a.m.queuedClass(&a.l, err)
+			a.rollback(ctx)
+			return class, err
+		}
+		tag, err = br.Exec()
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}
 	if err != nil {
 		return a.m.pg.Classify(err), fmt.Errorf("idempgx: commit: %w", err)
 	}

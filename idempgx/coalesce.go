@@ -49,6 +49,9 @@ import (
 type coalescer struct {
 	m          *Middleware
 	savepoints bool
+	// eager: the handlers only queue (WithQueuedOnly) and the design is
+	// optimistic: a group claims every member with BEGIN (claimAll).
+	eager bool
 	// lockWait is Coalescing.LockWait's bound on Postgres; 0 is none.
 	lockWait time.Duration
 	// boundSQL, sent after BEGIN when not "", bounds the group's lock
@@ -78,7 +81,7 @@ type (
 var errRegroup = errors.New("idempgx: coalesced group rolled back to run again without a failed or withdrawn message")
 
 func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coalescer {
-	co := &coalescer{m: m, savepoints: c.Savepoints, token: rand.Text}
+	co := &coalescer{m: m, savepoints: c.Savepoints, eager: m.queuedOnly && !c.Savepoints, token: rand.Text}
 	co.lockWait, _ = c.LockWaitOn(m.pg) // refused before, by the core's New
 	switch {
 	case c.Savepoints && co.lockWait > 0:
@@ -155,6 +158,10 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			a.rollback(ctx)
 		}
 	}()
+	if c.eager {
+		// Its handlers only queue: every claim goes with BEGIN.
+		g.claimAll(ctx, live)
+	}
 	applied := 0
 	held := false // the claim of the member before, of the same key, is this transaction's
 	for i, mb := range live {
@@ -162,13 +169,38 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			continue // a duplicate, with no round trip
 		}
 		held = false
+		eager := g.eager != nil && g.eager[i].sent
 		if err := mb.Ctx.Err(); err != nil {
-			// Its caller left before its turn: it was never claimed.
+			// Its caller left before its turn: it was never claimed, or,
+			// claimed with BEGIN, the group runs again without it.
 			p.Outcomes[i] = 0
 			p.Fail(mb, final{Err: m.keyError(mb.Key, err)})
+			if eager {
+				return dialect.Class{}, errRegroup
+			}
 			continue
 		}
-		st := g.claim(ctx, mb)
+		var st claimStep
+		if eager {
+			st = g.eager[i].claimStep
+			if st.err != nil {
+				// Sent with BEGIN, before any handler ran: no handler
+				// to blame.
+				g.unchecked = nil
+			}
+		} else {
+			st = g.claim(ctx, mb)
+		}
+		if st.queued != nil {
+			// The statements a member before queued, sent with this
+			// claim, failed: that member fails alone.
+			again, class, err := c.queuedFailed(ctx, g, live, p, st.queuedBy, st.queued)
+			if !again {
+				return class, err
+			}
+			applied--
+			st = g.claim(ctx, mb) // with savepoints, the group goes on
+		}
 		switch {
 		case st.err != nil && (st.before || !c.savepoints && m.pg.TxFenceBroken(st.err)):
 			return g.checkFailed(p, st.err)
@@ -202,6 +234,9 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			return class, err
 		case o == nil:
 			g.unchecked = mb
+			if len(g.last) > 0 {
+				g.pending = append(g.pending, pending{idx: i, qs: g.last})
+			}
 			applied++
 			continue
 		}
@@ -234,8 +269,55 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 	if applied == 0 {
 		return dialect.Class{}, nil // no new message succeeded: roll back
 	}
-	done = true
-	return g.commit(ctx, p)
+	for {
+		class, err, queued, k := g.commit(ctx, p)
+		if queued == nil {
+			done = true
+			return class, err
+		}
+		again, class, err := c.queuedFailed(ctx, g, live, p, k, queued)
+		if !again {
+			return class, err
+		}
+		if applied--; applied == 0 {
+			return dialect.Class{}, nil // no new message left: roll back
+		}
+	}
+}
+
+// queuedFailed judges err, the failure of a statement that the member
+// live[k] queued, sent after its handler returned (with the next claim,
+// or with COMMIT). A failure of the transaction (a serialization failure
+// or a deadlock that failed it, a lost connection) is the group's, retried;
+// a lock wait past the group's bound sends the member alone; anything else
+// (a constraint violation, say) is the member's own error. With savepoints
+// the member is rolled back to its savepoint, with its claim, and the group
+// goes on (again); otherwise the transaction rolls back and the group runs
+// again without it (errRegroup).
+func (c *coalescer) queuedFailed(ctx context.Context, g *groupTx, live []*member, p *pass, k int, err error) (again bool, class dialect.Class, _ error) {
+	mb := live[k]
+	if class := c.m.queuedClass(&g.a.l, err); class.Retryable() {
+		return false, class, fmt.Errorf("key %q: %w", mb.Key, err)
+	}
+	o := &own{err: err}
+	if class := c.m.pg.Classify(err); class.Kind == dialect.KindLockTimeout && c.lockWait > 0 {
+		o = &own{alone: true}
+	}
+	p.Outcomes[k] = 0
+	if c.savepoints {
+		broken, uerr := g.undo(ctx)
+		if uerr == nil {
+			c.fail(p, mb, o)
+			return true, dialect.Class{}, nil
+		}
+		if broken {
+			o.err, o.alone = ended(err), false
+		}
+	} else {
+		g.a.rollback(ctx)
+	}
+	c.fail(p, mb, o)
+	return false, dialect.Class{}, errRegroup
 }
 
 // own is how a member's handler failed on its own.
@@ -270,7 +352,8 @@ func (c *coalescer) fail(p *pass, mb *member, o *own) {
 // of its connection), or mb's withdrawal in its turn (errRegroup).
 func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class, err error) {
 	m, a := c.m, g.a
-	tx := &claimTx{a: a}
+	g.last = nil
+	tx := &claimTx{a: a, queueOnly: m.queuedOnly}
 	h, gone := mb.Hand(context.WithValue(mb.Ctx, claimKey{}, a), tx)
 	tx.closed = true
 	if gone {
@@ -301,6 +384,7 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 	case st == 'E':
 		err = fmt.Errorf("idempgx: the handler returned nil after a failed statement, which aborted the transaction: %w", pgx.ErrTxCommitRollback)
 	default:
+		g.last = tx.queue // sent with the next claim, or with COMMIT
 		return nil, dialect.Class{}, nil
 	}
 	if v == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && mb.Ctx.Err() == nil {

@@ -441,40 +441,46 @@ func queryLeftOpen(ctx context.Context, tx pgx.Tx) error {
 // and every other message of the group is applied.
 func TestCoalescedHandlerLeavesRowsOpen(t *testing.T) {
 	t.Parallel()
+	culprits(t, func(t *testing.T, savepoints bool, culprit int) {
+		e := newCoEnv(t, 4)
+		keys := []string{"m1", "m2", "m3", "m4"}
+		m := e.mw(t, len(keys), savepoints, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+		runs := 0 // the culprit's; handlers run one at a time
+		res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if k != keys[culprit] {
+					return e.apply(ctx, tx, k)
+				}
+				runs++
+				return leaveRowsOpen(ctx, e, tx, k)
+			}
+		})
+		for i, r := range res {
+			k := keys[i]
+			if i != culprit {
+				if r.Err != nil || r.Outcome != idempotent.Applied {
+					t.Errorf("%s: %+v, want applied", k, r)
+				}
+				continue
+			}
+			var exhausted *idempotent.RetriesExhaustedError
+			if r.Err == nil || errors.Is(r.Err, idempotent.ErrAutocommit) || errors.As(r.Err, &exhausted) || runs != 1 {
+				t.Errorf("%s: %+v after %d runs, want its own failure after one", k, r, runs)
+			}
+		}
+		others := slices.Delete(slices.Clone(keys), culprit, culprit+1)
+		e.wantAudit(t, others, keys[culprit:culprit+1])
+		e.redeliver(t, m, keys)
+	})
+}
+
+// culprits runs test, in parallel, with the culprit at message 1, 2 and 4
+// of 4, in each design (designs).
+func culprits(t *testing.T, test func(t *testing.T, savepoints bool, culprit int)) {
 	for _, culprit := range []int{0, 1, 3} {
 		t.Run(fmt.Sprintf("message %d of 4", culprit+1), func(t *testing.T) {
 			t.Parallel()
-			designs(t, func(t *testing.T, savepoints bool) {
-				e := newCoEnv(t, 4)
-				keys := []string{"m1", "m2", "m3", "m4"}
-				m := e.mw(t, len(keys), savepoints, idempgx.WithRetry(idempotent.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
-				runs := 0 // the culprit's; handlers run one at a time
-				res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
-					return func(ctx context.Context, tx pgx.Tx) error {
-						if k != keys[culprit] {
-							return e.apply(ctx, tx, k)
-						}
-						runs++
-						return leaveRowsOpen(ctx, e, tx, k)
-					}
-				})
-				for i, r := range res {
-					k := keys[i]
-					if i != culprit {
-						if r.Err != nil || r.Outcome != idempotent.Applied {
-							t.Errorf("%s: %+v, want applied", k, r)
-						}
-						continue
-					}
-					var exhausted *idempotent.RetriesExhaustedError
-					if r.Err == nil || errors.Is(r.Err, idempotent.ErrAutocommit) || errors.As(r.Err, &exhausted) || runs != 1 {
-						t.Errorf("%s: %+v after %d runs, want its own failure after one", k, r, runs)
-					}
-				}
-				others := slices.Delete(slices.Clone(keys), culprit, culprit+1)
-				e.wantAudit(t, others, keys[culprit:culprit+1])
-				e.redeliver(t, m, keys)
-			})
+			designs(t, func(t *testing.T, savepoints bool) { test(t, savepoints, culprit) })
 		})
 	}
 }

@@ -34,6 +34,16 @@ type coEnv struct {
 	s     string
 	audit string
 	tap   *tap
+	// queued: apply queues its effect (idempgx.Queue) instead of running
+	// it at once; set for the subtests designs names "+queued".
+	// queuedOnly: the Middlewares of mw and mwWith are made WithQueuedOnly;
+	// set for the subtests queuedOnlyDesigns names "+queuedonly".
+	queued, queuedOnly bool
+}
+
+// variant reports whether t, or the test it runs in, is named …suffix.
+func variant(t *testing.T, suffix string) bool {
+	return strings.HasSuffix(t.Name(), suffix) || strings.Contains(t.Name(), suffix+"/")
 }
 
 // tap wraps each connection of a pool: it counts writes (each a round
@@ -81,7 +91,8 @@ func newCoEnv(t *testing.T, maxConns int32, options ...string) *coEnv {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
-	e := &coEnv{tap: &tap{}}
+	e := &coEnv{tap: &tap{}, queued: variant(t, "+queued"), queuedOnly: variant(t, "+queuedonly")}
+	e.queued = e.queued || e.queuedOnly
 	dialer := &net.Dialer{}
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
@@ -110,7 +121,17 @@ func (e *coEnv) mw(t *testing.T, max int, savepoints bool, opts ...idempgx.Optio
 // mwWith returns a Middleware on e coalescing with c.
 func (e *coEnv) mwWith(t *testing.T, c idempotent.Coalescing, opts ...idempgx.Option) *idempgx.Middleware {
 	t.Helper()
-	opts = append([]idempgx.Option{idempgx.WithTable(e.s + ".claims"), idempgx.WithCoalescing(c)}, opts...)
+	opts = append([]idempgx.Option{idempgx.WithCoalescing(c)}, opts...)
+	if e.queuedOnly {
+		opts = append(opts, idempgx.WithQueuedOnly())
+	}
+	return e.plain(t, opts...)
+}
+
+// plain returns a Middleware on e with opts only.
+func (e *coEnv) plain(t *testing.T, opts ...idempgx.Option) *idempgx.Middleware {
+	t.Helper()
+	opts = append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)
 	m, err := idempgx.New(e.p, "co", opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +142,11 @@ func (e *coEnv) mwWith(t *testing.T, c idempotent.Coalescing, opts ...idempgx.Op
 	return m
 }
 
-// apply is the effect of key k: one audit row.
+// apply is the effect of key k: one audit row, queued when e.queued.
 func (e *coEnv) apply(ctx context.Context, tx pgx.Tx, k string) error {
+	if e.queued {
+		return idempgx.Queue(tx, "INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
+	}
 	_, err := tx.Exec(ctx, "INSERT INTO "+e.audit+" (k) VALUES ($1)", k)
 	return err
 }
@@ -180,12 +204,32 @@ func recordXID(ctx context.Context, tx pgx.Tx, r *coCall) error {
 	return tx.QueryRow(ctx, "SELECT txid_current()").Scan(&r.Tx)
 }
 
-// designs runs test for the optimistic design and with savepoints.
+// designs runs test for the optimistic design and with savepoints, each
+// with effects run at once and queued (idempgx.Queue): newCoEnv reads the
+// subtest's name, "…+queued", for the latter.
 func designs(t *testing.T, test func(t *testing.T, savepoints bool)) {
 	for _, sp := range []bool{false, true} {
-		name := "optimistic"
+		for _, q := range []string{"", "+queued"} {
+			name := "optimistic"
+			if sp {
+				name = "savepoints"
+			}
+			t.Run(name+q, func(t *testing.T) {
+				t.Parallel()
+				test(t, sp)
+			})
+		}
+	}
+}
+
+// queuedOnlyDesigns runs test for the optimistic design and with
+// savepoints on Middlewares made WithQueuedOnly (newCoEnv reads the
+// subtest's name, "…+queuedonly"), whose handlers only queue.
+func queuedOnlyDesigns(t *testing.T, test func(t *testing.T, savepoints bool)) {
+	for _, sp := range []bool{false, true} {
+		name := "optimistic+queuedonly"
 		if sp {
-			name = "savepoints"
+			name = "savepoints+queuedonly"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -339,47 +383,50 @@ func TestCoalescedPanic(t *testing.T) {
 // and its work is undone; the other message commits.
 func TestCoalescedContextCancelled(t *testing.T) {
 	t.Parallel()
-	designs(t, func(t *testing.T, savepoints bool) {
-		e := newCoEnv(t, 4)
-		m := e.mw(t, 2, savepoints)
-		actx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		aRan, bHeld, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
-		aErr := make(chan error, 1)
-		go func() {
-			_, err := m.ProcessMessage(actx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx pgx.Tx) error {
-				defer close(aRan)
-				return e.apply(ctx, tx, "a")
-			})
-			aErr <- err
-		}()
-		bRuns := 0
-		var bOut idempotent.Outcome
-		var bErr error
-		bDone := make(chan struct{})
-		go func() {
-			defer close(bDone)
-			bOut, bErr = m.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx pgx.Tx) error {
-				if bRuns++; bRuns == 1 {
-					<-aRan // a's handler ran first: keys go in order
-					close(bHeld)
-					<-release
-				}
-				return e.apply(ctx, tx, "b")
-			})
-		}()
-		<-bHeld
-		cancel()
-		if err := <-aErr; !errors.Is(err, context.Canceled) {
-			t.Fatalf("a got %v, want context.Canceled", err)
-		}
-		close(release)
-		<-bDone
-		if bErr != nil || bOut != idempotent.Applied || bRuns != 2 {
-			t.Fatalf("b got (%v, %v) after %d runs, want applied after 2", bOut, bErr, bRuns)
-		}
-		e.wantAudit(t, []string{"b"}, []string{"a"})
-	})
+	designs(t, testCoalescedContextCancelled)
+	queuedOnlyDesigns(t, testCoalescedContextCancelled)
+}
+
+func testCoalescedContextCancelled(t *testing.T, savepoints bool) {
+	e := newCoEnv(t, 4)
+	m := e.mw(t, 2, savepoints)
+	actx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	aRan, bHeld, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	aErr := make(chan error, 1)
+	go func() {
+		_, err := m.ProcessMessage(actx, idempotent.Message{Key: "a"}, func(ctx context.Context, tx pgx.Tx) error {
+			defer close(aRan)
+			return e.apply(ctx, tx, "a")
+		})
+		aErr <- err
+	}()
+	bRuns := 0
+	var bOut idempotent.Outcome
+	var bErr error
+	bDone := make(chan struct{})
+	go func() {
+		defer close(bDone)
+		bOut, bErr = m.ProcessMessage(context.Background(), idempotent.Message{Key: "b"}, func(ctx context.Context, tx pgx.Tx) error {
+			if bRuns++; bRuns == 1 {
+				<-aRan // a's handler ran first: keys go in order
+				close(bHeld)
+				<-release
+			}
+			return e.apply(ctx, tx, "b")
+		})
+	}()
+	<-bHeld
+	cancel()
+	if err := <-aErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a got %v, want context.Canceled", err)
+	}
+	close(release)
+	<-bDone
+	if bErr != nil || bOut != idempotent.Applied || bRuns != 2 {
+		t.Fatalf("b got (%v, %v) after %d runs, want applied after 2", bOut, bErr, bRuns)
+	}
+	e.wantAudit(t, []string{"b"}, []string{"a"})
 }
 
 // TestCoalescedDuplicates: the same keys inside one group and in groups
@@ -563,26 +610,29 @@ func TestCoalescedKeepsTheSinglePathsChecks(t *testing.T) {
 // alone.
 func TestCoalescedPartitioned(t *testing.T) {
 	t.Parallel()
-	designs(t, func(t *testing.T, savepoints bool) {
-		e := newCoEnv(t, 4)
-		m := e.mw(t, 3, savepoints, idempgx.WithDailyPartitions(2))
-		now := time.Now()
-		msgs := []idempotent.Message{{Key: "x", EventTime: now}, {Key: "x", EventTime: now.Add(-24 * time.Hour)}, {Key: "y", EventTime: now}}
-		res := callMessages(m, msgs, func(msg idempotent.Message) idempgx.Func {
-			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) }
-		})
-		for i, r := range res {
-			if r.Err != nil || r.Outcome != idempotent.Applied {
-				t.Errorf("message %d: %+v, want applied (a key's days are claimed apart)", i, r)
-			}
-		}
-		if n := count(t, e.p, "SELECT count(*) FROM "+e.audit+" WHERE k = 'x'"); n != 2 {
-			t.Errorf("x: %d effects, want 2 (one per day)", n)
-		}
-		if n := count(t, e.p, "SELECT count(*) FROM "+e.s+".claims WHERE consumer = 'co'"); n != 3 {
-			t.Errorf("%d claims, want 3", n)
-		}
+	designs(t, testCoalescedPartitioned)
+	queuedOnlyDesigns(t, testCoalescedPartitioned)
+}
+
+func testCoalescedPartitioned(t *testing.T, savepoints bool) {
+	e := newCoEnv(t, 4)
+	m := e.mw(t, 3, savepoints, idempgx.WithDailyPartitions(2))
+	now := time.Now()
+	msgs := []idempotent.Message{{Key: "x", EventTime: now}, {Key: "x", EventTime: now.Add(-24 * time.Hour)}, {Key: "y", EventTime: now}}
+	res := callMessages(m, msgs, func(msg idempotent.Message) idempgx.Func {
+		return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, msg.Key) }
 	})
+	for i, r := range res {
+		if r.Err != nil || r.Outcome != idempotent.Applied {
+			t.Errorf("message %d: %+v, want applied (a key's days are claimed apart)", i, r)
+		}
+	}
+	if n := count(t, e.p, "SELECT count(*) FROM "+e.audit+" WHERE k = 'x'"); n != 2 {
+		t.Errorf("x: %d effects, want 2 (one per day)", n)
+	}
+	if n := count(t, e.p, "SELECT count(*) FROM "+e.s+".claims WHERE consumer = 'co'"); n != 3 {
+		t.Errorf("%d claims, want 3", n)
+	}
 }
 
 // TestCoalescedPartitionedFailureKeepsOtherDays: in partitioned mode a
@@ -626,16 +676,28 @@ func TestCoalescedPartitionedFailureKeepsOtherDays(t *testing.T) {
 // and the fence or the lock wait bound; its handler's statements; the
 // check with COMMIT) in both designs: with savepoints, each SAVEPOINT and
 // the RELEASE before it ride with a claim, the last RELEASE with COMMIT.
-// Without coalescing the 4 cost 4 × (1 + 2 + 1).
+// Without coalescing the 4 cost 4 × (1 + 2 + 1). When the handlers queue
+// their statements (idempgx.Queue) instead, each message's ride with the
+// next claim, the last one's with COMMIT: 4 + 1 round trips coalesced,
+// 4 × 2 alone; and 2 for the group when the Middleware is made
+// WithQueuedOnly (every claim with BEGIN, every effect with COMMIT).
 func TestCoalescedRoundTrips(t *testing.T) {
 	t.Parallel()
-	inExecModes(t, testCoalescedRoundTrips)
+	inExecModes(t, func(t *testing.T, mode string) {
+		for _, queued := range []bool{false, true} {
+			t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
+				t.Parallel()
+				testCoalescedRoundTrips(t, mode, queued)
+			})
+		}
+	})
 }
 
-func testCoalescedRoundTrips(t *testing.T, mode string) {
+func testCoalescedRoundTrips(t *testing.T, mode string, queued bool) {
 	const n, stmts = 4, 2
 	measure := func(t *testing.T, opts ...idempgx.Option) int64 {
 		e := newCoEnv(t, 1, mode)
+		e.queued = queued
 		m, err := idempgx.New(e.p, "co", append([]idempgx.Option{idempgx.WithTable(e.s + ".claims")}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
@@ -675,15 +737,27 @@ func testCoalescedRoundTrips(t *testing.T, mode string) {
 		return idempgx.WithCoalescing(idempotent.Coalescing{Max: n, Wait: time.Second, Savepoints: sp})
 	}
 	single, optimistic, savepoints := measure(t), measure(t, co(false)), measure(t, co(true))
-	t.Logf("round trips for %d messages of %d statements: %d alone, %d coalesced, %d coalesced with savepoints", n, stmts, single, optimistic, savepoints)
-	if single != n*(1+stmts+1) {
-		t.Errorf("alone: %d round trips, want %d", single, n*(1+stmts+1))
+	t.Logf("round trips for %d messages of %d statements (queued: %v): %d alone, %d coalesced, %d coalesced with savepoints", n, stmts, queued, single, optimistic, savepoints)
+	var h int64 = stmts // the handler's own round trips
+	if queued {
+		h = 0
 	}
-	if optimistic != n*(1+stmts)+1 {
-		t.Errorf("coalesced: %d round trips, want %d", optimistic, n*(1+stmts)+1)
+	if single != n*(1+h+1) {
+		t.Errorf("alone: %d round trips, want %d", single, n*(1+h+1))
+	}
+	if optimistic != n*(1+h)+1 {
+		t.Errorf("coalesced: %d round trips, want %d", optimistic, n*(1+h)+1)
 	}
 	if savepoints != optimistic {
 		t.Errorf("coalesced with savepoints: %d round trips, want %d, as many as without", savepoints, optimistic)
+	}
+	if !queued {
+		return
+	}
+	// Handlers that only queue (WithQueuedOnly): the optimistic design
+	// claims the whole group with BEGIN.
+	if only := measure(t, co(false), idempgx.WithQueuedOnly()); only != 2 {
+		t.Errorf("coalesced, WithQueuedOnly: %d round trips, want 2", only)
 	}
 }
 

@@ -105,6 +105,19 @@
 //     missing partition) sends its own message alone, and so does a
 //     handler's lock wait past the bound; a COMMIT that fails for good (a
 //     deferred constraint) sends every message alone, to its own outcome.
+//   - Queued effects (Queue): a handler queues the statements whose
+//     results it does not read, and the middleware sends them with its next
+//     statement in the same round trip — alone with COMMIT, so claim,
+//     effects and COMMIT cost two round trips; in a coalesced group with
+//     the next message's claim, the last one's with COMMIT, so a group of n
+//     messages whose handlers only queue costs n + 1. A statement the
+//     handler runs at once sends what it queued first: its statements apply
+//     in its order. A queued statement's failure is its message's alone, as
+//     a handler's error is (with savepoints its claim is undone and the
+//     group goes on; optimistic the group runs again without it), at no
+//     round trip when nobody fails. WithQueuedOnly declares handlers that
+//     only queue (a statement run at once is refused): an optimistic group
+//     then claims every message with BEGIN, and costs two round trips.
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool

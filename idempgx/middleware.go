@@ -61,6 +61,7 @@ type Middleware struct {
 	observer    idempotent.Observer
 	seen        idempotent.Seen
 	seenBatch   idempotent.SeenBatch // SeenBatchOf(seen), for batches
+	queuedOnly  bool                 // WithQueuedOnly
 	retention   time.Duration
 	skew        time.Duration // the clock-skew margin, for the horizon's fence
 	partitioned bool
@@ -139,6 +140,7 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		observer:    cfg.observer,
 		seen:        cfg.seen,
 		seenBatch:   idempotent.SeenBatchOf(cfg.seen),
+		queuedOnly:  cfg.queuedOnly,
 		retention:   cfg.retention,
 		skew:        cfg.skew,
 		leadDays:    cfg.leadDays,

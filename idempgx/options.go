@@ -33,6 +33,7 @@ type config struct {
 	seen        idempotent.Seen
 	coalesce    idempotent.Coalescing
 	coalescing  bool // WithCoalescing was given
+	queuedOnly  bool
 }
 
 func defaultConfig() config {
@@ -244,6 +245,27 @@ func WithSeen(s idempotent.Seen) Option {
 func WithCoalescing(c idempotent.Coalescing) Option {
 	return optionFunc(func(cfg *config) error {
 		cfg.coalesce, cfg.coalescing = c, true
+		return nil
+	})
+}
+
+// WithQueuedOnly declares that the Middleware's handlers only queue their
+// statements (Queue) and never run one at once: a handler's Exec, Query,
+// QueryRow, SendBatch, CopyFrom, Begin and Prepare then refuse, with an
+// error matching ErrQueuedOnly that fails its message even if swallowed,
+// and its Conn returns nil. In exchange, under WithCoalescing's optimistic
+// design, a group claims every message in its first round trip, with
+// BEGIN and the fence, since no handler can end the transaction under the
+// claims of the messages after it: the group's queued statements and
+// COMMIT follow in its second, two round trips whatever the group's size.
+// A message whose queued statement fails, whose handler fails or panics,
+// or whose caller leaves, fails alone, and the group runs again without
+// it. With Coalescing.Savepoints each message is still claimed just before
+// its handler. Default is off: handlers may mix queued statements with
+// statements run at once.
+func WithQueuedOnly() Option {
+	return optionFunc(func(c *config) error {
+		c.queuedOnly = true
 		return nil
 	})
 }

@@ -54,6 +54,21 @@ type groupTx struct {
 	// since has shown the transaction to be still the group's: the one to
 	// blame when the next check fails.
 	unchecked *member
+	// pending holds the statements that members queued (Queue), sent with
+	// the next claim or with COMMIT; last is what the handler that ran last
+	// queued, for once to add.
+	pending []pending
+	last    []queued
+	// eager, in a group of handlers that only queue (WithQueuedOnly,
+	// optimistic), holds each member's claim sent with BEGIN (claimAll),
+	// by its index in live; a member not sent there has sent false.
+	eager []eagerStep
+}
+
+// eagerStep is a member's claim sent with BEGIN.
+type eagerStep struct {
+	claimStep
+	sent bool
 }
 
 func newGroupTx(c *coalescer, a *attempt) *groupTx {
@@ -75,6 +90,11 @@ type claimStep struct {
 	// or RELEASE), which the claim then never ran after.
 	err    error
 	before bool
+	// queued is the failure of a statement a member before queued (the
+	// member live[queuedBy]), sent in front of the claim, which the server
+	// then skipped.
+	queued   error
+	queuedBy int
 }
 
 // claim sends mb's claim with the statements in front of it, in one round
@@ -83,6 +103,8 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 	co, m := g.c, g.c.m
 	var b pgx.Batch
 	first := !g.begun
+	ps := g.pending
+	g.pending = nil
 	if first {
 		b.BeginTx(m.txOpts)
 		if co.boundSQL != "" {
@@ -91,7 +113,14 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 		if g.token != "" {
 			b.Queue(co.fenceSQL, g.token)
 		}
-	} else if g.spOpen {
+	} else if len(ps) > 0 && g.token != "" {
+		// The check, first, shows the transaction still the group's, so
+		// that a queued statement's failure is its member's own.
+		b.Queue(co.checkSQL, g.token)
+	}
+	pre := len(b.QueuedQueries)
+	queuePending(&b, ps)
+	if !first && g.spOpen {
 		b.Queue(dialect.MessageReleaseSQL)
 	}
 	if co.savepoints {
@@ -107,7 +136,17 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 	if first {
 		g.begun, g.a.inner = true, br.Tx()
 	}
-	for i := range before {
+	for i := 0; i < before; i++ {
+		if i == pre {
+			if k, err := readPending(br, ps); err != nil {
+				_ = br.Close()
+				return claimStep{queued: err, queuedBy: k}
+			}
+			i += statements(ps)
+			if i == before {
+				break
+			}
+		}
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			g.spOpen = false
@@ -138,6 +177,65 @@ func (g *groupTx) claim(ctx context.Context, mb *member) claimStep {
 	// The fenced claim ran in the group's transaction.
 	g.unchecked = nil
 	return claimStep{claimed: claimed}
+}
+
+// claimAll sends BEGIN, the bound, the fence and the claim of every member
+// of live (the first of each key) in one round trip, for a group whose
+// handlers only queue (WithQueuedOnly), and records each claim's step in
+// g.eager. A failure is recorded on the member whose statement failed —
+// the first member's for a statement in front of the claims (before) —
+// and the members after it are not sent.
+func (g *groupTx) claimAll(ctx context.Context, live []*member) {
+	co, m := g.c, g.c.m
+	var b pgx.Batch
+	b.BeginTx(m.txOpts)
+	if co.boundSQL != "" {
+		b.Queue(co.boundSQL)
+	}
+	b.Queue(co.fenceSQL, g.token)
+	pre := len(b.QueuedQueries)
+	cs := make([]*claimOne, len(live))
+	for i, mb := range live {
+		if i > 0 && live[i-1].Key == mb.Key {
+			continue // claimed by the key's first member
+		}
+		c := &claimOne{m: m, at: mb.At, key: mb.Key, token: g.token}
+		if m.partitioned {
+			c.day = utcDay(mb.At)
+		}
+		c.queue(&b)
+		cs[i] = c
+	}
+	br := g.a.l.c.SendBatch(ctx, &b)
+	g.begun, g.a.inner = true, br.Tx()
+	g.eager = make([]eagerStep, len(live))
+	defer func() { _ = br.Close() }()
+	for i := range pre {
+		if _, err := br.Exec(); err != nil {
+			what := "coalesced group"
+			if i == 0 {
+				what = "begin"
+			}
+			g.eager[0] = eagerStep{claimStep{err: fmt.Errorf("idempgx: %s: %w", what, err), before: true}, true}
+			return
+		}
+	}
+	for i, c := range cs {
+		if c == nil {
+			continue
+		}
+		n, h, err := c.result(br)
+		if err != nil {
+			g.eager[i] = eagerStep{claimStep{err: err}, true}
+			return
+		}
+		claimed, err := m.horizonClaimed(c.key, c.at, n, h)
+		if err != nil {
+			g.eager[i] = eagerStep{claimStep{refused: err}, true}
+			continue
+		}
+		g.eager[i] = eagerStep{claimStep{claimed: claimed}, true}
+	}
 }
 
 // queueClaim queues the optimistic design's fenced claim of c, fence its
@@ -221,26 +319,45 @@ func (g *groupTx) rollback(ctx context.Context) (broken bool) {
 }
 
 // commit sends COMMIT after the check — the fence's, or the RELEASE of
-// the last savepoint — in one round trip. A failed check blames the
-// handler that ran last (errRegroup). A COMMIT that fails for a reason no
-// member can be blamed for is retried for the group when its class is
-// retryable, and otherwise sends every member alone.
-func (g *groupTx) commit(ctx context.Context, p *pass) (dialect.Class, error) {
+// the last savepoint — in one round trip, with the statements the last
+// member queued between the fence's check and COMMIT, or before the
+// RELEASE. A failed check blames the handler that ran last (errRegroup). A
+// failed queued statement is returned as queued, for its member
+// (coalescer.queuedFailed); the transaction is then aborted, still open. A
+// COMMIT that fails for a reason no member can be blamed for is retried for
+// the group when its class is retryable, and otherwise sends every member
+// alone.
+func (g *groupTx) commit(ctx context.Context, p *pass) (class dialect.Class, err, queued error, queuedBy int) {
 	var b pgx.Batch
-	switch {
-	case g.token != "":
+	ps := g.pending
+	g.pending = nil
+	if g.token != "" {
 		b.Queue(g.c.checkSQL, g.token)
-	case g.spOpen:
+	}
+	queuePending(&b, ps)
+	if g.spOpen {
 		b.Queue(dialect.MessageReleaseSQL)
 	}
-	check := len(b.QueuedQueries) == 1
 	b.Queue("commit")
 	br := g.a.l.c.SendBatch(ctx, &b)
-	if check {
+	if g.token != "" {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			g.a.rollback(ctx)
-			return g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			class, err := g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			return class, err, nil, -1
+		}
+	}
+	if k, err := readPending(br, ps); err != nil {
+		_ = br.Close()
+		return dialect.Class{}, nil, err, k
+	}
+	if g.spOpen {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			g.a.rollback(ctx)
+			class, err := g.checkFailed(p, fmt.Errorf("idempgx: coalesced group: %w", err))
+			return class, err, nil, -1
 		}
 	}
 	tag, err := br.Exec()
@@ -254,13 +371,13 @@ func (g *groupTx) commit(ctx context.Context, p *pass) (dialect.Class, error) {
 	if err != nil {
 		class := g.classify(err)
 		p.ClaimFailed = !class.Retryable()
-		return class, fmt.Errorf("idempgx: commit: %w", err)
+		return class, fmt.Errorf("idempgx: commit: %w", err), nil, -1
 	}
 	if tag.String() == "ROLLBACK" {
 		p.ClaimFailed = true
-		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback)
+		return dialect.Class{}, fmt.Errorf("idempgx: commit: the transaction had failed and was rolled back: %w", pgx.ErrTxCommitRollback), nil, -1
 	}
-	return dialect.Class{}, nil
+	return dialect.Class{}, nil, nil, -1
 }
 
 // checkFailed judges err, a failed check: when a handler ran since the

@@ -2,6 +2,7 @@ package idempgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -24,9 +25,33 @@ type claimTx struct {
 	// violation is the first refusal of Commit or Rollback: it fails the
 	// delivery even if the handler swallowed it.
 	violation error
+	// queue holds the statements the handler queued (Queue) and has not
+	// sent yet.
+	queue []queued
+	// queueOnly: the Middleware was made WithQueuedOnly, and statements
+	// run at once refuse.
+	queueOnly bool
 }
 
 var _ pgx.Tx = (*claimTx)(nil)
+
+// ErrQueuedOnly reports a statement a handler tried to run at once on a
+// Middleware made WithQueuedOnly, whose handlers only queue (Queue).
+var ErrQueuedOnly = errors.New("idempgx: the Middleware was made WithQueuedOnly: its handlers queue their statements (Queue) and run none at once")
+
+// immediate refuses a statement run at once on a Middleware made
+// WithQueuedOnly, recording the refusal so that it fails the delivery
+// even if the handler swallows it.
+func (t *claimTx) immediate(op string) error {
+	if !t.queueOnly {
+		return nil
+	}
+	err := fmt.Errorf("%w: %s refused", ErrQueuedOnly, op)
+	if t.violation == nil {
+		t.violation = err
+	}
+	return err
+}
 
 func (t *claimTx) refuse(op string) error {
 	err := fmt.Errorf("%w: the handler called %s on the claim's transaction; the middleware commits or rolls back", idempotent.ErrAutocommit, op)
@@ -41,6 +66,12 @@ func (t *claimTx) refuse(op string) error {
 func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.immediate("Begin"); err != nil {
+		return nil, err
+	}
+	if err := t.flush(ctx); err != nil {
+		return nil, err
 	}
 	t.savepoints++
 	sp := &savepointTx{parent: t, name: "idempgx_sp_" + strconv.Itoa(t.savepoints)}
@@ -60,6 +91,12 @@ func (t *claimTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, column
 	if t.closed {
 		return 0, pgx.ErrTxClosed
 	}
+	if err := t.immediate("CopyFrom"); err != nil {
+		return 0, err
+	}
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
 	return t.a.l.c.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
@@ -67,12 +104,18 @@ func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
+	if err := t.immediate("SendBatch"); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	if err := t.flush(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
 	return t.a.l.c.SendBatch(ctx, b)
 }
 
 // LargeObjects returns the large objects of the claim's transaction.
 func (t *claimTx) LargeObjects() pgx.LargeObjects {
-	if t.a.inner == nil {
+	if t.a.inner == nil || t.immediate("LargeObjects") != nil {
 		return pgx.LargeObjects{}
 	}
 	return t.a.inner.LargeObjects()
@@ -82,12 +125,21 @@ func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
+	if err := t.immediate("Prepare"); err != nil {
+		return nil, err
+	}
 	return t.a.l.c.Prepare(ctx, name, sql)
 }
 
 func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	if err := t.immediate("Exec"); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if err := t.flush(ctx); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	return t.a.l.c.Exec(ctx, sql, args...)
 }
@@ -96,6 +148,12 @@ func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
+	if err := t.immediate("Query"); err != nil {
+		return nil, err
+	}
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
 	return t.a.l.c.Query(ctx, sql, args...)
 }
 
@@ -103,12 +161,30 @@ func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	if t.closed {
 		return errRow{pgx.ErrTxClosed}
 	}
+	if err := t.immediate("QueryRow"); err != nil {
+		return errRow{err}
+	}
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
 	return t.a.l.c.QueryRow(ctx, sql, args...)
 }
 
 // Conn returns the claim's connection (nil in unit tests, whose
-// connection is a scripted fake).
-func (t *claimTx) Conn() *pgx.Conn { return t.a.l.raw }
+// connection is a scripted fake), after sending the statements the handler
+// queued, so that those it runs on the connection come after them. A
+// queued statement that fails there aborts the transaction, which fails
+// the delivery when the handler returns. On a Middleware made
+// WithQueuedOnly it returns nil, and the delivery fails (ErrQueuedOnly).
+func (t *claimTx) Conn() *pgx.Conn {
+	if t.immediate("Conn") != nil {
+		return nil
+	}
+	if !t.closed {
+		_ = t.flush(context.Background())
+	}
+	return t.a.l.raw
+}
 
 // savepointTx is a savepoint inside the claim's transaction.
 type savepointTx struct {

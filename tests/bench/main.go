@@ -88,6 +88,10 @@
 //
 //	go run ./tests/bench -loyalty -workers 1,8 -kafka -pgx -latency 0,1ms -growth 1000000 -growth-workers 8 -rounds 3
 //
+// With -write BENCHMARKS.md the run also puts its sections in that file
+// itself: each replaces the section of the same heading (to the next "## "
+// heading), or is appended; nothing is copied by hand.
+//
 // The database comes from -dsn, else IDEMPOTENT_POSTGRES_DSN, else the local
 // default. The run works in a schema of its own, dropped at the end; it
 // opens at most two pools of the largest worker count at a time.
@@ -144,6 +148,7 @@ func main() {
 // of the fields.
 type plan struct {
 	dsn     string
+	write   string // -write's file; "" is none
 	loyalty *options
 	kafka   *kafkaOptions
 	pgx     *pgxOptions
@@ -174,6 +179,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	// Sections are separated by one blank line, whatever the blank lines
 	// each report ends with.
+	var printed strings.Builder // for -write
+	if p.write != "" {
+		stdout = io.MultiWriter(stdout, &printed)
+	}
 	out := &tailWriter{w: stdout}
 	stdout = out
 	section := func() {
@@ -258,6 +267,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.write != "" {
+		return writeSections(p.write, printed.String())
+	}
 	return nil
 }
 
@@ -267,6 +279,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 func parse(args []string, stderr io.Writer) (*plan, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	write := fs.String("write", "", "Markdown file (e.g. BENCHMARKS.md) in which each section the run prints replaces the section of the same heading, or is appended")
 	dsn := fs.String("dsn", "", "Postgres DSN (default $IDEMPOTENT_POSTGRES_DSN, else "+localDSN+")")
 	drivers := fs.String("drivers", "pq,pgx", "comma-separated drivers: pq or pgx, each optionally +param=value[&param=value] (e.g. pq+binary_parameters=yes)")
 	workers := fs.String("workers", "1,8", "comma-separated numbers of concurrent workers (-growth: the first, unless -growth-workers)")
@@ -339,7 +352,7 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	if *warmup < 0 {
 		return nil, fmt.Errorf("-warmup: %v is negative", *warmup)
 	}
-	p := &plan{dsn: firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN)}
+	p := &plan{dsn: firstNonEmpty(*dsn, os.Getenv("IDEMPOTENT_POSTGRES_DSN"), localDSN), write: *write}
 	if *kafkaMode {
 		if *kafkaRecords < 10 {
 			return nil, fmt.Errorf("-kafka-records: %d is fewer than 10", *kafkaRecords)

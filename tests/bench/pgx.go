@@ -65,6 +65,15 @@ type pgxComparison struct {
 	a, b         func(*pgxEnv) func(context.Context) error
 }
 
+// pgxGroup is the group size of the coalesced variants of -pgx, and the
+// batch size they are compared with: head to head, half the workers run
+// each side, so a group gathers at most pgxWorkers/2 callers.
+const pgxGroup = 4
+
+// pgxPerB is, for a comparison whose second operation processes several
+// messages (a batch), how many: its ratio and mean are then per message.
+var pgxPerB = map[string]int{"coqueued-vs-batch": pgxGroup}
+
 var pgxComparisons = []pgxComparison{
 	{"process-vs-handwritten", "`ProcessMessage` ≥ 1.15× hand-written pgx (BEGIN, claim, effect, COMMIT), head to head", 1.15,
 		"`ProcessMessage`", "hand-written pgx",
@@ -82,6 +91,18 @@ var pgxComparisons = []pgxComparison{
 		"pre-check duplicate", "`database/sql` duplicate",
 		func(e *pgxEnv) func(context.Context) error { return e.dupSeen },
 		func(e *pgxEnv) func(context.Context) error { return e.dupSQL }},
+	{"queued-vs-process", "`ProcessMessage` with queued effects (`idempgx.Queue`) ≥ 1.3× `ProcessMessage`, head to head", 1.3,
+		"queued `ProcessMessage`", "`ProcessMessage`",
+		func(e *pgxEnv) func(context.Context) error { return e.queued },
+		func(e *pgxEnv) func(context.Context) error { return e.process }},
+	{"coqueued-vs-process", fmt.Sprintf("coalesced groups of up to %d with queued effects (`WithQueuedOnly`) ≥ 1× `ProcessMessage`, head to head (against coalesce-limit.sh's ceiling: not measured here)", pgxGroup), 1,
+		"coalesced queued", "`ProcessMessage`",
+		func(e *pgxEnv) func(context.Context) error { return e.coQueued },
+		func(e *pgxEnv) func(context.Context) error { return e.process }},
+	{"coqueued-vs-batch", fmt.Sprintf("coalesced groups of up to %d with queued effects (`WithQueuedOnly`) ≥ 0.5× `ProcessMessages` of %d, per message, head to head", pgxGroup, pgxGroup), 0.5,
+		"coalesced queued", fmt.Sprintf("`ProcessMessages` of %d, per message", pgxGroup),
+		func(e *pgxEnv) func(context.Context) error { return e.coQueued },
+		func(e *pgxEnv) func(context.Context) error { return e.batch }},
 }
 
 // pgxSetting is what one network setting (a proxy delay, or none)
@@ -116,6 +137,11 @@ type pgxEnv struct {
 	pool                                          *pgxpool.Pool
 	db                                            *sql.DB
 	process, handwritten, dupPgx, dupSQL, dupSeen func(context.Context) error
+	// queued is process with its effect queued (idempgx.Queue), coQueued
+	// the same on a Middleware coalescing groups of up to pgxGroup whose
+	// handlers only queue (WithQueuedOnly: two round trips a group), batch
+	// ProcessMessages of pgxGroup messages with the effect in one pgx.Batch.
+	queued, coQueued, batch func(context.Context) error
 }
 
 func (e *pgxEnv) close() {
@@ -212,6 +238,43 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 			return err
 		}
 		return tx.Commit(ctx)
+	}
+	queue := func(tx pgx.Tx, cid, oid int64) error {
+		if err := idempgx.Queue(tx, upd, cid); err != nil {
+			return err
+		}
+		return idempgx.Queue(tx, ins, cid, oid)
+	}
+	e.queued = func(ctx context.Context) error {
+		k, oid, cid := next()
+		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
+		return err
+	}
+	mc, err := idempgx.New(p, "loyalty", idempgx.WithTable(table), idempgx.WithQueuedOnly(),
+		idempgx.WithCoalescing(idempotent.Coalescing{Max: pgxGroup, Wait: 500 * time.Microsecond}))
+	if err != nil {
+		return fail(err)
+	}
+	e.coQueued = func(ctx context.Context) error {
+		k, oid, cid := next()
+		_, err := mc.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
+		return err
+	}
+	e.batch = func(ctx context.Context) error {
+		msgs := make([]idempotent.Message, pgxGroup)
+		oids, cids := make([]int64, pgxGroup), make([]int64, pgxGroup)
+		for i := range msgs {
+			msgs[i].Key, oids[i], cids[i] = next()
+		}
+		_, err := m.ProcessMessages(ctx, msgs, func(ctx context.Context, tx pgx.Tx, fresh []int) error {
+			var b pgx.Batch
+			for _, i := range fresh {
+				b.Queue(upd, cids[i])
+				b.Queue(ins, cids[i], oids[i])
+			}
+			return tx.SendBatch(ctx, &b).Close()
+		})
+		return err
 	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
 	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
@@ -312,7 +375,7 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 	}
 	defer e.close()
 	// Warm every connection's statement cache.
-	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen} {
+	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen, e.queued, e.coQueued, e.batch} {
 		if _, err := pgxAlone(ctx, o.workers, o.warmup, f); err != nil {
 			return nil, fmt.Errorf("-pgx: warm-up: %w", err)
 		}
@@ -333,6 +396,9 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 			if err != nil {
 				return nil, fmt.Errorf("-pgx: %s: %w", c.name, err)
 			}
+			if n := pgxPerB[c.name]; n > 0 {
+				mb /= float64(n)
+			}
 			st.ratios[c.name] = append(st.ratios[c.name], mb/ma)
 			st.meanA[c.name] = append(st.meanA[c.name], ma/1e3)
 			st.meanB[c.name] = append(st.meanB[c.name], mb/1e3)
@@ -351,9 +417,11 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 				st.allocs[v.name] = append(st.allocs[v.name], a)
 			}
 		}
-		fmt.Fprintf(log, "pgx round %d/%d  %s  process alone %.0f msgs/s; process %.3f× hand-written, pgx dup %.3f× sql dup, seen %.1f× pgx dup\n",
+		fmt.Fprintf(log, "pgx round %d/%d  %s  process alone %.0f msgs/s; process %.3f× hand-written, pgx dup %.3f× sql dup, seen %.1f× pgx dup; "+
+			"queued %.3f× process, coalesced queued %.3f× process and %.3f× batches\n",
 			r+1, o.rounds, st.label(), last(st.alone["process"]), last(st.ratios["process-vs-handwritten"]),
-			last(st.ratios["dup-vs-sql"]), last(st.ratios["seen-vs-dup"]))
+			last(st.ratios["dup-vs-sql"]), last(st.ratios["seen-vs-dup"]),
+			last(st.ratios["queued-vs-process"]), last(st.ratios["coqueued-vs-process"]), last(st.ratios["coqueued-vs-batch"]))
 	}
 	return st, nil
 }
