@@ -238,8 +238,23 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // still busy with them, so nothing of the attempt can commit.
 // ProcessMessage called with fn's ctx fails with ErrNested.
 //
+// This Middleware keeps no per-key order: a message with an ordering key or
+// sequence (msg.OrderKey, msg.OrderSeq) fails with an error matching
+// idempotent.ErrInvalidOrder, and nothing is written; idempotent.WithOrdering
+// on the database/sql Middleware applies such messages in order.
+//
 // Under WithCoalescing, concurrent calls share transactions: see there.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
+	if msg.OrderKey != "" || msg.OrderSeq != 0 {
+		// A message to keep in order: the core refuses it, for this
+		// Middleware keeps no sequences (idempotent.WithOrdering is the
+		// database/sql Middleware's). Applying it unchecked would apply
+		// it out of order, silently.
+		if err := m.core.CheckMessage(msg); err != nil {
+			m.observe(ctx, msg.Key, 0, 0, time.Time{}, err)
+			return 0, err
+		}
+	}
 	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
 }
 

@@ -633,3 +633,30 @@ func TestHandlerLeavesRowsOpen(t *testing.T) {
 		t.Fatalf("redelivered: (%v, %v), want applied", out, err)
 	}
 }
+
+// TestOrderedMessageRefused: idempgx keeps no per-key order, so a message
+// with an ordering key or sequence fails with ErrInvalidOrder, alone and in
+// a batch, and nothing is written — never applied unchecked.
+func TestOrderedMessageRefused(t *testing.T) {
+	t.Parallel()
+	p, s, m := setup(t, 2)
+	ctx := context.Background()
+	for name, msg := range map[string]idempotent.Message{
+		"key and sequence": {Key: "o1", OrderKey: "acct-1", OrderSeq: 1},
+		"sequence only":    {Key: "o2", OrderSeq: 2},
+		"key only":         {Key: "o3", OrderKey: "acct-1"},
+	} {
+		if _, err := m.ProcessMessage(ctx, msg, insertEffect(s, msg.Key)); !errors.Is(err, idempotent.ErrInvalidOrder) {
+			t.Errorf("%s: ProcessMessage: %v, want ErrInvalidOrder", name, err)
+		}
+		if _, err := m.ProcessMessages(ctx, []idempotent.Message{msg}, func(context.Context, pgx.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidOrder) {
+			t.Errorf("%s: ProcessMessages: %v, want ErrInvalidOrder", name, err)
+		}
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".claims"); n != 0 {
+		t.Errorf("%d claims written, want none", n)
+	}
+	if n := count(t, p, "SELECT count(*) FROM "+s+".effects"); n != 0 {
+		t.Errorf("%d effects written, want none", n)
+	}
+}
