@@ -303,7 +303,7 @@ func (c *Config[T]) Message(msg T) (idempotent.Message, error) {
 		return idempotent.Message{}, fmt.Errorf("%s: %w: key function: %w", c.tr.Name, idempotent.ErrInvalidKey, err)
 	}
 	m := idempotent.Message{Key: key}
-	if err := c.order(msg, &m); err != nil {
+	if err := c.readOrder(msg, &m); err != nil {
 		return m, err
 	}
 	switch c.source {
@@ -338,6 +338,18 @@ func (c *Config[T]) Message(msg T) (idempotent.Message, error) {
 	}
 	m.EventTime = at
 	return m, nil
+}
+
+// readOrder reads the delivery's ordering headers into m (see order) when
+// the Middleware Check was given keeps messages in order
+// (idempotent.WithOrdering); one that does not ignores them, as it ignores
+// any header it does not use: a producer that orders its messages for one
+// consumer does not make them poison for the others.
+func (c *Config[T]) readOrder(msg T, m *idempotent.Message) error {
+	if c.checked != nil && !c.checked.Ordering {
+		return nil
+	}
+	return c.order(msg, m)
 }
 
 // order reads the delivery's OrderKeyHeader and OrderSeqHeader into m,

@@ -1,13 +1,18 @@
 package adapter_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/DATA-DOG/go-sqlmock"
+
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/postgres"
 )
 
 func TestParseOrder(t *testing.T) {
@@ -90,5 +95,62 @@ func TestRoute(t *testing.T) {
 	}
 	if len(used) < 2 {
 		t.Errorf("8 keys all went to one worker")
+	}
+}
+
+// TestMessageReadsOrderOnlyWithOrdering: a delivery's ordering headers
+// become the message's OrderKey and OrderSeq (with its payload kept for
+// parking) when the Middleware was created WithOrdering; a Middleware
+// without it ignores them, so a producer that orders its messages for one
+// consumer does not make them poison for another — and a bad ordering
+// header is poison only where it is read.
+func TestMessageReadsOrderOnlyWithOrdering(t *testing.T) {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	type delivery struct {
+		key  string
+		hdr  map[string]string
+		body []byte
+	}
+	tr := adapter.Transport[delivery]{
+		Name:       "t",
+		DefaultKey: func(d delivery) (string, error) { return d.key, nil },
+		Header:     func(d delivery, name string) (string, bool) { v, ok := d.hdr[name]; return v, ok },
+		Payload:    func(d delivery) []byte { return d.body },
+	}
+	ordered := delivery{key: "m-1", body: []byte("credit"), hdr: map[string]string{adapter.OrderKeyHeader: "acct-1", adapter.OrderSeqHeader: "3"}}
+	bad := delivery{key: "m-2", hdr: map[string]string{adapter.OrderKeyHeader: "acct-1", adapter.OrderSeqHeader: "three"}}
+	for _, c := range []struct {
+		name string
+		opts []idempotent.Option
+		want idempotent.Message
+		bad  bool // the bad header is poison
+	}{
+		{"WithOrdering", []idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }})},
+			idempotent.Message{Key: "m-1", OrderKey: "acct-1", OrderSeq: 3, Payload: []byte("credit")}, true},
+		{"without", nil, idempotent.Message{Key: "m-1"}, false},
+	} {
+		mw, err := idempotent.New(db, postgres.New(), "c", c.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := adapter.NewConfig(tr)
+		if err := cfg.Check(mw); err != nil {
+			t.Fatal(err)
+		}
+		m, err := cfg.Message(ordered)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if m.Key != c.want.Key || m.OrderKey != c.want.OrderKey || m.OrderSeq != c.want.OrderSeq || string(m.Payload) != string(c.want.Payload) {
+			t.Errorf("%s: Message = key %q order %q/%d payload %q, want key %q order %q/%d payload %q", c.name,
+				m.Key, m.OrderKey, m.OrderSeq, m.Payload, c.want.Key, c.want.OrderKey, c.want.OrderSeq, c.want.Payload)
+		}
+		if _, err := cfg.Message(bad); errors.Is(err, idempotent.ErrInvalidOrder) != c.bad {
+			t.Errorf("%s: a bad sequence header: %v, want ErrInvalidOrder %v", c.name, err, c.bad)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/txclaim/idempotent"
@@ -49,6 +50,9 @@ func (p *Path) DB() *sql.DB { return p.p.DB() }
 // handler ran in the attempt that committed. Errors are wrapped as
 // ProcessMessage wraps them.
 func (p *Path) Process(ctx context.Context, msg idempotent.Message, body func(ctx context.Context, a *Attempt) error) (applied bool, err error) {
+	if err := refuseOrdered(msg); err != nil {
+		return false, err
+	}
 	return p.p.Process(ctx, msg.Key, msg.EventTime, func(ctx context.Context, a claimfold.Attempt) error {
 		return body(ctx, &Attempt{a: a})
 	})
@@ -65,6 +69,9 @@ func (p *Path) ProcessBatch(ctx context.Context, msgs []idempotent.Message, body
 	keys := make([]string, len(msgs))
 	var ats []time.Time
 	for i, m := range msgs {
+		if err := refuseOrdered(m); err != nil {
+			return nil, &idempotent.BatchKeyError{Index: i, Err: err}
+		}
 		keys[i] = m.Key
 		if !m.EventTime.IsZero() {
 			if ats == nil {
@@ -129,6 +136,9 @@ type Coalesced struct{ c claimfold.Coalescer }
 func (c *Coalesced) Process(ctx context.Context, msg idempotent.Message, item any, fn func(ctx context.Context, tx *sql.Tx) error, alone func(ctx context.Context, a *Attempt) error) (applied bool, err error) {
 	if alone == nil {
 		return false, errors.New("adapter: Coalesced.Process: nil alone")
+	}
+	if err := refuseOrdered(msg); err != nil {
+		return false, err
 	}
 	return c.c.Process(ctx, msg.Key, msg.EventTime, item, fn, func(ctx context.Context, a claimfold.Attempt) error {
 		return alone(ctx, &Attempt{a: a})
@@ -206,4 +216,14 @@ func (f *Fold) SQL() string { return f.f.SQL }
 // the claim was new. Like ClaimMessage it neither commits nor retries.
 func (f *Fold) Claim(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, msg idempotent.Message, args ...any) (companion int64, claimed bool, err error) {
 	return f.f.Claim(ctx, tx, stmt, msg.Key, msg.EventTime, args...)
+}
+
+// refuseOrdered refuses a message with an ordering key or sequence: a
+// Path's claims keep no per-key order (idempotent.WithOrdering is
+// ProcessMessage's), and applying it unchecked would apply it out of order.
+func refuseOrdered(msg idempotent.Message) error {
+	if msg.OrderKey == "" && msg.OrderSeq == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: key %q: a Path keeps no per-key order; process ordered messages with the Middleware's ProcessMessage", idempotent.ErrInvalidOrder, msg.Key)
 }

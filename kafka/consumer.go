@@ -107,6 +107,12 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	if name := mw.Config().Dialect.Name(); name != "postgres" {
 		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
 	}
+	if mw.Config().Ordering {
+		// A record's claim is folded with its offset advance (adapter.Path),
+		// which keeps no per-key order; a partition already applies its
+		// records in offset order.
+		return nil, fmt.Errorf("kafka: %s: the Middleware was created WithOrdering, which the Kafka consumer does not support: records of one key share a partition and apply in offset order; key the records by entity instead", fn)
+	}
 	path, err := adapter.NewPath(mw)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %s: %w", fn, err)

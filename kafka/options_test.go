@@ -30,6 +30,11 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ordered, err := idempotent.New(db, postgres.New(), "c", idempotent.WithOrdering(idempotent.Ordering{
+		Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := func(context.Context, *sql.Tx, *kgo.Record) error { return nil }
 	tests := []struct {
 		name string
@@ -58,6 +63,7 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 		{"reset position", mw, h, []kafka.Option{kafka.WithResetPosition(kafka.ResetPosition(7))}, "WithResetPosition", nil},
 		{"partitioned without an event time", parted, h, []kafka.Option{kafka.WithoutEventTime()}, "WithoutEventTime", adapter.ErrNoProducerEventTime},
 		{"partitioned with the record timestamp", parted, h, []kafka.Option{kafka.WithTransportEventTime()}, "record timestamp", adapter.ErrNoProducerEventTime},
+		{"ordering", ordered, h, nil, "WithOrdering", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
