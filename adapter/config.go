@@ -258,6 +258,9 @@ func (c *Config[T]) Check(mw *idempotent.Middleware) error {
 			return fmt.Errorf("%w; WithoutEventTime reads none", err)
 		}
 	}
+	if cfg.Ordering && c.tr.Payload == nil {
+		return fmt.Errorf("%s: the Middleware was created WithOrdering, but the adapter cannot keep a delivery's body: a message parked until its predecessor applies would be released without it", c.tr.Name)
+	}
 	c.checked, c.partition = &cfg, cfg.Partitioned()
 	return nil
 }

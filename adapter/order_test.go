@@ -154,3 +154,31 @@ func TestMessageReadsOrderOnlyWithOrdering(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesOrderingWithoutPayload: a transport whose deliveries'
+// bodies the adapter cannot read cannot park them, so a Middleware created
+// WithOrdering is refused at construction rather than releasing a parked
+// message without its body.
+func TestCheckRefusesOrderingWithoutPayload(t *testing.T) {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	mw, err := idempotent.New(db, postgres.New(), "c", idempotent.WithOrdering(idempotent.Ordering{
+		Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := adapter.Transport[string]{Name: "t", DefaultKey: func(s string) (string, error) { return s, nil },
+		Header: func(string, string) (string, bool) { return "", false }}
+	without := adapter.NewConfig(tr)
+	if err := without.Check(mw); err == nil || !strings.Contains(err.Error(), "WithOrdering") {
+		t.Errorf("Check without a Payload: %v, want a refusal naming WithOrdering", err)
+	}
+	tr.Payload = func(s string) []byte { return []byte(s) }
+	with := adapter.NewConfig(tr)
+	if err := with.Check(mw); err != nil {
+		t.Errorf("Check with a Payload: %v", err)
+	}
+}
