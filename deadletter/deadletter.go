@@ -216,8 +216,10 @@ func (f Filter) Empty() bool {
 	return f.Consumer == "" && f.Topic == "" && f.Key == "" && f.Reason == "" && f.From.IsZero() && f.Before.IsZero() && len(f.IDs) == 0
 }
 
-// check returns an error matching ErrInvalidFilter naming what is wrong.
-func (f Filter) check() error {
+// Check returns an error matching ErrInvalidFilter naming what is wrong
+// with f, or nil: List, Replay and Discard call it before anything is sent
+// to the database; a tool calls it to check its input first.
+func (f Filter) Check() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidFilter, fmt.Sprintf(format, args...))
 	}
@@ -425,7 +427,7 @@ func (s *Store) query(ctx context.Context, q interface {
 // order they were dead-lettered in), and the After of the next page: 0
 // when this page is the last.
 func (s *Store) List(ctx context.Context, f Filter) ([]DeadLetter, int64, error) {
-	if err := f.check(); err != nil {
+	if err := f.Check(); err != nil {
 		return nil, 0, err
 	}
 	limit := f.Limit
@@ -540,7 +542,7 @@ func checkActor(actor string) error {
 // f selects and calls each with them; it commits when each returns nil.
 // Every id of f.IDs must be among them.
 func (s *Store) locked(ctx context.Context, what string, f Filter, actor string, each func(*sql.Tx, []DeadLetter) error) error {
-	if err := f.check(); err != nil {
+	if err := f.Check(); err != nil {
 		return err
 	}
 	if err := checkActor(actor); err != nil {
