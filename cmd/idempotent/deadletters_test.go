@@ -16,6 +16,7 @@ import (
 
 	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/outbox"
+	"github.com/txclaim/idempotent/postgres"
 )
 
 // seedDeadLetters writes two dead letters of consumer "payments" into the
@@ -205,6 +206,15 @@ func TestDeadLettersCLI(t *testing.T) {
 	if out := dl("list"); !strings.HasSuffix(out, "1 dead letters in "+table+"\n") {
 		t.Errorf("list after the discard:\n%s", out)
 	}
+
+	// stats shows the outbox beside the claim table, and its dead letters;
+	// the HTTP response table is cleaned with the claims' window.
+	claims := s + ".processed_messages"
+	cliOK(t, "migrate", "-dsn", dsn, "-table", claims)
+	if out := cliOK(t, "stats", "-dsn", dsn, "-table", claims); !regexp.MustCompile(`(?m)^outbox\s+` + regexp.QuoteMeta(table) + `: 3 pending \(0 leased, oldest \S+\), 0 given up; 1 dead letters \(idempotent dead-letters list\)$`).MatchString(out) {
+		t.Errorf("stats does not show the outbox:\n%s", out)
+	}
+	checkHTTPResponses(t, dsn, claims, postgres.New(), db)
 }
 
 // TestDeadLettersCLIOtherDatabases: on MariaDB and SQLite, where no
