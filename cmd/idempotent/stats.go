@@ -49,15 +49,7 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 	}
 	defer d.db.Close()
 	t, _ := dialect.ParseTable(c.table) // checked by claimTable
-	var lay layout
-	switch d.target.kind {
-	case kindMySQL:
-		lay, err = mysqlLayout(ctx, d.db, d.target.dialect, t)
-	case kindSQLite:
-		lay, err = sqliteLayout(ctx, d.db, t)
-	default:
-		lay, err = postgresLayout(ctx, d.db, t)
-	}
+	lay, err := d.layout(ctx, t)
 	if err != nil {
 		return d.clean(err)
 	}
@@ -169,6 +161,17 @@ WHERE n.nspname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE o
 	return lay, err
 }
 
+// layout reads the layout of table t in d's database.
+func (d *database) layout(ctx context.Context, t dialect.Table) (layout, error) {
+	switch d.target.kind {
+	case kindMySQL:
+		return mysqlLayout(ctx, d.db, d.target.dialect, t)
+	case kindSQLite:
+		return sqliteLayout(ctx, d.db, t)
+	}
+	return postgresLayout(ctx, d.db, t)
+}
+
 // beside names table name in the schema of t, the claim table.
 func beside(t dialect.Table, name string) string {
 	if t.Schema == "" {
@@ -186,16 +189,7 @@ func otherTables(ctx context.Context, w io.Writer, d *database, t dialect.Table,
 		httpName = beside(t, t.Name+"_http")
 	}
 	ht, _ := dialect.ParseTable(httpName) // checked with the flags
-	var lay layout
-	var err error
-	switch d.target.kind {
-	case kindMySQL:
-		lay, err = mysqlLayout(ctx, d.db, d.target.dialect, ht)
-	case kindSQLite:
-		lay, err = sqliteLayout(ctx, d.db, ht)
-	default:
-		lay, err = postgresLayout(ctx, d.db, ht)
-	}
+	lay, err := d.layout(ctx, ht)
 	if err != nil {
 		return err
 	}
