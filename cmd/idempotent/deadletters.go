@@ -330,7 +330,7 @@ func deadLettersAct(ctx context.Context, name string, args []string, e env) erro
 	}
 	done, err := act(ctx, c.filter, *by)
 	if errors.Is(err, deadletter.ErrNotFound) {
-		return fmt.Errorf("%s (nothing was changed)", strings.TrimPrefix(d.clean(err).Error(), "deadletter: "))
+		return errors.New(strings.TrimPrefix(d.clean(err).Error(), "deadletter: "))
 	}
 	if err != nil {
 		return d.clean(err)

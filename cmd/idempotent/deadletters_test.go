@@ -160,7 +160,7 @@ func TestDeadLettersCLI(t *testing.T) {
 	}
 	// An id that is not a dead letter: exit 1, nothing changed.
 	code, stdout, stderr := runCLI(t, nil, "dead-letters", "replay", "-ids", fmt.Sprintf("%d,%d", ids[0], ids[1]+1000), "-by", "ops", "-dsn", dsn, "-table", table)
-	if code != 1 || !strings.Contains(stderr, fmt.Sprintf("no such dead letter: %d in %s", ids[1]+1000, table)) || !strings.Contains(stderr, "nothing was changed") || stdout != "" {
+	if code != 1 || !strings.Contains(stderr, fmt.Sprintf("no such dead letter: %d in %s", ids[1]+1000, table)) || !strings.Contains(stderr, "nothing was done") || stdout != "" {
 		t.Errorf("replay of an unknown id: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	if got := tables(t, db, s); strings.TrimSuffix(got, "; audit 0") != before {
