@@ -116,21 +116,64 @@ func DeadLetterSender(topic *pubsub.Topic) outbox.Sender {
 		if err := json.Unmarshal(m.Payload, &d); err != nil {
 			return outbox.Permanent(fmt.Errorf("cdkpubsub: outbox row %d is not a dead letter: %w", m.ID, err))
 		}
-		md := make(map[string]string, len(d.Metadata)+4)
-		maps.Copy(md, d.Metadata)
-		maps.Copy(md, m.Trace)
-		if !m.EventTime.IsZero() {
-			md[adapter.EventTimeHeader] = adapter.FormatEventTime(m.EventTime)
-		}
+		md := replayMetadata(d, m)
 		md[DeadLetterIDMetadata] = m.IdempotencyKey
 		md[DeadLetterErrorMetadata] = d.Error
 		md[DeadLetterSourceMetadata] = d.LoggableID
-		body := d.Body
-		if body == nil {
-			body = []byte{}
-		}
-		if err := topic.Send(ctx, &pubsub.Message{Body: body, Metadata: md}); err != nil {
+		if err := topic.Send(ctx, &pubsub.Message{Body: body(d), Metadata: md}); err != nil {
 			return fmt.Errorf("cdkpubsub: publish dead letter of outbox row %d: %w", m.ID, err)
+		}
+		return nil
+	})
+}
+
+// replayMetadata returns a copy of d's metadata with m's event time, when it has
+// one, in the adapter.EventTimeHeader key in place of the message's own.
+func replayMetadata(d DeadLetter, m outbox.Message) map[string]string {
+	md := make(map[string]string, len(d.Metadata)+4)
+	maps.Copy(md, d.Metadata)
+	maps.Copy(md, m.Trace) // the relay's send span, in place of the original's
+	if !m.EventTime.IsZero() {
+		md[adapter.EventTimeHeader] = adapter.FormatEventTime(m.EventTime)
+	}
+	return md
+}
+
+// body is d's body, empty rather than nil.
+func body(d DeadLetter) []byte {
+	if d.Body == nil {
+		return []byte{}
+	}
+	return d.Body
+}
+
+// ReplayIDMetadata carries a replay's outbox idempotency key, the same on
+// every copy a relay publishes of one replay.
+const ReplayIDMetadata = "dead-letter-replay-id"
+
+// ReplaySender returns the outbox Sender that publishes the replays
+// deadletter.Store.Replay writes for the kind given to WithDeadLetter
+// (their kind is deadletter.ReplayKind(kind)) to topic — the topic the
+// poison messages came from, which a DeadLetter does not record: the
+// message's body and metadata, with the event time the Consumer read in
+// the adapter.EventTimeHeader key in place of the original's (as
+// DeadLetterSender does), plus ReplayIDMetadata. The Consumer reads the
+// message key from the same metadata as before, so a replay of a message
+// applied since is a Duplicate. A payload that is not a DeadLetter fails
+// permanently.
+func ReplaySender(topic *pubsub.Topic) outbox.Sender {
+	return outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		if topic == nil {
+			return outbox.Permanent(errors.New("cdkpubsub: ReplaySender: nil topic"))
+		}
+		var d DeadLetter
+		if err := json.Unmarshal(m.Payload, &d); err != nil {
+			return outbox.Permanent(fmt.Errorf("cdkpubsub: outbox row %d is not a dead letter to replay: %w", m.ID, err))
+		}
+		md := replayMetadata(d, m)
+		md[ReplayIDMetadata] = m.IdempotencyKey
+		if err := topic.Send(ctx, &pubsub.Message{Body: body(d), Metadata: md}); err != nil {
+			return fmt.Errorf("cdkpubsub: publish replay of outbox row %d: %w", m.ID, err)
 		}
 		return nil
 	})

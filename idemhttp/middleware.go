@@ -86,29 +86,15 @@ func NewOn(b Backend, scope ScopeFunc, opts ...Option) (*Middleware, error) {
 			return nil, err
 		}
 	}
-	claims, err := dialect.ParseTable(claim.Table)
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp: claim table: %w", err)
-	}
-	name := cfg.table
-	if name == "" {
-		name = claims.Name + "_http"
-		if claims.Schema != "" {
-			name = claims.Schema + "." + name
-		}
-	}
-	resp, err := dialect.ParseTable(name)
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp: response table: %w", err)
-	}
-	st, err := newStatements(claim.Dialect.Name(), resp, claims)
+	st, table, err := Tables{Claims: claim.Table, Responses: cfg.table}.parse(claim.Dialect)
 	if err != nil {
 		return nil, err
 	}
+	resp, _ := dialect.ParseTable(table) // parse checked it
 	// GlobalScope is told by its code pointer: a function value is
 	// comparable no other way.
 	global := reflect.ValueOf(scope).Pointer() == reflect.ValueOf(GlobalScope).Pointer()
-	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, global: global, cfg: cfg, resp: resp, table: resp.String(), sql: st}, nil
+	return &Middleware{b: b, core: b.Core(), claim: claim, db: db, scope: scope, global: global, cfg: cfg, resp: resp, table: table, sql: st}, nil
 }
 
 // Table returns the response table's name.

@@ -31,8 +31,8 @@ func TestStatementsGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			var b strings.Builder
-			b.WriteString("-- SchemaSQL up\n" + up + "\n-- SchemaSQL down\n" + down + "\n-- put, get, cleanup\n")
-			for _, q := range []string{st.put, st.get, st.cleanup} {
+			b.WriteString("-- SchemaSQL up\n" + up + "\n-- SchemaSQL down\n" + down + "\n-- put, get, cleanup, stats\n")
+			for _, q := range []string{st.put, st.get, st.cleanup, st.stats} {
 				b.WriteString(q + ";\n\n")
 			}
 			if st.headerType != "" {

@@ -20,6 +20,7 @@ type statements struct {
 	put     string   // upsert of one response: consumer, key, fingerprint, status, header, body, created_at
 	get     string   // fingerprint, status, header, body of consumer, key
 	cleanup string   // delete up to $2 responses created before $1 whose claim is gone
+	stats   string   // count of responses, oldest created_at (0 when none)
 
 	// The upgrade of a table made by an earlier version, on MySQL and
 	// MariaDB only (empty elsewhere): headerType reads the header column's
@@ -125,6 +126,7 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 	SELECT x.consumer, x.message_key FROM %[1]s x WHERE x.created_at < $1
 	AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT $2
 ) AND created_at < $1`, r, c),
+			stats: statsSQL(r),
 		}, nil
 	case "mysql":
 		r, c := resp.Quoted(backQuote), claims.Quoted(backQuote)
@@ -137,6 +139,7 @@ header = VALUES(header), body = VALUES(body), created_at = VALUES(created_at)`, 
 			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
 			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE created_at < ?
 AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.message_key = %[1]s.message_key) LIMIT ?`, r, c),
+			stats:       statsSQL(r),
 			headerType:  "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = 'header'",
 			lockWait:    fmt.Sprintf("SET SESSION lock_wait_timeout = %d", int64(HeaderLockWait/time.Second)),
 			widenHeader: fmt.Sprintf("ALTER TABLE %s MODIFY header LONGBLOB NOT NULL", r),
@@ -154,6 +157,7 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 	SELECT x.rowid FROM %[1]s x WHERE x.created_at < ?
 	AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT ?
 )`, r, c),
+			stats: statsSQL(r),
 		}, nil
 	}
 	return statements{}, fmt.Errorf("%w: %q", ErrUnsupportedDialect, name)
@@ -306,6 +310,12 @@ func (m *Middleware) widenHeader(ctx context.Context) error {
 // deletes at most.
 const DefaultCleanupBatch = 1000
 
+// statsSQL is the stats statement of the quoted response table r, the
+// same on every dialect.
+func statsSQL(r string) string {
+	return fmt.Sprintf("SELECT count(*), COALESCE(min(created_at), 0) FROM %s", r)
+}
+
 // Cleanup deletes the stored responses whose claim is gone, in statements of
 // at most batch rows (DefaultCleanupBatch when batch <= 0), each its own
 // short transaction, until one deletes nothing. Run it after the claim
@@ -318,25 +328,106 @@ const DefaultCleanupBatch = 1000
 // retention window are never deleted, so a first request that is re-writing
 // one of them at the same moment keeps its fresh response.
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (deleted int64, err error) {
+	return cleanup(ctx, m.db, m.sql.cleanup, m.table, m.claim.Clock().Add(-m.claim.Retention), batch)
+}
+
+// cleanup runs stmt, a cleanup statement of table, with cutoff and batch
+// until it deletes nothing.
+func cleanup(ctx context.Context, db *sql.DB, stmt, table string, cutoff time.Time, batch int) (deleted int64, err error) {
 	if batch <= 0 {
 		batch = DefaultCleanupBatch
 	}
-	cutoff := m.claim.Clock().Add(-m.claim.Retention).UnixMicro()
 	for {
 		if err := ctx.Err(); err != nil {
 			return deleted, err
 		}
-		res, err := m.db.ExecContext(ctx, m.sql.cleanup, cutoff, batch)
+		res, err := db.ExecContext(ctx, stmt, cutoff.UnixMicro(), batch)
 		if err != nil {
-			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", m.table, err)
+			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", table, err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", m.table, err)
+			return deleted, fmt.Errorf("idemhttp: clean up %s: %w", table, err)
 		}
 		deleted += n
 		if n == 0 {
 			return deleted, nil
 		}
 	}
+}
+
+// Tables names a response table and the claim table beside it, for the
+// table-wide upkeep a tool runs without a Middleware (the idempotent
+// command): CleanupTable and TableStats.
+type Tables struct {
+	// Claims is the claim table, "table" or "schema.table".
+	Claims string
+	// Responses is the response table; "" is the default beside Claims
+	// (its name followed by "_http", as New names it).
+	Responses string
+}
+
+// parse returns the statements of d for t, and the response table's name.
+func (t Tables) parse(d dialect.Dialect) (statements, string, error) {
+	if d == nil {
+		return statements{}, "", errors.New("idemhttp: nil dialect")
+	}
+	claims, err := dialect.ParseTable(t.Claims)
+	if err != nil {
+		return statements{}, "", fmt.Errorf("idemhttp: claim table: %w", err)
+	}
+	name := t.Responses
+	if name == "" {
+		name = claims.Name + "_http"
+		if claims.Schema != "" {
+			name = claims.Schema + "." + name
+		}
+	}
+	resp, err := dialect.ParseTable(name)
+	if err != nil {
+		return statements{}, "", fmt.Errorf("idemhttp: response table: %w", err)
+	}
+	st, err := newStatements(d.Name(), resp, claims)
+	return st, resp.String(), err
+}
+
+// CleanupTable is Middleware.Cleanup for a tool that has the tables and the
+// claims' retention window but no Middleware: it deletes, in batches, the
+// responses of t stored more than retention ago (by the database server's
+// clock as the local one reads it: now) whose claim is gone. Give the
+// claim table's retention window, the one its cleanup used.
+func CleanupTable(ctx context.Context, db *sql.DB, d dialect.Dialect, t Tables, retention time.Duration, batch int) (int64, error) {
+	if retention <= 0 {
+		return 0, fmt.Errorf("idemhttp: CleanupTable: retention %v is not a positive duration", retention)
+	}
+	st, name, err := t.parse(d)
+	if err != nil {
+		return 0, err
+	}
+	return cleanup(ctx, db, st.cleanup, name, time.Now().Add(-retention), batch)
+}
+
+// ResponseStats are the figures of a response table.
+type ResponseStats struct {
+	// Responses is how many responses are stored.
+	Responses int64
+	// Oldest is when the oldest was stored (zero when none is).
+	Oldest time.Time
+}
+
+// TableStats counts the responses of t (a full scan).
+func TableStats(ctx context.Context, db *sql.DB, d dialect.Dialect, t Tables) (ResponseStats, error) {
+	st, name, err := t.parse(d)
+	if err != nil {
+		return ResponseStats{}, err
+	}
+	var s ResponseStats
+	var oldest int64
+	if err := db.QueryRowContext(ctx, st.stats).Scan(&s.Responses, &oldest); err != nil {
+		return ResponseStats{}, fmt.Errorf("idemhttp: stats of %s: %w", name, err)
+	}
+	if oldest != 0 {
+		s.Oldest = time.UnixMicro(oldest).UTC()
+	}
+	return s, nil
 }

@@ -6,13 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -97,22 +94,7 @@ func DeadLetterSender(cl *kgo.Client) outbox.Sender {
 		if err := json.Unmarshal(m.Payload, &d); err != nil || d.Topic == "" {
 			return outbox.Permanent(fmt.Errorf("kafka: outbox row %d is not a dead letter: %v", m.ID, err))
 		}
-		rec := &kgo.Record{Topic: d.Topic, Key: d.Key, Value: d.Value}
-		for _, h := range d.Headers {
-			if !m.EventTime.IsZero() && h.Key == adapter.EventTimeHeader {
-				continue
-			}
-			if _, ok := m.Trace[h.Key]; ok {
-				continue
-			}
-			rec.Headers = append(rec.Headers, h)
-		}
-		for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(m.Trace[k])})
-		}
-		if !m.EventTime.IsZero() {
-			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: adapter.EventTimeHeader, Value: []byte(adapter.FormatEventTime(m.EventTime))})
-		}
+		rec := &kgo.Record{Topic: d.Topic, Key: d.Key, Value: d.Value, Headers: withEventTime(d.Headers, m)}
 		rec.Headers = append(rec.Headers,
 			kgo.RecordHeader{Key: DeadLetterIDHeader, Value: []byte(m.IdempotencyKey)},
 			kgo.RecordHeader{Key: DeadLetterSourceHeader, Value: []byte(partitionSource(d.SourceTopic, d.Partition, d.Offset))},

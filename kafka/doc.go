@@ -165,7 +165,10 @@
 // ([DeadLetterKind], see [WithDeadLetter]); an outbox Relay with
 // [DeadLetterSender] produces it to the dead-letter topic. As the row and
 // the offset advance commit together, each poison record is dead-lettered
-// exactly once. Every other failure is a requeue: Kafka keeps a partition's
+// exactly once. Package deadletter (and "idempotent dead-letters") lists,
+// replays and discards those rows; a Relay with [ReplaySender] for
+// [ReplayKind] produces a replay to its source topic with the original key,
+// headers and event time. Every other failure is a requeue: Kafka keeps a partition's
 // records in order, so the Consumer rolls back and tries the same record
 // again in place after the rule's delay — RetryPolicy.Backoff of
 // [WithRetryDelay]'s bounds, for the attempt — and a record is never

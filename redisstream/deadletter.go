@@ -103,27 +103,65 @@ func DeadLetterSender(client redis.UniversalClient) outbox.Sender {
 		if err := json.Unmarshal(m.Payload, &d); err != nil || d.Stream == "" {
 			return outbox.Permanent(fmt.Errorf("redisstream: outbox row %d is not a dead letter: %v", m.ID, err))
 		}
-		vals := make([]any, 0, 2*len(d.Values)+8)
-		for _, k := range slices.Sorted(maps.Keys(d.Values)) {
-			if k == DeadLetterIDField || k == DeadLetterSourceField || k == DeadLetterErrorField ||
-				(!m.EventTime.IsZero() && k == adapter.EventTimeHeader) {
-				continue
-			}
-			if _, ok := m.Trace[k]; ok {
-				continue
-			}
-			vals = append(vals, k, d.Values[k])
-		}
-		for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
-			vals = append(vals, k, m.Trace[k])
-		}
-		if !m.EventTime.IsZero() {
-			vals = append(vals, adapter.EventTimeHeader, adapter.FormatEventTime(m.EventTime))
-		}
+		vals := fields(d.Values, m, DeadLetterIDField, DeadLetterSourceField, DeadLetterErrorField)
 		vals = append(vals, DeadLetterIDField, m.IdempotencyKey,
 			DeadLetterSourceField, d.SourceStream+"/"+d.Group+"/"+d.ID, DeadLetterErrorField, d.Error)
 		if err := client.XAdd(ctx, &redis.XAddArgs{Stream: d.Stream, Values: vals}).Err(); err != nil {
 			return fmt.Errorf("redisstream: add dead letter to %q: %w", d.Stream, err)
+		}
+		return nil
+	})
+}
+
+// fields returns the entry's fields, sorted, for XADD: without those named
+// in drop, and with m's event time, when it has one, in the
+// adapter.EventTimeHeader field in place of the entry's own.
+func fields(values map[string]string, m outbox.Message, drop ...string) []any {
+	vals := make([]any, 0, 2*len(values)+8)
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		if slices.Contains(drop, k) || (!m.EventTime.IsZero() && k == adapter.EventTimeHeader) {
+			continue
+		}
+		if _, ok := m.Trace[k]; ok {
+			continue // the relay's send span, in place of the original's
+		}
+		vals = append(vals, k, values[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
+		vals = append(vals, k, m.Trace[k])
+	}
+	if !m.EventTime.IsZero() {
+		vals = append(vals, adapter.EventTimeHeader, adapter.FormatEventTime(m.EventTime))
+	}
+	return vals
+}
+
+// ReplayKind is the outbox kind of the replays of dead letters
+// (deadletter.ReplayKind(DeadLetterKind)); register ReplaySender for it on
+// the Relay.
+const ReplayKind = DeadLetterKind + "-replay"
+
+// ReplayIDField carries a replay's outbox idempotency key, the same on
+// every copy a relay adds of one replay.
+const ReplayIDField = "dead-letter-replay-id"
+
+// ReplaySender returns the outbox Sender that adds the replays
+// deadletter.Store.Replay writes (a DeadLetter as payload) back to their
+// source stream with client: the original entry's fields, with the event
+// time the Consumer read in the adapter.EventTimeHeader field in place of
+// the original's (as DeadLetterSender does), plus ReplayIDField. The
+// Consumer reads the message key from the same field as before, so a
+// replay of an entry applied since is a Duplicate. A payload that is not a
+// DeadLetter fails permanently.
+func ReplaySender(client redis.UniversalClient) outbox.Sender {
+	return outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
+		var d DeadLetter
+		if err := json.Unmarshal(m.Payload, &d); err != nil || d.SourceStream == "" {
+			return outbox.Permanent(fmt.Errorf("redisstream: outbox row %d is not a dead letter to replay: %v", m.ID, err))
+		}
+		vals := append(fields(d.Values, m, ReplayIDField), ReplayIDField, m.IdempotencyKey)
+		if err := client.XAdd(ctx, &redis.XAddArgs{Stream: d.SourceStream, Values: vals}).Err(); err != nil {
+			return fmt.Errorf("redisstream: replay %s/%s/%s: %w", d.SourceStream, d.Group, d.ID, err)
 		}
 		return nil
 	})

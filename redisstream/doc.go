@@ -62,7 +62,9 @@
 //     recognised by [WithPoison], a handler that left the claim's
 //     transaction ([idempotent.ErrAutocommit]), or more deliveries than
 //     [WithMaxDeliveries] allows ([ErrMaxDeliveries]): written to the
-//     dead-letter outbox in a transaction ([WithDeadLetter]), then XACK;
+//     dead-letter outbox in a transaction ([WithDeadLetter]), then XACK
+//     (package deadletter lists, replays and discards those rows: a Relay
+//     with [ReplaySender] adds a replay back to its source stream);
 //     without a dead-letter outbox, XACK alone: the entry is dropped, and
 //     the event's Detail is a [Dropped] ([adapter.EventDeadLettered], with
 //     the error).

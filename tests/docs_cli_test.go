@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/txclaim/idempotent/outbox"
 	"github.com/txclaim/idempotent/sqlite"
 )
 
@@ -174,6 +178,8 @@ SELECT c, c || g, now() - make_interval(days => 45 - g % 44) FROM generate_serie
 		}
 	}
 
+	seedDocDeadLetters(t, db, schema)
+
 	checked := 0
 	for _, block := range docSamples(t, filepath.Join("..", "docs", "operations.md")) {
 		for _, c := range block {
@@ -240,4 +246,47 @@ func matchSample(want, got []string) string {
 		}
 	}
 	return fmt.Sprintf("it printed %q after what the sample shows", got[len(want)])
+}
+
+// seedDocDeadLetters writes the two dead letters docs/operations.md shows
+// into the outbox of schema: poison Kafka records of consumer payments, as
+// kafka.WithDeadLetter writes them, already sent to the dead-letter topic.
+func seedDocDeadLetters(t *testing.T, db *sql.DB, schema string) {
+	t.Helper()
+	ob, err := outbox.New(db, "payments", outbox.WithTable(schema+".outbox"), outbox.WithoutNotify())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		offset     int
+		key, value string
+		err        string
+	}{
+		{17, "", `{"id":"pay-4410","account":"acct-9",`, "decode: unexpected end of JSON input"},
+		{18, "pay-4411", `{"id":"pay-4411","account":"acct-9","amount":1200}`, "the ledger refused the payment: account acct-9 is frozen"},
+	} {
+		headers := []map[string]any{{"Key": "Idempotent-Event-Time", "Value": []byte("2026-11-30T09:14:02.5Z")}}
+		if r.key != "" {
+			headers = append([]map[string]any{{"Key": "idempotency-key", "Value": []byte(r.key)}}, headers...)
+		}
+		payload, _ := json.Marshal(map[string]any{"topic": "payments-dlq", "source_topic": "payments", "partition": 0, "offset": r.offset,
+			"key": []byte("acct-9"), "value": []byte(r.value), "headers": headers, "error": r.err})
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, _ := time.Parse(time.RFC3339Nano, "2026-11-30T09:14:02.5Z")
+		if _, err := ob.Enqueue(context.Background(), tx, fmt.Sprintf("payments/0/%d", r.offset), "kafka-dead-letter", payload, outbox.WithEventTime(at)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Exec(`UPDATE ` + schema + `.outbox SET state = 'sent', sent_at = now(), attempts = 1`); err != nil {
+		t.Fatal(err)
+	}
 }

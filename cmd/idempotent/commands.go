@@ -9,6 +9,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/idemhttp"
 	"github.com/txclaim/idempotent/migrations"
 	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/sqlite"
@@ -237,6 +238,8 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 	timeout := c.fs.Duration("statement-timeout", def.StatementTimeout, "time limit of one batch's DELETE")
 	pause := c.fs.Duration("pause", 0, "sleep between batches")
 	dryRun := c.fs.Bool("dry-run", false, "count the claims that would be deleted, delete nothing")
+	httpResponses := c.fs.Bool("http-responses", false, "then delete the stored HTTP responses (idemhttp) whose claims are gone and older than -retention")
+	httpTable := c.fs.String("http-table", "", `the HTTP response table, with -http-responses (default: the claim table's name + "_http")`)
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -259,6 +262,17 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 	}
 	if err := opts.Validate(); err != nil {
 		return usageError{err.Error()}
+	}
+	if *httpTable != "" && !*httpResponses {
+		return usageError{"-http-table without -http-responses: add -http-responses to clean the response table"}
+	}
+	if *httpTable != "" {
+		if _, err := dialect.ParseTable(*httpTable); err != nil {
+			return usageError{"-http-table: " + err.Error()}
+		}
+	}
+	if *httpResponses && *dryRun {
+		return usageError{"-http-responses and -dry-run: a dry run counts claims only"}
 	}
 	d, t, err := c.claimTableFor(ctx, *consumer, idempotent.WithRetention(retention.d), idempotent.WithClockSkew(skew.d))
 	if err != nil {
@@ -311,6 +325,17 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(e.stdout, "deleted %d claims in %d batches, %v (%.0f claims/s); longest batch %v\n",
 		n, batches, elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9), longest.Round(time.Millisecond))
+	if !*httpResponses {
+		return nil
+	}
+	// The responses go after their claims, by the claims' window: one
+	// whose claim is still there is kept, whatever its age.
+	tables := idemhttp.Tables{Claims: c.table, Responses: *httpTable}
+	n, err = idemhttp.CleanupTable(ctx, d.db, d.target.dialect, tables, retention.d, opts.BatchSize)
+	if err != nil {
+		return d.clean(err)
+	}
+	fmt.Fprintf(e.stdout, "deleted %d stored HTTP responses whose claims are gone\n", n)
 	return nil
 }
 

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/idemhttp"
 	"github.com/txclaim/idempotent/internal/testenv"
+	"github.com/txclaim/idempotent/mysql"
 	"github.com/txclaim/idempotent/sqlite"
 )
 
@@ -109,6 +112,7 @@ func TestCLIOnSQLite(t *testing.T) {
 	if out := cliOK(t, "stats", "-dsn", path); !strings.Contains(out, "database  sqlite\n") || !strings.Contains(out, "claims    1\n") {
 		t.Fatalf("stats with a bare path:\n%s", out)
 	}
+	checkHTTPResponses(t, "sqlite:"+path, "processed_messages", sqlite.New(), open())
 }
 
 func TestCLIOnMariaDB(t *testing.T) {
@@ -130,6 +134,7 @@ func TestCLIOnMariaDB(t *testing.T) {
 		}
 	})
 	checkStatsAndCleanup(t, dsn, table, func() *sql.DB { return db }, "2020-01-01 00:00:00.000000")
+	checkHTTPResponses(t, dsn, table, mysql.New(), db)
 
 	// Partitions: created, listed, dropped, reported per day.
 	parted := table + "_parted"
@@ -152,5 +157,55 @@ func TestCLIOnMariaDB(t *testing.T) {
 	}
 	if out := cliOK(t, "partitions", "-dsn", "mysql://"+strings.Replace(strings.Replace(dsn, "@tcp(", "@", 1), ")/", "/", 1), "-table", parted, "-list"); !strings.HasSuffix(out, "\n4 partitions\n") {
 		t.Fatalf("partitions -list through a mysql:// URL printed %q", out)
+	}
+}
+
+// checkHTTPResponses runs stats and cleanup -http-responses on an idemhttp
+// response table beside the claim table table (which migrate made): of
+// three responses, only the one stored before the window whose claim is
+// gone is deleted; one whose claim is there, and a fresh one, stay.
+func checkHTTPResponses(t *testing.T, dsn, table string, d dialect.Dialect, db *sql.DB) {
+	t.Helper()
+	resp := table + "_http"
+	up, _, err := idemhttp.SchemaSQL(d, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + resp) })
+	for _, s := range strings.Split(up, ";") {
+		if strings.TrimSpace(strings.TrimLeft(s, "- \n")) == "" || !strings.Contains(s, "CREATE") {
+			continue
+		}
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	blob := "X'00'"
+	if d.Name() == "postgres" {
+		blob = `'\x00'::bytea`
+	}
+	old, fresh := time.Now().Add(-40*24*time.Hour).UnixMicro(), time.Now().UnixMicro()
+	for _, r := range []struct {
+		key string
+		at  int64
+	}{{"gone-old", old}, {"kept-claimed", old}, {"gone-fresh", fresh}} {
+		if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (consumer, message_key, fingerprint, status, header, body, created_at) VALUES ('api', '%s', %s, 200, %s, %s, %d)",
+			resp, r.key, blob, blob, blob, r.at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Exec("INSERT INTO " + table + " (consumer, message_key) VALUES ('api', 'kept-claimed')"); err != nil {
+		t.Fatal(err)
+	}
+	out := cliOK(t, "stats", "-dsn", dsn, "-table", table)
+	if !regexp.MustCompile(`(?m)^http responses\s+` + regexp.QuoteMeta(resp) + `: 3 stored, oldest \S+Z`).MatchString(out) {
+		t.Errorf("stats does not show the response table:\n%s", out)
+	}
+	out = cliOK(t, "cleanup", "-dsn", dsn, "-table", table, "-retention", "30d", "-http-responses")
+	if !strings.HasSuffix(out, "deleted 1 stored HTTP responses whose claims are gone\n") {
+		t.Errorf("cleanup -http-responses printed %q", out)
+	}
+	if n := countRows(t, db, "SELECT count(*) FROM "+resp+" WHERE message_key IN ('kept-claimed', 'gone-fresh')"); n != 2 || countRows(t, db, "SELECT count(*) FROM "+resp) != 2 {
+		t.Errorf("after cleanup -http-responses: %d of the two kept responses left, want 2 and nothing else", n)
 	}
 }

@@ -6,6 +6,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/lib/pq v1.12.3
 	github.com/txclaim/idempotent v0.0.0
+	github.com/txclaim/idempotent/idemhttp v0.0.0
 	github.com/txclaim/idempotent/mysql v0.0.0
 	github.com/txclaim/idempotent/sqlite v0.0.0
 )
@@ -24,6 +25,8 @@ require (
 
 replace (
 	github.com/txclaim/idempotent => ../../
+	github.com/txclaim/idempotent/idemhttp => ../../idemhttp
+	github.com/txclaim/idempotent/idempgx => ../../idempgx
 	github.com/txclaim/idempotent/mysql => ../../mysql
 	github.com/txclaim/idempotent/sqlite => ../../sqlite
 )

@@ -27,6 +27,11 @@ var cliArgs = [][]string{
 	{"kafka-offsets", "list"},
 	{"kafka-offsets", "list", "-consumer", "loyalty", "-topic", "orders"},
 	{"kafka-offsets", "reset", "-table", "kafka_offsets", "-consumer", "loyalty", "-topic", "orders", "-partition", "0", "-offset", "1"},
+	{"cleanup", "-retention", "30d", "-http-responses"},
+	{"dead-letters", "list"},
+	{"dead-letters", "show", "-id", "1"},
+	{"dead-letters", "replay", "-ids", "1", "-by", "ops"},
+	{"dead-letters", "discard", "-key", "payments/0/1", "-by", "ops"},
 }
 
 // TestNoPasswordPrinted passes every generated connection string (every
@@ -75,7 +80,7 @@ func TestNoPasswordPrintedByServers(t *testing.T) {
 			if dsn.Server != server {
 				continue
 			}
-			for _, args := range [][]string{{"stats"}, {"migrate"}} {
+			for _, args := range [][]string{{"stats"}, {"migrate"}, {"dead-letters", "list"}} {
 				code, stdout, stderr := runCLI(t, nil, append(args, "-dsn", dsn.Value)...)
 				if leaks := leakcheck.Leaks(stdout + stderr); len(leaks) > 0 {
 					t.Errorf("%s, %q: exit %d, the password printed (%q):\n%s%s", dsn.Form, args, code, leaks, stdout, stderr)

@@ -10,6 +10,10 @@
 //	idempotent stats      [-dsn DSN] [-table T]
 //	idempotent kafka-offsets list  [-dsn DSN] [-table T] [-consumer C] [-topic T]
 //	idempotent kafka-offsets reset [-dsn DSN] -table T -consumer C -topic T -partition N -offset M
+//	idempotent dead-letters list    [-dsn DSN] [-table OUTBOX] [filter] [-after ID] [-limit N]
+//	idempotent dead-letters show    [-dsn DSN] [-table OUTBOX] -id ID
+//	idempotent dead-letters replay  [-dsn DSN] [-table OUTBOX] filter -by WHO [-dry-run]
+//	idempotent dead-letters discard [-dsn DSN] [-table OUTBOX] filter -by WHO [-dry-run]
 //	idempotent version
 //
 // The database comes from -dsn or, without it, the DATABASE_URL environment
@@ -23,8 +27,9 @@
 //
 // A password in it is never printed, whatever its form, even when it does
 // not parse. Only migrate creates an SQLite file that does not exist.
-// Partitions are for Postgres and MySQL/MariaDB; the kafka offsets table is
-// Postgres only. Durations take Go's units (90m, 36h) and days (30d,
+// Partitions are for Postgres and MySQL/MariaDB; the kafka offsets table and
+// the outbox, where dead letters live, are Postgres only. A dead-letters
+// filter is -consumer, -topic, -key, -reason, -from, -before and -ids. Durations take Go's units (90m, 36h) and days (30d,
 // 1d12h). "idempotent COMMAND -h" lists a command's flags.
 //
 // An error is one line on standard error, "idempotent COMMAND: " and what
@@ -96,6 +101,8 @@ Commands:
   stats       claims per consumer, oldest and newest claim, sizes, partitions
   kafka-offsets list|reset
               the kafka consumer's stored offsets: list them, or reset one partition's deliberately
+  dead-letters list|show|replay|discard
+              the dead letters written through the outbox: list, show, replay or discard them, recorded
   version     the command's version and the Go version it was built with
 
 The database is -dsn, or $DATABASE_URL: postgres://… or host=…, mysql://… or user:pass@tcp(host:3306)/db,
@@ -119,6 +126,7 @@ func run(ctx context.Context, args []string, e env) int {
 		"partitions":    cmdPartitions,
 		"stats":         cmdStats,
 		"kafka-offsets": cmdKafkaOffsets,
+		"dead-letters":  cmdDeadLetters,
 		"version":       cmdVersion,
 	}
 	name := args[0]
@@ -131,7 +139,7 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	cmd, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats, kafka-offsets or version; run idempotent -h)\n", name)
+		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats, kafka-offsets, dead-letters or version; run idempotent -h)\n", name)
 		return 2
 	}
 	err := cmd(ctx, args[1:], e)

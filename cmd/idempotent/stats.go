@@ -5,13 +5,19 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/lib/pq"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/deadletter"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/idemhttp"
+	"github.com/txclaim/idempotent/internal/kafkaoffsets"
+	"github.com/txclaim/idempotent/migrations"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // layout is what stats reports of the table itself: whether it exists and
@@ -25,9 +31,17 @@ type layout struct {
 }
 
 func cmdStats(ctx context.Context, args []string, e env) error {
-	c := newCommand("stats", "Prints the claims per consumer with the oldest and newest claim, the table and index\nsizes, the retention horizon and, for a partitioned table, its partitions. It counts\nevery row: on a large table it takes as long as a full scan.", e, true)
+	c := newCommand("stats", "Prints the claims per consumer with the oldest and newest claim, the table and index\nsizes, the retention horizon and, for a partitioned table, its partitions; then, for those\nthat exist, the HTTP response table's, the outbox's and the kafka offsets table's figures.\nIt counts every row: on a large table it takes as long as a full scan.", e, true)
+	httpTable := c.fs.String("http-table", "", `the HTTP response table (default: the claim table's name + "_http")`)
+	outboxTable := c.fs.String("outbox", "", `the outbox table, Postgres (default: "outbox" in the claim table's schema)`)
+	offsetsTable := c.fs.String("kafka-offsets", "", `the kafka offsets table, Postgres (default: "`+migrations.DefaultKafkaOffsetsTable+`" in the claim table's schema)`)
 	if err := c.parse(args); err != nil {
 		return err
+	}
+	for name, v := range map[string]string{"http-table": *httpTable, "outbox": *outboxTable, "kafka-offsets": *offsetsTable} {
+		if _, err := dialect.ParseTable(v); v != "" && err != nil {
+			return usageError{"-" + name + ": " + err.Error()}
+		}
 	}
 	d, tab, err := c.claimTable(ctx)
 	if err != nil {
@@ -35,15 +49,7 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 	}
 	defer d.db.Close()
 	t, _ := dialect.ParseTable(c.table) // checked by claimTable
-	var lay layout
-	switch d.target.kind {
-	case kindMySQL:
-		lay, err = mysqlLayout(ctx, d.db, d.target.dialect, t)
-	case kindSQLite:
-		lay, err = sqliteLayout(ctx, d.db, t)
-	default:
-		lay, err = postgresLayout(ctx, d.db, t)
-	}
+	lay, err := d.layout(ctx, t)
 	if err != nil {
 		return d.clean(err)
 	}
@@ -100,6 +106,9 @@ func cmdStats(ctx context.Context, args []string, e env) error {
 		}
 		fmt.Fprintf(w, "horizon	%s: %s (%s)\n", who, h.ForgottenBefore.UTC().Format(time.RFC3339), what)
 	}
+	if err := otherTables(ctx, w, d, t, *httpTable, *outboxTable, *offsetsTable); err != nil {
+		return d.clean(err)
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
@@ -150,6 +159,116 @@ FROM pg_partition_tree($1::regclass)`
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = $1::regclass) AND c.relkind = 'r'`, []any{q}, scanInto(lay.partBytes))
 	return lay, err
+}
+
+// layout reads the layout of table t in d's database.
+func (d *database) layout(ctx context.Context, t dialect.Table) (layout, error) {
+	switch d.target.kind {
+	case kindMySQL:
+		return mysqlLayout(ctx, d.db, d.target.dialect, t)
+	case kindSQLite:
+		return sqliteLayout(ctx, d.db, t)
+	}
+	return postgresLayout(ctx, d.db, t)
+}
+
+// beside names table name in the schema of t, the claim table.
+func beside(t dialect.Table, name string) string {
+	if t.Schema == "" {
+		return name
+	}
+	return t.Schema + "." + name
+}
+
+// otherTables prints the figures of the other tables the library writes
+// beside the claim table t, those that exist: the HTTP response table, and
+// on Postgres the outbox (with its dead letters) and the kafka offsets
+// table. A name "" is the table's default beside t.
+func otherTables(ctx context.Context, w io.Writer, d *database, t dialect.Table, httpName, outboxName, offsetsName string) error {
+	if httpName == "" {
+		httpName = beside(t, t.Name+"_http")
+	}
+	ht, _ := dialect.ParseTable(httpName) // checked with the flags
+	lay, err := d.layout(ctx, ht)
+	if err != nil {
+		return err
+	}
+	if lay.exists {
+		st, err := idemhttp.TableStats(ctx, d.db, d.target.dialect, idemhttp.Tables{Claims: t.String(), Responses: httpName})
+		if err != nil {
+			return err
+		}
+		oldest := "none"
+		if !st.Oldest.IsZero() {
+			oldest = st.Oldest.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "http responses\t%s: %d stored, oldest %s", httpName, st.Responses, oldest)
+		if lay.sizesKnown {
+			fmt.Fprintf(w, ", size %s", humanBytes(lay.tableBytes+lay.indexBytes))
+		}
+		fmt.Fprintln(w, " (cleanup -http-responses deletes those whose claims are gone)")
+	}
+	if d.target.kind != kindPostgres {
+		return nil
+	}
+	if outboxName == "" {
+		outboxName = beside(t, outbox.DefaultTable)
+	}
+	if offsetsName == "" {
+		offsetsName = beside(t, migrations.DefaultKafkaOffsetsTable)
+	}
+	exists := func(name string) (bool, error) {
+		tt, _ := dialect.ParseTable(name)
+		var ok bool
+		err := d.db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", tt.Quoted(pq.QuoteIdentifier)).Scan(&ok)
+		return ok, err
+	}
+	if ok, err := exists(outboxName); err != nil || !ok {
+		if err != nil {
+			return err
+		}
+	} else {
+		// An Outbox is one consumer's; its Stats are the whole table's.
+		ob, err := outbox.New(d.db, "idempotent-stats", outbox.WithTable(outboxName))
+		if err != nil {
+			return err
+		}
+		st, err := ob.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		store, err := deadletter.New(d.db, deadletter.WithTable(outboxName))
+		if err != nil {
+			return err
+		}
+		var dead int
+		for f := (deadletter.Filter{Limit: deadletter.MaxPage}); ; {
+			dls, next, err := store.List(ctx, f)
+			if err != nil {
+				return err
+			}
+			dead += len(dls)
+			if next == 0 {
+				break
+			}
+			f.After = next
+		}
+		fmt.Fprintf(w, "outbox\t%s: %d pending (%d leased, oldest %s), %d given up; %d dead letters (idempotent dead-letters list)\n",
+			outboxName, st.Pending, st.Leased, formatDays(st.OldestPending.Round(time.Second)), st.Dead, dead)
+	}
+	if ok, err := exists(offsetsName); err != nil || !ok {
+		return err
+	}
+	q, err := kafkaoffsets.New(offsetsName)
+	if err != nil {
+		return err
+	}
+	rows, err := kafkaoffsets.List(ctx, d.db, q, "", "")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "kafka offsets\t%s: %d stored offsets (idempotent kafka-offsets list)\n", offsetsName, len(rows))
+	return nil
 }
 
 // mysqlTableWhere matches a table's rows of information_schema.TABLES or

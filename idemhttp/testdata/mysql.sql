@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS `shop`.`processed_messages_http` (
 -- SchemaSQL down
 DROP TABLE IF EXISTS `shop`.`processed_messages_http`;
 
--- put, get, cleanup
+-- put, get, cleanup, stats
 INSERT INTO `shop`.`processed_messages_http` (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),
@@ -26,6 +26,8 @@ SELECT fingerprint, status, header, body FROM `shop`.`processed_messages_http` W
 
 DELETE FROM `shop`.`processed_messages_http` WHERE created_at < ?
 AND NOT EXISTS (SELECT 1 FROM `shop`.`processed_messages` c WHERE c.consumer = `shop`.`processed_messages_http`.consumer AND c.message_key = `shop`.`processed_messages_http`.message_key) LIMIT ?;
+
+SELECT count(*), COALESCE(min(created_at), 0) FROM `shop`.`processed_messages_http`;
 
 -- upgrade of a table made by an earlier version: header type, lock wait, widen
 SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = 'header';

@@ -16,7 +16,7 @@ CREATE INDEX IF NOT EXISTS "processed_messages_http_created" ON "shop"."processe
 -- SchemaSQL down
 DROP TABLE IF EXISTS "shop"."processed_messages_http";
 
--- put, get, cleanup
+-- put, get, cleanup, stats
 INSERT INTO "shop"."processed_messages_http" (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
@@ -28,4 +28,6 @@ DELETE FROM "shop"."processed_messages_http" WHERE (consumer, message_key) IN (
 	SELECT x.consumer, x.message_key FROM "shop"."processed_messages_http" x WHERE x.created_at < $1
 	AND NOT EXISTS (SELECT 1 FROM "shop"."processed_messages" c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT $2
 ) AND created_at < $1;
+
+SELECT count(*), COALESCE(min(created_at), 0) FROM "shop"."processed_messages_http";
 

@@ -16,7 +16,7 @@ CREATE INDEX IF NOT EXISTS "shop"."processed_messages_http_created" ON "processe
 -- SchemaSQL down
 DROP TABLE IF EXISTS "shop"."processed_messages_http";
 
--- put, get, cleanup
+-- put, get, cleanup, stats
 INSERT INTO "shop"."processed_messages_http" (consumer, message_key, fingerprint, status, header, body, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
@@ -28,4 +28,6 @@ DELETE FROM "shop"."processed_messages_http" WHERE rowid IN (
 	SELECT x.rowid FROM "shop"."processed_messages_http" x WHERE x.created_at < ?
 	AND NOT EXISTS (SELECT 1 FROM "shop"."processed_messages" c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT ?
 );
+
+SELECT count(*), COALESCE(min(created_at), 0) FROM "shop"."processed_messages_http";
 
