@@ -53,7 +53,30 @@
 //     transaction;
 //   - PreCheck: with the duplicate pre-check on (idempotent.WithSeen), a
 //     redelivery is a Duplicate and a message whose first attempt failed
-//     is not taken as seen: each applied exactly once.
+//     is not taken as seen: each applied exactly once;
+//   - CommitFails: the handler succeeds and the COMMIT fails (a deferred
+//     constraint trigger) → requeued, never acked before its effect
+//     committed, applied once after the fault is removed;
+//   - ClaimBusy: another transaction holds the claim past
+//     idempotent.WithLockTimeout → requeued with idempotent.ErrClaimBusy,
+//     never terminated, applied once after the holder rolled back;
+//   - RetriesExhausted: a serialization failure on every attempt the
+//     retry policy allows → requeued with idempotent.ErrRetriesExhausted,
+//     never terminated, applied once;
+//   - Partitioned/NoEventTimeHeader: on a day-partitioned table a message
+//     without adapter.EventTimeHeader → poison exactly once
+//     (adapter.ErrNoEventTime), never claimed on a day taken from the
+//     transport;
+//   - PositionInClaimTransaction ([PositionStore]): the position the
+//     adapter stores in the database (a Kafka offset) is written by the
+//     effect's own transaction.
+//
+// Where the [Transport] is an [Inspector], the suite also checks at the
+// broker: once every consumer stopped, no message of a scenario that
+// settles them all is left unacked or undelivered (an ack the adapter
+// reported that never reached the broker, or a delivery acked before its
+// transaction failed, shows there), and with Features.DeadLetter every
+// poison message is in the dead-letter destination exactly once.
 //
 // With Features.Batch every scenario about a mode runs again as
 // "batch/<scenario>" with the adapter's batch consumer, which must settle

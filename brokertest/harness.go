@@ -166,3 +166,36 @@ type Consumer interface {
 	// It must not wait for in-flight handlers.
 	Kill() error
 }
+
+// Inspector is what a [Transport] implements so that the suite checks
+// settlements at the broker, not only through the adapter's events: an
+// adapter that reports an ack it never sent, or acks a message whose
+// transaction then fails, is caught there. A Transport of an adapter with
+// Features.DeadLetter must implement it; without it the suite logs that
+// the broker is not inspected.
+type Inspector interface {
+	// Unsettled returns how many of the scenario's messages the broker
+	// still holds for its consumers, neither acked nor dead-lettered: those
+	// never delivered and those delivered and not acked (pending,
+	// unacked, a Kafka partition's records past the stored offset). The
+	// suite asks once every consumer has stopped.
+	Unsettled(ctx context.Context) (int, error)
+	// DeadLetters returns the keys of the messages that reached the
+	// scenario's dead-letter destination so far, one per dead letter
+	// (Features.DeadLetter); nil where poison is terminated. The suite
+	// polls it until a dead letter it expects is there.
+	DeadLetters(ctx context.Context) ([]string, error)
+}
+
+// PositionStore is what a [Transport] implements whose adapter stores its
+// position in the claim's database (a Kafka consumer's offsets table), so
+// that the suite checks the position moves in the claim's own transaction:
+// a position stored in a transaction of its own, before or after the
+// effect's, redelivers or loses a message when the process dies between
+// the two.
+type PositionStore interface {
+	// PositionTxid returns the id of the database transaction that last
+	// wrote the consumer's stored position (Postgres: the row's xmin, as
+	// text).
+	PositionTxid(ctx context.Context) (string, error)
+}

@@ -64,7 +64,7 @@ func Run(t *testing.T, h Harness) {
 	for _, batch := range modes {
 		s := &suite{h: h, f: f, db: db, batch: batch}
 		t.Run(map[bool]string{false: "per-message", true: "batch"}[batch], func(t *testing.T) {
-			for _, sc := range scenarios {
+			for _, sc := range append(scenarios[:len(scenarios):len(scenarios)], faultScenarios...) {
 				t.Run(sc.name, func(t *testing.T) {
 					if sc.needs != nil {
 						if why := sc.needs(f, batch); why != "" {
@@ -103,6 +103,7 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 	}},
 	{name: "CrashAfterCommit", needs: func(f Features, _ bool) string {
 		if !f.LoseAck {
@@ -132,6 +133,7 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 	}},
 	{name: "HandlerErrorThenSuccess", run: func(s *suite, t *testing.T) {
 		// The handler writes the balance, then fails, on the first
@@ -159,6 +161,7 @@ var scenarios = []scenario{
 		}
 		e.want(o.Key(), 1, 0)
 		e.audit(o)
+		e.atBroker()
 	}},
 	{name: "ConcurrentDuplicates", run: func(s *suite, t *testing.T) {
 		// Eight copies of one key, four workers: one effect, seven
@@ -177,6 +180,7 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 7)
 		e.audit(o)
+		e.atBroker()
 	}},
 	{name: "PoisonHeader", run: func(s *suite, t *testing.T) {
 		// An event-time header that is not RFC 3339 is poison exactly
@@ -195,6 +199,7 @@ var scenarios = []scenario{
 		wantOnlyPoison(t, e, bad.Key(), adapter.ErrBadEventTime)
 		e.want(good.Key(), 1, 1)
 		e.audit(good)
+		e.atBroker()
 	}},
 	{name: "PreCheck", run: func(s *suite, t *testing.T) {
 		// With the duplicate pre-check on (idempotent.WithSeen), a
@@ -230,6 +235,7 @@ var scenarios = []scenario{
 		e.want(o.Key(), 1, 1)
 		e.want(p.Key(), 1, 1)
 		e.audit(o, p)
+		e.atBroker()
 	}},
 	{name: "Partitioned/RefusedWithoutEventTime", run: func(s *suite, t *testing.T) {
 		// A consumer that reads no producer event time is refused at
@@ -264,6 +270,7 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 		day := testenv.Count(t, s.db, e.schema, "SELECT count(*) FROM $S.processed_messages WHERE event_day = DATE '2031-03-14'")
 		if day != 1 {
 			t.Errorf("%d claims on 2031-03-14, want 1: the claim belongs to the event's day", day)
@@ -279,13 +286,7 @@ var scenarios = []scenario{
 		old, fresh := newOrder(8), newOrder(9)
 		e.publish(old, now.Add(-72*time.Hour), time.Time{}, nil)
 		e.publish(fresh, now.Add(-time.Hour), time.Time{}, nil)
-		e.start(e.config())
-		e.waitSettled(old.Key(), adapter.DeadLetter, 1)
-		e.waitSettled(fresh.Key(), adapter.Ack, 1)
-		e.stopAll()
-		wantOnlyPoison(t, e, old.Key(), idempotent.ErrBeyondRetention)
-		e.want(fresh.Key(), 1, 0)
-		e.audit(fresh)
+		e.poisonBeside(old, fresh, idempotent.ErrBeyondRetention)
 	}},
 	{name: "FutureDated", run: func(s *suite, t *testing.T) {
 		// Dated beyond the adapter's default future bound past the clock
@@ -466,6 +467,7 @@ var scenarios = []scenario{
 		}
 		e.want(o.Key(), 1, 0)
 		e.audit(o)
+		e.atBroker()
 	}},
 }
 
@@ -486,4 +488,5 @@ func wantOnlyPoison(t *testing.T, e *env, key string, want error) {
 		return
 	}
 	t.Logf("%s poisoned: %v", key, all[0].Err)
+	e.deadLettered(key)
 }

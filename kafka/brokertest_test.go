@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -56,10 +57,16 @@ func (kafkaHarness) Open(t *testing.T) brokertest.Transport {
 }
 
 type kafkaTransport struct {
-	t       *testing.T
-	cluster *kfake.Cluster
-	prod    *kgo.Client
-	group   string
+	t         *testing.T
+	cluster   *kfake.Cluster
+	prod      *kgo.Client
+	group     string
+	published atomic.Int64
+	// db and schema are the claim table's, where the offsets table and
+	// the dead-letter outbox are: set by NewConsumer.
+	mu     sync.Mutex
+	db     *sql.DB
+	schema string
 }
 
 // Publish produces m to partition 0: the key as the record key and the
@@ -71,7 +78,11 @@ func (tr *kafkaTransport) Publish(ctx context.Context, m brokertest.Message) err
 	for k, v := range m.Headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	return tr.prod.ProduceSync(ctx, r).FirstErr()
+	if err := tr.prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return err
+	}
+	tr.published.Add(1)
+	return nil
 }
 
 // errKilled fails the transaction of a record in flight when its consumer
@@ -88,6 +99,9 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 	if err := kafka.EnsureSchema(context.Background(), db, schema+".kafka_offsets"); err != nil {
 		tr.t.Fatal(err)
 	}
+	tr.mu.Lock()
+	tr.db, tr.schema = db, schema
+	tr.mu.Unlock()
 	c := &kafkaConsumer{tr: tr, assigned: make(chan struct{})}
 	opts := []kafka.Option{
 		kafka.WithWorkers(cfg.Workers), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
@@ -193,4 +207,61 @@ func (c *kafkaConsumer) Kill() error {
 		c.cancel()
 	}
 	return nil
+}
+
+// position reads the stored offset of partition 0 (0 when none is stored)
+// and the id of the transaction that wrote it.
+func (tr *kafkaTransport) position(ctx context.Context) (next int64, txid string, err error) {
+	tr.mu.Lock()
+	db, schema := tr.db, tr.schema
+	tr.mu.Unlock()
+	if db == nil {
+		return 0, "", errors.New("brokertest harness: no consumer was built")
+	}
+	err = db.QueryRowContext(ctx, `SELECT next_offset, xmin::text FROM "`+schema+`".kafka_offsets WHERE topic = $1 AND partition = 0`, brokertestTopic).Scan(&next, &txid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, "", nil
+	}
+	return next, txid, err
+}
+
+// Unsettled counts the records past the offset stored in the database:
+// the one position the consumer resumes from.
+func (tr *kafkaTransport) Unsettled(ctx context.Context) (int, error) {
+	next, _, err := tr.position(ctx)
+	return int(tr.published.Load() - next), err
+}
+
+// PositionTxid is the transaction id (xmin) of the stored offset's row.
+func (tr *kafkaTransport) PositionTxid(ctx context.Context) (string, error) {
+	_, txid, err := tr.position(ctx)
+	return txid, err
+}
+
+// DeadLetters reads the keys of the dead-letter outbox's records.
+func (tr *kafkaTransport) DeadLetters(ctx context.Context) ([]string, error) {
+	tr.mu.Lock()
+	db, schema := tr.db, tr.schema
+	tr.mu.Unlock()
+	if db == nil {
+		return nil, errors.New("brokertest harness: no consumer was built")
+	}
+	rows, err := db.QueryContext(ctx, `SELECT payload::text FROM "`+schema+`".outbox WHERE kind = $1 ORDER BY id`, kafka.DeadLetterKind)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var payload string
+		if err := rows.Scan(&payload); err != nil {
+			return nil, err
+		}
+		var dl kafka.DeadLetter
+		if err := json.Unmarshal([]byte(payload), &dl); err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(dl.Key))
+	}
+	return keys, rows.Err()
 }
