@@ -78,9 +78,23 @@
 // transaction failed, shows there), and with Features.DeadLetter every
 // poison message is in the dead-letter destination exactly once.
 //
-// With Features.Batch every scenario about a mode runs again as
-// "batch/<scenario>" with the adapter's batch consumer, which must settle
-// each message of a batch on its own.
+//   - Mistake/<mistake>: the handler's first run of one message among two
+//     neighbours returns an error, swallows a database error, or uses a
+//     cancelled context → requeued, then applied once; or ends the claim's
+//     transaction — tx.Commit(), a COMMIT statement, with and without
+//     idempotent.WithStrictGuard — → dead-lettered once, matching
+//     idempotent.ErrAutocommit, nothing of it committed. The neighbours
+//     are applied once, whatever group or batch they shared with it.
+//
+// Every scenario runs under "per-message/"; with Features.Batch every
+// scenario about a mode runs again as "batch/<scenario>" with the
+// adapter's batch consumer, which must settle each message of a batch on
+// its own. The core scenarios (Redelivery, CrashAfterCommit,
+// HandlerErrorThenSuccess, ConcurrentDuplicates, PoisonHeader,
+// CommitFails, ClaimBusy, RetriesExhausted, every Mistake) run again with
+// four workers in the modes [Coalesced], [CoalescedSavepoints] and
+// [PreCheck]. A mode in Features.Refuses runs no scenario: the suite checks
+// the adapter's NewConsumer refuses it.
 //
 // Each scenario audits its effects exactly: one ledger row per applied
 // message, one claim each, every balance equal to the sum of the messages

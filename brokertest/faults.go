@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ var errHolder = errors.New("brokertest: the transaction holding the claim gives 
 // message requeued (or poison, for the last), never acked before its
 // effect committed, and applied exactly once.
 var faultScenarios = []scenario{
-	{name: "CommitFails", run: func(s *suite, t *testing.T) {
+	{name: "CommitFails", core: true, run: func(s *suite, t *testing.T) {
 		// The handler succeeds and the COMMIT fails (a deferred constraint
 		// checked at COMMIT): the delivery is requeued, not acked; once
 		// the fault is removed it is applied once. Its neighbour is
@@ -47,7 +48,7 @@ var faultScenarios = []scenario{
 		e.audit(o, n)
 		e.atBroker()
 	}},
-	{name: "ClaimBusy", needs: perMessage, run: func(s *suite, t *testing.T) {
+	{name: "ClaimBusy", core: true, needs: perMessage, run: func(s *suite, t *testing.T) {
 		// Another transaction holds the message's claim past the lock
 		// timeout: ErrClaimBusy, requeued — never terminated nor acked —
 		// and applied once after the holder rolled back.
@@ -65,9 +66,16 @@ var faultScenarios = []scenario{
 			done <- err
 		}()
 		<-held
+		// Released however the scenario ends: the schema's cleanup waits
+		// for the holder's transaction.
+		letGo := sync.OnceFunc(func() { close(release) })
+		defer letGo()
 		e.publish(o, at, time.Time{}, nil)
 		e.start(e.config())
 		e.waitFor("a requeue with ErrClaimBusy", func() bool {
+			if len(e.rec.of(o.Key(), adapter.DeadLetter, 0)) > 0 {
+				return true // wrong, and said below
+			}
 			for _, st := range e.rec.of(o.Key(), adapter.Requeue, 0) {
 				if errors.Is(st.Err, idempotent.ErrClaimBusy) {
 					return true
@@ -75,7 +83,10 @@ var faultScenarios = []scenario{
 			}
 			return false
 		})
-		close(release)
+		if p := e.rec.of(o.Key(), adapter.DeadLetter, 0); len(p) > 0 {
+			t.Fatalf("%s dead-lettered while another transaction held its claim: %v; want requeued", o.Key(), p[0].Err)
+		}
+		letGo()
 		if err := <-done; !errors.Is(err, errHolder) {
 			t.Fatalf("the holder: %v, want its own error", err)
 		}
@@ -86,7 +97,7 @@ var faultScenarios = []scenario{
 		e.audit(o)
 		e.atBroker()
 	}},
-	{name: "RetriesExhausted", run: func(s *suite, t *testing.T) {
+	{name: "RetriesExhausted", core: true, run: func(s *suite, t *testing.T) {
 		// The claim's transaction meets a serialization failure on every
 		// attempt the retry policy allows: ErrRetriesExhausted, requeued —
 		// never terminated nor acked — then applied once.

@@ -54,6 +54,10 @@ type Features struct {
 	// time in the metadata). Without it the across-midnight scenario
 	// still re-sends, with the transport's own, later time.
 	TransportTime bool
+	// Refuses lists the modes the adapter cannot support: its
+	// NewConsumer must refuse a Middleware with the mode's options (the
+	// suite checks it does), and none of the mode's scenarios runs.
+	Refuses []Mode
 	// Ordered: the adapter's transport is ordered
 	// (adapter.Transport.Ordered: a requeued delivery holds back those
 	// behind it), so its default future bound is the Middleware's

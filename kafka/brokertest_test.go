@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,9 +22,10 @@ import (
 )
 
 // TestBrokertest runs the adapters' conformance suite on the kafka adapter:
-// a kfake cluster of each scenario's own with a one-partition topic (so
-// what a stopped or killed member leaves is read by the next in order),
-// per record (NewConsumer) and in batches (NewBatchConsumer).
+// a kfake cluster of each scenario's own with a topic of four partitions,
+// each key on one of them (so copies of a message are read in order, and
+// the records of different keys coalesce in the coalesced modes), per
+// record (NewConsumer) and in batches (NewBatchConsumer).
 func TestBrokertest(t *testing.T) {
 	brokertest.Run(t, kafkaHarness{})
 }
@@ -47,8 +49,11 @@ func (kafkaHarness) Features() brokertest.Features {
 
 const brokertestTopic = "orders"
 
+// brokertestPartitions is the topic's partition count.
+const brokertestPartitions = 4
+
 func (kafkaHarness) Open(t *testing.T) brokertest.Transport {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, brokertestTopic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(brokertestPartitions, brokertestTopic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +66,8 @@ type kafkaTransport struct {
 	cluster   *kfake.Cluster
 	prod      *kgo.Client
 	group     string
-	published atomic.Int64
+	published [brokertestPartitions]atomic.Int64
+	last      atomic.Int32 // the partition of the last record published
 	// db and schema are the claim table's, where the offsets table and
 	// the dead-letter outbox are: set by NewConsumer.
 	mu     sync.Mutex
@@ -69,11 +75,14 @@ type kafkaTransport struct {
 	schema string
 }
 
-// Publish produces m to partition 0: the key as the record key and the
-// default key header (idempotency-key), m.Headers as record headers, and
-// m.TransportTime, when set, as the record timestamp.
+// Publish produces m to its key's partition: the key as the record key
+// and the default key header (idempotency-key), m.Headers as record
+// headers, and m.TransportTime, when set, as the record timestamp.
 func (tr *kafkaTransport) Publish(ctx context.Context, m brokertest.Message) error {
-	r := &kgo.Record{Topic: brokertestTopic, Partition: 0, Key: []byte(m.Key), Value: m.Body, Timestamp: m.TransportTime}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(m.Key))
+	p := int32(h.Sum32() % brokertestPartitions)
+	r := &kgo.Record{Topic: brokertestTopic, Partition: p, Key: []byte(m.Key), Value: m.Body, Timestamp: m.TransportTime}
 	r.Headers = append(r.Headers, kgo.RecordHeader{Key: kafka.DefaultKeyHeader, Value: []byte(m.Key)})
 	for k, v := range m.Headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
@@ -81,7 +90,8 @@ func (tr *kafkaTransport) Publish(ctx context.Context, m brokertest.Message) err
 	if err := tr.prod.ProduceSync(ctx, r).FirstErr(); err != nil {
 		return err
 	}
-	tr.published.Add(1)
+	tr.published[p].Add(1)
+	tr.last.Store(p)
 	return nil
 }
 
@@ -104,7 +114,9 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 	tr.mu.Unlock()
 	c := &kafkaConsumer{tr: tr, assigned: make(chan struct{})}
 	opts := []kafka.Option{
-		kafka.WithWorkers(cfg.Workers), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
+		// A worker per partition at least: a record waiting in place
+		// (dated ahead, within the bound) holds its partition only.
+		kafka.WithWorkers(max(cfg.Workers, brokertestPartitions)), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
 		kafka.WithOffsetsTable(schema + ".kafka_offsets"),
 		kafka.WithDeadLetter(newOutbox(tr.t, db, schema, cfg.Middleware.Config().Consumer), "orders.dead"),
 		kafka.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
@@ -209,33 +221,48 @@ func (c *kafkaConsumer) Kill() error {
 	return nil
 }
 
-// position reads the stored offset of partition 0 (0 when none is stored)
-// and the id of the transaction that wrote it.
-func (tr *kafkaTransport) position(ctx context.Context) (next int64, txid string, err error) {
+// positions reads the stored offset of each partition (0 when none is
+// stored) and the id of the transaction that wrote it.
+func (tr *kafkaTransport) positions(ctx context.Context) (next [brokertestPartitions]int64, txid [brokertestPartitions]string, err error) {
 	tr.mu.Lock()
 	db, schema := tr.db, tr.schema
 	tr.mu.Unlock()
 	if db == nil {
-		return 0, "", errors.New("brokertest harness: no consumer was built")
+		return next, txid, errors.New("brokertest harness: no consumer was built")
 	}
-	err = db.QueryRowContext(ctx, `SELECT next_offset, xmin::text FROM "`+schema+`".kafka_offsets WHERE topic = $1 AND partition = 0`, brokertestTopic).Scan(&next, &txid)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, "", nil
+	rows, err := db.QueryContext(ctx, `SELECT partition, next_offset, xmin::text FROM "`+schema+`".kafka_offsets WHERE topic = $1`, brokertestTopic)
+	if err != nil {
+		return next, txid, err
 	}
-	return next, txid, err
+	defer rows.Close()
+	for rows.Next() {
+		var p int32
+		var n int64
+		var x string
+		if err := rows.Scan(&p, &n, &x); err != nil {
+			return next, txid, err
+		}
+		next[p], txid[p] = n, x
+	}
+	return next, txid, rows.Err()
 }
 
-// Unsettled counts the records past the offset stored in the database:
+// Unsettled counts the records past the offsets stored in the database:
 // the one position the consumer resumes from.
 func (tr *kafkaTransport) Unsettled(ctx context.Context) (int, error) {
-	next, _, err := tr.position(ctx)
-	return int(tr.published.Load() - next), err
+	next, _, err := tr.positions(ctx)
+	n := 0
+	for p := range next {
+		n += int(tr.published[p].Load() - next[p])
+	}
+	return n, err
 }
 
-// PositionTxid is the transaction id (xmin) of the stored offset's row.
+// PositionTxid is the transaction id (xmin) of the stored offset's row of
+// the partition last published to.
 func (tr *kafkaTransport) PositionTxid(ctx context.Context) (string, error) {
-	_, txid, err := tr.position(ctx)
-	return txid, err
+	_, txid, err := tr.positions(ctx)
+	return txid[tr.last.Load()], err
 }
 
 // DeadLetters reads the keys of the dead-letter outbox's records.

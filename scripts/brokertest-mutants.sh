@@ -81,7 +81,7 @@ mutant() {
 	if [[ -z ${verdict:-} ]]; then
 		if ! (cd "$work/$module" && go vet . >>"$work/$name.log" 2>&1); then
 			verdict=unbuilt
-		elif (cd "$work/$module" && timeout 900 go test -count=1 -failfast -run "$(testof "$module")" . >>"$work/$name.log" 2>&1); then
+		elif (cd "$work/$module" && timeout 900 go test -count=1 -failfast -timeout 300s -run "$(testof "$module")" . >>"$work/$name.log" 2>&1); then
 			verdict=missed
 		else
 			verdict="caught ($(failed "$work/$name.log"))"
