@@ -99,13 +99,17 @@ N=$'\n'
 # --- the five of the suite's known blind spots ---
 
 # RabbitMQ acks inside the claim's transaction, after the handler and
-# before COMMIT: a COMMIT that then fails loses the message.
+# before COMMIT (and so no more after the commit, but for a duplicate): a
+# COMMIT that then fails loses the message.
 mutant rabbitmq-ack-before-commit rabbitmq \
-	rabbitmq/consumer.go '{ return c.h(ctx, tx, d) })' '{ e := c.h(ctx, tx, d); if e == nil { _ = d.Ack(false) }; return e })'
+	rabbitmq/consumer.go '{ return c.h(ctx, tx, d) })' '{ e := c.h(ctx, tx, d); if e == nil { _ = d.Ack(false) }; return e })' \
+	rabbitmq/consumer.go 'c.report(ctx, r, x, typ, n, 0, "ack", x.d.Ack(false))' 'c.report(ctx, r, x, typ, n, 0, "ack", func() error { if x.out == idempotent.Duplicate { return x.d.Ack(false) }; return nil }())'
 
-# Redis Streams XACKs inside the claim's transaction, before COMMIT.
+# Redis Streams XACKs inside the claim's transaction, before COMMIT (and
+# after it only a duplicate).
 mutant redisstream-xack-before-commit redisstream \
-	redisstream/consumer.go "${T}${T}${T}return c.handle(ctx, tx, d)${N}" "${T}${T}${T}e := c.handle(ctx, tx, d); if e == nil { r.rdb.XAck(ctx, r.stream, r.group, d.ID) }; return e${N}"
+	redisstream/consumer.go "${T}${T}${T}return c.handle(ctx, tx, d)${N}" "${T}${T}${T}e := c.handle(ctx, tx, d); if e == nil { r.rdb.XAck(ctx, r.stream, r.group, d.ID) }; return e${N}" \
+	redisstream/consumer.go "${T}${T}${T}${T}e.Type = adapter.EventDuplicate${N}${T}${T}${T}}${N}${T}${T}${T}acks = append(acks, i)" "${T}${T}${T}${T}e.Type = adapter.EventDuplicate${N}${T}${T}${T}${T}acks = append(acks, i)${N}${T}${T}${T}}"
 
 # NATS terminates a message whose claim another transaction holds.
 mutant nats-term-on-claim-busy nats \
@@ -129,7 +133,7 @@ mutant kafka-offset-second-tx kafka \
 mutant rabbitmq-ack-not-sent rabbitmq \
 	rabbitmq/consumer.go 'c.report(ctx, r, x, typ, n, 0, "ack", x.d.Ack(false))' 'c.report(ctx, r, x, typ, n, 0, "ack", nil)'
 mutant redisstream-xack-not-sent redisstream \
-	redisstream/consumer.go 'cmds[j] = p.XAck(ctx, r.stream, r.group, items[i].d.ID)' 'cmds[j] = p.XAck(ctx, r.stream, r.group, "0-1")'
+	redisstream/consumer.go 'cmds[j] = p.XAck(ctx, r.stream, r.group, items[i].d.ID)' 'cmds[j] = p.XAck(ctx, r.stream, r.group, "0-1"+items[i].d.ID[:0])'
 mutant nats-ack-not-sent nats \
 	nats/consumer.go 'serr = d.m.DoubleAck(ctx)' 'serr = nil'
 mutant cdkpubsub-ack-not-sent cdkpubsub \
@@ -145,7 +149,8 @@ mutant watermill-poison-acked watermill \
 
 # Acked inside the transaction before COMMIT, on other transports.
 mutant nats-ack-before-commit nats \
-	nats/consumer.go "${T}${T}${T}return c.handle(ctx, tx, m)${N}" "${T}${T}${T}e := c.handle(ctx, tx, m); if e == nil { _ = m.DoubleAck(ctx) }; return e${N}"
+	nats/consumer.go "${T}${T}${T}return c.handle(ctx, tx, m)${N}" "${T}${T}${T}e := c.handle(ctx, tx, m); if e == nil { _ = m.DoubleAck(ctx) }; return e${N}" \
+	nats/consumer.go 'serr = d.m.DoubleAck(ctx)' 'if out == idempotent.Duplicate { serr = d.m.DoubleAck(ctx) }'
 
 # Requeues turned into acks.
 mutant rabbitmq-requeue-acked rabbitmq \
