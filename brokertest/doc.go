@@ -83,8 +83,11 @@
 //     cancelled context → requeued, then applied once; or ends the claim's
 //     transaction — tx.Commit(), a COMMIT statement, with and without
 //     idempotent.WithStrictGuard — → dead-lettered once, matching
-//     idempotent.ErrAutocommit, nothing of it committed. The neighbours
-//     are applied once, whatever group or batch they shared with it.
+//     idempotent.ErrAutocommit, nothing of it committed (on an ordered
+//     transport the adapter may instead stop the partition, releasing the
+//     message with that error: then nothing may be acked without its
+//     effect). The neighbours are applied once, whatever group or batch
+//     they shared with it.
 //
 // Every scenario runs under "per-message/"; with Features.Batch every
 // scenario about a mode runs again as "batch/<scenario>" with the
