@@ -105,34 +105,34 @@ func (s *suite) runMistake(t *testing.T, m mistake) {
 		t.Fatalf("the handler of %s never made the mistake", bad.Key())
 	}
 	for _, o := range []order{n1, n2} {
-		if a, _ := e.rec.count(o.Key()); a != 1 {
-			t.Errorf("neighbour %s applied %d times, want 1", o.Key(), a)
-		}
+		e.wantApplied(o.Key())
 		if p := e.rec.of(o.Key(), adapter.DeadLetter, 0); len(p) != 0 {
 			t.Errorf("neighbour %s dead-lettered: %v", o.Key(), p[0].Err)
 		}
 	}
 	if m.fatal {
-		var dead []Settlement
-		for _, st := range e.rec.of(bad.Key(), 0, 0) {
-			switch {
-			case st.Action == adapter.Ack:
-				t.Errorf("%s acked after its handler ended the transaction", bad.Key())
-			case st.Action == adapter.DeadLetter:
-				dead = append(dead, st)
-			}
-		}
+		dead := e.rec.of(bad.Key(), adapter.DeadLetter, 0)
 		if len(dead) != 1 || !errors.Is(dead[0].Err, idempotent.ErrAutocommit) {
 			t.Errorf("%s dead-lettered %+v, want once, matching idempotent.ErrAutocommit", bad.Key(), dead)
 		}
-		if a, _ := e.rec.count(bad.Key()); a != 0 {
-			t.Errorf("%s applied %d times after its handler ended the transaction, want 0", bad.Key(), a)
-		}
 		e.deadLettered(bad.Key())
-		e.audit(n1, n2)
+		// Nothing of the mistaken attempt committed. A copy the broker
+		// delivered again meanwhile (an ack deadline passed) may apply
+		// the message, once; nothing is acked unapplied.
+		a, _ := e.rec.count(bad.Key())
+		switch acks := len(e.rec.of(bad.Key(), adapter.Ack, 0)); {
+		case a > 1:
+			t.Errorf("%s applied %d times", bad.Key(), a)
+		case a == 0 && acks > 0:
+			t.Errorf("%s acked %d times after its handler ended the transaction, never applied", bad.Key(), acks)
+		case a == 1:
+			e.audit(bad, n1, n2)
+		default:
+			e.audit(n1, n2)
+		}
 	} else {
 		e.wantRequeuedThenAcked(bad.Key(), nil)
-		e.want(bad.Key(), 1, 0)
+		e.wantApplied(bad.Key())
 		e.audit(bad, n1, n2)
 	}
 	e.atBroker()

@@ -102,8 +102,8 @@ func modes(f Features) []mode {
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable), opened with
 // idempotent.OpenGuarded; without it the suite skips, or fails when the CI
 // environment variable is set. Every scenario creates a schema of its own
-// and drops it at the end; modes and scenarios run in parallel (go test's
-// -parallel bounds how many at once).
+// and drops it at the end. Scenarios run one at a time: a broker's ack
+// deadline must not pass while a loaded machine runs several.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
@@ -128,7 +128,6 @@ func Run(t *testing.T, h Harness) {
 	for _, m := range modes(f) {
 		s := &suite{h: h, f: f, db: db, mode: m, batch: m.batch}
 		t.Run(string(m.name), func(t *testing.T) {
-			t.Parallel()
 			if slices.Contains(f.Refuses, m.name) {
 				s.refused(t)
 				return
@@ -138,7 +137,6 @@ func Run(t *testing.T, h Harness) {
 					continue
 				}
 				t.Run(sc.name, func(t *testing.T) {
-					t.Parallel() // each scenario has a schema, a transport and a Middleware of its own
 					if sc.needs != nil {
 						if why := sc.needs(f, m.batch); why != "" {
 							t.Skip(why)

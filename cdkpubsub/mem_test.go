@@ -25,9 +25,11 @@ import (
 type memBroker struct {
 	topic *pubsub.Topic
 	sub   *pubsub.Subscription
-	// sent and acked count the messages sent and the acks that reached
-	// the broker's subscription.
-	sent, acked atomic.Int64
+	// sent counts the messages sent; acked holds the ids of those whose
+	// ack reached the broker's subscription (a copy delivered again after
+	// its ack deadline may be acked twice).
+	sent  atomic.Int64
+	acked sync.Map
 }
 
 // newMemBroker returns a broker whose messages come again ackDeadline after
@@ -147,7 +149,7 @@ func (p *memProc) settle(ids []driver.AckID, ack bool) {
 		}
 		if ack && (p.lose == nil || !p.lose(m.Metadata[cdkpubsub.DefaultKeyMetadata])) {
 			m.Ack()
-			p.b.acked.Add(1)
+			p.b.acked.Store(m.LoggableID, true)
 		} else {
 			m.Nack()
 		}
