@@ -81,10 +81,13 @@ mutant() {
 	if [[ -z ${verdict:-} ]]; then
 		if ! (cd "$work/$module" && go vet . >>"$work/$name.log" 2>&1); then
 			verdict=unbuilt
-		elif (cd "$work/$module" && timeout 900 go test -count=1 -failfast -timeout 300s -run "$(testof "$module")" . >>"$work/$name.log" 2>&1); then
+		elif (cd "$work/$module" && timeout 900 go test -count=1 -failfast -timeout 800s -run "$(testof "$module")" . >>"$work/$name.log" 2>&1); then
 			verdict=missed
 		else
 			verdict="caught ($(failed "$work/$name.log"))"
+			if grep -q 'panic: test timed out' "$work/$name.log"; then
+				verdict="timed out" # inconclusive: the suite outran -timeout
+			fi
 		fi
 	fi
 	for f in "${files[@]}"; do
