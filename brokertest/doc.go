@@ -53,11 +53,51 @@
 //     transaction;
 //   - PreCheck: with the duplicate pre-check on (idempotent.WithSeen), a
 //     redelivery is a Duplicate and a message whose first attempt failed
-//     is not taken as seen: each applied exactly once.
+//     is not taken as seen: each applied exactly once;
+//   - CommitFails: the handler succeeds and the COMMIT fails (a deferred
+//     constraint trigger) → requeued, never acked before its effect
+//     committed, applied once after the fault is removed;
+//   - ClaimBusy: another transaction holds the claim past
+//     idempotent.WithLockTimeout → requeued with idempotent.ErrClaimBusy,
+//     never terminated, applied once after the holder rolled back;
+//   - RetriesExhausted: a serialization failure on every attempt the
+//     retry policy allows → requeued with idempotent.ErrRetriesExhausted,
+//     never terminated, applied once;
+//   - Partitioned/NoEventTimeHeader: on a day-partitioned table a message
+//     without adapter.EventTimeHeader → poison exactly once
+//     (adapter.ErrNoEventTime), never claimed on a day taken from the
+//     transport;
+//   - PositionInClaimTransaction ([PositionStore]): the position the
+//     adapter stores in the database (a Kafka offset) is written by the
+//     effect's own transaction.
 //
-// With Features.Batch every scenario about a mode runs again as
-// "batch/<scenario>" with the adapter's batch consumer, which must settle
-// each message of a batch on its own.
+// Where the [Transport] is an [Inspector], the suite also checks at the
+// broker: once every consumer stopped, no message of a scenario that
+// settles them all is left unacked or undelivered (an ack the adapter
+// reported that never reached the broker, or a delivery acked before its
+// transaction failed, shows there), and with Features.DeadLetter every
+// poison message is in the dead-letter destination exactly once.
+//
+//   - Mistake/<mistake>: the handler's first run of one message among two
+//     neighbours returns an error, swallows a database error, or uses a
+//     cancelled context → requeued, then applied once; or ends the claim's
+//     transaction — tx.Commit(), a COMMIT statement, with and without
+//     idempotent.WithStrictGuard — → dead-lettered once, matching
+//     idempotent.ErrAutocommit, nothing of it committed (on an ordered
+//     transport the adapter may instead stop the partition, releasing the
+//     message with that error: then nothing may be acked without its
+//     effect). The neighbours are applied once, whatever group or batch
+//     they shared with it.
+//
+// Every scenario runs under "per-message/"; with Features.Batch every
+// scenario about a mode runs again as "batch/<scenario>" with the
+// adapter's batch consumer, which must settle each message of a batch on
+// its own. The core scenarios (Redelivery, CrashAfterCommit,
+// HandlerErrorThenSuccess, ConcurrentDuplicates, PoisonHeader,
+// CommitFails, ClaimBusy, RetriesExhausted, every Mistake) run again with
+// four workers in the modes [Coalesced], [CoalescedSavepoints] and
+// [PreCheck]. A mode in Features.Refuses runs no scenario: the suite checks
+// the adapter's NewConsumer refuses it.
 //
 // Each scenario audits its effects exactly: one ledger row per applied
 // message, one claim each, every balance equal to the sum of the messages

@@ -116,13 +116,17 @@ type env struct {
 }
 
 // newEnv sets a scenario up; opts are the Middleware's, after the suite's
-// own (table, observer, clock).
+// own (table, observer, clock) and the mode's.
 func (s *suite) newEnv(t *testing.T, opts ...idempotent.Option) *env {
 	t.Helper()
 	e := &env{t: t, s: s, clock: testenv.NewClock(time.Time{}), rec: &record{outcomes: map[string][]idempotent.Outcome{}, settlements: map[string][]settled{}}}
 	e.schema = testenv.LoyaltySchema(t, s.db, "brokertest")
 	base := []idempotent.Option{idempotent.WithTable(e.schema + ".processed_messages"), idempotent.WithObserver(e.rec), idempotent.WithClock(e.clock.Now)}
-	mw, err := idempotent.New(s.db, postgres.New(), "brokertest", append(base, opts...)...)
+	modeOpts, err := s.mode.opts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotent.New(s.db, postgres.New(), "brokertest", append(append(base, modeOpts...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,13 +194,13 @@ func (e *env) batchHandler(ctx context.Context, tx *sql.Tx, bodies [][]byte) err
 	return nil
 }
 
-// config is the default consumer of the scenario's mode: one worker,
-// batches of up to 10 in batch mode.
+// config is the default consumer of the scenario's mode: its workers (one
+// in the per-message and batch modes), batches of up to 10 in batch mode.
 func (e *env) config() ConsumerConfig {
 	return ConsumerConfig{
 		Middleware: e.mw, DB: e.s.db, Handler: e.handler,
 		Batch: e.s.batch, BatchSize: 10, BatchHandler: e.batchHandler,
-		Workers: 1,
+		Workers: e.s.mode.workers,
 	}
 }
 
@@ -280,6 +284,11 @@ func (e *env) waitFor(what string, cond func() bool) {
 // waitSettled waits until key has at least n settlements with action a.
 func (e *env) waitSettled(key string, a adapter.Action, n int) {
 	e.t.Helper()
+	defer func() {
+		if e.t.Failed() {
+			e.t.Logf("%s settled %+v", key, e.rec.of(key, 0, 0))
+		}
+	}()
 	e.waitFor(fmt.Sprintf("%d %v of %s", n, a, key), func() bool { return len(e.rec.of(key, a, 0)) >= n })
 }
 

@@ -54,6 +54,10 @@ type Features struct {
 	// time in the metadata). Without it the across-midnight scenario
 	// still re-sends, with the transport's own, later time.
 	TransportTime bool
+	// Refuses lists the modes the adapter cannot support: its
+	// NewConsumer must refuse a Middleware with the mode's options (the
+	// suite checks it does), and none of the mode's scenarios runs.
+	Refuses []Mode
 	// Ordered: the adapter's transport is ordered
 	// (adapter.Transport.Ordered: a requeued delivery holds back those
 	// behind it), so its default future bound is the Middleware's
@@ -165,4 +169,37 @@ type Consumer interface {
 	// and what it had not acked is delivered again to the next consumer.
 	// It must not wait for in-flight handlers.
 	Kill() error
+}
+
+// Inspector is what a [Transport] implements so that the suite checks
+// settlements at the broker, not only through the adapter's events: an
+// adapter that reports an ack it never sent, or acks a message whose
+// transaction then fails, is caught there. A Transport of an adapter with
+// Features.DeadLetter must implement it; without it the suite logs that
+// the broker is not inspected.
+type Inspector interface {
+	// Unsettled returns how many of the scenario's messages the broker
+	// still holds for its consumers, neither acked nor dead-lettered: those
+	// never delivered and those delivered and not acked (pending,
+	// unacked, a Kafka partition's records past the stored offset). The
+	// suite asks once every consumer has stopped.
+	Unsettled(ctx context.Context) (int, error)
+	// DeadLetters returns the keys of the messages that reached the
+	// scenario's dead-letter destination so far, one per dead letter
+	// (Features.DeadLetter); nil where poison is terminated. The suite
+	// polls it until a dead letter it expects is there.
+	DeadLetters(ctx context.Context) ([]string, error)
+}
+
+// PositionStore is what a [Transport] implements whose adapter stores its
+// position in the claim's database (a Kafka consumer's offsets table), so
+// that the suite checks the position moves in the claim's own transaction:
+// a position stored in a transaction of its own, before or after the
+// effect's, redelivers or loses a message when the process dies between
+// the two.
+type PositionStore interface {
+	// PositionTxid returns the id of the database transaction that last
+	// wrote the consumer's stored position (Postgres: the row's xmin, as
+	// text).
+	PositionTxid(ctx context.Context) (string, error)
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,29 +15,95 @@ import (
 	"github.com/txclaim/idempotent/internal/testenv"
 )
 
-// suite is one Run: the harness, the database, and the mode.
+// suite is one Run in one mode: the harness, the database, and the mode.
 type suite struct {
 	h     Harness
 	f     Features
 	db    *sql.DB
+	mode  mode
 	batch bool
 }
 
 // scenario is one check of the suite.
 type scenario struct {
 	name string
+	// core scenarios run in every mode; the others in the per-message
+	// and batch modes only.
+	core bool
 	// needs returns why the scenario does not apply, or "".
 	needs func(f Features, batch bool) string
 	run   func(e *suite, t *testing.T)
 }
 
+// Mode names a way the suite runs its scenarios: a consumer mode and the
+// Middleware's options.
+type Mode string
+
+// The suite's modes. PerMessage and Batch run every scenario; the others
+// run the core scenarios (redelivery, lost ack, handler error, concurrent
+// duplicates, poison, the database's faults and the handler's mistakes)
+// with four workers, per message.
+const (
+	// PerMessage: the adapter's per-message consumer, one worker.
+	PerMessage Mode = "per-message"
+	// Batch: the adapter's batch consumer (Features.Batch).
+	Batch Mode = "batch"
+	// Coalesced: idempotent.WithCoalescing, the optimistic design.
+	Coalesced Mode = "coalesced"
+	// CoalescedSavepoints: idempotent.WithCoalescing with Savepoints.
+	CoalescedSavepoints Mode = "coalesced-savepoints"
+	// PreCheck: the duplicate pre-check, idempotent.WithSeen over an
+	// idempotent.SeenLRU of the scenario's own.
+	PreCheck Mode = "precheck"
+)
+
+// mode is how a Mode runs: the consumer kind, its workers, and the
+// Middleware's options for each scenario.
+type mode struct {
+	name    Mode
+	batch   bool
+	all     bool // every scenario, not only the core ones
+	workers int
+	opts    func() ([]idempotent.Option, error)
+}
+
+// coalescing is the grouping of the coalesced modes: groups of up to four,
+// held open briefly so that the four workers' messages meet.
+var coalescing = idempotent.Coalescing{Max: 4, Wait: 5 * time.Millisecond}
+
+// modes returns the suite's modes for features f.
+func modes(f Features) []mode {
+	none := func() ([]idempotent.Option, error) { return nil, nil }
+	ms := []mode{{name: PerMessage, all: true, workers: 1, opts: none}}
+	if f.Batch {
+		ms = append(ms, mode{name: Batch, batch: true, all: true, workers: 1, opts: none})
+	}
+	savepoints := coalescing
+	savepoints.Savepoints = true
+	return append(ms,
+		mode{name: Coalesced, workers: 4, opts: func() ([]idempotent.Option, error) {
+			return []idempotent.Option{idempotent.WithCoalescing(coalescing)}, nil
+		}},
+		mode{name: CoalescedSavepoints, workers: 4, opts: func() ([]idempotent.Option, error) {
+			return []idempotent.Option{idempotent.WithCoalescing(savepoints)}, nil
+		}},
+		mode{name: PreCheck, workers: 4, opts: func() ([]idempotent.Option, error) {
+			lru, err := idempotent.NewSeenLRU(1024)
+			return []idempotent.Option{idempotent.WithSeen(lru)}, err
+		}},
+	)
+}
+
 // Run runs the conformance suite on the adapter h tests, as subtests of t:
-// "per-message/<scenario>" and, when Features.Batch, "batch/<scenario>".
-// The database is the test Postgres (IDEMPOTENT_POSTGRES_DSN, default
+// "<mode>/<scenario>" for each [Mode] (Batch when Features.Batch). A mode
+// in Features.Refuses runs no scenario: the suite checks the adapter's
+// NewConsumer refuses it. The database is the test Postgres
+// (IDEMPOTENT_POSTGRES_DSN, default
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable), opened with
 // idempotent.OpenGuarded; without it the suite skips, or fails when the CI
 // environment variable is set. Every scenario creates a schema of its own
-// and drops it at the end.
+// and drops it at the end. Scenarios run one at a time: a broker's ack
+// deadline must not pass while a loaded machine runs several.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	dsn := testenv.Getenv("IDEMPOTENT_POSTGRES_DSN", testenv.DefaultPostgresDSN)
@@ -57,17 +124,21 @@ func Run(t *testing.T, h Harness) {
 	} else {
 		t.Log("poison is terminated")
 	}
-	modes := []bool{false}
-	if f.Batch {
-		modes = append(modes, true)
-	}
-	for _, batch := range modes {
-		s := &suite{h: h, f: f, db: db, batch: batch}
-		t.Run(map[bool]string{false: "per-message", true: "batch"}[batch], func(t *testing.T) {
-			for _, sc := range scenarios {
+	all := append(append(scenarios[:len(scenarios):len(scenarios)], faultScenarios...), mistakeScenarios()...)
+	for _, m := range modes(f) {
+		s := &suite{h: h, f: f, db: db, mode: m, batch: m.batch}
+		t.Run(string(m.name), func(t *testing.T) {
+			if slices.Contains(f.Refuses, m.name) {
+				s.refused(t)
+				return
+			}
+			for _, sc := range all {
+				if !m.all && !sc.core {
+					continue
+				}
 				t.Run(sc.name, func(t *testing.T) {
 					if sc.needs != nil {
-						if why := sc.needs(f, batch); why != "" {
+						if why := sc.needs(f, m.batch); why != "" {
 							t.Skip(why)
 						}
 					}
@@ -76,6 +147,20 @@ func Run(t *testing.T, h Harness) {
 			}
 		})
 	}
+}
+
+// refused checks the adapter refuses the suite's mode at construction: its
+// NewConsumer returns an error for a Middleware with the mode's options.
+func (s *suite) refused(t *testing.T) {
+	e := s.newEnv(t)
+	cfg := e.config()
+	cfg.Observer = adapter.ObserverFunc(func(context.Context, adapter.Event) {})
+	c, err := e.tr.NewConsumer(cfg)
+	if err == nil {
+		_ = c.Stop(context.Background())
+		t.Fatalf("mode %s is in Features.Refuses, but NewConsumer accepted it", s.mode.name)
+	}
+	t.Logf("refused: %v", err)
 }
 
 var errFailOnce = errors.New("brokertest: the handler fails half-way on its first attempt")
@@ -90,7 +175,7 @@ func perMessage(_ Features, batch bool) string {
 }
 
 var scenarios = []scenario{
-	{name: "Redelivery", run: func(s *suite, t *testing.T) {
+	{name: "Redelivery", core: true, run: func(s *suite, t *testing.T) {
 		// The same key sent twice (a redelivery, a re-send): one effect.
 		e := s.newEnv(t)
 		e.ensureSchema()
@@ -103,8 +188,9 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 	}},
-	{name: "CrashAfterCommit", needs: func(f Features, _ bool) string {
+	{name: "CrashAfterCommit", core: true, needs: func(f Features, _ bool) string {
 		if !f.LoseAck {
 			return "the harness cannot lose an ack after commit (Features.LoseAck)"
 		}
@@ -132,8 +218,9 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 	}},
-	{name: "HandlerErrorThenSuccess", run: func(s *suite, t *testing.T) {
+	{name: "HandlerErrorThenSuccess", core: true, run: func(s *suite, t *testing.T) {
 		// The handler writes the balance, then fails, on the first
 		// attempt: requeued, then applied once, balance exact.
 		e := s.newEnv(t)
@@ -159,8 +246,9 @@ var scenarios = []scenario{
 		}
 		e.want(o.Key(), 1, 0)
 		e.audit(o)
+		e.atBroker()
 	}},
-	{name: "ConcurrentDuplicates", run: func(s *suite, t *testing.T) {
+	{name: "ConcurrentDuplicates", core: true, run: func(s *suite, t *testing.T) {
 		// Eight copies of one key, four workers: one effect, seven
 		// duplicates, eight acks.
 		e := s.newEnv(t)
@@ -177,8 +265,9 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 7)
 		e.audit(o)
+		e.atBroker()
 	}},
-	{name: "PoisonHeader", run: func(s *suite, t *testing.T) {
+	{name: "PoisonHeader", core: true, run: func(s *suite, t *testing.T) {
 		// An event-time header that is not RFC 3339 is poison exactly
 		// once, nothing written; the good message beside it and its
 		// duplicate settle on their own.
@@ -195,6 +284,7 @@ var scenarios = []scenario{
 		wantOnlyPoison(t, e, bad.Key(), adapter.ErrBadEventTime)
 		e.want(good.Key(), 1, 1)
 		e.audit(good)
+		e.atBroker()
 	}},
 	{name: "PreCheck", run: func(s *suite, t *testing.T) {
 		// With the duplicate pre-check on (idempotent.WithSeen), a
@@ -230,6 +320,7 @@ var scenarios = []scenario{
 		e.want(o.Key(), 1, 1)
 		e.want(p.Key(), 1, 1)
 		e.audit(o, p)
+		e.atBroker()
 	}},
 	{name: "Partitioned/RefusedWithoutEventTime", run: func(s *suite, t *testing.T) {
 		// A consumer that reads no producer event time is refused at
@@ -264,6 +355,7 @@ var scenarios = []scenario{
 		e.stopAll()
 		e.want(o.Key(), 1, 1)
 		e.audit(o)
+		e.atBroker()
 		day := testenv.Count(t, s.db, e.schema, "SELECT count(*) FROM $S.processed_messages WHERE event_day = DATE '2031-03-14'")
 		if day != 1 {
 			t.Errorf("%d claims on 2031-03-14, want 1: the claim belongs to the event's day", day)
@@ -279,13 +371,7 @@ var scenarios = []scenario{
 		old, fresh := newOrder(8), newOrder(9)
 		e.publish(old, now.Add(-72*time.Hour), time.Time{}, nil)
 		e.publish(fresh, now.Add(-time.Hour), time.Time{}, nil)
-		e.start(e.config())
-		e.waitSettled(old.Key(), adapter.DeadLetter, 1)
-		e.waitSettled(fresh.Key(), adapter.Ack, 1)
-		e.stopAll()
-		wantOnlyPoison(t, e, old.Key(), idempotent.ErrBeyondRetention)
-		e.want(fresh.Key(), 1, 0)
-		e.audit(fresh)
+		e.poisonBeside(old, fresh, idempotent.ErrBeyondRetention)
 	}},
 	{name: "FutureDated", run: func(s *suite, t *testing.T) {
 		// Dated beyond the adapter's default future bound past the clock
@@ -466,6 +552,7 @@ var scenarios = []scenario{
 		}
 		e.want(o.Key(), 1, 0)
 		e.audit(o)
+		e.atBroker()
 	}},
 }
 
@@ -486,4 +573,5 @@ func wantOnlyPoison(t *testing.T, e *env, key string, want error) {
 		return
 	}
 	t.Logf("%s poisoned: %v", key, all[0].Err)
+	e.deadLettered(key)
 }

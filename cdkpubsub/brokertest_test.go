@@ -151,3 +151,14 @@ func (c *memConsumer) Kill() error {
 	go func() { _ = c.sub.Shutdown(context.Background()) }()
 	return nil
 }
+
+// Unsettled counts the messages sent whose ack has not reached the
+// broker's subscription.
+func (tr *memTransport) Unsettled(context.Context) (int, error) {
+	acked := 0
+	tr.b.acked.Range(func(any, any) bool { acked++; return true })
+	return int(tr.b.sent.Load()) - acked, nil
+}
+
+// DeadLetters returns nil: poison is terminated (acked and reported).
+func (tr *memTransport) DeadLetters(context.Context) ([]string, error) { return nil, nil }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,11 @@ import (
 type memBroker struct {
 	topic *pubsub.Topic
 	sub   *pubsub.Subscription
+	// sent counts the messages sent; acked holds the ids of those whose
+	// ack reached the broker's subscription (a copy delivered again after
+	// its ack deadline may be acked twice).
+	sent  atomic.Int64
+	acked sync.Map
 }
 
 // newMemBroker returns a broker whose messages come again ackDeadline after
@@ -45,7 +51,11 @@ func newMemBroker(t testing.TB, ackDeadline time.Duration) *memBroker {
 func (b *memBroker) send(ctx context.Context, key string, md map[string]string, body []byte) error {
 	m := map[string]string{cdkpubsub.DefaultKeyMetadata: key}
 	maps.Copy(m, md)
-	return b.topic.Send(ctx, &pubsub.Message{Body: body, Metadata: m})
+	if err := b.topic.Send(ctx, &pubsub.Message{Body: body, Metadata: m}); err != nil {
+		return err
+	}
+	b.sent.Add(1)
+	return nil
 }
 
 // memProc is the driver of one consumer process's Subscription: it takes
@@ -139,6 +149,7 @@ func (p *memProc) settle(ids []driver.AckID, ack bool) {
 		}
 		if ack && (p.lose == nil || !p.lose(m.Metadata[cdkpubsub.DefaultKeyMetadata])) {
 			m.Ack()
+			p.b.acked.Store(m.LoggableID, true)
 		} else {
 			m.Nack()
 		}

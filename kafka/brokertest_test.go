@@ -3,7 +3,9 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +22,10 @@ import (
 )
 
 // TestBrokertest runs the adapters' conformance suite on the kafka adapter:
-// a kfake cluster of each scenario's own with a one-partition topic (so
-// what a stopped or killed member leaves is read by the next in order),
-// per record (NewConsumer) and in batches (NewBatchConsumer).
+// a kfake cluster of each scenario's own with a topic of four partitions,
+// each key on one of them (so copies of a message are read in order, and
+// the records of different keys coalesce in the coalesced modes), per
+// record (NewConsumer) and in batches (NewBatchConsumer).
 func TestBrokertest(t *testing.T) {
 	brokertest.Run(t, kafkaHarness{})
 }
@@ -46,8 +49,11 @@ func (kafkaHarness) Features() brokertest.Features {
 
 const brokertestTopic = "orders"
 
+// brokertestPartitions is the topic's partition count.
+const brokertestPartitions = 4
+
 func (kafkaHarness) Open(t *testing.T) brokertest.Transport {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, brokertestTopic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(brokertestPartitions, brokertestTopic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,22 +62,37 @@ func (kafkaHarness) Open(t *testing.T) brokertest.Transport {
 }
 
 type kafkaTransport struct {
-	t       *testing.T
-	cluster *kfake.Cluster
-	prod    *kgo.Client
-	group   string
+	t         *testing.T
+	cluster   *kfake.Cluster
+	prod      *kgo.Client
+	group     string
+	published [brokertestPartitions]atomic.Int64
+	last      atomic.Int32 // the partition of the last record published
+	// db and schema are the claim table's, where the offsets table and
+	// the dead-letter outbox are: set by NewConsumer.
+	mu     sync.Mutex
+	db     *sql.DB
+	schema string
 }
 
-// Publish produces m to partition 0: the key as the record key and the
-// default key header (idempotency-key), m.Headers as record headers, and
-// m.TransportTime, when set, as the record timestamp.
+// Publish produces m to its key's partition: the key as the record key
+// and the default key header (idempotency-key), m.Headers as record
+// headers, and m.TransportTime, when set, as the record timestamp.
 func (tr *kafkaTransport) Publish(ctx context.Context, m brokertest.Message) error {
-	r := &kgo.Record{Topic: brokertestTopic, Partition: 0, Key: []byte(m.Key), Value: m.Body, Timestamp: m.TransportTime}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(m.Key))
+	p := int32(h.Sum32() % brokertestPartitions)
+	r := &kgo.Record{Topic: brokertestTopic, Partition: p, Key: []byte(m.Key), Value: m.Body, Timestamp: m.TransportTime}
 	r.Headers = append(r.Headers, kgo.RecordHeader{Key: kafka.DefaultKeyHeader, Value: []byte(m.Key)})
 	for k, v := range m.Headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	return tr.prod.ProduceSync(ctx, r).FirstErr()
+	if err := tr.prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return err
+	}
+	tr.published[p].Add(1)
+	tr.last.Store(p)
+	return nil
 }
 
 // errKilled fails the transaction of a record in flight when its consumer
@@ -88,9 +109,14 @@ func (tr *kafkaTransport) NewConsumer(cfg brokertest.ConsumerConfig) (brokertest
 	if err := kafka.EnsureSchema(context.Background(), db, schema+".kafka_offsets"); err != nil {
 		tr.t.Fatal(err)
 	}
+	tr.mu.Lock()
+	tr.db, tr.schema = db, schema
+	tr.mu.Unlock()
 	c := &kafkaConsumer{tr: tr, assigned: make(chan struct{})}
 	opts := []kafka.Option{
-		kafka.WithWorkers(cfg.Workers), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
+		// A worker per partition at least: a record waiting in place
+		// (dated ahead, within the bound) holds its partition only.
+		kafka.WithWorkers(max(cfg.Workers, brokertestPartitions)), kafka.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond),
 		kafka.WithOffsetsTable(schema + ".kafka_offsets"),
 		kafka.WithDeadLetter(newOutbox(tr.t, db, schema, cfg.Middleware.Config().Consumer), "orders.dead"),
 		kafka.WithObserver(adapter.ObserverFunc(func(ctx context.Context, e adapter.Event) {
@@ -193,4 +219,76 @@ func (c *kafkaConsumer) Kill() error {
 		c.cancel()
 	}
 	return nil
+}
+
+// positions reads the stored offset of each partition (0 when none is
+// stored) and the id of the transaction that wrote it.
+func (tr *kafkaTransport) positions(ctx context.Context) (next [brokertestPartitions]int64, txid [brokertestPartitions]string, err error) {
+	tr.mu.Lock()
+	db, schema := tr.db, tr.schema
+	tr.mu.Unlock()
+	if db == nil {
+		return next, txid, errors.New("brokertest harness: no consumer was built")
+	}
+	rows, err := db.QueryContext(ctx, `SELECT partition, next_offset, xmin::text FROM "`+schema+`".kafka_offsets WHERE topic = $1`, brokertestTopic)
+	if err != nil {
+		return next, txid, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p int32
+		var n int64
+		var x string
+		if err := rows.Scan(&p, &n, &x); err != nil {
+			return next, txid, err
+		}
+		next[p], txid[p] = n, x
+	}
+	return next, txid, rows.Err()
+}
+
+// Unsettled counts the records past the offsets stored in the database:
+// the one position the consumer resumes from.
+func (tr *kafkaTransport) Unsettled(ctx context.Context) (int, error) {
+	next, _, err := tr.positions(ctx)
+	n := 0
+	for p := range next {
+		n += int(tr.published[p].Load() - next[p])
+	}
+	return n, err
+}
+
+// PositionTxid is the transaction id (xmin) of the stored offset's row of
+// the partition last published to.
+func (tr *kafkaTransport) PositionTxid(ctx context.Context) (string, error) {
+	_, txid, err := tr.positions(ctx)
+	return txid[tr.last.Load()], err
+}
+
+// DeadLetters reads the keys of the dead-letter outbox's records.
+func (tr *kafkaTransport) DeadLetters(ctx context.Context) ([]string, error) {
+	tr.mu.Lock()
+	db, schema := tr.db, tr.schema
+	tr.mu.Unlock()
+	if db == nil {
+		return nil, errors.New("brokertest harness: no consumer was built")
+	}
+	rows, err := db.QueryContext(ctx, `SELECT payload::text FROM "`+schema+`".outbox WHERE kind = $1 ORDER BY id`, kafka.DeadLetterKind)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var payload string
+		if err := rows.Scan(&payload); err != nil {
+			return nil, err
+		}
+		var dl kafka.DeadLetter
+		if err := json.Unmarshal([]byte(payload), &dl); err != nil {
+			return nil, err
+		}
+		keys = append(keys, string(dl.Key))
+	}
+	return keys, rows.Err()
 }

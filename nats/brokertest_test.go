@@ -135,3 +135,20 @@ func (c *natsConsumer) Kill() error {
 	c.nc.Close()
 	return nil
 }
+
+// Unsettled counts the durable's messages not yet delivered (NumPending)
+// and delivered and not acked (NumAckPending).
+func (tr *natsTransport) Unsettled(ctx context.Context) (int, error) {
+	c, err := tr.js.Consumer(ctx, tr.stream, "brokertest")
+	if err != nil {
+		return 0, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int(info.NumPending) + info.NumAckPending, nil
+}
+
+// DeadLetters returns nil: poison is terminated.
+func (tr *natsTransport) DeadLetters(context.Context) ([]string, error) { return nil, nil }

@@ -46,11 +46,12 @@ func (rabbitHarness) Open(t *testing.T) brokertest.Transport {
 }
 
 type rabbitTransport struct {
-	t   *testing.T
-	url string
-	top topology
-	mu  sync.Mutex // the publisher's channel
-	pub *publisher
+	t    *testing.T
+	url  string
+	top  topology
+	mu   sync.Mutex // the publisher's channel, dead
+	pub  *publisher
+	dead []string // the keys read from the dead-letter queue
 }
 
 // Publish sends m to the queue with publisher confirms: the key and
@@ -237,4 +238,38 @@ func (a losingAck) Ack(tag uint64, multiple bool) error {
 		return errors.New("the ack lost: the channel closed after the commit")
 	}
 	return a.Acknowledger.Ack(tag, multiple)
+}
+
+// Unsettled counts the queue's ready messages: once the consumers'
+// connections closed, RabbitMQ has put back every delivery they did not
+// ack.
+func (tr *rabbitTransport) Unsettled(context.Context) (int, error) {
+	conn := dialTest(tr.t, tr.url)
+	defer conn.Close()
+	q, err := openChannel(tr.t, conn).QueueDeclarePassive(tr.top.queue, false, false, false, false, amqp.Table{"x-dead-letter-exchange": tr.top.dlx})
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
+// DeadLetters reads the dead-letter queue, keeping what it read: the keys
+// of every dead letter so far.
+func (tr *rabbitTransport) DeadLetters(context.Context) ([]string, error) {
+	conn := dialTest(tr.t, tr.url)
+	defer conn.Close()
+	ch := openChannel(tr.t, conn)
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for {
+		d, ok, err := ch.Get(tr.top.dlq, true)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return tr.dead, nil
+		}
+		key, _ := d.Headers[rabbitKeyHeader].(string)
+		tr.dead = append(tr.dead, key)
+	}
 }

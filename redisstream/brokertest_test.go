@@ -3,6 +3,7 @@ package redisstream_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -145,3 +146,25 @@ func (c *redisConsumer) Kill() error {
 	c.mu.Unlock()
 	return c.rdb.Close()
 }
+
+// Unsettled counts the group's pending entries (delivered, not XACKed)
+// and its lag (entries not yet delivered).
+func (tr *redisTransport) Unsettled(ctx context.Context) (int, error) {
+	groups, err := tr.rdb.XInfoGroups(ctx, tr.stream).Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, g := range groups {
+		if g.Name == harnessGroup {
+			if g.Lag < 0 {
+				return 0, fmt.Errorf("redis cannot tell the lag of group %s on %s", g.Name, tr.stream)
+			}
+			return int(g.Pending + g.Lag), nil
+		}
+	}
+	return 0, fmt.Errorf("no group %s on %s", harnessGroup, tr.stream)
+}
+
+// DeadLetters returns nil: the harness's consumers have no dead-letter
+// stream (poison is XACKed and reported).
+func (tr *redisTransport) DeadLetters(context.Context) ([]string, error) { return nil, nil }

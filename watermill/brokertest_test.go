@@ -12,6 +12,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/brokertest"
@@ -66,7 +67,7 @@ func (amqpHarness) Open(t *testing.T) brokertest.Transport {
 	url := amqpURL(t)
 	topic := amqpQueue(t, url)
 	amqpQueueNamed(t, url, topic+".poison")
-	return &wmTransport{
+	return &amqpTransport{url: url, wmTransport: &wmTransport{
 		topic:   topic,
 		pub:     amqpPublisher(t, url),
 		workers: true,
@@ -83,7 +84,60 @@ func (amqpHarness) Open(t *testing.T) brokertest.Transport {
 			}
 			return sub, conn.Close, nil
 		},
+	}}
+}
+
+// amqpTransport is a wmTransport on RabbitMQ, which the suite inspects
+// (brokertest.Inspector).
+type amqpTransport struct {
+	*wmTransport
+	url  string
+	mu   sync.Mutex
+	dead []string // the keys read from the poison queue
+}
+
+// onChannel runs f on a channel of a connection of its own.
+func (tr *amqpTransport) onChannel(f func(ch *amqp.Channel) error) error {
+	conn, err := amqp.Dial(tr.url)
+	if err != nil {
+		return err
 	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return f(ch)
+}
+
+// Unsettled counts the queue's ready messages: once the consumers'
+// connections closed, RabbitMQ has put back what they did not ack.
+func (tr *amqpTransport) Unsettled(context.Context) (int, error) {
+	n := 0
+	err := tr.onChannel(func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(tr.topic, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	return n, err
+}
+
+// DeadLetters reads the poison queue, keeping what it read: the keys
+// (Watermill UUIDs) of every dead letter so far.
+func (tr *amqpTransport) DeadLetters(context.Context) ([]string, error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	err := tr.onChannel(func(ch *amqp.Channel) error {
+		for {
+			d, ok, err := ch.Get(tr.topic+".poison", true)
+			if err != nil || !ok {
+				return err
+			}
+			key, _ := d.Headers[wamqp.MessageUUIDHeaderKey].(string)
+			tr.dead = append(tr.dead, key)
+		}
+	})
+	return tr.dead, err
 }
 
 // wmTransport is a Watermill Pub/Sub topic.
