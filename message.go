@@ -49,7 +49,11 @@ type Message struct {
 	// Payload and Headers are the message as the transport delivered it.
 	// They are read only for an ordered message that arrives before its
 	// predecessor: it is parked with them, and applied later by
-	// Ordering.Release from them.
+	// Ordering.Release from them. The adapters keep the body and only the
+	// headers the library defines (the ordering key and sequence, the event
+	// time): a Release that needs another header (a message type, a
+	// tenant) must find it in the body, or the producer must carry it
+	// there.
 	Payload []byte
 	Headers map[string]string
 }
@@ -169,7 +173,12 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 		err = m.reclassify(ctx, err)
 		return 0, attempts, fmt.Errorf("idempotent: consumer %q, key %q: %w", m.consumer, key, err)
 	}
-	m.recordSeen(ctx, scope, key)
+	if outcome != Parked {
+		// A parked message is not applied yet: the gap policy may still
+		// dead-letter it and delete its claim, and its replay must then
+		// reach the claim table.
+		m.recordSeen(ctx, scope, key)
+	}
 	m.observeReleased(ctx, released)
 	return outcome, attempts, nil
 }

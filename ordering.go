@@ -119,7 +119,8 @@ type Ordering struct {
 // ParkedMessage is a message kept in the parking table.
 type ParkedMessage struct {
 	// Message is the message as it was parked, with its Payload and
-	// Headers.
+	// Headers (from the adapters: the library's own headers only, see
+	// Message.Headers).
 	Message
 	// ParkedAt is when it was parked, by the Middleware's clock.
 	ParkedAt time.Time
@@ -313,20 +314,43 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		}
 		return Parked, nil, nil
 	}
+	// The sequence moves before the effect runs: a handler that commits
+	// the transaction itself (a mistake the guard reports) then commits
+	// the sequence with its claim, as a plain handler commits its claim
+	// with its effect, and no later release can apply it a second time.
+	if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
+		return 0, nil, err
+	}
 	st.inHandler = true
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
 	}
 	st.inHandler = false
-	released, err := m.release(ctx, tx, st, msg.OrderKey, seq)
+	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, true)
 	return Applied, released, err
+}
+
+// bump sets key's last applied sequence to seq.
+func (o *orderer) bump(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64) error {
+	if _, err := tx.ExecContext(ctx, o.bumpSQL, seq, consumer, key); err != nil {
+		return fmt.Errorf("idempotent: ordering key %q: set last sequence %d: %w", key, seq, err)
+	}
+	return nil
 }
 
 // release applies, in tx, every parked message of key that follows last
 // without a gap, through Ordering.Release, and sets the sequence row to
-// the last one applied. The row must be locked by tx.
-func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last int64) ([]ParkedMessage, error) {
+// the last one applied (to last first, unless bumped says it is there
+// already). The row must be locked by tx. Each parked message leaves the
+// parking table and becomes the last applied before its Release runs, for
+// the reason ordered bumps before its handler.
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last int64, bumped bool) ([]ParkedMessage, error) {
 	o := m.ord
+	if !bumped {
+		if err := o.bump(ctx, tx, m.consumer, key, last); err != nil {
+			return nil, err
+		}
+	}
 	var released []ParkedMessage
 	for {
 		state, p, err := o.lookup(ctx, tx, m.consumer, key, last+1)
@@ -336,19 +360,19 @@ func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		if state != "P" {
 			break
 		}
+		if _, err := tx.ExecContext(ctx, o.unparkSQL, m.consumer, key, p.OrderSeq); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: unpark: %w", key, p.OrderSeq, err)
+		}
+		if err := o.bump(ctx, tx, m.consumer, key, p.OrderSeq); err != nil {
+			return nil, err
+		}
 		st.inHandler = true
 		if err := o.Release(ctx, tx, p); err != nil {
 			return nil, fmt.Errorf("idempotent: release parked message %q (ordering key %q, sequence %d): %w", p.Key, key, p.OrderSeq, err)
 		}
 		st.inHandler = false
-		if _, err := tx.ExecContext(ctx, o.unparkSQL, m.consumer, key, p.OrderSeq); err != nil {
-			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: unpark: %w", key, p.OrderSeq, err)
-		}
 		released = append(released, p)
 		last++
-	}
-	if _, err := tx.ExecContext(ctx, o.bumpSQL, last, m.consumer, key); err != nil {
-		return nil, fmt.Errorf("idempotent: ordering key %q: set last sequence %d: %w", key, last, err)
 	}
 	return released, nil
 }
@@ -383,6 +407,9 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 	var released []ParkedMessage
 	_, err := m.run.run(ctx, orderKey, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		released = nil
+		if err := m.captureTxID(ctx, tx, st); err != nil {
+			return err
+		}
 		last, err := o.lock(ctx, tx, m.consumer, orderKey)
 		if err != nil {
 			return err
@@ -406,7 +433,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 				return fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
 			}
 		}
-		released, err = m.release(ctx, tx, st, orderKey, seq)
+		released, err = m.release(ctx, tx, st, orderKey, seq, false)
 		return err
 	})
 	if err != nil {
@@ -563,11 +590,14 @@ func (m *Middleware) waiting(ctx context.Context) ([]Gap, error) {
 func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 	var released []ParkedMessage
 	_, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
+		if err := m.captureTxID(ctx, tx, st); err != nil {
+			return err
+		}
 		last, err := m.ord.lock(ctx, tx, m.consumer, key)
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, key, last)
+		released, err = m.release(ctx, tx, st, key, last, true)
 		return err
 	})
 	if err != nil {
@@ -584,6 +614,9 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 	n := 0
 	_, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		n = 0
+		if err := m.captureTxID(ctx, tx, st); err != nil {
+			return err
+		}
 		if _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
 			return err
 		}

@@ -268,6 +268,22 @@ func (c *Config[T]) Check(mw *idempotent.Middleware) error {
 // Workers is the number of deliveries to handle at once.
 func (c *Config[T]) Workers() int { return c.workers }
 
+// Ordering reports whether the Middleware Check was given (with
+// WithTenant, every tenant's) was created WithOrdering.
+func (c *Config[T]) Ordering() bool { return c.checked != nil && c.checked.Ordering }
+
+// RefuseOrdering is the refusal, at construction, of an entry point that
+// keeps no per-key order — a batch consumer, whose batch claims its
+// messages together, or a claim in a transaction the adapter does not
+// own — when the Middleware was created WithOrdering: an error naming
+// entry, or nil. Without it every ordered message would be poison.
+func (c *Config[T]) RefuseOrdering(entry string) error {
+	if !c.Ordering() {
+		return nil
+	}
+	return fmt.Errorf("%s: %s: the Middleware was created WithOrdering, but %s keeps no per-key order; use the per-message consumer", c.tr.Name, entry, entry)
+}
+
 // ShutdownTimeout is how long to wait for the handlers in flight.
 func (c *Config[T]) ShutdownTimeout() time.Duration { return c.shutdown }
 

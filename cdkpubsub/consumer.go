@@ -63,6 +63,9 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
+		return nil, err
+	}
 	return newConsumer(mw, cfg, nil, h)
 }
 

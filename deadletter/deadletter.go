@@ -673,8 +673,12 @@ func (s *Store) Discard(ctx context.Context, f Filter, actor string) ([]Action, 
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil || n != int64(len(ids)) {
-			return fmt.Errorf("deleted %d of %d locked rows: %v", n, len(ids), err)
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("count the deleted rows: %w", err)
+		}
+		if n != int64(len(ids)) {
+			return fmt.Errorf("deleted %d of %d locked rows", n, len(ids))
 		}
 		return nil
 	})

@@ -73,6 +73,9 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if cfg.fetchSize != 0 {
 		return nil, errors.New("nats: NewBatchConsumer: WithFetchSize is for NewConsumer; WithBatchSize sets how many messages a pull request asks for")
 	}
+	if err := cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
+		return nil, err
+	}
 	if cfg.batchSize == 0 {
 		cfg.batchSize = DefaultBatchSize
 	}

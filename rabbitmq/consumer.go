@@ -110,6 +110,9 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if c.cfg.deliveryContext != nil {
 		return nil, errors.New("rabbitmq: NewBatchConsumer: WithDeliveryContext derives one delivery's context, and a batch has many")
 	}
+	if err := c.cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
+		return nil, err
+	}
 	if c.cfg.batchSize == 0 {
 		c.cfg.batchSize = DefaultBatchSize
 	}
@@ -250,7 +253,7 @@ func (c *Consumer) Run(ctx context.Context, ch Channel, queue string) error {
 	// keys (adapter.Route), so that one entity's deliveries run one after
 	// another and need not park.
 	var routed []<-chan amqp.Delivery
-	if c.bh == nil && c.mw.Config().Ordering && c.cfg.Workers() > 1 {
+	if c.bh == nil && c.cfg.Ordering() && c.cfg.Workers() > 1 {
 		routed = adapter.Route(deliveries, c.cfg.Workers(), 1, routeKey)
 	}
 	for w := range c.cfg.Workers() {

@@ -79,6 +79,11 @@ func NewHandler(mw *idempotent.Middleware, h Handler, opts ...Option) (message.N
 	if err := c.Check(mw); err != nil {
 		return nil, err
 	}
+	if c.subscriberTx != nil {
+		if err := c.RefuseOrdering("WithSubscriberTx"); err != nil {
+			return nil, err
+		}
+	}
 	r := &run{c: c, mw: mw, h: h, rule: c.Rule(), obs: c.Observer()}
 	return r.handle, nil
 }

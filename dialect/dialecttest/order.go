@@ -396,6 +396,93 @@ func checkOrderReleaseCrash(t *testing.T, e *Env) {
 	wantOrder(t, a, "r", 1, 2, 3, 4)
 }
 
+// checkOrderReleaseCommits: a Release that commits the transaction itself
+// (without GuardConnector, nothing stops it) commits what came before it —
+// the predecessor, its claim, the sequence moved past the released message
+// and that message out of the parking table — as a handler that commits
+// commits its claim with its effect so far: the predecessor's call fails,
+// its redelivery is a Duplicate, nothing stays parked, and no later skip or
+// release applies the released message a second time.
+func checkOrderReleaseCommits(t *testing.T, e *Env) {
+	needOrderer(t, e)
+	ctx := testContext(t)
+	db := e.DB(t)
+	table := e.Table(t, db)
+	a := newOrderAudit(t, db, table)
+	release := releaseInto(a)
+	var commits atomic.Int32
+	mw := e.Middleware(t, db, table, "ordered", idempotent.WithOrdering(idempotent.Ordering{
+		Release: func(ctx context.Context, tx *sql.Tx, p idempotent.ParkedMessage) error {
+			if err := release(ctx, tx, p); err != nil {
+				return err
+			}
+			if commits.Add(1) == 1 {
+				return tx.Commit() // the mistake
+			}
+			return nil
+		},
+	}))
+	process := func(seq int64) (idempotent.Outcome, error) { return a.process(ctx, mw, orderedMessage("c", seq)) }
+	if out, err := process(2); err != nil || out != idempotent.Parked {
+		t.Fatalf("sequence 2: %v, %v; want Parked", out, err)
+	}
+	if out, err := process(1); err == nil {
+		t.Fatalf("sequence 1, its successor's Release committing: %v, nil; want an error", out)
+	}
+	if out, err := process(1); err != nil || out != idempotent.Duplicate {
+		t.Fatalf("sequence 1 redelivered: %v, %v; want Duplicate", out, err)
+	}
+	if waiting, err := mw.Waiting(ctx); err != nil || len(waiting) != 0 {
+		t.Fatalf("Waiting: %+v, %v; want nothing parked", waiting, err)
+	}
+	if gaps, err := mw.CheckGaps(ctx); err != nil || len(gaps) != 0 {
+		t.Fatalf("CheckGaps: %+v, %v; want none", gaps, err)
+	}
+	if out, err := process(3); err != nil || out != idempotent.Applied {
+		t.Fatalf("sequence 3: %v, %v; want Applied", out, err)
+	}
+	wantOrder(t, a, "c", 1, 2, 3)
+}
+
+// checkOrderStrictGuard: under WithStrictGuard, the operator's skip and
+// the gap policy's transactions pass the guard (they read the transaction
+// id as a claim does), and each runs once.
+func checkOrderStrictGuard(t *testing.T, e *Env) {
+	needOrderer(t, e)
+	if e.Dialect().TxIDSQL() == "" {
+		t.Skipf("the %s dialect cannot identify transactions: WithStrictGuard is refused", e.Dialect().Name())
+	}
+	ctx, db, table, a, now, clock := gapSetup(t, e)
+	var dead atomic.Int32
+	mw := e.Middleware(t, db, table, "ordered", idempotent.WithClock(clock), idempotent.WithStrictGuard(),
+		idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a), GapTimeout: time.Minute, Policy: idempotent.GapDeadLetter,
+			DeadLetter: func(context.Context, idempotent.ParkedMessage) error { dead.Add(1); return nil }}))
+	process := func(key string, seq int64) (idempotent.Outcome, error) {
+		return a.process(ctx, mw, orderedMessage(key, seq))
+	}
+	for _, s := range []int64{1, 3, 4} {
+		if _, err := process("g", s); err != nil {
+			t.Fatalf("g sequence %d: %v", s, err)
+		}
+	}
+	if n, err := mw.SkipGap(ctx, "g", 2); err != nil || n != 2 {
+		t.Fatalf("SkipGap(g, 2) under the strict guard: %d, %v; want 2 released", n, err)
+	}
+	wantOrder(t, a, "g", 1, 3, 4)
+	if _, err := process("h", 2); err != nil {
+		t.Fatalf("h sequence 2: %v", err)
+	}
+	now.Add((2 * time.Minute).Microseconds())
+	for range 2 {
+		if _, err := mw.CheckGaps(ctx); err != nil {
+			t.Fatalf("CheckGaps under the strict guard: %v", err)
+		}
+	}
+	if n := dead.Load(); n != 1 {
+		t.Errorf("DeadLetter called %d times for one parked message over two CheckGaps, want once", n)
+	}
+}
+
 // checkOrderBadInput: ordering fields that cannot be used are refused with
 // ErrInvalidOrder, naming the problem, before anything is written.
 func checkOrderBadInput(t *testing.T, e *Env) {
@@ -455,7 +542,13 @@ func checkOrderBadInput(t *testing.T, e *Env) {
 func checkOrderGapDeadLetter(t *testing.T, e *Env) {
 	ctx, db, table, a, now, clock := gapSetup(t, e)
 	var dead []string
-	mw := e.Middleware(t, db, table, "ordered", idempotent.WithClock(clock),
+	// With the pre-check: a parked message is not recorded as seen, so
+	// the replay of one the policy dead-lettered reaches the claim table.
+	seen, err := idempotent.NewSeenLRU(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := e.Middleware(t, db, table, "ordered", idempotent.WithClock(clock), idempotent.WithSeen(seen),
 		idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a), GapTimeout: time.Minute, Policy: idempotent.GapDeadLetter,
 			DeadLetter: func(_ context.Context, p idempotent.ParkedMessage) error {
 				dead = append(dead, fmt.Sprintf("%s@%d:%s", p.Key, p.OrderSeq, p.Payload))

@@ -74,6 +74,8 @@ func checks() []check {
 		{"Optional/Orderer/GapDeadLetter", checkOrderGapDeadLetter},
 		{"Optional/Orderer/ParkCrash", checkOrderParkCrash},
 		{"Optional/Orderer/ReleaseCrash", checkOrderReleaseCrash},
+		{"Optional/Orderer/ReleaseCommits", checkOrderReleaseCommits},
+		{"Optional/Orderer/StrictGuard", checkOrderStrictGuard},
 		{"Optional/Orderer/BadInput", checkOrderBadInput},
 	}
 }
