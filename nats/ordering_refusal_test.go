@@ -8,10 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/mocks"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/nats"
-	"github.com/txclaim/idempotent/postgres"
 )
 
 // TestOrderingRefusedWhereOrderIsNotKept: a Middleware created
@@ -19,12 +17,7 @@ import (
 // per-key order (ordered messages would all be poison there), and taken
 // where it does.
 func TestOrderingRefusedWhereOrderIsNotKept(t *testing.T) {
-	db, _ := mocks.New(t)
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithOrdering(idempotent.Ordering{
-		Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := testenv.OrderedMiddleware(t)
 	if _, err := nats.NewBatchConsumer(mw, func(context.Context, *sql.Tx, []jetstream.Msg) error { return nil }); err == nil || !strings.Contains(err.Error(), "WithOrdering") {
 		t.Errorf("NewBatchConsumer: %v, want a refusal naming WithOrdering", err)
 	}

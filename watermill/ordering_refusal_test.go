@@ -8,9 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/txclaim/idempotent"
-	"github.com/txclaim/idempotent/mocks"
-	"github.com/txclaim/idempotent/postgres"
+	"github.com/txclaim/idempotent/internal/testenv"
 	"github.com/txclaim/idempotent/watermill"
 )
 
@@ -19,12 +17,7 @@ import (
 // per-key order (ordered messages would all be poison there), and taken
 // where it does.
 func TestOrderingRefusedWhereOrderIsNotKept(t *testing.T) {
-	db, _ := mocks.New(t)
-	mw, err := idempotent.New(db, postgres.New(), "loyalty", idempotent.WithOrdering(idempotent.Ordering{
-		Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := testenv.OrderedMiddleware(t)
 	h := func(context.Context, *sql.Tx, *message.Message) error { return nil }
 	txOf := func(context.Context) (*sql.Tx, bool) { return nil, false }
 	if _, err := watermill.NewHandler(mw, h, watermill.WithSubscriberTx(txOf)); err == nil || !strings.Contains(err.Error(), "WithOrdering") {
