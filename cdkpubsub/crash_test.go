@@ -23,7 +23,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
 	b := newMemBroker(t, 300*time.Millisecond)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
@@ -32,16 +32,16 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	sendOrder(t, b, o, time.Now())
 
 	first := start(c, b, &memProc{crashAt: func(key string) bool { return key == o.Key() }})
-	rec.until(t, 10*time.Second, "dead at its ack", first.proc.dead)
-	if n := rec.count(adapter.EventApplied, o.Key()); n != 1 {
+	rec.Until(t, 10*time.Second, "dead at its ack", first.proc.dead)
+	if n := rec.Count(adapter.EventApplied, o.Key()); n != 1 {
 		t.Fatalf("%d Applied before the crash, want 1", n)
 	}
 	first.stop(t)
 
 	second := start(c, b, &memProc{})
-	rec.until(t, 10*time.Second, "delivered again as a Duplicate", func() bool { return rec.count(adapter.EventDuplicate, o.Key()) == 1 })
+	rec.Until(t, 10*time.Second, "delivered again as a Duplicate", func() bool { return rec.Count(adapter.EventDuplicate, o.Key()) == 1 })
 	second.stop(t)
-	if n := rec.count(adapter.EventApplied, o.Key()); n != 1 {
+	if n := rec.Count(adapter.EventApplied, o.Key()); n != 1 {
 		t.Errorf("%d Applied, want 1", n)
 	}
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
@@ -55,7 +55,7 @@ func TestAckDeadlineExpiresMidHandler(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
 	b := newMemBroker(t, 200*time.Millisecond)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	o := order{OrderID: 11, CustomerID: 5, Points: 9}
 	var received atomic.Int32
 	again := make(chan struct{})
@@ -83,18 +83,18 @@ func TestAckDeadlineExpiresMidHandler(t *testing.T) {
 			once.Do(func() { close(again) })
 		}
 	}})
-	rec.until(t, 10*time.Second, "applied, and a later delivery a Duplicate", func() bool {
-		return rec.count(adapter.EventApplied, o.Key()) == 1 && rec.count(adapter.EventDuplicate, o.Key()) >= 1
+	rec.Until(t, 10*time.Second, "applied, and a later delivery a Duplicate", func() bool {
+		return rec.Count(adapter.EventApplied, o.Key()) == 1 && rec.Count(adapter.EventDuplicate, o.Key()) >= 1
 	})
 	pr.stop(t)
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want 1: a second delivery ran it while the first held the claim", n)
 	}
-	if n := rec.count(adapter.EventApplied, o.Key()); n != 1 {
+	if n := rec.Count(adapter.EventApplied, o.Key()); n != 1 {
 		t.Errorf("%d Applied, want 1", n)
 	}
 	t.Logf("%d deliveries: 1 applied, %d duplicates, %d requeued", received.Load(),
-		rec.count(adapter.EventDuplicate, o.Key()), rec.count(adapter.EventRequeued, o.Key()))
+		rec.Count(adapter.EventDuplicate, o.Key()), rec.Count(adapter.EventRequeued, o.Key()))
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
 
@@ -111,7 +111,7 @@ func TestLoadWithDuplicatesAndKills(t *testing.T) {
 			t.Parallel()
 			l := newLedger(t)
 			b := newMemBroker(t, 500*time.Millisecond)
-			rec := newRecorder()
+			rec := testenv.NewRecorder()
 			opts := []cdkpubsub.Option{cdkpubsub.WithObserver(rec), cdkpubsub.WithWorkers(4), cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
 			var c *cdkpubsub.Consumer
 			var err error
@@ -137,20 +137,20 @@ func TestLoadWithDuplicatesAndKills(t *testing.T) {
 			var killed []*process
 			for round := 1; round <= 3; round++ {
 				pr := start(c, b, &memProc{})
-				rec.until(t, 30*time.Second, "applied enough to kill", func() bool { return rec.sum(adapter.EventApplied) >= round*600 })
+				rec.Until(t, 30*time.Second, "applied enough to kill", func() bool { return rec.Sum(adapter.EventApplied) >= round*600 })
 				pr.kill()
 				killed = append(killed, pr)
 			}
 			last := start(c, b, &memProc{})
-			rec.until(t, 60*time.Second, "applied every order", func() bool { return rec.sum(adapter.EventApplied) >= len(orders) })
+			rec.Until(t, 60*time.Second, "applied every order", func() bool { return rec.Sum(adapter.EventApplied) >= len(orders) })
 			last.stop(t)
 			for _, pr := range killed {
 				pr.wait(t)
 			}
-			if n := rec.sum(adapter.EventApplied); n != len(orders) {
+			if n := rec.Sum(adapter.EventApplied); n != len(orders) {
 				t.Errorf("%d Applied, want %d", n, len(orders))
 			}
-			if n := rec.sum(adapter.EventDeadLettered); n != 0 {
+			if n := rec.Sum(adapter.EventDeadLettered); n != 0 {
 				t.Errorf("%d dead-lettered, want 0", n)
 			}
 			s := c.Stats()

@@ -29,7 +29,7 @@ func TestDeadLetterWorkflow(t *testing.T) {
 	ob := l.outbox(t)
 	const kind = "loyalty.dead-letter"
 	b := newMemBroker(t, time.Minute)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	var broken atomic.Bool
 	broken.Store(true)
 	credit := l.handler()
@@ -46,7 +46,7 @@ func TestDeadLetterWorkflow(t *testing.T) {
 	sendOrder(t, b, o, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	pr := start(c, b, &memProc{})
 	defer pr.stop(t)
-	rec.until(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.count(adapter.EventDeadLettered, o.Key()) == 1 })
+	rec.Until(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.Count(adapter.EventDeadLettered, o.Key()) == 1 })
 
 	store, err := deadletter.New(l.db, deadletter.WithTable(l.schema+".outbox"), deadletter.WithKinds(kind))
 	if err != nil {
@@ -77,11 +77,11 @@ func TestDeadLetterWorkflow(t *testing.T) {
 		if _, err := store.Replay(ctx, deadletter.Filter{IDs: []int64{list[0].ID}}, "ops"); err != nil {
 			t.Fatal(err)
 		}
-		rec.until(t, 10*time.Second, "the replay settled", func() bool {
-			return rec.count(adapter.EventApplied, o.Key())+rec.count(adapter.EventDuplicate, o.Key()) == i+1
+		rec.Until(t, 10*time.Second, "the replay settled", func() bool {
+			return rec.Count(adapter.EventApplied, o.Key())+rec.Count(adapter.EventDuplicate, o.Key()) == i+1
 		})
-		if rec.count(want, o.Key()) != 1 {
-			t.Fatalf("replay %d: applied %d, duplicates %d; want one %v", i+1, rec.count(adapter.EventApplied, o.Key()), rec.count(adapter.EventDuplicate, o.Key()), want)
+		if rec.Count(want, o.Key()) != 1 {
+			t.Fatalf("replay %d: applied %d, duplicates %d; want one %v", i+1, rec.Count(adapter.EventApplied, o.Key()), rec.Count(adapter.EventDuplicate, o.Key()), want)
 		}
 	}
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})

@@ -28,7 +28,7 @@ func TestDeadLetterThroughTheOutbox(t *testing.T) {
 	ob := l.outbox(t)
 	const kind = "loyalty.dead-letter"
 	b := newMemBroker(t, 300*time.Millisecond)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithDeadLetter(ob, kind), cdkpubsub.WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
@@ -44,11 +44,11 @@ func TestDeadLetterThroughTheOutbox(t *testing.T) {
 	}
 
 	first := start(c, b, &memProc{crashAt: func(key string) bool { return key == poison }})
-	rec.until(t, 10*time.Second, "dead at the poison message's ack", first.proc.dead)
+	rec.Until(t, 10*time.Second, "dead at the poison message's ack", first.proc.dead)
 	first.stop(t)
 	second := start(c, b, &memProc{})
-	rec.until(t, 10*time.Second, "both dead-lettered, the poison one twice", func() bool {
-		return rec.count(adapter.EventDeadLettered, poison) == 2 && rec.count(adapter.EventDeadLettered, "") >= 1
+	rec.Until(t, 10*time.Second, "both dead-lettered, the poison one twice", func() bool {
+		return rec.Count(adapter.EventDeadLettered, poison) == 2 && rec.Count(adapter.EventDeadLettered, "") >= 1
 	})
 	second.stop(t)
 	if n := testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.outbox"); n != 2 {
@@ -88,7 +88,7 @@ func TestDeadLetterReplayKeepsEventDay(t *testing.T) {
 	ob := l.outbox(t)
 	const kind = "loyalty.dead-letter"
 	b := newMemBroker(t, time.Minute)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	var refused atomic.Bool
 	credit := l.handler()
 	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
@@ -103,7 +103,7 @@ func TestDeadLetterReplayKeepsEventDay(t *testing.T) {
 	o := order{OrderID: 1, CustomerID: 1, Points: 5}
 	sendOrder(t, b, o, at)
 	pr := start(c, b, &memProc{})
-	rec.until(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.count(adapter.EventDeadLettered, o.Key()) == 1 })
+	rec.Until(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.Count(adapter.EventDeadLettered, o.Key()) == 1 })
 
 	dl := relayDeadLetters(t, ob, kind, 1)[0]
 	if v := dl.Metadata[adapter.EventTimeHeader]; v != adapter.FormatEventTime(at) {
@@ -113,8 +113,8 @@ func TestDeadLetterReplayKeepsEventDay(t *testing.T) {
 		t.Fatal(err)
 	}
 	sendOrder(t, b, o, at)
-	rec.until(t, 10*time.Second, "the replay and the re-send settled", func() bool {
-		return rec.count(adapter.EventApplied, o.Key())+rec.count(adapter.EventDuplicate, o.Key()) == 2
+	rec.Until(t, 10*time.Second, "the replay and the re-send settled", func() bool {
+		return rec.Count(adapter.EventApplied, o.Key())+rec.Count(adapter.EventDuplicate, o.Key()) == 2
 	})
 	pr.stop(t)
 	if days := testenv.ClaimDays(t, l.db, l.schema, o.Key()); !slices.Equal(days, []string{"2026-11-30"}) {
@@ -129,7 +129,7 @@ func TestRequeueWithoutNackWaitsForTheAckDeadline(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
 	b := newMemBroker(t, 200*time.Millisecond)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	var runs atomic.Int32
 	credit := l.handler()
 	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
@@ -144,9 +144,9 @@ func TestRequeueWithoutNackWaitsForTheAckDeadline(t *testing.T) {
 	o := order{OrderID: 21, CustomerID: 8, Points: 5}
 	sendOrder(t, b, o, time.Now())
 	pr := start(c, b, &memProc{noNack: true})
-	rec.until(t, 10*time.Second, "applied after the ack deadline", func() bool { return rec.count(adapter.EventApplied, o.Key()) == 1 })
+	rec.Until(t, 10*time.Second, "applied after the ack deadline", func() bool { return rec.Count(adapter.EventApplied, o.Key()) == 1 })
 	pr.stop(t)
-	if n := rec.count(adapter.EventRequeued, o.Key()); n != 1 {
+	if n := rec.Count(adapter.EventRequeued, o.Key()); n != 1 {
 		t.Errorf("%d Requeued, want 1", n)
 	}
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
@@ -163,7 +163,7 @@ func TestDeadLetterNotWrittenIsRequeued(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newMemBroker(t, 300*time.Millisecond)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithDeadLetter(ob, "loyalty.dead-letter"), cdkpubsub.WithObserver(rec),
 		cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond))
 	if err != nil {
@@ -174,16 +174,16 @@ func TestDeadLetterNotWrittenIsRequeued(t *testing.T) {
 		t.Fatal(err)
 	}
 	pr := start(c, b, &memProc{})
-	rec.until(t, 10*time.Second, "requeued after a failed dead letter", func() bool {
-		return rec.count(adapter.EventSettleFailed, poison) >= 1 && rec.count(adapter.EventRequeued, poison) >= 1
+	rec.Until(t, 10*time.Second, "requeued after a failed dead letter", func() bool {
+		return rec.Count(adapter.EventSettleFailed, poison) >= 1 && rec.Count(adapter.EventRequeued, poison) >= 1
 	})
-	if n := rec.count(adapter.EventDeadLettered, poison); n != 0 {
+	if n := rec.Count(adapter.EventDeadLettered, poison); n != 0 {
 		t.Fatalf("%d dead-lettered without a dead letter written", n)
 	}
 	if err := ob.EnsureSchema(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rec.until(t, 10*time.Second, "dead-lettered once the outbox exists", func() bool { return rec.count(adapter.EventDeadLettered, poison) == 1 })
+	rec.Until(t, 10*time.Second, "dead-lettered once the outbox exists", func() bool { return rec.Count(adapter.EventDeadLettered, poison) == 1 })
 	pr.stop(t)
 	if n := testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.outbox"); n != 1 {
 		t.Fatalf("%d dead-letter rows, want 1", n)

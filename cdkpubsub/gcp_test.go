@@ -68,7 +68,7 @@ func TestGCPAckDeadlineExpiresMidHandler(t *testing.T) {
 	h.ackDeadline = 1
 	tr := h.Open(t).(*gcpTransport)
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	var runs atomic.Int32
 	credit := l.handler()
 	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
@@ -104,8 +104,8 @@ func TestGCPAckDeadlineExpiresMidHandler(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, sub) }()
-	rec.until(t, 15*time.Second, "applied, and a later delivery a Duplicate", func() bool {
-		return rec.count(adapter.EventApplied, o.Key()) == 1 && rec.count(adapter.EventDuplicate, o.Key()) >= 1
+	rec.Until(t, 15*time.Second, "applied, and a later delivery a Duplicate", func() bool {
+		return rec.Count(adapter.EventApplied, o.Key()) == 1 && rec.Count(adapter.EventDuplicate, o.Key()) >= 1
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -118,7 +118,7 @@ func TestGCPAckDeadlineExpiresMidHandler(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 1", n)
 	}
 	t.Logf("%d deliveries: 1 applied, %d duplicates, %d requeued", srv.Messages()[0].Deliveries,
-		rec.count(adapter.EventDuplicate, o.Key()), rec.count(adapter.EventRequeued, o.Key()))
+		rec.Count(adapter.EventDuplicate, o.Key()), rec.Count(adapter.EventRequeued, o.Key()))
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
 

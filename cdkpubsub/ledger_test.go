@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,64 +125,6 @@ func sendOrder(t testing.TB, b *memBroker, o order, at time.Time) {
 	}
 	if err := b.send(context.Background(), o.Key(), map[string]string{adapter.EventTimeHeader: adapter.FormatEventTime(at)}, body); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// recorder is an adapter.Observer that keeps the events by type and key.
-type recorder struct {
-	mu     sync.Mutex
-	counts map[adapter.EventType]map[string]int
-	total  map[adapter.EventType]int
-	signal chan struct{}
-}
-
-func newRecorder() *recorder {
-	return &recorder{counts: map[adapter.EventType]map[string]int{}, total: map[adapter.EventType]int{}, signal: make(chan struct{}, 1)}
-}
-
-func (r *recorder) Observe(_ context.Context, e adapter.Event) {
-	r.mu.Lock()
-	if r.counts[e.Type] == nil {
-		r.counts[e.Type] = map[string]int{}
-	}
-	r.counts[e.Type][e.Message.Key]++
-	r.total[e.Type]++
-	r.mu.Unlock()
-	select {
-	case r.signal <- struct{}{}:
-	default:
-	}
-}
-
-// count returns how many events of type typ were reported for key.
-func (r *recorder) count(typ adapter.EventType, key string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.counts[typ][key]
-}
-
-// sum returns how many events of type typ were reported.
-func (r *recorder) sum(typ adapter.EventType) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.total[typ]
-}
-
-// until polls cond at each event, and every few milliseconds, for at most
-// timeout, and fails t if it never held.
-func (r *recorder) until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-r.signal:
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("after %v: still not %s", timeout, what)
-		}
 	}
 }
 

@@ -315,7 +315,7 @@ func TestSQSVisibilityTimeoutExpiresMidHandler(t *testing.T) {
 	client := newSQSClient(t, watch)
 	url := createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): "1"})
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	runs := 0
 	var mu sync.Mutex
 	credit := l.handler()
@@ -347,8 +347,8 @@ func TestSQSVisibilityTimeoutExpiresMidHandler(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, sub) }()
-	rec.until(t, 60*time.Second, "applied, and a later delivery a Duplicate", func() bool {
-		return rec.count(adapter.EventApplied, o.Key()) == 1 && rec.count(adapter.EventDuplicate, o.Key()) >= 1
+	rec.Until(t, 60*time.Second, "applied, and a later delivery a Duplicate", func() bool {
+		return rec.Count(adapter.EventApplied, o.Key()) == 1 && rec.Count(adapter.EventDuplicate, o.Key()) >= 1
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -362,7 +362,7 @@ func TestSQSVisibilityTimeoutExpiresMidHandler(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 1", runs)
 	}
 	mu.Unlock()
-	t.Logf("1 applied, %d duplicates, %d requeued", rec.count(adapter.EventDuplicate, o.Key()), rec.count(adapter.EventRequeued, o.Key()))
+	t.Logf("1 applied, %d duplicates, %d requeued", rec.Count(adapter.EventDuplicate, o.Key()), rec.Count(adapter.EventRequeued, o.Key()))
 	testenv.AuditOrders(t, l.db, l.schema, []order{o})
 }
 
@@ -376,7 +376,7 @@ func TestSQSFIFORetryAfterDeduplicationWindow(t *testing.T) {
 	client := newSQSClient(t, nil)
 	url := createQueue(t, client, true, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): "5"})
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	c, err := cdkpubsub.NewConsumer(l.mw, l.handler(), cdkpubsub.WithObserver(rec))
 	if err != nil {
 		t.Fatal(err)
@@ -399,8 +399,8 @@ func TestSQSFIFORetryAfterDeduplicationWindow(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(rctx, sub) }()
-	rec.until(t, 30*time.Second, "applied, then a Duplicate", func() bool {
-		return rec.count(adapter.EventApplied, o.Key()) == 1 && rec.count(adapter.EventDuplicate, o.Key()) == 1
+	rec.Until(t, 30*time.Second, "applied, then a Duplicate", func() bool {
+		return rec.Count(adapter.EventApplied, o.Key()) == 1 && rec.Count(adapter.EventDuplicate, o.Key()) == 1
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -429,7 +429,7 @@ func TestSQSRedrivePolicyBesideTheLibrarysDeadLetter(t *testing.T) {
 	url := createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): "5",
 		string(sqstypes.QueueAttributeNameRedrivePolicy): redrive})
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	failing := order{OrderID: 41, CustomerID: 10, Points: 1}
 	credit := l.handler()
 	c, err := cdkpubsub.NewConsumer(l.mw, func(ctx context.Context, tx *sql.Tx, m *pubsub.Message) error {
@@ -479,13 +479,13 @@ func TestSQSRedrivePolicyBesideTheLibrarysDeadLetter(t *testing.T) {
 	if k := moved.Metadata[cdkpubsub.DefaultKeyMetadata]; k != failing.Key() {
 		t.Errorf("the redrive queue got %q, want %q", k, failing.Key())
 	}
-	if n := rec.count(adapter.EventRequeued, failing.Key()); n != 2 {
+	if n := rec.Count(adapter.EventRequeued, failing.Key()); n != 2 {
 		t.Errorf("%s requeued %d times, want 2 (maxReceiveCount)", failing.Key(), n)
 	}
-	if n := rec.count(adapter.EventDeadLettered, failing.Key()); n != 0 {
+	if n := rec.Count(adapter.EventDeadLettered, failing.Key()); n != 0 {
 		t.Errorf("%s dead-lettered by the library %d times, want 0: it is SQS's to move", failing.Key(), n)
 	}
-	if n := rec.count(adapter.EventDeadLettered, "poison-1"); n != 1 {
+	if n := rec.Count(adapter.EventDeadLettered, "poison-1"); n != 1 {
 		t.Errorf("the poison message dead-lettered %d times, want 1", n)
 	}
 	if n := queueDepth(t, client, url) + queueDepth(t, client, dlq); n != 0 {

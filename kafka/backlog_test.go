@@ -59,10 +59,12 @@ func TestBacklogKeepsWorkersBusy(t *testing.T) {
 		}
 		// The bound only ends the wait of a consumer that takes one
 		// partition per round, which would wait forever; it is far past
-		// what a loaded machine needs to fetch the other partitions.
+		// what a loaded machine needs to fetch the other partitions, and
+		// shorter than waitFor's minute, so that such a consumer is
+		// reported as taking one partition per round.
 		select {
 		case <-all:
-		case <-time.After(time.Minute):
+		case <-time.After(30 * time.Second):
 			mu.Lock()
 			late = append(late, r.Partition)
 			mu.Unlock()

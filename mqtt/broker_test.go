@@ -122,62 +122,6 @@ func sendOrder(t testing.TB, cli *paho.Client, topic string, qos byte, o order) 
 	}
 }
 
-// recorder is an adapter.Observer that keeps the events by type and key.
-type recorder struct {
-	mu     sync.Mutex
-	counts map[adapter.EventType]map[string]int
-	total  map[adapter.EventType]int
-	signal chan struct{}
-}
-
-func newRecorder() *recorder {
-	return &recorder{counts: map[adapter.EventType]map[string]int{}, total: map[adapter.EventType]int{}, signal: make(chan struct{}, 1)}
-}
-
-func (r *recorder) Observe(_ context.Context, e adapter.Event) {
-	r.mu.Lock()
-	if r.counts[e.Type] == nil {
-		r.counts[e.Type] = map[string]int{}
-	}
-	r.counts[e.Type][e.Message.Key]++
-	r.total[e.Type]++
-	r.mu.Unlock()
-	select {
-	case r.signal <- struct{}{}:
-	default:
-	}
-}
-
-func (r *recorder) count(typ adapter.EventType, key string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.counts[typ][key]
-}
-
-func (r *recorder) sum(typ adapter.EventType) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.total[typ]
-}
-
-// until waits, at each event and every few milliseconds, for cond, at
-// most timeout, and fails t if it never held.
-func (r *recorder) until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-r.signal:
-		case <-tick.C:
-		case <-deadline.C:
-			t.Fatalf("after %v: still not %s", timeout, what)
-		}
-	}
-}
-
 // proc is one consumer process: a Run of a Consumer on a session, over
 // connections it can mute (what the client sends goes nowhere, as a
 // process that froze) and cut (a crash).

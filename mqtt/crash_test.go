@@ -25,7 +25,7 @@ func TestKilledAfterCommitBeforeAck(t *testing.T) {
 			t.Parallel()
 			addr := brokerAddr(t)
 			l := newLedger(t)
-			rec := newRecorder()
+			rec := testenv.NewRecorder()
 			topic := "idempotent/" + testenv.UniqueName("crash")
 			clientID := testenv.UniqueName("crash")
 			openSession(t, addr, clientID, topic, qos)
@@ -46,17 +46,17 @@ func TestKilledAfterCommitBeforeAck(t *testing.T) {
 			p := newProc(c, addr)
 			first.Store(p)
 			p.start(clientID, topic, qos)
-			rec.until(t, 30*time.Second, "applied", func() bool { return rec.count(adapter.EventApplied, o.Key()) == 1 })
+			rec.Until(t, 30*time.Second, "applied", func() bool { return rec.Count(adapter.EventApplied, o.Key()) == 1 })
 			p.kill()
 			<-p.done
 			first.Store(nil)
 
 			second := startProc(c, addr, clientID, topic, qos)
-			rec.until(t, 30*time.Second, "delivered again on the resumed session, a Duplicate", func() bool {
-				return rec.count(adapter.EventDuplicate, o.Key()) == 1
+			rec.Until(t, 30*time.Second, "delivered again on the resumed session, a Duplicate", func() bool {
+				return rec.Count(adapter.EventDuplicate, o.Key()) == 1
 			})
 			second.stop(t)
-			if n := rec.count(adapter.EventApplied, o.Key()); n != 1 {
+			if n := rec.Count(adapter.EventApplied, o.Key()); n != 1 {
 				t.Errorf("%d Applied, want 1", n)
 			}
 			testenv.AuditOrders(t, l.db, l.schema, []order{o})

@@ -103,7 +103,7 @@ func TestBrokerRestartedMidRun(t *testing.T) {
 	t.Parallel()
 	b := startOwnBroker(t)
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	topic := "idempotent/" + testenv.UniqueName("restart")
 	clientID := testenv.UniqueName("restart")
 	const qos = 1
@@ -155,16 +155,16 @@ func TestBrokerRestartedMidRun(t *testing.T) {
 	// the broker kept its session (persistence) and the consumer resumed
 	// it on a new connection.
 	publishAll(orders[150:])
-	rec.until(t, 120*time.Second, "applied every order after the restart", func() bool { return rec.sum(adapter.EventApplied) >= len(orders) })
+	rec.Until(t, 120*time.Second, "applied every order after the restart", func() bool { return rec.Sum(adapter.EventApplied) >= len(orders) })
 	p.stop(t)
-	if n := rec.sum(adapter.EventApplied); n != len(orders) {
+	if n := rec.Sum(adapter.EventApplied); n != len(orders) {
 		t.Errorf("%d Applied, want %d", n, len(orders))
 	}
-	rec.until(t, 60*time.Second, "order 150, committed while the broker was down, delivered again as a Duplicate", func() bool {
-		return rec.count(adapter.EventDuplicate, orders[149].Key()) >= 1
+	rec.Until(t, 60*time.Second, "order 150, committed while the broker was down, delivered again as a Duplicate", func() bool {
+		return rec.Count(adapter.EventDuplicate, orders[149].Key()) >= 1
 	})
 	s := c.Stats()
 	t.Logf("%d sends of %d orders, Mosquitto restarted once: applied %d, duplicates %d, released %d, connections lost or refused %d",
-		sends, len(orders), s.Applied, s.Duplicates, s.Released, rec.sum(adapter.EventFetchError))
+		sends, len(orders), s.Applied, s.Duplicates, s.Released, rec.Sum(adapter.EventFetchError))
 	testenv.AuditOrders(t, l.db, l.schema, orders)
 }

@@ -19,7 +19,7 @@ func TestSharedSubscriptionWithKills(t *testing.T) {
 	t.Parallel()
 	addr := brokerAddr(t)
 	l := newLedger(t)
-	rec := newRecorder()
+	rec := testenv.NewRecorder()
 	topic := "idempotent/" + testenv.UniqueName("shared")
 	filter := "$share/loyalty/" + topic
 	const qos = 1
@@ -49,20 +49,20 @@ func TestSharedSubscriptionWithKills(t *testing.T) {
 		}
 		if i == 200 || i == 400 { // kill a member and restart it on its session
 			k := i / 200
-			rec.until(t, 60*time.Second, "applied some", func() bool { return rec.sum(adapter.EventApplied) >= i/2 })
+			rec.Until(t, 60*time.Second, "applied some", func() bool { return rec.Sum(adapter.EventApplied) >= i/2 })
 			procs[k].kill()
 			<-procs[k].done
 			procs[k] = startProc(c, addr, ids[k], filter, qos)
 		}
 	}
-	rec.until(t, 120*time.Second, "applied every order", func() bool { return rec.sum(adapter.EventApplied) >= len(orders) })
+	rec.Until(t, 120*time.Second, "applied every order", func() bool { return rec.Sum(adapter.EventApplied) >= len(orders) })
 	for _, p := range procs {
 		p.stop(t)
 	}
-	if n := rec.sum(adapter.EventApplied); n != len(orders) {
+	if n := rec.Sum(adapter.EventApplied); n != len(orders) {
 		t.Errorf("%d Applied, want %d", n, len(orders))
 	}
-	if n := rec.sum(adapter.EventDeadLettered); n != 0 {
+	if n := rec.Sum(adapter.EventDeadLettered); n != 0 {
 		t.Errorf("%d dead-lettered, want 0", n)
 	}
 	s := c.Stats()
