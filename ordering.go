@@ -161,6 +161,7 @@ type orderer struct {
 	Ordering
 	d                                     dialect.Orderer
 	maxKey                                int
+	advanceSQL, markSQL                   string
 	rowSQL, lockSQL, bumpSQL, parkSQL     string
 	skipSQL, parkedSQL, unparkSQL         string
 	waitingSQL, parkedRowsSQL, unclaimSQL string
@@ -176,6 +177,7 @@ func newOrderer(d dialect.Dialect, t dialect.Table, o *Ordering) (*orderer, erro
 	seq, park := od.OrderTables(t)
 	return &orderer{
 		Ordering: *o, d: od, maxKey: od.MaxOrderKeyBytes(),
+		advanceSQL: od.OrderAdvanceSQL(t), markSQL: od.OrderMarkSQL(t),
 		rowSQL: od.OrderRowSQL(t), lockSQL: od.OrderLockSQL(t), bumpSQL: od.OrderBumpSQL(t),
 		parkSQL: od.ParkSQL(t), skipSQL: od.SkipSQL(t), parkedSQL: od.ParkedSQL(t), unparkSQL: od.UnparkSQL(t),
 		waitingSQL: od.WaitingSQL(t), parkedRowsSQL: od.ParkedRowsSQL(t), unclaimSQL: od.UnclaimSQL(t),
@@ -225,16 +227,48 @@ func refuseOrdered(msg Message, entry string) error {
 }
 
 // lock makes sure the entity's sequence row exists and locks it, returning
-// its last sequence.
-func (o *orderer) lock(ctx context.Context, tx *sql.Tx, consumer, key string) (int64, error) {
+// its last sequence and parked_max.
+func (o *orderer) lock(ctx context.Context, tx *sql.Tx, consumer, key string) (last, parkedMax int64, err error) {
 	if _, err := tx.ExecContext(ctx, o.rowSQL, consumer, key); err != nil {
-		return 0, fmt.Errorf("idempotent: ordering key %q: insert sequence row: %w", key, err)
+		return 0, 0, fmt.Errorf("idempotent: ordering key %q: insert sequence row: %w", key, err)
 	}
-	var last int64
-	if err := tx.QueryRowContext(ctx, o.lockSQL, consumer, key).Scan(&last); err != nil {
-		return 0, fmt.Errorf("idempotent: ordering key %q: lock sequence row: %w", key, err)
+	return o.read(ctx, tx, consumer, key)
+}
+
+// read locks the entity's sequence row, which exists, and returns its last
+// sequence and parked_max.
+func (o *orderer) read(ctx context.Context, tx *sql.Tx, consumer, key string) (last, parkedMax int64, err error) {
+	if err := tx.QueryRowContext(ctx, o.lockSQL, consumer, key).Scan(&last, &parkedMax); err != nil {
+		return 0, 0, fmt.Errorf("idempotent: ordering key %q: lock sequence row: %w", key, err)
 	}
-	return last, nil
+	return last, parkedMax, nil
+}
+
+// advance decides an ordered message of sequence seq under the entity's
+// lock (see docs/ordering.md, "Statement by statement"): it returns the
+// last sequence applied before it and parked_max. When the dialect has
+// OrderAdvanceSQL, one statement creates or locks the row, moves last_seq
+// to seq when seq is next (moved) and raises parked_max when seq is
+// ahead; otherwise the row is locked and read, and the caller bumps or
+// marks it.
+func (o *orderer) advance(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64) (last, parkedMax int64, moved bool, err error) {
+	if o.advanceSQL == "" {
+		last, parkedMax, err = o.lock(ctx, tx, consumer, key)
+		return last, parkedMax, false, err
+	}
+	var now int64
+	err = tx.QueryRowContext(ctx, o.advanceSQL, consumer, key, seq).Scan(&now, &parkedMax)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// At or below last_seq: nothing changed, the row is locked.
+		last, parkedMax, err = o.read(ctx, tx, consumer, key)
+		return last, parkedMax, false, err
+	case err != nil:
+		return 0, 0, false, fmt.Errorf("idempotent: ordering key %q: advance sequence row: %w", key, err)
+	case now == seq:
+		return seq - 1, parkedMax, true, nil
+	}
+	return now, parkedMax, false, nil
 }
 
 // lookup reads the parking table's row of one sequence: state "" when
@@ -266,11 +300,11 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 // reports the outcome and the parked messages it released.
 func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc) (Outcome, []ParkedMessage, error) {
 	o := m.ord
-	last, err := o.lock(ctx, tx, m.consumer, msg.OrderKey)
+	seq := msg.OrderSeq
+	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq)
 	if err != nil {
 		return 0, nil, err
 	}
-	seq := msg.OrderSeq
 	switch {
 	case seq <= last:
 		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
@@ -284,33 +318,14 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		st.skipCommit = true
 		return Duplicate, nil, nil
 	case seq > last+1:
-		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
+		parked, err := o.park(ctx, tx, m.consumer, msg, m.ret.clock())
 		if err != nil {
 			return 0, nil, err
 		}
-		if state != "" {
+		if !parked {
 			// Another message with the same sequence waits already.
 			st.skipCommit = true
 			return Duplicate, nil, nil
-		}
-		headers := ""
-		if len(msg.Headers) > 0 {
-			b, err := json.Marshal(msg.Headers)
-			if err != nil {
-				return 0, nil, fmt.Errorf("idempotent: park: headers: %w", err)
-			}
-			headers = string(b)
-		}
-		payload := msg.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
-		var at int64
-		if !msg.EventTime.IsZero() {
-			at = msg.EventTime.UnixMicro()
-		}
-		if _, err := tx.ExecContext(ctx, o.parkSQL, m.consumer, msg.OrderKey, seq, msg.Key, payload, headers, at, m.ret.clock().UnixMicro()); err != nil {
-			return 0, nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, seq, err)
 		}
 		return Parked, nil, nil
 	}
@@ -318,16 +333,65 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 	// the transaction itself (a mistake the guard reports) then commits
 	// the sequence with its claim, as a plain handler commits its claim
 	// with its effect, and no later release can apply it a second time.
-	if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
-		return 0, nil, err
+	if !moved {
+		if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
+			return 0, nil, err
+		}
 	}
 	st.inHandler = true
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
 	}
 	st.inHandler = false
-	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, true)
+	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, parkedMax, true)
 	return Applied, released, err
+}
+
+// park stores msg in the parking table and raises the entity's parked_max,
+// under the entity's lock; parked is false when a message of the same
+// sequence is parked already.
+func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Message, now time.Time) (parked bool, err error) {
+	key, seq := msg.OrderKey, msg.OrderSeq
+	if o.advanceSQL == "" {
+		// The park's insert cannot tell a duplicate here (MySQL's
+		// affected rows depend on clientFoundRows): look first, and
+		// raise parked_max, which advance did not.
+		state, _, err := o.lookup(ctx, tx, consumer, key, seq)
+		if err != nil || state != "" {
+			return false, err
+		}
+		if _, err := tx.ExecContext(ctx, o.markSQL, seq, consumer, key, seq); err != nil {
+			return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", key, seq, err)
+		}
+	}
+	headers := ""
+	if len(msg.Headers) > 0 {
+		b, err := json.Marshal(msg.Headers)
+		if err != nil {
+			return false, fmt.Errorf("idempotent: park: headers: %w", err)
+		}
+		headers = string(b)
+	}
+	payload := msg.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var at int64
+	if !msg.EventTime.IsZero() {
+		at = msg.EventTime.UnixMicro()
+	}
+	res, err := tx.ExecContext(ctx, o.parkSQL, consumer, key, seq, msg.Key, payload, headers, at, now.UnixMicro())
+	if err != nil {
+		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
+	}
+	if o.advanceSQL == "" {
+		return true, nil
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
+	}
+	return n == 1, nil
 }
 
 // bump sets key's last applied sequence to seq.
@@ -341,10 +405,12 @@ func (o *orderer) bump(ctx context.Context, tx *sql.Tx, consumer, key string, se
 // release applies, in tx, every parked message of key that follows last
 // without a gap, through Ordering.Release, and sets the sequence row to
 // the last one applied (to last first, unless bumped says it is there
-// already). The row must be locked by tx. Each parked message leaves the
-// parking table and becomes the last applied before its Release runs, for
-// the reason ordered bumps before its handler.
-func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last int64, bumped bool) ([]ParkedMessage, error) {
+// already). The row must be locked by tx; parkedMax is its parked_max:
+// no message above it can be parked, so release does not look past it.
+// Each parked message leaves the parking table and becomes the last
+// applied before its Release runs, for the reason ordered bumps before its
+// handler.
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
 	o := m.ord
 	if !bumped {
 		if err := o.bump(ctx, tx, m.consumer, key, last); err != nil {
@@ -352,7 +418,7 @@ func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		}
 	}
 	var released []ParkedMessage
-	for {
+	for last < parkedMax {
 		state, p, err := o.lookup(ctx, tx, m.consumer, key, last+1)
 		if err != nil {
 			return nil, err
@@ -410,7 +476,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		last, err := o.lock(ctx, tx, m.consumer, orderKey)
+		last, parkedMax, err := o.lock(ctx, tx, m.consumer, orderKey)
 		if err != nil {
 			return err
 		}
@@ -433,7 +499,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 				return fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
 			}
 		}
-		released, err = m.release(ctx, tx, st, orderKey, seq, false)
+		released, err = m.release(ctx, tx, st, orderKey, seq, parkedMax, false)
 		return err
 	})
 	if err != nil {
@@ -593,11 +659,11 @@ func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		last, err := m.ord.lock(ctx, tx, m.consumer, key)
+		last, parkedMax, err := m.ord.lock(ctx, tx, m.consumer, key)
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, key, last, true)
+		released, err = m.release(ctx, tx, st, key, last, parkedMax, true)
 		return err
 	})
 	if err != nil {
@@ -617,7 +683,7 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		if _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
+		if _, _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
 			return err
 		}
 		parked, err := o.parkedRows(ctx, tx, m.consumer, key)
