@@ -161,7 +161,7 @@ type orderer struct {
 	Ordering
 	d                                     dialect.Orderer
 	maxKey                                int
-	advanceSQL, markSQL                   string
+	advanceSQL, markSQL, claimAdvanceSQL  string
 	rowSQL, lockSQL, bumpSQL, parkSQL     string
 	skipSQL, parkedSQL, unparkSQL         string
 	waitingSQL, parkedRowsSQL, unclaimSQL string
@@ -177,7 +177,7 @@ func newOrderer(d dialect.Dialect, t dialect.Table, o *Ordering) (*orderer, erro
 	seq, park := od.OrderTables(t)
 	return &orderer{
 		Ordering: *o, d: od, maxKey: od.MaxOrderKeyBytes(),
-		advanceSQL: od.OrderAdvanceSQL(t), markSQL: od.OrderMarkSQL(t),
+		advanceSQL: od.OrderAdvanceSQL(t), markSQL: od.OrderMarkSQL(t), claimAdvanceSQL: od.OrderClaimAdvanceSQL(t),
 		rowSQL: od.OrderRowSQL(t), lockSQL: od.OrderLockSQL(t), bumpSQL: od.OrderBumpSQL(t),
 		parkSQL: od.ParkSQL(t), skipSQL: od.SkipSQL(t), parkedSQL: od.ParkedSQL(t), unparkSQL: od.UnparkSQL(t),
 		waitingSQL: od.WaitingSQL(t), parkedRowsSQL: od.ParkedRowsSQL(t), unclaimSQL: od.UnclaimSQL(t),
@@ -244,31 +244,68 @@ func (o *orderer) read(ctx context.Context, tx *sql.Tx, consumer, key string) (l
 	return last, parkedMax, nil
 }
 
+// advanced is what OrderAdvanceSQL yielded: whether a row, and its
+// last_seq and parked_max.
+type advanced struct {
+	row      bool
+	now, max int64
+}
+
 // advance decides an ordered message of sequence seq under the entity's
 // lock (see docs/ordering.md, "Statement by statement"): it returns the
 // last sequence applied before it and parked_max. When the dialect has
 // OrderAdvanceSQL, one statement creates or locks the row, moves last_seq
 // to seq when seq is next (moved) and raises parked_max when seq is
-// ahead; otherwise the row is locked and read, and the caller bumps or
-// marks it.
-func (o *orderer) advance(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64) (last, parkedMax int64, moved bool, err error) {
+// ahead — it ran already, with the claim, when a is not nil; otherwise
+// the row is locked and read, and the caller bumps or marks it.
+func (o *orderer) advance(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64, a *advanced) (last, parkedMax int64, moved bool, err error) {
 	if o.advanceSQL == "" {
 		last, parkedMax, err = o.lock(ctx, tx, consumer, key)
 		return last, parkedMax, false, err
 	}
-	var now int64
-	err = tx.QueryRowContext(ctx, o.advanceSQL, consumer, key, seq).Scan(&now, &parkedMax)
+	if a == nil {
+		a = &advanced{row: true}
+		err = tx.QueryRowContext(ctx, o.advanceSQL, consumer, key, seq).Scan(&a.now, &a.max)
+		if errors.Is(err, sql.ErrNoRows) {
+			a.row, err = false, nil
+		}
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("idempotent: ordering key %q: advance sequence row: %w", key, err)
+		}
+	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	case !a.row:
 		// At or below last_seq: nothing changed, the row is locked.
 		last, parkedMax, err = o.read(ctx, tx, consumer, key)
 		return last, parkedMax, false, err
-	case err != nil:
-		return 0, 0, false, fmt.Errorf("idempotent: ordering key %q: advance sequence row: %w", key, err)
-	case now == seq:
-		return seq - 1, parkedMax, true, nil
+	case a.now == seq:
+		return seq - 1, a.max, true, nil
 	}
-	return now, parkedMax, false, nil
+	return a.now, a.max, false, nil
+}
+
+// claimAdvance claims msg and advances its entity's row in one statement
+// (OrderClaimAdvanceSQL), as claimKey claims: under the lock timeout, the
+// strict guard's first reading taken after it.
+func (m *Middleware) claimAdvance(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message) (bool, *advanced, error) {
+	a := &advanced{}
+	claimed, err := m.claimWith(ctx, tx, st, func() (bool, error) {
+		var n int64
+		var now, max sql.NullInt64
+		if err := tx.QueryRowContext(ctx, m.ord.claimAdvanceSQL, m.consumerArg, msg.Key, msg.OrderKey, msg.OrderSeq).Scan(&n, &now, &max); err != nil {
+			return false, m.claimError(err)
+		}
+		a.row, a.now, a.max = now.Valid, now.Int64, max.Int64
+		return n == 1, nil
+	})
+	return claimed, a, err
+}
+
+// claimsWithAdvance reports whether msg's claim and advance go in one
+// statement: the dialect has it, and the claim is the plain one (no
+// partition, no event time for the horizon's fence).
+func (m *Middleware) claimsWithAdvance(msg Message) bool {
+	return msg.OrderKey != "" && m.ord.claimAdvanceSQL != "" && m.ret.part == nil && msg.EventTime.IsZero()
 }
 
 // lookup reads the parking table's row of one sequence: state "" when
@@ -297,11 +334,12 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 
 // ordered decides, in tx, after msg's claim was inserted, what msg's
 // sequence means (see the top of this file), and runs fn or parks it. It
-// reports the outcome and the parked messages it released.
-func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc) (Outcome, []ParkedMessage, error) {
+// reports the outcome and the parked messages it released. a is the
+// advance that ran with the claim (claimAdvance), or nil.
+func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc, a *advanced) (Outcome, []ParkedMessage, error) {
 	o := m.ord
 	seq := msg.OrderSeq
-	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq)
+	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq, a)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -53,6 +53,17 @@ type Orderer interface {
 	// It yields last_seq, parked_max. Parameters: consumer, order_key, seq.
 	OrderAdvanceSQL(t Table) string
 
+	// OrderClaimAdvanceSQL is, where the dialect can run an INSERT in a
+	// WITH clause (Postgres), the claim of a message (the dialect's
+	// ClaimSQL) and OrderAdvanceSQL in one statement: the advance runs
+	// only when the claim inserted, and after it, so a message's locks
+	// are taken in the same order as by the two statements. It yields
+	// one row: how many claims it inserted (0 or 1), then last_seq and
+	// parked_max as OrderAdvanceSQL yields them, both NULL when it
+	// yielded no row or did not run. Parameters: consumer, message_key,
+	// order_key, seq. "" elsewhere.
+	OrderClaimAdvanceSQL(t Table) string
+
 	// OrderRowSQL inserts the sequence row (consumer, order_key) with
 	// last_seq and parked_max 0 unless it exists, and never fails on a
 	// duplicate. Parameters: consumer, order_key.
@@ -137,6 +148,9 @@ type OrderSyntax interface {
 	// greatest is its two-argument maximum ("GREATEST", "max"): only then
 	// is OrderAdvanceSQL not "".
 	Upsert() (ok bool, greatest string)
+	// ClaimSQL is the dialect's claim of a message (Dialect.ClaimSQL)
+	// where it may run in a WITH clause with RETURNING, "" elsewhere.
+	ClaimSQL(t Table) string
 }
 
 // OrderSQL implements every method of [Orderer] but OrderSchemaSQL and
@@ -174,19 +188,52 @@ func (o OrderSQL[S]) OrderTables(t Table) (seq, parked Table) { return o.syn().O
 //	WHERE s.last_seq < $3
 //	RETURNING last_seq, parked_max
 func (o OrderSQL[S]) OrderAdvanceSQL(t Table) string {
+	return o.advance(t, 1, 2, 3, "")
+}
+
+// advance is OrderAdvanceSQL with the parameters of consumer, order_key
+// and seq numbered c, k and n; with cte, it inserts a missing row only
+// when the WITH clause of that name yielded a row.
+func (o OrderSQL[S]) advance(t Table, c, k, q int, cte string) string {
 	ok, greatest := o.syn().Upsert()
 	if !ok {
 		return ""
 	}
 	seq, _ := o.tables(t)
 	// Cast: an untyped parameter in $3 - 1 would be taken for an integer.
-	n := "CAST(" + o.p(3) + " AS BIGINT)"
-	return "INSERT INTO " + seq + " AS s (consumer, order_key, last_seq, parked_max)\nVALUES (" + o.p(1) + ", " + o.p(2) +
-		", CASE WHEN " + n + " = 1 THEN 1 ELSE 0 END, CASE WHEN " + n + " = 1 THEN 0 ELSE " + n + " END)\n" +
+	n := "CAST(" + o.p(q) + " AS BIGINT)"
+	row := o.p(c) + ", " + o.p(k) + ", CASE WHEN " + n + " = 1 THEN 1 ELSE 0 END, CASE WHEN " + n + " = 1 THEN 0 ELSE " + n + " END"
+	source := "VALUES (" + row + ")"
+	if cte != "" {
+		source = "SELECT " + row + " WHERE EXISTS (SELECT 1 FROM " + cte + ")"
+	}
+	return "INSERT INTO " + seq + " AS s (consumer, order_key, last_seq, parked_max)\n" + source + "\n" +
 		"ON CONFLICT (consumer, order_key) DO UPDATE SET\n" +
 		"\tlast_seq = CASE WHEN s.last_seq = " + n + " - 1 THEN " + n + " ELSE s.last_seq END,\n" +
 		"\tparked_max = CASE WHEN s.last_seq = " + n + " - 1 THEN s.parked_max ELSE " + greatest + "(s.parked_max, " + n + ") END\n" +
 		"WHERE s.last_seq < " + n + "\nRETURNING last_seq, parked_max"
+}
+
+// OrderClaimAdvanceSQL is, where S's ClaimSQL is not "":
+//
+//	WITH c AS (claim RETURNING 1),
+//	a AS (OrderAdvanceSQL, inserting only WHERE EXISTS (SELECT 1 FROM c))
+//	SELECT (SELECT count(*) FROM c), a.last_seq, a.parked_max
+//	FROM (SELECT 1) AS one LEFT JOIN a ON true
+//
+// The advance reads the claim's RETURNING, so it runs after the claim
+// inserted, and not at all when the claim found a duplicate.
+func (o OrderSQL[S]) OrderClaimAdvanceSQL(t Table) string {
+	claim := o.syn().ClaimSQL(t)
+	if claim == "" {
+		return ""
+	}
+	adv := o.advance(t, 1, 3, 4, "c")
+	if adv == "" {
+		return ""
+	}
+	return "WITH c AS (" + claim + " RETURNING 1),\na AS (" + adv + ")\n" +
+		"SELECT (SELECT count(*) FROM c), a.last_seq, a.parked_max FROM (SELECT 1) AS one LEFT JOIN a ON true"
 }
 
 // OrderRowSQL inserts the row with last_seq and parked_max 0, S's

@@ -341,17 +341,8 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 	}
 	o := m.ord
 	var released []idempotent.ParkedMessage
-	var outcome idempotent.Outcome
-	_, err := m.run(ctx, orderKey, noClaim{}, func(ctx context.Context, tx pgx.Tx) error {
+	err := m.inOrderTx(ctx, orderKey, func(ctx context.Context, a *attempt, tx pgx.Tx, last, parkedMax int64) error {
 		released = nil
-		a := attemptOf(ctx)
-		if _, err := a.l.c.Exec(ctx, o.rowSQL, m.consumer, orderKey); err != nil {
-			return fmt.Errorf("idempgx: ordering key %q: insert sequence row: %w", orderKey, err)
-		}
-		last, parkedMax, err := m.readSeq(ctx, a, orderKey)
-		if err != nil {
-			return err
-		}
 		switch {
 		case seq <= last:
 			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is not ahead of the last applied, %d", idempotent.ErrInvalidOrder, orderKey, seq, last)
@@ -359,7 +350,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 			return fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", idempotent.ErrInvalidOrder, orderKey, last+1, seq, idempotent.MaxSkip)
 		}
 		var first int64
-		err = a.l.c.QueryRow(ctx, o.parkedRowsSQL, m.consumer, orderKey).Scan(&first, nil, nil, nil, nil, nil)
+		err := a.l.c.QueryRow(ctx, o.parkedRowsSQL, m.consumer, orderKey).Scan(&first, nil, nil, nil, nil, nil)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
@@ -378,9 +369,9 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		}
 		released, err = m.release(ctx, tx, orderKey, seq, parkedMax)
 		return err
-	}, &outcome)
+	})
 	if err != nil {
-		return 0, fmt.Errorf("idempgx: consumer %q: %w", m.consumer, err)
+		return 0, err
 	}
 	m.observeReleased(ctx, released)
 	return len(released), nil
@@ -393,4 +384,138 @@ func (m *Middleware) Waiting(ctx context.Context) ([]idempotent.Gap, error) {
 		return nil, errors.New("idempgx: Waiting: the Middleware was not created WithOrdering")
 	}
 	return m.core.Waiting(ctx)
+}
+
+// CheckGaps is idempotent.Middleware.CheckGaps on pgx: an entity whose next
+// sequence is parked (an operator's skip made it next) is released at once
+// through Ordering.Release, in a transaction of its own; one whose oldest
+// parked message waited longer than Ordering.GapTimeout is a gap: it is
+// returned, told to the Observer if it is an idempotent.GapObserver, and
+// handled by Ordering.Policy. Every decision is taken under the entity's
+// lock.
+func (m *Middleware) CheckGaps(ctx context.Context) ([]idempotent.Gap, error) {
+	if m.ord == nil {
+		return nil, errors.New("idempgx: CheckGaps: the Middleware was not created WithOrdering")
+	}
+	waiting, err := m.core.Waiting(ctx)
+	if err != nil {
+		return nil, err
+	}
+	timeout := m.ord.GapTimeout
+	if timeout == 0 {
+		timeout = idempotent.DefaultGapTimeout
+	}
+	now := m.clock()
+	var gaps []idempotent.Gap
+	for _, g := range waiting {
+		if g.NextParked == g.LastSeq+1 {
+			if err := m.releaseNext(ctx, g.OrderKey); err != nil {
+				return gaps, err
+			}
+			continue
+		}
+		if now.Sub(g.Since) < timeout {
+			continue
+		}
+		g.Policy = m.ord.Policy
+		if g.Policy == idempotent.GapDeadLetter {
+			if g.DeadLettered, err = m.deadLetter(ctx, g.OrderKey); err != nil {
+				return gaps, err
+			}
+		}
+		if gob, ok := m.observer.(idempotent.GapObserver); ok {
+			gob.Gap(ctx, g)
+		}
+		gaps = append(gaps, g)
+	}
+	return gaps, nil
+}
+
+// inOrderTx runs body in a transaction of its own that claims nothing,
+// with the entity's sequence row created if missing and locked, under the
+// retry policy.
+func (m *Middleware) inOrderTx(ctx context.Context, key string, body func(ctx context.Context, a *attempt, tx pgx.Tx, last, parkedMax int64) error) error {
+	var outcome idempotent.Outcome
+	_, err := m.run(ctx, key, noClaim{}, func(ctx context.Context, tx pgx.Tx) error {
+		a := attemptOf(ctx)
+		if _, err := a.l.c.Exec(ctx, m.ord.rowSQL, m.consumer, key); err != nil {
+			return fmt.Errorf("idempgx: ordering key %q: insert sequence row: %w", key, err)
+		}
+		last, parkedMax, err := m.readSeq(ctx, a, key)
+		if err != nil {
+			return err
+		}
+		return body(ctx, a, tx, last, parkedMax)
+	}, &outcome)
+	if err != nil {
+		return fmt.Errorf("idempgx: consumer %q: %w", m.consumer, err)
+	}
+	return nil
+}
+
+// releaseNext releases, under the entity's lock, the parked messages that
+// follow its last sequence without a gap.
+func (m *Middleware) releaseNext(ctx context.Context, key string) error {
+	var released []idempotent.ParkedMessage
+	err := m.inOrderTx(ctx, key, func(ctx context.Context, _ *attempt, tx pgx.Tx, last, parkedMax int64) error {
+		var err error
+		released, err = m.release(ctx, tx, key, last, parkedMax)
+		return err
+	})
+	if err == nil {
+		m.observeReleased(ctx, released)
+	}
+	return err
+}
+
+// deadLetter hands every parked message of key to Ordering.DeadLetter and
+// deletes it with its claim, under the entity's lock.
+func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
+	o, n := m.ord, 0
+	err := m.inOrderTx(ctx, key, func(ctx context.Context, a *attempt, _ pgx.Tx, _, _ int64) error {
+		n = 0
+		rows, err := a.l.c.Query(ctx, o.parkedRowsSQL, m.consumer, key)
+		if err != nil {
+			return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+		}
+		var parked []idempotent.ParkedMessage
+		for rows.Next() {
+			p := idempotent.ParkedMessage{Message: idempotent.Message{OrderKey: key}}
+			var headers string
+			var at, parkedAt int64
+			if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parkedAt); err != nil {
+				rows.Close()
+				return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+			}
+			if at != 0 {
+				p.EventTime = time.UnixMicro(at).UTC()
+			}
+			p.ParkedAt = time.UnixMicro(parkedAt).UTC()
+			if headers != "" {
+				if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
+					rows.Close()
+					return fmt.Errorf("idempgx: ordering key %q, sequence %d: parked headers: %w", key, p.OrderSeq, err)
+				}
+			}
+			parked = append(parked, p)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+		}
+		for _, p := range parked {
+			if err := o.DeadLetter(ctx, p); err != nil {
+				return fmt.Errorf("idempgx: dead-letter parked message %q (ordering key %q, sequence %d): %w", p.Key, key, p.OrderSeq, err)
+			}
+			if _, err := a.l.c.Exec(ctx, o.unparkSQL, m.consumer, key, p.OrderSeq); err != nil {
+				return fmt.Errorf("idempgx: ordering key %q, sequence %d: unpark: %w", key, p.OrderSeq, err)
+			}
+			if _, err := a.l.c.Exec(ctx, o.unclaimSQL, m.consumer, p.Key); err != nil {
+				return fmt.Errorf("idempgx: ordering key %q, sequence %d: delete claim %q: %w", key, p.OrderSeq, p.Key, err)
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -290,5 +291,58 @@ func TestOrderedBadInput(t *testing.T) {
 	}
 	if _, err := idempgx.New(p, "x", idempgx.WithOrdering(idempgx.Ordering{})); err == nil {
 		t.Error("WithOrdering without Release accepted")
+	}
+}
+
+// TestOrderedGapDeadLetter: a gap older than the timeout is reported and,
+// under GapDeadLetter, its parked messages go to DeadLetter and leave the
+// parking table with their claims, so that a replay parks again.
+func TestOrderedGapDeadLetter(t *testing.T) {
+	p := newPool(t, 2)
+	s := tempSchema(t, p)
+	a := &pgxAudit{p: p, name: s + ".audit"}
+	exec(t, p, "CREATE TABLE "+a.name+" (entity text NOT NULL, seq bigint NOT NULL, pos bigint NOT NULL)")
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var dead []int64
+	m, err := idempgx.New(p, "ledger", idempgx.WithTable(s+".claims"), idempgx.WithClock(func() time.Time { return now }),
+		idempgx.WithOrdering(idempgx.Ordering{
+			Release: func(ctx context.Context, tx pgx.Tx, pm idempotent.ParkedMessage) error {
+				return a.record(ctx, tx, pm.OrderKey, pm.OrderSeq)
+			},
+			GapTimeout: time.Minute,
+			Policy:     idempotent.GapDeadLetter,
+			DeadLetter: func(_ context.Context, pm idempotent.ParkedMessage) error {
+				dead = append(dead, pm.OrderSeq)
+				return nil
+			},
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []int64{1, 3, 4} {
+		if _, err := a.process(ctx, m, ordMsg("d", q)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if gaps, err := m.CheckGaps(ctx); err != nil || len(gaps) != 0 {
+		t.Fatalf("CheckGaps before the timeout: %+v, %v", gaps, err)
+	}
+	now = now.Add(2 * time.Minute)
+	gaps, err := m.CheckGaps(ctx)
+	if err != nil || len(gaps) != 1 || gaps[0].DeadLettered != 2 || !slices.Equal(dead, []int64{3, 4}) {
+		t.Fatalf("CheckGaps: %+v, %v, dead-lettered %v; want one gap, 3 and 4 dead-lettered", gaps, err, dead)
+	}
+	if out, err := a.process(ctx, m, ordMsg("d", 3)); err != nil || out != idempotent.Parked {
+		t.Fatalf("replay of 3: %v, %v; want Parked again", out, err)
+	}
+	if out, err := a.process(ctx, m, ordMsg("d", 2)); err != nil || out != idempotent.Applied {
+		t.Fatalf("2: %v, %v", out, err)
+	}
+	if got := a.applied(t, "d"); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("applied %v, want 1 2 3", got)
 	}
 }

@@ -66,3 +66,6 @@ func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
 ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, quote(p), MaxOrderKeyBytes, MaxKeyBytes),
 	}
 }
+
+// ClaimSQL is "": MySQL runs no INSERT in a WITH clause.
+func (orderSyntax) ClaimSQL(dialect.Table) string { return "" }

@@ -60,3 +60,6 @@ func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
 )`, quote(p)),
 	}
 }
+
+// ClaimSQL is the Dialect's: the claim may run in a WITH clause.
+func (orderSyntax) ClaimSQL(t dialect.Table) string { return (*Dialect)(nil).ClaimSQL(t) }

@@ -62,3 +62,6 @@ func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
 ) WITHOUT ROWID`, quote(p)),
 	}
 }
+
+// ClaimSQL is "": SQLite runs no INSERT in a WITH clause.
+func (orderSyntax) ClaimSQL(dialect.Table) string { return "" }
