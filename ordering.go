@@ -3,13 +3,13 @@ package idempotent
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/parkrow"
 )
 
 // Ordered per key.
@@ -321,13 +321,8 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 		return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: read parking table: %w", key, seq, err)
 	}
 	p.OrderKey, p.OrderSeq = key, seq
-	if at != 0 {
-		p.EventTime = time.UnixMicro(at).UTC()
-	}
-	if headers != "" {
-		if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-			return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, seq, err)
-		}
+	if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+		return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: %w", key, seq, err)
 	}
 	return state, p, nil
 }
@@ -402,21 +397,13 @@ func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Mes
 			return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", key, seq, err)
 		}
 	}
-	headers := ""
-	if len(msg.Headers) > 0 {
-		b, err := json.Marshal(msg.Headers)
-		if err != nil {
-			return false, fmt.Errorf("idempotent: park: headers: %w", err)
-		}
-		headers = string(b)
+	at, headers, err := parkrow.Encode(msg.EventTime, msg.Headers)
+	if err != nil {
+		return false, fmt.Errorf("idempotent: %w", err)
 	}
 	payload := msg.Payload
 	if payload == nil {
 		payload = []byte{}
-	}
-	var at int64
-	if !msg.EventTime.IsZero() {
-		at = msg.EventTime.UnixMicro()
 	}
 	res, err := tx.ExecContext(ctx, o.parkSQL, consumer, key, seq, msg.Key, payload, headers, at, now.UnixMicro())
 	if err != nil {
@@ -571,14 +558,10 @@ func (o *orderer) parkedRows(ctx context.Context, tx *sql.Tx, consumer, key stri
 		if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parked); err != nil {
 			return nil, fmt.Errorf("idempotent: ordering key %q: read parking table: %w", key, err)
 		}
-		if at != 0 {
-			p.EventTime = time.UnixMicro(at).UTC()
-		}
 		p.ParkedAt = time.UnixMicro(parked).UTC()
-		if headers != "" {
-			if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-				return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, p.OrderSeq, err)
-			}
+		var err error
+		if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: %w", key, p.OrderSeq, err)
 		}
 		out = append(out, p)
 	}

@@ -3,7 +3,6 @@ package idempgx
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/parkrow"
 )
 
 // Ordering configures WithOrdering: idempotent.Ordering with a Release
@@ -192,21 +192,13 @@ func (m *Middleware) ordered(ctx context.Context, tx pgx.Tx, c *orderedClaim, ms
 		a.rollbackOnly = true
 		return idempotent.Duplicate, nil, nil
 	case seq > last+1:
-		headers := ""
-		if len(msg.Headers) > 0 {
-			b, err := json.Marshal(msg.Headers)
-			if err != nil {
-				return 0, nil, fmt.Errorf("idempgx: park: headers: %w", err)
-			}
-			headers = string(b)
+		at, headers, err := parkrow.Encode(msg.EventTime, msg.Headers)
+		if err != nil {
+			return 0, nil, fmt.Errorf("idempgx: %w", err)
 		}
 		payload := msg.Payload
 		if payload == nil {
 			payload = []byte{}
-		}
-		var at int64
-		if !msg.EventTime.IsZero() {
-			at = msg.EventTime.UnixMicro()
 		}
 		tag, err := a.l.c.Exec(ctx, o.parkSQL, m.consumer, msg.OrderKey, seq, msg.Key, payload, headers, at, m.clock().UnixMicro())
 		if err != nil {
@@ -247,13 +239,8 @@ func (m *Middleware) lookup(ctx context.Context, a *attempt, key string, seq int
 		return "", p, fmt.Errorf("idempgx: ordering key %q, sequence %d: read parking table: %w", key, seq, err)
 	}
 	p.OrderKey, p.OrderSeq = key, seq
-	if at != 0 {
-		p.EventTime = time.UnixMicro(at).UTC()
-	}
-	if headers != "" {
-		if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-			return "", p, fmt.Errorf("idempgx: ordering key %q, sequence %d: parked headers: %w", key, seq, err)
-		}
+	if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+		return "", p, fmt.Errorf("idempgx: ordering key %q, sequence %d: %w", key, seq, err)
 	}
 	return state, p, nil
 }
@@ -487,15 +474,10 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 				rows.Close()
 				return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
 			}
-			if at != 0 {
-				p.EventTime = time.UnixMicro(at).UTC()
-			}
 			p.ParkedAt = time.UnixMicro(parkedAt).UTC()
-			if headers != "" {
-				if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-					rows.Close()
-					return fmt.Errorf("idempgx: ordering key %q, sequence %d: parked headers: %w", key, p.OrderSeq, err)
-				}
+			if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+				rows.Close()
+				return fmt.Errorf("idempgx: ordering key %q, sequence %d: %w", key, p.OrderSeq, err)
 			}
 			parked = append(parked, p)
 		}
