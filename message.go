@@ -152,7 +152,16 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 	var released []ParkedMessage
 	attempts, err := r.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		released = nil
-		claimed, err := m.claimKey(ctx, tx, st, key, msg.EventTime)
+		var (
+			claimed bool
+			adv     *advanced
+			err     error
+		)
+		if m.ord != nil && m.claimsWithAdvance(msg) {
+			claimed, adv, err = m.claimAdvance(ctx, tx, st, msg)
+		} else {
+			claimed, err = m.claimKey(ctx, tx, st, key, msg.EventTime)
+		}
 		if err != nil {
 			return err
 		}
@@ -162,7 +171,7 @@ func (m *Middleware) claimAndRun(ctx context.Context, r *runner, msg Message, fn
 			return nil
 		}
 		if msg.OrderKey != "" {
-			outcome, released, err = m.ordered(ctx, tx, st, msg, fn)
+			outcome, released, err = m.ordered(ctx, tx, st, msg, fn, adv)
 			return err
 		}
 		outcome = Applied

@@ -3,13 +3,13 @@ package idempotent
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/parkrow"
 )
 
 // Ordered per key.
@@ -161,6 +161,7 @@ type orderer struct {
 	Ordering
 	d                                     dialect.Orderer
 	maxKey                                int
+	advanceSQL, markSQL, claimAdvanceSQL  string
 	rowSQL, lockSQL, bumpSQL, parkSQL     string
 	skipSQL, parkedSQL, unparkSQL         string
 	waitingSQL, parkedRowsSQL, unclaimSQL string
@@ -176,6 +177,7 @@ func newOrderer(d dialect.Dialect, t dialect.Table, o *Ordering) (*orderer, erro
 	seq, park := od.OrderTables(t)
 	return &orderer{
 		Ordering: *o, d: od, maxKey: od.MaxOrderKeyBytes(),
+		advanceSQL: od.OrderAdvanceSQL(t), markSQL: od.OrderMarkSQL(t), claimAdvanceSQL: od.OrderClaimAdvanceSQL(t),
 		rowSQL: od.OrderRowSQL(t), lockSQL: od.OrderLockSQL(t), bumpSQL: od.OrderBumpSQL(t),
 		parkSQL: od.ParkSQL(t), skipSQL: od.SkipSQL(t), parkedSQL: od.ParkedSQL(t), unparkSQL: od.UnparkSQL(t),
 		waitingSQL: od.WaitingSQL(t), parkedRowsSQL: od.ParkedRowsSQL(t), unclaimSQL: od.UnclaimSQL(t),
@@ -225,16 +227,85 @@ func refuseOrdered(msg Message, entry string) error {
 }
 
 // lock makes sure the entity's sequence row exists and locks it, returning
-// its last sequence.
-func (o *orderer) lock(ctx context.Context, tx *sql.Tx, consumer, key string) (int64, error) {
+// its last sequence and parked_max.
+func (o *orderer) lock(ctx context.Context, tx *sql.Tx, consumer, key string) (last, parkedMax int64, err error) {
 	if _, err := tx.ExecContext(ctx, o.rowSQL, consumer, key); err != nil {
-		return 0, fmt.Errorf("idempotent: ordering key %q: insert sequence row: %w", key, err)
+		return 0, 0, fmt.Errorf("idempotent: ordering key %q: insert sequence row: %w", key, err)
 	}
-	var last int64
-	if err := tx.QueryRowContext(ctx, o.lockSQL, consumer, key).Scan(&last); err != nil {
-		return 0, fmt.Errorf("idempotent: ordering key %q: lock sequence row: %w", key, err)
+	return o.read(ctx, tx, consumer, key)
+}
+
+// read locks the entity's sequence row, which exists, and returns its last
+// sequence and parked_max.
+func (o *orderer) read(ctx context.Context, tx *sql.Tx, consumer, key string) (last, parkedMax int64, err error) {
+	if err := tx.QueryRowContext(ctx, o.lockSQL, consumer, key).Scan(&last, &parkedMax); err != nil {
+		return 0, 0, fmt.Errorf("idempotent: ordering key %q: lock sequence row: %w", key, err)
 	}
-	return last, nil
+	return last, parkedMax, nil
+}
+
+// advanced is what OrderAdvanceSQL yielded: whether a row, and its
+// last_seq and parked_max.
+type advanced struct {
+	row      bool
+	now, max int64
+}
+
+// advance decides an ordered message of sequence seq under the entity's
+// lock (see docs/ordering.md, "Statement by statement"): it returns the
+// last sequence applied before it and parked_max. When the dialect has
+// OrderAdvanceSQL, one statement creates or locks the row, moves last_seq
+// to seq when seq is next (moved) and raises parked_max when seq is
+// ahead — it ran already, with the claim, when a is not nil; otherwise
+// the row is locked and read, and the caller bumps or marks it.
+func (o *orderer) advance(ctx context.Context, tx *sql.Tx, consumer, key string, seq int64, a *advanced) (last, parkedMax int64, moved bool, err error) {
+	if o.advanceSQL == "" {
+		last, parkedMax, err = o.lock(ctx, tx, consumer, key)
+		return last, parkedMax, false, err
+	}
+	if a == nil {
+		a = &advanced{row: true}
+		err = tx.QueryRowContext(ctx, o.advanceSQL, consumer, key, seq).Scan(&a.now, &a.max)
+		if errors.Is(err, sql.ErrNoRows) {
+			a.row, err = false, nil
+		}
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("idempotent: ordering key %q: advance sequence row: %w", key, err)
+		}
+	}
+	switch {
+	case !a.row:
+		// At or below last_seq: nothing changed, the row is locked.
+		last, parkedMax, err = o.read(ctx, tx, consumer, key)
+		return last, parkedMax, false, err
+	case a.now == seq:
+		return seq - 1, a.max, true, nil
+	}
+	return a.now, a.max, false, nil
+}
+
+// claimAdvance claims msg and advances its entity's row in one statement
+// (OrderClaimAdvanceSQL), as claimKey claims: under the lock timeout, the
+// strict guard's first reading taken after it.
+func (m *Middleware) claimAdvance(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message) (bool, *advanced, error) {
+	a := &advanced{}
+	claimed, err := m.claimWith(ctx, tx, st, func() (bool, error) {
+		var n int64
+		var now, max sql.NullInt64
+		if err := tx.QueryRowContext(ctx, m.ord.claimAdvanceSQL, m.consumerArg, msg.Key, msg.OrderKey, msg.OrderSeq).Scan(&n, &now, &max); err != nil {
+			return false, m.claimError(err)
+		}
+		a.row, a.now, a.max = now.Valid, now.Int64, max.Int64
+		return n == 1, nil
+	})
+	return claimed, a, err
+}
+
+// claimsWithAdvance reports whether msg's claim and advance go in one
+// statement: the dialect has it, and the claim is the plain one (no
+// partition, no event time for the horizon's fence).
+func (m *Middleware) claimsWithAdvance(msg Message) bool {
+	return msg.OrderKey != "" && m.ord.claimAdvanceSQL != "" && m.ret.part == nil && msg.EventTime.IsZero()
 }
 
 // lookup reads the parking table's row of one sequence: state "" when
@@ -250,27 +321,23 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 		return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: read parking table: %w", key, seq, err)
 	}
 	p.OrderKey, p.OrderSeq = key, seq
-	if at != 0 {
-		p.EventTime = time.UnixMicro(at).UTC()
-	}
-	if headers != "" {
-		if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-			return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, seq, err)
-		}
+	if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+		return "", p, fmt.Errorf("idempotent: ordering key %q, sequence %d: %w", key, seq, err)
 	}
 	return state, p, nil
 }
 
 // ordered decides, in tx, after msg's claim was inserted, what msg's
 // sequence means (see the top of this file), and runs fn or parks it. It
-// reports the outcome and the parked messages it released.
-func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc) (Outcome, []ParkedMessage, error) {
+// reports the outcome and the parked messages it released. a is the
+// advance that ran with the claim (claimAdvance), or nil.
+func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc, a *advanced) (Outcome, []ParkedMessage, error) {
 	o := m.ord
-	last, err := o.lock(ctx, tx, m.consumer, msg.OrderKey)
+	seq := msg.OrderSeq
+	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq, a)
 	if err != nil {
 		return 0, nil, err
 	}
-	seq := msg.OrderSeq
 	switch {
 	case seq <= last:
 		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
@@ -284,33 +351,14 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		st.skipCommit = true
 		return Duplicate, nil, nil
 	case seq > last+1:
-		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
+		parked, err := o.park(ctx, tx, m.consumer, msg, m.ret.clock())
 		if err != nil {
 			return 0, nil, err
 		}
-		if state != "" {
+		if !parked {
 			// Another message with the same sequence waits already.
 			st.skipCommit = true
 			return Duplicate, nil, nil
-		}
-		headers := ""
-		if len(msg.Headers) > 0 {
-			b, err := json.Marshal(msg.Headers)
-			if err != nil {
-				return 0, nil, fmt.Errorf("idempotent: park: headers: %w", err)
-			}
-			headers = string(b)
-		}
-		payload := msg.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
-		var at int64
-		if !msg.EventTime.IsZero() {
-			at = msg.EventTime.UnixMicro()
-		}
-		if _, err := tx.ExecContext(ctx, o.parkSQL, m.consumer, msg.OrderKey, seq, msg.Key, payload, headers, at, m.ret.clock().UnixMicro()); err != nil {
-			return 0, nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, seq, err)
 		}
 		return Parked, nil, nil
 	}
@@ -318,16 +366,57 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 	// the transaction itself (a mistake the guard reports) then commits
 	// the sequence with its claim, as a plain handler commits its claim
 	// with its effect, and no later release can apply it a second time.
-	if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
-		return 0, nil, err
+	if !moved {
+		if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
+			return 0, nil, err
+		}
 	}
 	st.inHandler = true
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
 	}
 	st.inHandler = false
-	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, true)
+	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, parkedMax, true)
 	return Applied, released, err
+}
+
+// park stores msg in the parking table and raises the entity's parked_max,
+// under the entity's lock; parked is false when a message of the same
+// sequence is parked already.
+func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Message, now time.Time) (parked bool, err error) {
+	key, seq := msg.OrderKey, msg.OrderSeq
+	if o.advanceSQL == "" {
+		// The park's insert cannot tell a duplicate here (MySQL's
+		// affected rows depend on clientFoundRows): look first, and
+		// raise parked_max, which advance did not.
+		state, _, err := o.lookup(ctx, tx, consumer, key, seq)
+		if err != nil || state != "" {
+			return false, err
+		}
+		if _, err := tx.ExecContext(ctx, o.markSQL, seq, consumer, key, seq); err != nil {
+			return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", key, seq, err)
+		}
+	}
+	at, headers, err := parkrow.Encode(msg.EventTime, msg.Headers)
+	if err != nil {
+		return false, fmt.Errorf("idempotent: %w", err)
+	}
+	payload := msg.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	res, err := tx.ExecContext(ctx, o.parkSQL, consumer, key, seq, msg.Key, payload, headers, at, now.UnixMicro())
+	if err != nil {
+		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
+	}
+	if o.advanceSQL == "" {
+		return true, nil
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
+	}
+	return n == 1, nil
 }
 
 // bump sets key's last applied sequence to seq.
@@ -341,10 +430,12 @@ func (o *orderer) bump(ctx context.Context, tx *sql.Tx, consumer, key string, se
 // release applies, in tx, every parked message of key that follows last
 // without a gap, through Ordering.Release, and sets the sequence row to
 // the last one applied (to last first, unless bumped says it is there
-// already). The row must be locked by tx. Each parked message leaves the
-// parking table and becomes the last applied before its Release runs, for
-// the reason ordered bumps before its handler.
-func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last int64, bumped bool) ([]ParkedMessage, error) {
+// already). The row must be locked by tx; parkedMax is its parked_max:
+// no message above it can be parked, so release does not look past it.
+// Each parked message leaves the parking table and becomes the last
+// applied before its Release runs, for the reason ordered bumps before its
+// handler.
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
 	o := m.ord
 	if !bumped {
 		if err := o.bump(ctx, tx, m.consumer, key, last); err != nil {
@@ -352,7 +443,7 @@ func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		}
 	}
 	var released []ParkedMessage
-	for {
+	for last < parkedMax {
 		state, p, err := o.lookup(ctx, tx, m.consumer, key, last+1)
 		if err != nil {
 			return nil, err
@@ -410,7 +501,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		last, err := o.lock(ctx, tx, m.consumer, orderKey)
+		last, parkedMax, err := o.lock(ctx, tx, m.consumer, orderKey)
 		if err != nil {
 			return err
 		}
@@ -433,7 +524,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 				return fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
 			}
 		}
-		released, err = m.release(ctx, tx, st, orderKey, seq, false)
+		released, err = m.release(ctx, tx, st, orderKey, seq, parkedMax, false)
 		return err
 	})
 	if err != nil {
@@ -467,14 +558,10 @@ func (o *orderer) parkedRows(ctx context.Context, tx *sql.Tx, consumer, key stri
 		if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parked); err != nil {
 			return nil, fmt.Errorf("idempotent: ordering key %q: read parking table: %w", key, err)
 		}
-		if at != 0 {
-			p.EventTime = time.UnixMicro(at).UTC()
-		}
 		p.ParkedAt = time.UnixMicro(parked).UTC()
-		if headers != "" {
-			if err := json.Unmarshal([]byte(headers), &p.Headers); err != nil {
-				return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: parked headers: %w", key, p.OrderSeq, err)
-			}
+		var err error
+		if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: %w", key, p.OrderSeq, err)
 		}
 		out = append(out, p)
 	}
@@ -593,11 +680,11 @@ func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		last, err := m.ord.lock(ctx, tx, m.consumer, key)
+		last, parkedMax, err := m.ord.lock(ctx, tx, m.consumer, key)
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, key, last, true)
+		released, err = m.release(ctx, tx, st, key, last, parkedMax, true)
 		return err
 	})
 	if err != nil {
@@ -617,7 +704,7 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		if _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
+		if _, _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
 			return err
 		}
 		parked, err := o.parkedRows(ctx, tx, m.consumer, key)

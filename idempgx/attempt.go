@@ -68,6 +68,10 @@ type attempt struct {
 	inner pgx.Tx // the batch's transaction; nil with a fake connection
 	batch pgx.Batch
 	tx    claimTx
+	// rollbackOnly: the body found the message a duplicate after its
+	// claim inserted (an ordered message at or below its entity's last
+	// sequence); the attempt rolls back, with no error.
+	rollbackOnly bool
 }
 
 // run runs attempts until one ends, in the core's one retry loop
@@ -136,6 +140,10 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 		if st, closed := m.status(&a.l); !closed && st == 'I' {
 			err = fmt.Errorf("%w: the handler ended the claim's transaction (a COMMIT or ROLLBACK statement)", idempotent.ErrAutocommit)
 		}
+	}
+	if err == nil && a.rollbackOnly {
+		*outcome = idempotent.Duplicate
+		return a.unclaimed(ctx, nil)
 	}
 	if err != nil {
 		class = m.handlerClass(&a.l, err)

@@ -120,7 +120,11 @@ func (m *Middleware) processMessages(ctx context.Context, msgs []idempotent.Mess
 		return nil, 0, fmt.Errorf("%w: %d messages, the limit is %d", idempotent.ErrBatchTooLarge, len(msgs), idempotent.MaxBatchSize)
 	}
 	for i, msg := range msgs {
-		if err := m.core.CheckMessage(msg); err != nil {
+		err := m.core.CheckMessage(msg)
+		if err == nil && (msg.OrderKey != "" || msg.OrderSeq != 0) {
+			err = fmt.Errorf("%w: key %q: a batch does not keep order; process ordered messages with ProcessMessage (or WrapMessage)", idempotent.ErrInvalidOrder, msg.Key)
+		}
+		if err != nil {
 			return nil, 0, &idempotent.BatchKeyError{Index: i, Err: err}
 		}
 	}

@@ -63,6 +63,12 @@
 //     context a handler was given fails with ErrNested (which matches
 //     idempotent.ErrAutocommit) before taking a connection: the inner call
 //     would commit on another connection, outside the outer claim.
+//   - Ordered per key (WithOrdering, the core's idempotent.WithOrdering on
+//     the same tables, docs/ordering.md): a message with an ordering key
+//     and sequence applies after its predecessor; one ahead is parked and
+//     released in its predecessor's transaction through Ordering.Release;
+//     SkipGap, Waiting and CheckGaps are this package's. The sequence's
+//     advance travels with BEGIN and the claim, in one round trip.
 //   - Coalesced transactions (WithCoalescing, the core's
 //     idempotent.Coalescing with its contract): concurrent ProcessMessage
 //     calls share one transaction on one connection, grouped by the core's

@@ -69,6 +69,8 @@ type Middleware struct {
 	leadDays    int
 	co          *coalescer // nil without WithCoalescing
 	pg          *postgres.Dialect
+	ord         *orderer         // nil without WithOrdering
+	clock       func() time.Time // WithClock
 	// status reads the claim connection's transaction status and whether it
 	// is closed; unit tests replace it.
 	status func(l *lease) (txStatus byte, closed bool)
@@ -145,10 +147,14 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		skew:        cfg.skew,
 		leadDays:    cfg.leadDays,
 		pg:          pg,
+		clock:       cfg.clock,
 		status:      connStatus,
 	}
 	if cfg.iso != "" {
 		m.txOpts.IsoLevel = cfg.iso
+	}
+	if cfg.ordering != nil {
+		m.ord = newOrderer(pg, table, cfg.ordering)
 	}
 	if cfg.lockTimeout > 0 {
 		m.lockSQL = pg.LockTimeoutSQL(cfg.lockTimeout)
@@ -238,22 +244,33 @@ func (m *Middleware) EnsureSchema(ctx context.Context) error { return m.core.Ens
 // still busy with them, so nothing of the attempt can commit.
 // ProcessMessage called with fn's ctx fails with ErrNested.
 //
-// This Middleware keeps no per-key order: a message with an ordering key or
-// sequence (msg.OrderKey, msg.OrderSeq) fails with an error matching
-// idempotent.ErrInvalidOrder, and nothing is written; idempotent.WithOrdering
-// on the database/sql Middleware applies such messages in order.
+// A message with an ordering key and sequence (msg.OrderKey, msg.OrderSeq)
+// is applied in its entity's order on a Middleware created WithOrdering
+// (the outcome may then be idempotent.Parked: ack it); on one created
+// without, it fails with an error matching idempotent.ErrInvalidOrder, and
+// nothing is written.
 //
 // Under WithCoalescing, concurrent calls share transactions: see there.
 func (m *Middleware) ProcessMessage(ctx context.Context, msg idempotent.Message, fn Func) (idempotent.Outcome, error) {
 	if msg.OrderKey != "" || msg.OrderSeq != 0 {
-		// A message to keep in order: the core refuses it, for this
-		// Middleware keeps no sequences (idempotent.WithOrdering is the
-		// database/sql Middleware's). Applying it unchecked would apply
-		// it out of order, silently.
-		if err := m.core.CheckMessage(msg); err != nil {
+		if m.ord == nil {
+			// The core refuses it, for it was not created WithOrdering
+			// either. Applying it unchecked would apply it out of
+			// order, silently.
+			err := m.core.CheckMessage(msg)
+			if err == nil {
+				err = fmt.Errorf("%w: key %q: the Middleware was not created WithOrdering", idempotent.ErrInvalidOrder, msg.Key)
+			}
 			m.observe(ctx, msg.Key, 0, 0, time.Time{}, err)
 			return 0, err
 		}
+		var start time.Time
+		if m.observer != nil {
+			start = time.Now()
+		}
+		outcome, attempts, err := m.processOrdered(ctx, msg, fn)
+		m.observe(ctx, msg.Key, outcome, attempts, start, err)
+		return outcome, err
 	}
 	return m.processAt(ctx, msg.Key, msg.EventTime, fn)
 }

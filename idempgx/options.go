@@ -34,6 +34,7 @@ type config struct {
 	coalesce    idempotent.Coalescing
 	coalescing  bool // WithCoalescing was given
 	queuedOnly  bool
+	ordering    *Ordering // WithOrdering
 }
 
 func defaultConfig() config {
@@ -58,6 +59,11 @@ func (c *config) core() []idempotent.Option {
 	}
 	if c.leadDays > 0 {
 		opts = append(opts, idempotent.WithDailyPartitions(c.leadDays))
+	}
+	if c.ordering != nil {
+		// The core checks the gap settings, creates the tables and
+		// validates ordering fields.
+		opts = append(opts, idempotent.WithOrdering(c.ordering.coreOrdering()))
 	}
 	if c.coalescing {
 		// The core checks the bounds, and reports them in Config.

@@ -43,7 +43,9 @@ const (
 )
 
 // Dialect is the MySQL/MariaDB dialect. Its zero value is ready to use.
-type Dialect struct{}
+type Dialect struct {
+	dialect.OrderSQL[orderSyntax]
+}
 
 var (
 	_ dialect.Dialect             = (*Dialect)(nil)

@@ -12,23 +12,29 @@ var _ dialect.Orderer = (*Dialect)(nil)
 // accepts, the same on every dialect.
 const MaxOrderKeyBytes = 512
 
+// orderSyntax is the MySQL syntax of the ordering statements
+// (dialect.OrderSQL). MySQL has no INSERT … RETURNING, so
+// OrderAdvanceSQL is "" and the middleware locks the sequence row with
+// SELECT … FOR UPDATE.
+type orderSyntax struct{}
+
 // OrderTables returns t's sequence table, t's name + "_order_seq", and
 // parking table, t's name + "_order_parked", in t's schema (shortened with
 // a hash as HorizonName is, when too long).
-func (*Dialect) OrderTables(t dialect.Table) (seq, parked dialect.Table) {
+func (orderSyntax) OrderTables(t dialect.Table) (seq, parked dialect.Table) {
 	return dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_seq")},
 		dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_parked")}
 }
 
-func (d *Dialect) orderTables(t dialect.Table) (seq, parked string) {
-	s, p := d.OrderTables(t)
-	return quote(s), quote(p)
-}
+func (orderSyntax) Quote(t dialect.Table) string { return quote(t) }
+func (orderSyntax) Placeholder(int) string       { return "?" }
+func (orderSyntax) ForUpdate() string            { return " FOR UPDATE" }
 
-func (d *Dialect) order(t dialect.Table) dialect.OrderStatements {
-	s, p := d.orderTables(t)
-	return dialect.OrderStatements{Seq: s, Parked: p, Claims: quote(t), Placeholder: func(int) string { return "?" }, ForUpdate: " FOR UPDATE"}
-}
+// OnConflict updates a column to itself, which unlike INSERT IGNORE turns
+// no other error into a warning.
+func (orderSyntax) OnConflict() string                 { return " ON DUPLICATE KEY UPDATE consumer = consumer" }
+func (orderSyntax) EmptyBytes() string                 { return "''" }
+func (orderSyntax) Upsert() (ok bool, greatest string) { return false, "" }
 
 // MaxOrderKeyBytes returns [MaxOrderKeyBytes].
 func (*Dialect) MaxOrderKeyBytes() int { return MaxOrderKeyBytes }
@@ -37,14 +43,15 @@ func (*Dialect) MaxOrderKeyBytes() int { return MaxOrderKeyBytes }
 // tables whose keys are VARBINARY like the claim table's (byte comparison);
 // headers are kept as bytes, whatever the server's default character set.
 func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
-	s, p := d.orderTables(t)
+	s, p := d.OrderTables(t)
 	return []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer  VARBINARY(128) NOT NULL,
-	order_key VARBINARY(%d) NOT NULL,
-	last_seq  BIGINT         NOT NULL,
+	consumer   VARBINARY(128) NOT NULL,
+	order_key  VARBINARY(%d) NOT NULL,
+	last_seq   BIGINT         NOT NULL,
+	parked_max BIGINT         NOT NULL,
 	PRIMARY KEY (consumer, order_key)
-) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, s, MaxOrderKeyBytes),
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, quote(s), MaxOrderKeyBytes),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer      VARBINARY(128)  NOT NULL,
 	order_key     VARBINARY(%d)  NOT NULL,
@@ -56,47 +63,9 @@ func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
 	event_time_us BIGINT          NOT NULL,
 	parked_at_us  BIGINT          NOT NULL,
 	PRIMARY KEY (consumer, order_key, seq)
-) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, p, MaxOrderKeyBytes, MaxKeyBytes),
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC`, quote(p), MaxOrderKeyBytes, MaxKeyBytes),
 	}
 }
 
-// OrderRowSQL inserts the sequence row; a duplicate updates nothing (ON
-// DUPLICATE KEY UPDATE of a column to itself, which unlike INSERT IGNORE
-// turns no other error into a warning).
-func (d *Dialect) OrderRowSQL(t dialect.Table) string {
-	s, _ := d.orderTables(t)
-	return fmt.Sprintf("INSERT INTO %s (consumer, order_key, last_seq) VALUES (?, ?, 0) ON DUPLICATE KEY UPDATE last_seq = last_seq", s)
-}
-
-// OrderLockSQL reads last_seq FOR UPDATE.
-func (d *Dialect) OrderLockSQL(t dialect.Table) string { return d.order(t).Lock() }
-
-// OrderBumpSQL sets last_seq.
-func (d *Dialect) OrderBumpSQL(t dialect.Table) string { return d.order(t).Bump() }
-
-// ParkSQL inserts a parked message; a duplicate updates nothing.
-func (d *Dialect) ParkSQL(t dialect.Table) string {
-	o := d.order(t)
-	return "INSERT INTO " + o.Parked + " " + o.Park() + " ON DUPLICATE KEY UPDATE seq = seq"
-}
-
-// SkipSQL inserts a tombstone; a duplicate updates nothing.
-func (d *Dialect) SkipSQL(t dialect.Table) string {
-	o := d.order(t)
-	return "INSERT INTO " + o.Parked + " " + o.Skip("''") + " ON DUPLICATE KEY UPDATE seq = seq"
-}
-
-// ParkedSQL reads the row of one sequence.
-func (d *Dialect) ParkedSQL(t dialect.Table) string { return d.order(t).ParkedOne() }
-
-// UnparkSQL deletes the parked message of one sequence.
-func (d *Dialect) UnparkSQL(t dialect.Table) string { return d.order(t).Unpark() }
-
-// WaitingSQL lists the entities with parked messages.
-func (d *Dialect) WaitingSQL(t dialect.Table) string { return d.order(t).Waiting() }
-
-// ParkedRowsSQL lists one entity's parked messages in sequence order.
-func (d *Dialect) ParkedRowsSQL(t dialect.Table) string { return d.order(t).ParkedRows() }
-
-// UnclaimSQL deletes one claim.
-func (d *Dialect) UnclaimSQL(t dialect.Table) string { return d.order(t).Unclaim() }
+// ClaimSQL is "": MySQL runs no INSERT in a WITH clause.
+func (orderSyntax) ClaimSQL(dialect.Table) string { return "" }

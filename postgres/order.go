@@ -13,37 +13,39 @@ var _ dialect.Orderer = (*Dialect)(nil)
 // accepts, the same on every dialect.
 const MaxOrderKeyBytes = 512
 
+// orderSyntax is the Postgres syntax of the ordering statements
+// (dialect.OrderSQL).
+type orderSyntax struct{}
+
 // OrderTables returns t's sequence table, t's name + "_order_seq", and
 // parking table, t's name + "_order_parked", in t's schema (shortened with
 // a hash as HorizonName is, when too long).
-func (*Dialect) OrderTables(t dialect.Table) (seq, parked dialect.Table) {
+func (orderSyntax) OrderTables(t dialect.Table) (seq, parked dialect.Table) {
 	return dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_seq")},
 		dialect.Table{Schema: t.Schema, Name: suffixed(t.Name, "_order_parked")}
 }
 
-func (d *Dialect) orderTables(t dialect.Table) (seq, parked string) {
-	s, p := d.OrderTables(t)
-	return quote(s), quote(p)
-}
-
-func (d *Dialect) order(t dialect.Table) dialect.OrderStatements {
-	s, p := d.orderTables(t)
-	return dialect.OrderStatements{Seq: s, Parked: p, Claims: quote(t), Placeholder: func(i int) string { return "$" + strconv.Itoa(i) }, ForUpdate: " FOR UPDATE"}
-}
+func (orderSyntax) Quote(t dialect.Table) string       { return quote(t) }
+func (orderSyntax) Placeholder(i int) string           { return "$" + strconv.Itoa(i) }
+func (orderSyntax) ForUpdate() string                  { return " FOR UPDATE" }
+func (orderSyntax) OnConflict() string                 { return " ON CONFLICT DO NOTHING" }
+func (orderSyntax) EmptyBytes() string                 { return "''::bytea" }
+func (orderSyntax) Upsert() (ok bool, greatest string) { return true, "GREATEST" }
 
 // MaxOrderKeyBytes returns [MaxOrderKeyBytes].
 func (*Dialect) MaxOrderKeyBytes() int { return MaxOrderKeyBytes }
 
 // OrderSchemaSQL returns the sequence table and the parking table.
 func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
-	s, p := d.orderTables(t)
+	s, p := d.OrderTables(t)
 	return []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-	consumer  text   NOT NULL,
-	order_key text   NOT NULL,
-	last_seq  bigint NOT NULL,
+	consumer   text   NOT NULL,
+	order_key  text   NOT NULL,
+	last_seq   bigint NOT NULL,
+	parked_max bigint NOT NULL,
 	PRIMARY KEY (consumer, order_key)
-)`, s),
+)`, quote(s)),
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 	consumer      text   NOT NULL,
 	order_key     text   NOT NULL,
@@ -55,45 +57,9 @@ func (d *Dialect) OrderSchemaSQL(t dialect.Table) []string {
 	event_time_us bigint NOT NULL,
 	parked_at_us  bigint NOT NULL,
 	PRIMARY KEY (consumer, order_key, seq)
-)`, p),
+)`, quote(p)),
 	}
 }
 
-// OrderRowSQL inserts the sequence row with ON CONFLICT DO NOTHING.
-func (d *Dialect) OrderRowSQL(t dialect.Table) string {
-	s, _ := d.orderTables(t)
-	return fmt.Sprintf("INSERT INTO %s (consumer, order_key, last_seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING", s)
-}
-
-// OrderLockSQL reads last_seq FOR UPDATE.
-func (d *Dialect) OrderLockSQL(t dialect.Table) string { return d.order(t).Lock() }
-
-// OrderBumpSQL sets last_seq.
-func (d *Dialect) OrderBumpSQL(t dialect.Table) string { return d.order(t).Bump() }
-
-// ParkSQL inserts a parked message with ON CONFLICT DO NOTHING.
-func (d *Dialect) ParkSQL(t dialect.Table) string {
-	o := d.order(t)
-	return "INSERT INTO " + o.Parked + " " + o.Park() + " ON CONFLICT DO NOTHING"
-}
-
-// SkipSQL inserts a tombstone with ON CONFLICT DO NOTHING.
-func (d *Dialect) SkipSQL(t dialect.Table) string {
-	o := d.order(t)
-	return "INSERT INTO " + o.Parked + " " + o.Skip("''::bytea") + " ON CONFLICT DO NOTHING"
-}
-
-// ParkedSQL reads the row of one sequence.
-func (d *Dialect) ParkedSQL(t dialect.Table) string { return d.order(t).ParkedOne() }
-
-// UnparkSQL deletes the parked message of one sequence.
-func (d *Dialect) UnparkSQL(t dialect.Table) string { return d.order(t).Unpark() }
-
-// WaitingSQL lists the entities with parked messages.
-func (d *Dialect) WaitingSQL(t dialect.Table) string { return d.order(t).Waiting() }
-
-// ParkedRowsSQL lists one entity's parked messages in sequence order.
-func (d *Dialect) ParkedRowsSQL(t dialect.Table) string { return d.order(t).ParkedRows() }
-
-// UnclaimSQL deletes one claim.
-func (d *Dialect) UnclaimSQL(t dialect.Table) string { return d.order(t).Unclaim() }
+// ClaimSQL is the Dialect's: the claim may run in a WITH clause.
+func (orderSyntax) ClaimSQL(t dialect.Table) string { return (*Dialect)(nil).ClaimSQL(t) }

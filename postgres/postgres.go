@@ -25,7 +25,9 @@ const MaxKeyBytes = 1024
 // Dialect is the Postgres dialect. It works with any database/sql driver for
 // Postgres whose errors expose their SQLSTATE through a SQLState() string
 // method (lib/pq's *pq.Error and pgx's *pgconn.PgError both do).
-type Dialect struct{}
+type Dialect struct {
+	dialect.OrderSQL[orderSyntax]
+}
 
 var _ dialect.Dialect = (*Dialect)(nil)
 

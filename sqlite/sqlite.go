@@ -25,7 +25,9 @@ const MaxKeyBytes = 1024
 const MinVersion = "3.24.0"
 
 // Dialect is the SQLite dialect. Its zero value is ready to use.
-type Dialect struct{}
+type Dialect struct {
+	dialect.OrderSQL[orderSyntax]
+}
 
 var (
 	_ dialect.Dialect       = (*Dialect)(nil)

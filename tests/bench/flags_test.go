@@ -90,6 +90,8 @@ func TestParseErrors(t *testing.T) {
 		{"-pgx -pgx-workers 33", "-pgx-workers"},
 		{"-pgx-workers 8", "-pgx-workers"},
 		{"-pgx -pgx-allocs 0", "-pgx-allocs"},
+		{"-ordered -ordered-messages 5", "-ordered-messages"},
+		{"-ordered-messages 100", "-ordered-messages"},
 		{"-growth 0", "-growth"},
 		{"-growth 1000,x", "-growth"},
 		{"-growth 1000 -growth-batch 0", "-growth-batch"},

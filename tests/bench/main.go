@@ -80,8 +80,15 @@
 // -adapters-conns C, per message and coalesced on one pool of C
 // connections).
 //
+// With -ordered it measures ordered mode (WithOrdering) against
+// ProcessMessage on lib/pq and on pgx (idempgx), call by call in every
+// round: a message in order, and a pair that parks then is released (see
+// ordered.go):
+//
+//	go run ./tests/bench -ordered -rounds 5 -ordered-messages 300
+//
 // Modes combine: -kafka, -pgx, -http, -growth, -cleanup, -partitions,
-// -outbox, -coalesce and -adapters run each in turn, in that order, after
+// -outbox, -coalesce, -adapters and -ordered run each in turn, in that order, after
 // the loyalty variants when -loyalty is given too, and print a section
 // each, so that one command makes all the sections of BENCHMARKS.md that
 // come from this command:
@@ -160,6 +167,7 @@ type plan struct {
 	outbox     *outboxOptions
 	coalesce   *coalesceOptions
 	adapters   *adaptersOptions
+	ordered    *orderedOptions
 }
 
 // growthOptions is what -growth measures.
@@ -267,6 +275,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if p.ordered != nil {
+		section()
+		if err := runOrdered(ctx, p.dsn, *p.ordered, args, stdout, stderr); err != nil {
+			return err
+		}
+	}
 	if p.write != "" {
 		return writeSections(p.write, printed.String())
 	}
@@ -323,6 +337,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 	adaptersCoalesce := fs.Int("adapters-coalesce", 0, "with -adapters: also run each consumer on a Middleware WithCoalescing of groups of up to this many (0: not)")
 	adaptersConns := fs.Int("adapters-conns", 0, "with -adapters-coalesce: run both of each consumer's coalescing cells (per message and coalesced) on a pool of this many connections")
 	adaptersOnly := fs.String("adapters-consumers", strings.Join(adapterNames, ","), "with -adapters: comma-separated consumers to run")
+	orderedMode := fs.Bool("ordered", false, "measure ordered mode (WithOrdering) in order and parked against ProcessMessage, on lib/pq and pgx, head to head (see ordered.go)")
+	orderedMessages := fs.Int("ordered-messages", 300, "with -ordered: messages per variant, driver and round")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -335,7 +351,8 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		"http-workers": "http",
 		"growth-batch": "growth", "growth-svg": "growth", "growth-workers": "growth",
 		"outbox-rows": "outbox", "outbox-messages": "outbox",
-		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters", "adapters-coalesce": "adapters", "adapters-conns": "adapters"} {
+		"adapters-workers": "adapters", "adapters-messages": "adapters", "adapters-consumers": "adapters", "adapters-coalesce": "adapters", "adapters-conns": "adapters",
+		"ordered-messages": "ordered"} {
 		if set[flagName] && !set[mode] {
 			return nil, fmt.Errorf("-%s applies to -%s, which is not given", flagName, mode)
 		}
@@ -420,7 +437,13 @@ func parse(args []string, stderr io.Writer) (*plan, error) {
 		}
 		p.adapters = a
 	}
-	if !*loyalty && (p.kafka != nil || p.pgx != nil || p.http != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil || p.adapters != nil) {
+	if *orderedMode {
+		if *orderedMessages < 10 {
+			return nil, fmt.Errorf("-ordered-messages: %d is fewer than 10", *orderedMessages)
+		}
+		p.ordered = &orderedOptions{rounds: *rounds, messages: *orderedMessages}
+	}
+	if !*loyalty && (p.ordered != nil || p.kafka != nil || p.pgx != nil || p.http != nil || p.growth != nil || p.cleanup != nil || p.partitions != nil || p.outbox != nil || p.coalesce != nil || p.adapters != nil) {
 		for _, f := range []string{"drivers", "variants", "customers", "h2h", "sql-limit"} {
 			if set[f] {
 				return nil, fmt.Errorf("-%s applies to the loyalty variants, which do not run: add -loyalty", f)
