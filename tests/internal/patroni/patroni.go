@@ -640,6 +640,37 @@ func (c *Cluster) Ready(ctx context.Context) (*Member, error) {
 	return leader, err
 }
 
+// Switchover asks the leader's REST API (POST /switchover) to hand the
+// leadership to candidate, as an operator's planned switchover does: the
+// leader is demoted and restarted as a standby, candidate promoted. With
+// synchronous mode, candidate must be the synchronous standby. It returns
+// once candidate is the running leader.
+func (c *Cluster) Switchover(ctx context.Context, leader, candidate *Member) error {
+	body := strings.NewReader(fmt.Sprintf(`{"leader": %q, "candidate": %q}`, leader.Name, candidate.Name))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d/switchover", leader.API), body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	cl := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return fmt.Errorf("patroni: switchover to %s: %w", candidate.Name, err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("patroni: switchover to %s: %s: %s", candidate.Name, resp.Status, msg)
+	}
+	return poll(ctx, candidate.Name+" to lead", func() (bool, error) {
+		m, err := c.WaitLeader(ctx, leader.Name)
+		if err != nil {
+			return false, err
+		}
+		return m == candidate, fmt.Errorf("%s leads", m.Name)
+	})
+}
+
 // Leader returns the member the REST API reports as the running leader.
 func (c *Cluster) Leader(ctx context.Context) (*Member, error) { return c.WaitLeader(ctx, "") }
 
