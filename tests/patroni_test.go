@@ -232,8 +232,11 @@ func TestPatroniAsynchronousFailoverLosesNothingTwice(t *testing.T) {
 	c := patroniCluster(t, false)
 	keys := patroniKeys()
 	a, rec, load := patroniFailoverRun(t, c, keys)
-	t.Logf("Patroni asynchronous failover (lib/pq and pgx, 2 leader kills): acked %d, applied %d, exactly once %d, lost %d, doubled %d; %d connection retries, %d deliveries redelivered",
-		a.acked, a.applied, a.exact, a.lost, a.doubled, connectionRetries(rec), load.errs.Load())
+	// Applied returned more often than there are messages: a commit the
+	// old leader acknowledged was lost with it, and the message's second
+	// copy, still queued, applied it again on the new leader — by luck.
+	t.Logf("Patroni asynchronous failover (lib/pq and pgx, 2 leader kills): acked %d, applied %d, exactly once %d, lost %d, doubled %d, acknowledged commits lost and re-applied by a second copy %d; %d connection retries, %d deliveries redelivered",
+		a.acked, a.applied, a.exact, a.lost, a.doubled, max(0, a.applied-keys), connectionRetries(rec), load.errs.Load())
 	if a.doubled != 0 {
 		t.Errorf("%d messages have their effect more than once", a.doubled)
 	}
