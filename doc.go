@@ -125,15 +125,17 @@
 // The whole transaction, claim and function, is run again when the claim's
 // own transaction suffered a serialization failure (Postgres 40001), a
 // deadlock (40P01) or the loss of its connection (class 08, 57P01–57P03, 25006,
-// driver.ErrBadConn, a network error) — see "What is retried" below for
+// driver.ErrBadConn, a network error, a failover's standby) — see "What is retried" below for
 // what a handler meets elsewhere —, with exponential backoff and jitter,
 // sleeping with no transaction open and giving up when the context ends.
 // [RetryPolicy] sets the limits ([DefaultRetryPolicy]: 10 attempts, 5 ms
 // doubling to 1 s; [WithRetry] replaces it). After the last attempt the error
 // matches [ErrRetriesExhausted] and, as a [RetriesExhaustedError], wraps the
 // last cause. Errors are classified through errors.As on the driver's error
-// (interface{ SQLState() string }), never by message text, so lib/pq and
-// pgx's database/sql driver both work. A lock timeout (55P03) becomes
+// (interface{ SQLState() string }), so lib/pq and pgx's database/sql driver
+// both work; message text is read only where the code alone is ambiguous
+// or missing (a standby's 0A000 refusal of BEGIN READ WRITE, a multi-host
+// connection string finding no writable host: see postgres.Dialect.Classify). A lock timeout (55P03) becomes
 // ErrClaimBusy, a missing claim table (42P01) [ErrNoClaimTable], and an
 // unknown statement outcome (40003) is returned as it is; anything else is
 // returned wrapped, errors.Is and errors.As still see it, and it is not

@@ -16,7 +16,9 @@
 // table, or other) and its SQLSTATE or code. The middleware retries the first
 // two, turns a lock timeout into idempotent.ErrClaimBusy and a missing table
 // into idempotent.ErrNoClaimTable, and returns the rest. A dialect finds the
-// driver's error with errors.As, never by its message text.
+// driver's error with errors.As and classifies it by its code; it reads
+// message text only where the code alone is ambiguous or there is none (the
+// postgres dialect's standby refusals during a failover).
 //
 // # Optional abilities
 //

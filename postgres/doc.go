@@ -21,7 +21,10 @@
 //
 // Serialization failures (40001) and deadlocks (40P01) are retried by the
 // middleware, as are lost connections (class 08, 57P01–57P03, and the
-// drivers' bad-connection and network errors): even a connection lost
+// drivers' bad-connection and network errors) and a failover's standbys
+// (25006, a standby's 0A000 refusal of BEGIN READ WRITE, a multi-host
+// connection string finding no writable host; see [Dialect.Classify]):
+// even a connection lost
 // during COMMIT is safe to retry, because if the commit did land, the
 // retried claim finds the row and reports a duplicate. A lock timeout
 // (55P03) becomes idempotent.ErrClaimBusy and a missing table (42P01)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -176,6 +177,8 @@ func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
 //	class 08 (connection exceptions), 57P01 admin_shutdown,
 //	57P02 crash_shutdown, 57P03 cannot_connect_now,
 //	25006 read_only_sql_transaction (a standby),
+//	0A000 with a standby's refusal of BEGIN (see below),
+//	a driver refusing every host of target_session_attrs,
 //	driver.ErrBadConn, EOF, network errors, errors with a
 //	SafeToRetry() bool method (pgx's connection failures) KindConnection
 //	55P03 lock_not_available                              KindLockTimeout
@@ -190,6 +193,23 @@ func (*Dialect) TxIDSQL() string { return "SELECT txid_current()::text" }
 // effect: the transaction is retried like a lost connection, reaching the
 // primary once the switch is done. A 25006 that lasts (a pool pinned to
 // a standby) fails after the RetryPolicy's attempts.
+//
+// lib/pq begins every transaction READ WRITE, and a standby refuses that
+// BEGIN with 0A000 feature_not_supported, "cannot set transaction
+// read-write mode during recovery" (and a SERIALIZABLE BEGIN with 0A000,
+// "cannot use serializable mode in a hot standby"). 0A000 also names
+// features a server lacks for good, so only those two messages are
+// KindConnection; a server whose lc_messages translates them leaves them
+// KindOther, the handler's failure.
+//
+// A multi-host connection string with target_session_attrs=read-write
+// whose hosts are all standbys at the moment (between the old primary's
+// death and the promotion) fails to connect with the drivers' own errors,
+// which carry no SQLSTATE: lib/pq's "server is in hot standby mode" and
+// "session is read-only", pgx's pgconn.ErrReadOnlyConnection ("read only
+// connection") and ErrStandbyConnection ("server is in standby mode").
+// Those messages, as the whole text of an error in the chain, are
+// KindConnection.
 //
 // 40003 statement_completion_unknown is deliberately KindOther: the server
 // itself does not know what happened to the statement.
@@ -209,13 +229,73 @@ func (*Dialect) Classify(err error) dialect.Class {
 			return dialect.Class{Kind: dialect.KindLockTimeout, Code: code}
 		case code == "42P01":
 			return dialect.Class{Kind: dialect.KindUndefinedTable, Code: code}
+		case code == "0A000" && standbyBegin(se):
+			return dialect.Class{Kind: dialect.KindConnection, Code: code}
 		}
 		return dialect.Class{Kind: dialect.KindOther, Code: code}
 	}
-	if connectionLost(err) {
+	if connectionLost(err) || noWritableHost(err) {
 		return dialect.Class{Kind: dialect.KindConnection}
 	}
 	return dialect.Class{Kind: dialect.KindOther}
+}
+
+// standbyBeginRefusals are the messages of a hot standby refusing a BEGIN
+// with 0A000: lib/pq's BEGIN READ WRITE, and any driver's BEGIN ISOLATION
+// LEVEL SERIALIZABLE.
+var standbyBeginRefusals = []string{
+	"cannot set transaction read-write mode during recovery",
+	"cannot use serializable mode in a hot standby",
+}
+
+// standbyBegin reports whether a 0A000 error is a standby's refusal of a
+// read-write or serializable BEGIN.
+func standbyBegin(se interface{ SQLState() string }) bool {
+	e, ok := se.(error)
+	if !ok {
+		return false
+	}
+	msg := e.Error()
+	for _, m := range standbyBeginRefusals {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// targetSessionRefusals are the errors with which the drivers refuse a
+// host that target_session_attrs does not accept, when it wants a
+// writable primary: lib/pq (v1.12) and pgx's pgconn (ErrReadOnlyConnection,
+// ErrStandbyConnection). They are matched as the whole message of one
+// error in the chain, as the drivers make them with errors.New.
+var targetSessionRefusals = map[string]bool{
+	"server is in hot standby mode": true, // lib/pq
+	"session is read-only":          true, // lib/pq
+	"read only connection":          true, // pgx
+	"server is in standby mode":     true, // pgx
+}
+
+// noWritableHost reports whether err, or an error it wraps or joins, is a
+// driver's refusal of a host that is not a writable primary.
+func noWritableHost(err error) bool {
+	if err == nil {
+		return false
+	}
+	if targetSessionRefusals[err.Error()] {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return noWritableHost(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if noWritableHost(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func connectionLost(err error) bool {

@@ -185,6 +185,12 @@ type sqlStateErr string
 func (e sqlStateErr) Error() string    { return "sqlstate " + string(e) }
 func (e sqlStateErr) SQLState() string { return string(e) }
 
+// msgStateErr is another driver's server error with its message.
+type msgStateErr struct{ code, msg string }
+
+func (e msgStateErr) Error() string    { return e.msg }
+func (e msgStateErr) SQLState() string { return e.code }
+
 // safeToRetryErr mimics pgx's (pgconn) client-side connection failures.
 type safeToRetryErr struct{ safe bool }
 
@@ -239,7 +245,18 @@ func TestClassify(t *testing.T) {
 		{"SQLSTATE beats transport", fmt.Errorf("%w: %w", io.EOF, &pq.Error{Code: "23505"}), other("23505")},
 		{"context canceled", context.Canceled, other("")},
 		{"deadline exceeded", context.DeadlineExceeded, other("")},
-		{"message text is never read", errors.New("pq: could not serialize access due to concurrent update (40001) connection reset by peer"), other("")},
+		{"a message without an SQLSTATE is not parsed", errors.New("pq: could not serialize access due to concurrent update (40001) connection reset by peer"), other("")},
+		{"pq 0A000 BEGIN READ WRITE on a standby", &pq.Error{Code: "0A000", Message: "cannot set transaction read-write mode during recovery"}, conn("0A000")},
+		{"pgx-style 0A000 SERIALIZABLE on a standby", msgStateErr{"0A000", "ERROR: cannot use serializable mode in a hot standby (SQLSTATE 0A000)"}, conn("0A000")},
+		{"0A000 a feature the server lacks", &pq.Error{Code: "0A000", Message: "cannot use column reference in DEFAULT expression"}, other("0A000")},
+		{"0A000 with a translated message", &pq.Error{Code: "0A000", Message: "no se puede poner el modo de transacción en lectura/escritura durante la recuperación"}, other("0A000")},
+		{"lib/pq: no host is writable", fmt.Errorf("pq: could not connect to any of the hosts:\n%w", errors.Join(
+			fmt.Errorf("connecting to 127.0.0.1:5433: %w", errors.New("server is in hot standby mode")),
+			fmt.Errorf("connecting to 127.0.0.1:5434: %w", errors.New("session is read-only")))), conn("")},
+		{"pgx: no host is writable", fmt.Errorf("failed to connect: %w", errors.Join(
+			fmt.Errorf("ValidateConnect failed: %w", errors.New("read only connection")))), conn("")},
+		{"pgx: standby refused for primary", fmt.Errorf("ValidateConnect failed: %w", errors.New("server is in standby mode")), conn("")},
+		{"a refusal's words inside another message", errors.New("cache: read only connection to replica"), other("")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -45,7 +45,8 @@ func (s *switchOnRetry) Retry(_ context.Context, e idempotent.RetryEvent) {
 // every transaction READ WRITE explicitly, which overrides the session's
 // default here, and which a real standby refuses at BEGIN with 0A000
 // (feature_not_supported, "cannot set transaction read-write mode during
-// recovery"): not retried, see docs/deployment.md.
+// recovery"), also retried: TestPatroniStandbyIsRetried proves both on a
+// Patroni cluster's standby.
 func TestStandbyReadOnlyIsRetried(t *testing.T) {
 	t.Parallel()
 	for _, drv := range []string{"pgx"} {
