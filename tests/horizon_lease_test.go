@@ -1,0 +1,125 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txclaim/idempotent"
+)
+
+// TestCleanupHonoursHorizonLease: a process made WithHorizonLease caches the
+// horizon and claims with the plain statement; a cleanup that raises the
+// horizon meanwhile must not delete what the cached horizon still lets
+// through until the lease has run out. The replay of a message whose claim
+// the cleanup is about to delete, sent by the process while the cleanup
+// waits, meets the claim (a duplicate), and the cleanup, stopped during its
+// wait, has deleted nothing. A cleanup that ignored the lease would delete
+// the claim first and the replay would apply again.
+func TestCleanupHonoursHorizonLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, clock := fenceFixture(t, idempotent.WithRetention(7*day))
+	msg := orderCompleted{OrderID: 7701, CustomerID: 3, TotalCents: 5000}
+	at := clock.Now()
+	apply := func(o orderCompleted) idempotent.TxFunc {
+		return func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) }
+	}
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg)); got != idempotent.Applied || err != nil {
+		t.Fatalf("first delivery = (%v, %v)", got, err)
+	}
+	clock.Add(10 * day)
+	// The leased process, whose window (30 days) still lets the message
+	// through: it caches the horizon (none yet) on its first message.
+	p := horizonMiddleware(t, l, clock, idempotent.WithRetention(30*day), idempotent.WithHorizonLease(time.Minute))
+	other := orderCompleted{OrderID: 7702, CustomerID: 4, TotalCents: 5000}
+	if got, err := p.ProcessMessage(ctx, idempotent.Message{Key: other.key(), EventTime: clock.Now()}, apply(other)); got != idempotent.Applied || err != nil {
+		t.Fatalf("the leased process's first message = (%v, %v)", got, err)
+	}
+
+	short := horizonTable(t, l, clock, idempotent.WithRetention(7*day))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := short.Cleanup(cctx, idempotent.DefaultCleanupOptions())
+		done <- result{n, err}
+	}()
+	// Until the cleanup has raised the horizon past the first delivery.
+	deadline := time.Now().Add(time.Minute)
+	for raised := false; !raised; {
+		hs, err := short.Horizons(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			raised = raised || h.Consumer == "" && h.ForgottenBefore.After(at)
+		}
+		if !raised && time.Now().After(deadline) {
+			t.Fatal("the cleanup did not raise the horizon within a minute")
+		}
+		select {
+		case r := <-done:
+			if !raised {
+				t.Fatalf("the cleanup ended (%d, %v) before the horizon was seen raised", r.n, r.err)
+			}
+			done <- r
+		default:
+		}
+	}
+	got, err := p.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg))
+	if got == idempotent.Applied || (err != nil && !errors.Is(err, idempotent.ErrBeyondRetention)) {
+		t.Fatalf("the replay during the cleanup's wait = (%v, %v), want a duplicate or ErrBeyondRetention", got, err)
+	}
+	cancel()
+	r := <-done
+	// Stopped in the lease's wait, which comes before anything else the
+	// cleanup waits for: a cleanup found anywhere else ignored the lease.
+	if r.n != 0 || !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "horizon leases") {
+		t.Fatalf("the cleanup stopped during its wait = (%d, %v), want nothing deleted, in the wait for the horizon leases", r.n, r.err)
+	}
+	if b, rows := l.balance(t, 3), l.ledgerRows(t, msg.OrderID); b != 50 || rows != 1 {
+		t.Fatalf("balance %d and %d ledger rows, want 50 and 1", b, rows)
+	}
+	// The lease row is not a horizon.
+	hs, err := short.Horizons(ctx)
+	if err != nil || len(hs) != 1 || hs[0].Consumer != "" {
+		t.Fatalf("Horizons = (%v, %v), want the table's row only", hs, err)
+	}
+}
+
+// TestHorizonLeaseRefusesFromTheCache: a message older than the cached
+// horizon is refused without a claim, as the fenced claim refuses it.
+func TestHorizonLeaseRefusesFromTheCache(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, clock := fenceFixture(t, idempotent.WithRetention(7*day))
+	msg := orderCompleted{OrderID: 7711, CustomerID: 5, TotalCents: 5000}
+	at := clock.Now()
+	apply := func(o orderCompleted) idempotent.TxFunc {
+		return func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) }
+	}
+	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg)); got != idempotent.Applied || err != nil {
+		t.Fatalf("first delivery = (%v, %v)", got, err)
+	}
+	clock.Add(10 * day)
+	short := horizonTable(t, l, clock, idempotent.WithRetention(7*day))
+	if n, err := short.Cleanup(ctx, idempotent.DefaultCleanupOptions()); n != 1 || err != nil {
+		t.Fatalf("Cleanup = (%d, %v), want the one claim", n, err)
+	}
+	p := horizonMiddleware(t, l, clock, idempotent.WithRetention(30*day), idempotent.WithHorizonLease(time.Minute))
+	got, err := p.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg))
+	if got == idempotent.Applied || !errors.Is(err, idempotent.ErrBeyondRetention) {
+		t.Fatalf("replay of a forgotten message = (%v, %v), want ErrBeyondRetention", got, err)
+	}
+	if b := l.balance(t, 5); b != 50 {
+		t.Fatalf("balance %d, want 50", b)
+	}
+}
