@@ -34,6 +34,7 @@ type config struct {
 	coalesce    idempotent.Coalescing
 	coalescing  bool // WithCoalescing was given
 	queuedOnly  bool
+	lease       time.Duration // WithHorizonLease
 }
 
 func defaultConfig() config {
@@ -58,6 +59,11 @@ func (c *config) core() []idempotent.Option {
 	}
 	if c.leadDays > 0 {
 		opts = append(opts, idempotent.WithDailyPartitions(c.leadDays))
+	}
+	if c.lease > 0 {
+		// The core checks the lease, and caches the horizon for its own
+		// claims (ClaimMessage on the pgx stdlib pool) under it.
+		opts = append(opts, idempotent.WithHorizonLease(c.lease))
 	}
 	if c.coalescing {
 		// The core checks the bounds, and reports them in Config.
