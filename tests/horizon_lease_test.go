@@ -9,7 +9,25 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent"
+	"github.com/txclaim/idempotent/internal/testenv"
 )
+
+// leaseFixture applies the order order of customer, with an event time,
+// on a Middleware with a 7-day window, then moves the clock 10 days on.
+func leaseFixture(t *testing.T, order, customer int64) (*loyalty, *testenv.Clock, orderCompleted, time.Time, func(orderCompleted) idempotent.TxFunc) {
+	t.Helper()
+	l, clock := fenceFixture(t, idempotent.WithRetention(7*day))
+	msg := orderCompleted{OrderID: order, CustomerID: customer, TotalCents: 5000}
+	at := clock.Now()
+	apply := func(o orderCompleted) idempotent.TxFunc {
+		return func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) }
+	}
+	if got, err := l.mw.ProcessMessage(context.Background(), idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg)); got != idempotent.Applied || err != nil {
+		t.Fatalf("first delivery = (%v, %v)", got, err)
+	}
+	clock.Add(10 * day)
+	return l, clock, msg, at, apply
+}
 
 // TestCleanupHonoursHorizonLease: a process made WithHorizonLease caches the
 // horizon and claims with the plain statement; a cleanup that raises the
@@ -22,16 +40,7 @@ import (
 func TestCleanupHonoursHorizonLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, clock := fenceFixture(t, idempotent.WithRetention(7*day))
-	msg := orderCompleted{OrderID: 7701, CustomerID: 3, TotalCents: 5000}
-	at := clock.Now()
-	apply := func(o orderCompleted) idempotent.TxFunc {
-		return func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) }
-	}
-	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg)); got != idempotent.Applied || err != nil {
-		t.Fatalf("first delivery = (%v, %v)", got, err)
-	}
-	clock.Add(10 * day)
+	l, clock, msg, at, apply := leaseFixture(t, 7701, 3)
 	// The leased process, whose window (30 days) still lets the message
 	// through: it caches the horizon (none yet) on its first message.
 	p := horizonMiddleware(t, l, clock, idempotent.WithRetention(30*day), idempotent.WithHorizonLease(time.Minute))
@@ -100,16 +109,7 @@ func TestCleanupHonoursHorizonLease(t *testing.T) {
 func TestHorizonLeaseRefusesFromTheCache(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, clock := fenceFixture(t, idempotent.WithRetention(7*day))
-	msg := orderCompleted{OrderID: 7711, CustomerID: 5, TotalCents: 5000}
-	at := clock.Now()
-	apply := func(o orderCompleted) idempotent.TxFunc {
-		return func(ctx context.Context, tx *sql.Tx) error { return l.credit(ctx, tx, o) }
-	}
-	if got, err := l.mw.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg)); got != idempotent.Applied || err != nil {
-		t.Fatalf("first delivery = (%v, %v)", got, err)
-	}
-	clock.Add(10 * day)
+	l, clock, msg, at, apply := leaseFixture(t, 7711, 5)
 	short := horizonTable(t, l, clock, idempotent.WithRetention(7*day))
 	if n, err := short.Cleanup(ctx, idempotent.DefaultCleanupOptions()); n != 1 || err != nil {
 		t.Fatalf("Cleanup = (%d, %v), want the one claim", n, err)

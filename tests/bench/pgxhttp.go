@@ -31,37 +31,11 @@ func addHTTPOps(ctx context.Context, e *pgxEnv, table, upd, ins string, next fun
 	if err := idem.EnsureSchema(ctx); err != nil {
 		return err
 	}
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		cid, _ := strconv.ParseInt(r.URL.Query().Get("c"), 10, 64)
-		oid, _ := strconv.ParseInt(r.URL.Query().Get("o"), 10, 64)
-		tx := pgxhttp.TxFromContext(ctx)
-		own := tx == nil
-		if own {
-			var err error
-			if tx, err = e.pool.Begin(ctx); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-		}
-		if err := pgxEffect(ctx, tx, upd, ins, httpOrder{Customer: cid, Order: oid}); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		if own {
-			if err := tx.Commit(ctx); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"order":%d,"points":10}`, oid)
-	})
+	handler := pgxLoyaltyHandler(e.pool, upd, ins)
 	with := idem.Wrap(handler)
 	serve := func(ctx context.Context, h http.Handler, key string, cid, oid int64, replayed bool) error {
-		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/orders?c="+strconv.FormatInt(cid, 10)+"&o="+strconv.FormatInt(oid, 10), strings.NewReader("{}"))
+		body := `{"customer":` + strconv.FormatInt(cid, 10) + `,"order":` + strconv.FormatInt(oid, 10) + `}`
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/orders", strings.NewReader(body))
 		if key != "" {
 			r.Header.Set(idemhttp.DefaultHeader, key)
 		}
