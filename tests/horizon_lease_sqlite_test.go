@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,40 +60,12 @@ func TestCleanupHonoursHorizonLeaseSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type result struct {
-		n   int64
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		n, err := ct.Cleanup(cctx, idempotent.DefaultCleanupOptions())
-		done <- result{n, err}
-	}()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		hs, err := ct.Horizons(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(hs) > 0 && hs[0].ForgottenBefore.After(at) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the cleanup did not raise the horizon within a minute")
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
-	}
+	stop := cleanupInLeaseWait(t, ct, at)
 	o, err := p.ProcessMessage(ctx, replay, apply("replay"))
 	if o == idempotent.Applied || (err != nil && !errors.Is(err, idempotent.ErrBeyondRetention)) {
 		t.Fatalf("the replay during the cleanup's wait = (%v, %v), want a duplicate or ErrBeyondRetention", o, err)
 	}
-	cancel()
-	r := <-done
-	if r.n != 0 || !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "horizon leases") {
-		t.Fatalf("the cleanup stopped during its wait = (%d, %v), want nothing deleted, in the wait for the horizon leases", r.n, r.err)
-	}
+	stop()
 	var n int
 	if err := db.QueryRow("SELECT count(*) FROM effects WHERE k = 'replay'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the replay applied %d times (%v), want once", n, err)

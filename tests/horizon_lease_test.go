@@ -50,50 +50,12 @@ func TestCleanupHonoursHorizonLease(t *testing.T) {
 	}
 
 	short := horizonTable(t, l, clock, idempotent.WithRetention(7*day))
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type result struct {
-		n   int64
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		n, err := short.Cleanup(cctx, idempotent.DefaultCleanupOptions())
-		done <- result{n, err}
-	}()
-	// Until the cleanup has raised the horizon past the first delivery.
-	deadline := time.Now().Add(time.Minute)
-	for raised := false; !raised; {
-		hs, err := short.Horizons(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, h := range hs {
-			raised = raised || h.Consumer == "" && h.ForgottenBefore.After(at)
-		}
-		if !raised && time.Now().After(deadline) {
-			t.Fatal("the cleanup did not raise the horizon within a minute")
-		}
-		select {
-		case r := <-done:
-			if !raised {
-				t.Fatalf("the cleanup ended (%d, %v) before the horizon was seen raised", r.n, r.err)
-			}
-			done <- r
-		default:
-		}
-	}
+	stop := cleanupInLeaseWait(t, short, at)
 	got, err := p.ProcessMessage(ctx, idempotent.Message{Key: msg.key(), EventTime: at}, apply(msg))
 	if got == idempotent.Applied || (err != nil && !errors.Is(err, idempotent.ErrBeyondRetention)) {
 		t.Fatalf("the replay during the cleanup's wait = (%v, %v), want a duplicate or ErrBeyondRetention", got, err)
 	}
-	cancel()
-	r := <-done
-	// Stopped in the lease's wait, which comes before anything else the
-	// cleanup waits for: a cleanup found anywhere else ignored the lease.
-	if r.n != 0 || !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "horizon leases") {
-		t.Fatalf("the cleanup stopped during its wait = (%d, %v), want nothing deleted, in the wait for the horizon leases", r.n, r.err)
-	}
+	stop()
 	if b, rows := l.balance(t, 3), l.ledgerRows(t, msg.OrderID); b != 50 || rows != 1 {
 		t.Fatalf("balance %d and %d ledger rows, want 50 and 1", b, rows)
 	}
@@ -121,5 +83,52 @@ func TestHorizonLeaseRefusesFromTheCache(t *testing.T) {
 	}
 	if b := l.balance(t, 5); b != 50 {
 		t.Fatalf("balance %d, want 50", b)
+	}
+}
+
+// cleanupInLeaseWait starts ct's Cleanup and returns once it has raised
+// the table's horizon past at; stop cancels it and checks that it stopped
+// in its wait for the horizon leases, having deleted nothing (a cleanup
+// stopped anywhere else ignored the lease).
+func cleanupInLeaseWait(t *testing.T, ct *idempotent.ClaimTable, at time.Time) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := ct.Cleanup(ctx, idempotent.DefaultCleanupOptions())
+		done <- result{n, err}
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		hs, err := ct.Horizons(context.Background())
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		if len(hs) > 0 && hs[0].Consumer == "" && hs[0].ForgottenBefore.After(at) {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the cleanup ended (%d, %v) before the horizon was seen raised", r.n, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatal("the cleanup did not raise the horizon within a minute")
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+	return func() {
+		t.Helper()
+		cancel()
+		r := <-done
+		if r.n != 0 || !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "horizon leases") {
+			t.Fatalf("the cleanup stopped during its wait = (%d, %v), want nothing deleted, in the wait for the horizon leases", r.n, r.err)
+		}
 	}
 }
