@@ -68,13 +68,17 @@ func expectAdvanceHorizon(m sqlmock.Sqlmock, t dialect.Table, c string, h time.T
 
 // expectRaiseHorizon scripts what a cleanup or partition drop does before
 // it deletes anything: the horizon of consumer c ("" for the table's row) of
-// t raised to h in a transaction of its own, then the count of sessions on
+// t raised to h in a transaction of its own, the horizon table read for the
+// leases processes declared (none), then the count of sessions on
 // older snapshots polled, answering each of snapshots in turn (the last
 // must be 0 for the drain to end). It returns the statements.
 func expectRaiseHorizon(m sqlmock.Sqlmock, t dialect.Table, c string, h time.Time, snapshots ...int64) []string {
 	adv := expectAdvanceHorizon(m, t, c, h, func() { m.ExpectBegin() })
 	m.ExpectCommit()
-	calls := []string{"BEGIN", adv, "COMMIT"}
+	// The leases processes declared (WithHorizonLease): none.
+	leases := pg.HorizonsSQL(t)
+	m.ExpectQuery(leases).WillReturnRows(sqlmock.NewRows([]string{"consumer", "forgotten_before"}))
+	calls := []string{"BEGIN", adv, "COMMIT", leases}
 	older, args := pg.OlderSnapshotsSQL(t, c)
 	for _, n := range snapshots {
 		m.ExpectQuery(older).WithArgs(driverValues(args)...).WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(n))

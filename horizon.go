@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/horizonlease"
 )
 
 // The retention horizon.
@@ -136,7 +137,8 @@ var ErrOldSnapshots = errors.New("idempotent: sessions on snapshots older than t
 // raiseHorizon raises consumer's horizon ("" for the table's row) to
 // before, in a transaction of its own, and then, where the dialect is a
 // dialect.SnapshotDrainer, waits up to drain for the sessions whose
-// snapshots are older than the change.
+// snapshots are older than the change; before that it waits for the
+// longest horizon lease declared on the table (waitLeases).
 func (t *ClaimTable) raiseHorizon(ctx context.Context, consumer string, before time.Time, drain time.Duration) error {
 	r := runner{db: t.db, d: t.d, policy: t.policy}
 	stmt, args := t.hk.AdvanceHorizonSQL(t.table, consumer, before)
@@ -145,6 +147,9 @@ func (t *ClaimTable) raiseHorizon(ctx context.Context, consumer string, before t
 		return err
 	}); err != nil {
 		return fmt.Errorf("idempotent: raise the retention horizon of %s: %w", t.table, t.tableError(err))
+	}
+	if err := t.waitLeases(ctx); err != nil {
+		return err
 	}
 	sd, ok := t.d.(dialect.SnapshotDrainer)
 	if !ok {
@@ -201,6 +206,9 @@ func (t *ClaimTable) Horizons(ctx context.Context) ([]Horizon, error) {
 		if err := rows.Scan(&h.Consumer, &v); err != nil {
 			return nil, fmt.Errorf("idempotent: horizon of %s: %w", t.table, err)
 		}
+		if h.Consumer == horizonlease.Row {
+			continue // the leases processes declared, not a horizon
+		}
 		h.ForgottenBefore, _ = horizonMicros(v)
 		out = append(out, h)
 	}
@@ -217,4 +225,130 @@ func (t *ClaimTable) horizonTableError(err error) error {
 		return fmt.Errorf("%w: %s or its horizon table %s (run EnsureSchema or the migration): %w", ErrNoClaimTable, t.table, t.hk.HorizonTable(t.table), err)
 	}
 	return err
+}
+
+// The horizon under a lease (WithHorizonLease).
+//
+// Reading the horizon in every claim costs the server a read of the
+// horizon table per message. A Middleware made WithHorizonLease(d) instead
+// declares d in the horizon table (horizonlease.Row, raised only), caches
+// the horizon it reads on the pool, before the claim's transaction, at most
+// every d/4, and fences a message against the cached value in memory,
+// claiming with the plain claim statement. A claim relies on the cache only
+// while less than d/2 has passed since the cache's read began, checked
+// after the claim statement returned; past it (a process paused, a slow
+// statement) the horizon is read in the claim's transaction after the
+// insert, as a dialect without dialect.HorizonClaimer does, and a claim that
+// is not sent in time uses the fenced claim. Cleanup and MaintainPartitions,
+// after raising the horizon, wait the longest lease ever declared on the
+// table before they delete or drop anything (waitLeases). A cached horizon
+// that misses a raise was read before the raise committed, so every claim
+// relying on it had returned before the raise plus d/2, before anything
+// the raise allows is deleted: such a claim meets the old claim and is a
+// duplicate. docs/operations.md gives the argument in full.
+
+// WithHorizonLease lets the Middleware cache the claim table's retention
+// horizon for up to d instead of reading it in every claim of a message
+// with an event time: the fence then costs the server nothing per message.
+// It declares d in the table's horizon table the first time it reads the
+// horizon, and from then on every Cleanup, CleanupConsumer and
+// MaintainPartitions of the table waits d (the longest lease any process
+// ever declared there) after raising the horizon before deleting anything;
+// run cleanups of a version that honours leases (this one) before
+// processes that take them. d must be from 1ms to 10 minutes. It applies to
+// ProcessMessage (and the Wrap functions), coalesced or not; batches read
+// the horizon once per batch as before. Default is none: every claim reads
+// the horizon.
+func WithHorizonLease(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if err := horizonlease.Check(d); err != nil {
+			return fmt.Errorf("idempotent: WithHorizonLease: %v: %w", d, err)
+		}
+		c.retention.lease = d
+		return nil
+	})
+}
+
+// initLease sets up the cache of WithHorizonLease, where the dialect keeps
+// a horizon (without one, nothing fences by it and nothing is cached).
+func (m *Middleware) initLease(d time.Duration) {
+	if d <= 0 || m.hk == nil {
+		return
+	}
+	m.lease = &horizonlease.Cache{
+		Lease: d,
+		Declare: func(ctx context.Context) error {
+			stmt, args := m.hk.AdvanceHorizonSQL(m.table, horizonlease.Row, horizonlease.Encode(d))
+			if _, err := m.db.ExecContext(ctx, stmt, args...); err != nil {
+				return fmt.Errorf("idempotent: declare the horizon lease of %s: %w", m.table, err)
+			}
+			return nil
+		},
+		Read: func(ctx context.Context) (int64, bool, error) {
+			h, ok, err := horizonOf(ctx, m.db, m.hk, m.table, m.consumer)
+			if err != nil || !ok {
+				return 0, false, err
+			}
+			return h.UnixMicro(), true, nil
+		},
+	}
+}
+
+// refreshLease refreshes the cached horizon of WithHorizonLease before a
+// message with event time at is claimed, outside its transaction. A failed
+// refresh is not the message's failure: its claim then reads the horizon
+// itself, and meets the same trouble there if it lasts.
+func (m *Middleware) refreshLease(ctx context.Context, at time.Time) {
+	if m.lease == nil || at.IsZero() {
+		return
+	}
+	_ = m.lease.Refresh(ctx)
+}
+
+// leasedHorizon is the fence of a message with event time at against the
+// cached horizon: cached reports that the claim may rely on the cache (and
+// so claims with the plain statement); err refuses a message older than it.
+func (m *Middleware) leasedHorizon(key string, at time.Time) (snap horizonlease.Snapshot, cached bool, err error) {
+	if m.lease == nil || at.IsZero() {
+		return snap, false, nil
+	}
+	if snap, cached = m.lease.Peek(); !cached {
+		return snap, false, nil
+	}
+	if snap.OK {
+		if h := time.UnixMicro(snap.Micros).UTC(); m.ret.beyond(at, h) {
+			return snap, true, m.beyondHorizon(key, at, h)
+		}
+	}
+	return snap, true, nil
+}
+
+// waitLeases waits, after a raise of the horizon committed, for the
+// longest lease declared on the table (WithHorizonLease), so that no claim
+// relying on a horizon cached before the raise is still running when the
+// caller deletes.
+func (t *ClaimTable) waitLeases(ctx context.Context) error {
+	rows, err := t.db.QueryContext(ctx, t.hk.HorizonsSQL(t.table))
+	if err != nil {
+		return fmt.Errorf("idempotent: read the horizon leases of %s: %w", t.table, t.horizonTableError(err))
+	}
+	var lease time.Duration
+	for rows.Next() {
+		var c string
+		var v sql.NullInt64
+		if err := rows.Scan(&c, &v); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("idempotent: read the horizon leases of %s: %w", t.table, err)
+		}
+		if c == horizonlease.Row && v.Valid {
+			lease = horizonlease.Decode(v.Int64)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("idempotent: read the horizon leases of %s: %w", t.table, err)
+	}
+	if err := horizonlease.Wait(ctx, lease); err != nil {
+		return fmt.Errorf("idempotent: wait %v for the horizon leases of %s (horizon raised, nothing deleted): %w", lease, t.table, err)
+	}
+	return nil
 }

@@ -136,6 +136,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 	if m.seenBefore(ctx, scope, msg.Key) {
 		return Duplicate, 0, nil
 	}
+	m.refreshLease(ctx, msg.EventTime)
 	if m.co != nil && r == &m.run && msg.OrderKey == "" {
 		return m.co.process(ctx, msg, fn, scope)
 	}

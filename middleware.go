@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/horizonlease"
 	"github.com/txclaim/idempotent/internal/seencheck"
 )
 
@@ -62,6 +63,7 @@ type Middleware struct {
 	// claim or keeps none.
 	hclaimSQL   string
 	hk          dialect.HorizonKeeper // nil when the dialect keeps no horizon
+	lease       *horizonlease.Cache   // WithHorizonLease's cached horizon; nil reads it in every claim
 	lockSQL     string
 	lockReset   string
 	txidSQL     string
@@ -207,8 +209,12 @@ func (m *Middleware) claimKey(ctx context.Context, tx *sql.Tx, st *attemptState,
 // statement, which also fails unless it runs in the transaction f's token
 // marked.
 func (m *Middleware) claimKeyFenced(ctx context.Context, tx *sql.Tx, st *attemptState, key string, at time.Time, f *txFence) (bool, error) {
+	snap, cached, err := m.leasedHorizon(key, at)
+	if err != nil {
+		return false, err
+	}
 	return m.claimWith(ctx, tx, st, func() (bool, error) {
-		fenced := m.hclaimSQL != "" && !at.IsZero()
+		fenced := m.hclaimSQL != "" && !at.IsZero() && !cached
 		q, args := m.claimSQL, make([]any, 0, 5)
 		if f != nil {
 			q = f.claimSQL
@@ -237,7 +243,7 @@ func (m *Middleware) claimKeyFenced(ctx context.Context, tx *sql.Tx, st *attempt
 		if err != nil {
 			return false, fmt.Errorf("idempotent: claim: rows affected: %w", err)
 		}
-		if (fenced && n == 0) || (!fenced && n == 1 && m.hk != nil && !at.IsZero()) {
+		if (fenced && n == 0) || (!fenced && n == 1 && m.hk != nil && !at.IsZero() && !(cached && m.lease.Fresh(snap))) {
 			if _, err := m.checkHorizonAfterClaim(ctx, tx, []string{key}, []time.Time{at}); err != nil {
 				return false, err
 			}

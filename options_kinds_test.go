@@ -36,6 +36,7 @@ func TestOptionKinds(t *testing.T) {
 		"WithRetry":           {idempotent.WithRetry, true},
 		"WithTxOptions":       {idempotent.WithTxOptions, false},
 		"WithLockTimeout":     {idempotent.WithLockTimeout, false},
+		"WithHorizonLease":    {idempotent.WithHorizonLease, false},
 		"WithObserver":        {idempotent.WithObserver, false},
 		"WithStrictGuard":     {idempotent.WithStrictGuard, false},
 		"WithSeen":            {idempotent.WithSeen, false},

@@ -78,7 +78,8 @@ type retentionConfig struct {
 	window   time.Duration
 	skew     time.Duration
 	clock    func() time.Time
-	leadDays int // > 0 in partitioned mode
+	leadDays int           // > 0 in partitioned mode
+	lease    time.Duration // WithHorizonLease; 0 reads the horizon in every claim
 }
 
 func defaultRetentionConfig() retentionConfig {
@@ -177,6 +178,7 @@ func (m *Middleware) initRetention(c retentionConfig) error {
 		if hc, ok := m.d.(dialect.HorizonClaimer); ok && m.hk != nil {
 			m.hclaimSQL = hc.HorizonClaimSQL(m.table, m.ret.part != nil)
 		}
+		m.initLease(c.lease)
 	}()
 	if err := checkHorizonName(m.d, m.table); err != nil {
 		return err

@@ -114,6 +114,13 @@ func (m *Middleware) once(ctx context.Context, c claimer, body Func, outcome *id
 		}
 		return a.unclaimed(ctx, err)
 	}
+	if rc, ok := c.(rechecker); ok {
+		if err := rc.recheck(ctx, &a.l); err != nil {
+			class := m.pg.Classify(err)
+			a.rollback(ctx)
+			return class, err
+		}
+	}
 	*outcome = idempotent.Applied
 
 	tx := &a.tx

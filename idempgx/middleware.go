@@ -13,6 +13,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
+	"github.com/txclaim/idempotent/internal/horizonlease"
 	"github.com/txclaim/idempotent/postgres"
 )
 
@@ -44,8 +45,9 @@ type Middleware struct {
 	claimSQL    string // a plain table's claim of a message without an event time
 	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimQuerySQL)
 	batchSQL    string
-	batchAtSQL  string // the batch claim with event days, partitioned mode
-	horizonSQL  string // the consumer's horizon (HorizonSQL), read after a batch claim
+	batchAtSQL  string              // the batch claim with event days, partitioned mode
+	horizonSQL  string              // the consumer's horizon (HorizonSQL), read after a batch claim
+	lease       *horizonlease.Cache // WithHorizonLease's cached horizon, plain tables; nil reads it in every claim
 	horizonArgs []any
 	txOpts      pgx.TxOptions
 	beginStmt   string // BEGIN with the isolation level
@@ -163,6 +165,9 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 		m.partitioned = true
 		m.claimSQL = "" // every message has an event time
 		m.fencedSQL = pg.HorizonClaimQuerySQL(table, true)
+	}
+	if cfg.lease > 0 && !m.partitioned {
+		m.initLease(db, pg, table, cfg.lease)
 	}
 	m.beginStmt = "begin"
 	if cfg.iso != "" {
@@ -310,6 +315,11 @@ func (m *Middleware) process(ctx context.Context, key string, at time.Time, fn F
 	if m.seenBefore(ctx, scope, key) {
 		return idempotent.Duplicate, 0, nil
 	}
+	if m.lease != nil && !at.IsZero() {
+		// Outside the claim's transaction; a failure leaves the claim to
+		// read the horizon itself.
+		_ = m.lease.Refresh(ctx)
+	}
 	if m.co != nil {
 		return m.co.process(ctx, key, at, fn, scope)
 	}
@@ -330,6 +340,9 @@ func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, 
 	c := &claimOne{m: m, at: at, key: key}
 	if m.partitioned {
 		c.day = at.UTC().Format(time.DateOnly)
+	}
+	if err := c.useLease(); err != nil {
+		return 0, 0, m.keyError(key, err)
 	}
 	attempts, err := m.run(ctx, key, c, fn, &outcome)
 	if err != nil {
@@ -386,11 +399,15 @@ type claimOne struct {
 	day   string // the event day in partitioned mode
 	token string // the group transaction's fence (dialect.TxFencer); "" outside one
 	w     wireMessages
+	// cached: the message was fenced against snap, the horizon cached
+	// under WithHorizonLease, and is claimed with the plain claim.
+	cached bool
+	snap   horizonlease.Snapshot
 }
 
 // fenced reports whether the message has an event time, and so is claimed
 // by fencedSQL (always, in partitioned mode).
-func (c *claimOne) fenced() bool { return !c.at.IsZero() }
+func (c *claimOne) fenced() bool { return !c.at.IsZero() && !c.cached }
 
 // queue adds the claim to the pipelined batch.
 func (c *claimOne) queue(b *pgx.Batch) {

@@ -34,7 +34,8 @@ type config struct {
 	coalesce    idempotent.Coalescing
 	coalescing  bool // WithCoalescing was given
 	queuedOnly  bool
-	ordering    *Ordering // WithOrdering
+	ordering    *Ordering     // WithOrdering
+	lease       time.Duration // WithHorizonLease
 }
 
 func defaultConfig() config {
@@ -64,6 +65,11 @@ func (c *config) core() []idempotent.Option {
 		// The core checks the gap settings, creates the tables and
 		// validates ordering fields.
 		opts = append(opts, idempotent.WithOrdering(c.ordering.coreOrdering()))
+	}
+	if c.lease > 0 {
+		// The core checks the lease, and caches the horizon for its own
+		// claims (ClaimMessage on the pgx stdlib pool) under it.
+		opts = append(opts, idempotent.WithHorizonLease(c.lease))
 	}
 	if c.coalescing {
 		// The core checks the bounds, and reports them in Config.

@@ -83,7 +83,7 @@ func (c *claimOne) wire(ctx context.Context, raw *pgx.Conn) (bool, error) {
 		vals = append(vals, bytesOf(c.day))
 	}
 	var results []int16
-	if f, ok := m.fence(c.at); ok {
+	if f, ok := m.fence(c.at); ok && c.fenced() {
 		vals = append(vals, f.AppendFormat(w.fence[:0], fenceLayout))
 		results = binaryResults
 	}

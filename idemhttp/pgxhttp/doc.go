@@ -26,6 +26,15 @@
 // idemhttp.KeyFromContext gives the claim's key as on database/sql;
 // idemhttp.TxFromContext gives nil.
 //
+// The stored response travels with COMMIT: the middleware queues its insert
+// (idempgx.Queue) and idempgx sends it in COMMIT's round trip, so a request
+// costs the round trips of its handler and two more — BEGIN with the claim,
+// and the response with COMMIT — as many as the same handler in a
+// transaction of its own (BEGIN, …, COMMIT). A handler that queues its own
+// effects with idempgx.Queue(pgxhttp.TxFromContext(ctx), …) sends them in
+// that round trip too. A response whose insert fails rolls back with the
+// handler's effect, and the client gets a 500, the key left free.
+//
 // # Why a package of its own
 //
 // idemhttp's HTTP logic is written once, over a small [idemhttp.Backend]:

@@ -36,9 +36,12 @@ func (b backend) Core() *idempotent.Middleware { return b.m.Core() }
 
 func (b backend) ProcessMessage(ctx context.Context, msg idempotent.Message, fn func(context.Context, idemhttp.Exec) error) (idempotent.Outcome, error) {
 	return b.m.ProcessMessage(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
-		return fn(context.WithValue(ctx, txKey{}, tx), func(ctx context.Context, q string, args ...any) error {
-			_, err := tx.Exec(ctx, q, args...)
-			return err
+		// The stored response is queued (idempgx.Queue): it is sent with
+		// COMMIT, in the same round trip, after whatever the handler ran or
+		// queued. Its failure is the request's, reported when the
+		// transaction ends, which then rolls back with the handler's effect.
+		return fn(context.WithValue(ctx, txKey{}, tx), func(_ context.Context, q string, args ...any) error {
+			return idempgx.Queue(tx, q, args...)
 		})
 	})
 }

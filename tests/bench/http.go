@@ -150,20 +150,6 @@ func newHTTPEnv(ctx context.Context, dsn, s string, workers int) (*httpEnv, erro
 	}
 	upd := "UPDATE " + s + ".balances SET points = points + 10 WHERE customer_id = $1"
 	ins := "INSERT INTO " + s + ".ledger (customer_id, order_id, points) VALUES ($1, $2, 10)"
-	// decode reads the order; answer writes the 201.
-	decode := func(w http.ResponseWriter, r *http.Request) (httpOrder, bool) {
-		var o httpOrder
-		if err := json.NewDecoder(r.Body).Decode(&o); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return o, false
-		}
-		return o, true
-	}
-	answer := func(w http.ResponseWriter, o httpOrder) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"order":%d,"points":10}`, o.Order)
-	}
 	// The database/sql handler: in the claim's transaction under the
 	// middleware, else in one of its own.
 	sqlHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -199,7 +185,49 @@ func newHTTPEnv(ctx context.Context, dsn, s string, workers int) (*httpEnv, erro
 		answer(w, o)
 	})
 	// The pgx handler, the same on a pgx.Tx.
-	pgxHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	pgxHandler := pgxLoyaltyHandler(pool, upd, ins)
+	mux := http.NewServeMux()
+	mux.Handle("POST /sql/plain", sqlHandler)
+	mux.Handle("POST /sql/idem", withSQL.Wrap(sqlHandler))
+	mux.Handle("POST /pgx/plain", pgxHandler)
+	mux.Handle("POST /pgx/idem", withPgx.Wrap(pgxHandler))
+	e.srv.Handler = mux
+	go func() { _ = e.srv.Serve(ln) }()
+	// The keys the replays repeat: one per worker and path, answered once.
+	for _, p := range httpPaths {
+		if !p.replay {
+			continue
+		}
+		for w := range workers {
+			if err := e.send(ctx, p, w, false); err != nil {
+				return fail(fmt.Errorf("first request of a replayed key: %w", err))
+			}
+		}
+	}
+	return e, nil
+}
+
+// decode reads the order.
+func decode(w http.ResponseWriter, r *http.Request) (httpOrder, bool) {
+	var o httpOrder
+	if err := json.NewDecoder(r.Body).Decode(&o); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return o, false
+	}
+	return o, true
+}
+
+// answer writes the 201.
+func answer(w http.ResponseWriter, o httpOrder) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"order":%d,"points":10}`, o.Order)
+}
+
+// pgxLoyaltyHandler is the loyalty handler on pgx: in the claim's
+// transaction under pgxhttp, else in one of its own on pool.
+func pgxLoyaltyHandler(pool *pgxpool.Pool, upd, ins string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o, ok := decode(w, r)
 		if !ok {
 			return
@@ -227,25 +255,6 @@ func newHTTPEnv(ctx context.Context, dsn, s string, workers int) (*httpEnv, erro
 		}
 		answer(w, o)
 	})
-	mux := http.NewServeMux()
-	mux.Handle("POST /sql/plain", sqlHandler)
-	mux.Handle("POST /sql/idem", withSQL.Wrap(sqlHandler))
-	mux.Handle("POST /pgx/plain", pgxHandler)
-	mux.Handle("POST /pgx/idem", withPgx.Wrap(pgxHandler))
-	e.srv.Handler = mux
-	go func() { _ = e.srv.Serve(ln) }()
-	// The keys the replays repeat: one per worker and path, answered once.
-	for _, p := range httpPaths {
-		if !p.replay {
-			continue
-		}
-		for w := range workers {
-			if err := e.send(ctx, p, w, false); err != nil {
-				return fail(fmt.Errorf("first request of a replayed key: %w", err))
-			}
-		}
-	}
-	return e, nil
 }
 
 // pgxEffect credits the order's points in tx.

@@ -103,6 +103,22 @@ var pgxComparisons = []pgxComparison{
 		"coalesced queued", fmt.Sprintf("`ProcessMessages` of %d, per message", pgxGroup),
 		func(e *pgxEnv) func(context.Context) error { return e.coQueued },
 		func(e *pgxEnv) func(context.Context) error { return e.batch }},
+	{"event-vs-handwritten", "lib/pq: `ProcessMessage` with an event time, the horizon read in the claim, ≥ 1.0× the guide's hand-written claim, head to head", 1,
+		"event time, no lease", "hand-written (lib/pq)",
+		func(e *pgxEnv) func(context.Context) error { return e.pqEvent },
+		func(e *pgxEnv) func(context.Context) error { return e.pqHandwritten }},
+	{"leased-vs-handwritten", "lib/pq: `ProcessMessage` with an event time and `WithHorizonLease` ≥ 1.0× the guide's hand-written claim, head to head", 1,
+		"event time, leased", "hand-written (lib/pq)",
+		func(e *pgxEnv) func(context.Context) error { return e.pqLeased },
+		func(e *pgxEnv) func(context.Context) error { return e.pqHandwritten }},
+	{"http-vs-bare", "idemhttp on pgx (`pgxhttp`, the response sent with COMMIT) ≤ 1.10× the bare pgx handler, in process: bare/with ≥ 0.909×, head to head", 1 / 1.10,
+		"`pgxhttp`", "bare pgx handler",
+		func(e *pgxEnv) func(context.Context) error { return e.httpWith },
+		func(e *pgxEnv) func(context.Context) error { return e.httpBare }},
+	{"replay-vs-first", "idemhttp on pgx: a replay ≥ 5× faster than a first request, in process, head to head", 5,
+		"`pgxhttp` replay", "`pgxhttp` first request",
+		func(e *pgxEnv) func(context.Context) error { return e.httpReplay },
+		func(e *pgxEnv) func(context.Context) error { return e.httpWith }},
 }
 
 // pgxSetting is what one network setting (a proxy delay, or none)
@@ -142,11 +158,23 @@ type pgxEnv struct {
 	// handlers only queue (WithQueuedOnly: two round trips a group), batch
 	// ProcessMessages of pgxGroup messages with the effect in one pgx.Batch.
 	queued, coQueued, batch func(context.Context) error
+	// pqEvent is the core's ProcessMessage on lib/pq with an event time,
+	// pqLeased the same WithHorizonLease, pqHandwritten the guide's
+	// hand-written claim and effect on lib/pq.
+	pqEvent, pqLeased, pqHandwritten func(context.Context) error
+	// httpBare is the loyalty handler in a pgx transaction of its own,
+	// httpWith the same under pgxhttp with a new key, httpReplay a key
+	// already answered; each a request served in process.
+	httpBare, httpWith, httpReplay func(context.Context) error
+	pq                             *sql.DB
 }
 
 func (e *pgxEnv) close() {
 	e.pool.Close()
 	_ = e.db.Close()
+	if e.pq != nil {
+		_ = e.pq.Close()
+	}
 }
 
 // newPgxEnv opens a pgx pool and a database/sql pool (pgx stdlib) of
@@ -276,6 +304,12 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 		})
 		return err
 	}
+	if err := addLeaseOps(ctx, e, dsn, table, workers, claimSQL, upd, ins, next); err != nil {
+		return fail(err)
+	}
+	if err := addHTTPOps(ctx, e, table, upd, ins, next); err != nil {
+		return fail(err)
+	}
 	noop := func(context.Context, pgx.Tx) error { return nil }
 	if _, err := m.ProcessMessage(ctx, idempotent.Message{Key: "dup"}, noop); err != nil {
 		return fail(err)
@@ -375,7 +409,8 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 	}
 	defer e.close()
 	// Warm every connection's statement cache.
-	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen, e.queued, e.coQueued, e.batch} {
+	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen, e.queued, e.coQueued, e.batch,
+		e.pqEvent, e.pqLeased, e.pqHandwritten, e.httpBare, e.httpWith, e.httpReplay} {
 		if _, err := pgxAlone(ctx, o.workers, o.warmup, f); err != nil {
 			return nil, fmt.Errorf("-pgx: warm-up: %w", err)
 		}
@@ -418,10 +453,12 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 			}
 		}
 		fmt.Fprintf(log, "pgx round %d/%d  %s  process alone %.0f msgs/s; process %.3f× hand-written, pgx dup %.3f× sql dup, seen %.1f× pgx dup; "+
-			"queued %.3f× process, coalesced queued %.3f× process and %.3f× batches\n",
+			"queued %.3f× process, coalesced queued %.3f× process and %.3f× batches; lib/pq event time %.3f×, leased %.3f× hand-written; "+
+			"pgxhttp bare/with %.3f, replay %.2f× first\n",
 			r+1, o.rounds, st.label(), last(st.alone["process"]), last(st.ratios["process-vs-handwritten"]),
 			last(st.ratios["dup-vs-sql"]), last(st.ratios["seen-vs-dup"]),
-			last(st.ratios["queued-vs-process"]), last(st.ratios["coqueued-vs-process"]), last(st.ratios["coqueued-vs-batch"]))
+			last(st.ratios["queued-vs-process"]), last(st.ratios["coqueued-vs-process"]), last(st.ratios["coqueued-vs-batch"]),
+			last(st.ratios["event-vs-handwritten"]), last(st.ratios["leased-vs-handwritten"]), last(st.ratios["http-vs-bare"]), last(st.ratios["replay-vs-first"]))
 	}
 	return st, nil
 }
