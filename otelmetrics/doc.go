@@ -62,6 +62,18 @@
 // batch's start and ended with it; their retries are events on the span in
 // the caller's context, if one is recording.
 //
+// # Coalesced groups
+//
+// Under idempotent.WithCoalescing (and an adapter's coalesced deliveries,
+// such as the Kafka consumer's), each transaction of a group is one more
+// span (the Observer is an idempotent.GroupStarter): kind consumer, named
+// "<consumer> process", a root of its own, with idempotent.coalesced true,
+// messaging.batch.message_count the members it runs, and one link per
+// member, with the member's idempotent.key, to the span of the member's
+// context — its delivery span, whose parent is the producer's span carried
+// in the message. A transaction that does not commit (retried, or run
+// again without a member that failed on its own) ends with status Error.
+//
 // # Continuing a producer's trace
 //
 // A producer that injects its trace context into the message's headers
