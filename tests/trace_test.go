@@ -60,6 +60,12 @@ func newTraceRig(t *testing.T, mwOpts ...idempotent.Option) *traceRig {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return newTraceRigOn(t, exp, tp, mwOpts...)
+}
+
+// newTraceRigOn is newTraceRig recording with tp to exp.
+func newTraceRigOn(t *testing.T, exp *tracetest.InMemoryExporter, tp trace.TracerProvider, mwOpts ...idempotent.Option) *traceRig {
+	t.Helper()
 	tr, err := oteltrace.New(tp)
 	if err != nil {
 		t.Fatal(err)
