@@ -18,6 +18,15 @@
 // The duplicate share of idempotent.outcomes is the real redelivery rate of a
 // broker and consumer.
 //
+// [NewGauges] adds observable gauges of the state around the deliveries,
+// read at each collection from the sources given: the outbox's backlog and
+// the age of its oldest pending row ([Outbox]), parked messages
+// ([Parking]), dead letters ([DeadLetters]), the retention horizon's age
+// ([Horizon]) and a consumer's lag as its transport counts it
+// ([ConsumerLag], fed by kafka.Consumer.Lag, redisstream.Lag or nats.Lag;
+// the broker clients stay in the adapters' modules). See [Gauges] for the
+// instruments and their attributes.
+//
 // # Traces
 //
 // With [WithTracerProvider], each call of ProcessMessage, ProcessNatural or
