@@ -2,14 +2,12 @@ package tests
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -19,7 +17,6 @@ import (
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/internal/golden"
 	"github.com/txclaim/idempotent/otelmetrics"
-	"github.com/txclaim/idempotent/rabbitmq"
 )
 
 // observabilityDoc is the page whose trace picture
@@ -43,7 +40,6 @@ var shownAttrs = []string{
 // docs/observability.md shows that trace as the test renders it (go test
 // -run TestObservabilityDocShowsARealTrace -update rewrites the picture).
 func TestObservabilityDocShowsARealTrace(t *testing.T) {
-	url := amqpURL(t)
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -52,21 +48,8 @@ func TestObservabilityDocShowsARealTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newTraceRigOn(t, exp, tp, idempotent.WithObserver(obs))
-	top := declareTopology(t, url)
-	c, err := rabbitmq.NewConsumer(r.mw, func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
-		return r.effect(ctx, tx, d.MessageId)
-	}, rabbitmq.WithTracer(r.tr), rabbitmq.WithObserver(r.observer()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := openChannel(t, dialTest(t, url))
-	runUntilCleanup(t, "consumer", func(ctx context.Context) error { return c.Run(ctx, ch, top.queue) })
-	_, req := only(t, r.produce(t, 1))
-	r.relay(t, twice(amqpSender(t, url, top.queue)))
-	if a, d := r.settled(t, 2); a != 1 || d != 1 {
-		t.Fatalf("%d applied, %d duplicates; want 1 and 1", a, d)
-	}
-	got := renderTrace(t, exp.GetSpans(), req, strings.NewReplacer(top.queue, "orders"))
+	_, req, queue := r.throughRabbitMQ(t)
+	got := renderTrace(t, exp.GetSpans(), req, strings.NewReplacer(queue, "orders"))
 	compareDocBlock(t, observabilityDoc, traceMarker, got)
 }
 
