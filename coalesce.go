@@ -181,6 +181,7 @@ func (c *coalescer) runGroup(members []*member) {
 			var exhausted *RetriesExhaustedError
 			return errors.As(err, &exhausted)
 		},
+		Start: groupStart(m.observer, m.consumer),
 	}
 	d.Run(members, m.ret.part != nil)
 }

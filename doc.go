@@ -388,7 +388,10 @@
 // the first attempt of each delivery, and the context it returns is the one
 // the attempts, the handler and the Observer's calls get: package
 // otelmetrics records OpenTelemetry metrics and, with that hook, one span per
-// delivery under which the handler's own spans nest.
+// delivery under which the handler's own spans nest. One that implements
+// [GroupStarter] is also called before each transaction of a coalesced
+// group ([WithCoalescing]), with the group's members: otelmetrics records
+// one span per such transaction, linked to each member's delivery.
 //
 // # Bad input
 //

@@ -40,6 +40,10 @@ type statements struct {
 	// (comma-separated) and whose kind is among $2 (comma-separated), and
 	// returns their ids.
 	remove string
+	// counts returns how many dead letters of kinds $1 (comma-separated)
+	// there are, by consumer, kind and source topic or stream ("" when the
+	// payload names none).
+	counts string
 	// history returns the audit rows of dead letter $1, oldest first: id,
 	// action, actor, at, replay kind, replay key, reason.
 	history string
@@ -97,6 +101,9 @@ RETURNING id, at`, a),
 		remove: fmt.Sprintf(`DELETE FROM %s
 WHERE id = ANY(string_to_array($1::text, ',')::bigint[]) AND kind = ANY(string_to_array($2::text, ','))
 RETURNING id`, o),
+		counts: fmt.Sprintf(`SELECT consumer, kind, COALESCE(payload->>'source_topic', payload->>'source_stream', ''), count(*)
+FROM %s WHERE kind = ANY(string_to_array($1::text, ','))
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, o),
 		history: fmt.Sprintf(`SELECT id, action, actor, at, COALESCE(replay_kind, ''), COALESCE(replay_key, ''), COALESCE(reason, '')
 FROM %s WHERE dead_letter_id = $1 ORDER BY id`, a),
 	}

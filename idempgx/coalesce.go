@@ -116,6 +116,7 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 			var exhausted *idempotent.RetriesExhaustedError
 			return errors.As(err, &exhausted)
 		},
+		Start: groupStart(m.observer, m.consumer),
 	}
 	co.g = coalesce.Coalescer[pgx.Tx, idempotent.Outcome]{Max: c.Max, Wait: c.Wait, Run: func(members []*member) { co.d.Run(members, m.partitioned) }}
 	return co
@@ -401,4 +402,28 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 		}
 	}
 	return &own{err: err}, dialect.Class{}, nil
+}
+
+// groupStart is what a group calls before each of its transactions: the
+// observer's StartGroup when it is an idempotent.GroupStarter, as the
+// core's groups call it; nil otherwise.
+func groupStart(o idempotent.Observer, consumer string) func(context.Context, []*member) (context.Context, func(error)) {
+	s, ok := o.(idempotent.GroupStarter)
+	if !ok {
+		return nil
+	}
+	return func(ctx context.Context, live []*member) (context.Context, func(error)) {
+		g := idempotent.Group{Consumer: consumer, Members: make([]idempotent.GroupMember, len(live))}
+		for i, mb := range live {
+			g.Members[i] = idempotent.GroupMember{Key: mb.Key, Ctx: mb.Ctx}
+		}
+		sctx, end := s.StartGroup(ctx, g)
+		if sctx == nil {
+			sctx = ctx
+		}
+		if end == nil {
+			end = func(error) {}
+		}
+		return sctx, end
+	}
 }

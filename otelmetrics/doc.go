@@ -18,6 +18,15 @@
 // The duplicate share of idempotent.outcomes is the real redelivery rate of a
 // broker and consumer.
 //
+// [NewGauges] adds observable gauges of the state around the deliveries,
+// read at each collection from the sources given: the outbox's backlog and
+// the age of its oldest pending row ([Outbox]), parked messages
+// ([Parking]), dead letters ([DeadLetters]), the retention horizon's age
+// ([Horizon]) and a consumer's lag as its transport counts it
+// ([ConsumerLag], fed by kafka.Consumer.Lag, redisstream.Lag or nats.Lag;
+// the broker clients stay in the adapters' modules). See [Gauges] for the
+// instruments and their attributes.
+//
 // # Traces
 //
 // With [WithTracerProvider], each call of ProcessMessage, ProcessNatural or
@@ -61,6 +70,18 @@
 // report one span per message, started at the
 // batch's start and ended with it; their retries are events on the span in
 // the caller's context, if one is recording.
+//
+// # Coalesced groups
+//
+// Under idempotent.WithCoalescing (and an adapter's coalesced deliveries,
+// such as the Kafka consumer's), each transaction of a group is one more
+// span (the Observer is an idempotent.GroupStarter): kind consumer, named
+// "<consumer> process", a root of its own, with idempotent.coalesced true,
+// messaging.batch.message_count the members it runs, and one link per
+// member, with the member's idempotent.key, to the span of the member's
+// context — its delivery span, whose parent is the producer's span carried
+// in the message. A transaction that does not commit (retried, or run
+// again without a member that failed on its own) ends with status Error.
 //
 // # Continuing a producer's trace
 //

@@ -60,6 +60,12 @@ func newTraceRig(t *testing.T, mwOpts ...idempotent.Option) *traceRig {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return newTraceRigOn(t, exp, tp, mwOpts...)
+}
+
+// newTraceRigOn is newTraceRig recording with tp to exp.
+func newTraceRigOn(t *testing.T, exp *tracetest.InMemoryExporter, tp trace.TracerProvider, mwOpts ...idempotent.Option) *traceRig {
+	t.Helper()
 	tr, err := oteltrace.New(tp)
 	if err != nil {
 		t.Fatal(err)
@@ -248,8 +254,18 @@ func amqpSender(t *testing.T, url, queue string) outbox.SenderFunc {
 
 func TestTraceThroughRabbitMQ(t *testing.T) {
 	t.Parallel()
-	url := amqpURL(t)
 	r := newTraceRig(t)
+	key, req, queue := r.throughRabbitMQ(t)
+	r.wantChain(t, req, key, "rabbitmq", queue)
+}
+
+// throughRabbitMQ produces one row, relays it twice to a queue of the
+// test's own and has a RabbitMQ consumer with r's tracer apply it; it
+// returns the row's key, its request's span context and the queue once
+// both deliveries are settled (one applied, one duplicate).
+func (r *traceRig) throughRabbitMQ(t *testing.T) (key string, req trace.SpanContext, queue string) {
+	t.Helper()
+	url := amqpURL(t)
 	top := declareTopology(t, url)
 	c, err := rabbitmq.NewConsumer(r.mw, func(ctx context.Context, tx *sql.Tx, d *amqp.Delivery) error {
 		return r.effect(ctx, tx, d.MessageId)
@@ -259,12 +275,12 @@ func TestTraceThroughRabbitMQ(t *testing.T) {
 	}
 	ch := openChannel(t, dialTest(t, url))
 	runUntilCleanup(t, "consumer", func(ctx context.Context) error { return c.Run(ctx, ch, top.queue) })
-	key, req := only(t, r.produce(t, 1))
+	key, req = only(t, r.produce(t, 1))
 	r.relay(t, twice(amqpSender(t, url, top.queue)))
 	if a, d := r.settled(t, 2); a != 1 || d != 1 {
 		t.Fatalf("%d applied, %d duplicates; want 1 and 1", a, d)
 	}
-	r.wantChain(t, req, key, "rabbitmq", top.queue)
+	return key, req, top.queue
 }
 
 // TestTraceOfARabbitMQBatch sends 50 rows, each enqueued in a request of

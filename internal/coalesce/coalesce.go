@@ -402,6 +402,12 @@ type Driver[T, O any] struct {
 	// Exhausted reports whether err is the retry policy giving up
 	// (idempotent.RetriesExhaustedError).
 	Exhausted func(err error) bool
+	// Start, when set, is called before each transaction of the group
+	// with ctx and the members it runs, in key order: it returns the
+	// context the transaction runs with (a tracer's span of the
+	// transaction) and end, called once with how the transaction ended:
+	// nil when it committed, else the error Once returned.
+	Start func(ctx context.Context, live []*Member[T, O]) (context.Context, func(error))
 }
 
 // Run runs a closed group of members to the end: every member gets its
@@ -423,7 +429,12 @@ func (d *Driver[T, O]) Run(members []*Member[T, O], partitioned bool) {
 				return dialect.Class{}, nil
 			}
 			var p Pass[T, O]
-			class, err := d.Once(ctx, live, &p)
+			tctx, end := ctx, func(error) {}
+			if d.Start != nil {
+				tctx, end = d.Start(ctx, live)
+			}
+			class, err := d.Once(tctx, live, &p)
+			end(err)
 			for i, mb := range p.failed {
 				mb.Finish(p.failures[i])
 			}
