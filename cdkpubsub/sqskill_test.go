@@ -220,7 +220,8 @@ func (p *consumerProc) exited() bool {
 // then refuses the first delivery's delete (ReceiptHandleIsInvalid), and
 // awssnssqs makes a failed batch of deletes the Subscription's error,
 // which ends Run. Such a process is restarted, as a supervisor would, and
-// counted; its late delete loses nothing, the message being gone. The default is 300 orders; set
+// counted; its late delete loses nothing, the message being gone. The
+// default is 150 orders; set
 // IDEMPOTENT_SQS_KILL_ORDERS=3000 for the full audit.
 func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 	if testing.Short() {
