@@ -22,7 +22,6 @@ import (
 // filled before the consumer starts.
 func BenchmarkSQSPerMessageVsBatch(b *testing.B) {
 	const n = 1000
-	client := newSQSClient(b, nil)
 	var perMsg, batched time.Duration
 	total := 0
 	for b.Loop() {
