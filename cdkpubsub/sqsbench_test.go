@@ -11,7 +11,6 @@ import (
 
 	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/cdkpubsub"
-	"github.com/txclaim/idempotent/internal/testenv"
 )
 
 // BenchmarkSQSPerMessageVsBatch measures, side by side in one run, how
@@ -21,32 +20,7 @@ import (
 // each with 4 workers, on a queue and ledger of its own; the queue is
 // filled before the consumer starts.
 func BenchmarkSQSPerMessageVsBatch(b *testing.B) {
-	const n = 1000
-	var perMsg, batched time.Duration
-	total := 0
-	for b.Loop() {
-		orders := testenv.MakeOrders(n)
-		one, many := newLedger(b), newLedger(b)
-		c1, err := cdkpubsub.NewConsumer(one.mw, one.handler(), cdkpubsub.WithWorkers(4))
-		if err != nil {
-			b.Fatal(err)
-		}
-		c2, err := cdkpubsub.NewBatchConsumer(many.mw, many.batchHandler(), cdkpubsub.WithWorkers(4), cdkpubsub.WithBatchSize(100))
-		if err != nil {
-			b.Fatal(err)
-		}
-		perMsg += consumeAllSQS(b, c1, orders)
-		batched += consumeAllSQS(b, c2, orders)
-		testenv.AuditOrders(b, one.db, one.schema, orders)
-		testenv.AuditOrders(b, many.db, many.schema, orders)
-		total += n
-	}
-	pm := float64(total) / perMsg.Seconds()
-	bm := float64(total) / batched.Seconds()
-	b.ReportMetric(pm, "per-message-msgs/s")
-	b.ReportMetric(bm, "batch-msgs/s")
-	b.ReportMetric(bm/pm, "batch/per-message")
-	b.Logf("%d messages each: per-message %.0f msgs/s, batch of 100 %.0f msgs/s, ratio %.2f", total, pm, bm, bm/pm)
+	perMessageVsBatch(b, 1000, consumeAllSQS)
 }
 
 // consumeAllSQS sends orders to a new queue (visibility timeout 60s) and
