@@ -26,7 +26,8 @@ func parseSQSFlags(o options, dsn, endpoint string) (options, error) {
 	}
 	u, err := url.Parse(endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-		return o, fmt.Errorf("-sqs %q: want an http:// or https:// endpoint, such as %s", endpoint, defaultSQS)
+		// The value is not quoted: it may hold a password.
+		return o, fmt.Errorf("-sqs: want an http:// or https:// endpoint with a host and no user or password, such as %s", defaultSQS)
 	}
 	o.sqsEndpoint = endpoint
 	o.brokerDesc = "Amazon SQS API (" + endpoint + ", gocloud.dev/pubsub's awssnssqs, a standard queue, visibility timeout 2s)"

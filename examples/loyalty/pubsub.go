@@ -71,7 +71,7 @@ type pubsubTopic struct {
 	desc    string
 	topic   *pubsub.Topic
 	sub     *pubsub.Subscription
-	ackLost bool   // close acks the lost deliveries (mempubsub; an SQS receipt handle is stale by then)
+	ackLost bool   // close acks the lost deliveries (mempubsub), else nacks them (SQS: their receipt handles are stale by then, which a nack, unlike a delete, ignores)
 	cleanup func() // nil, or what close does last (sqs.go: delete the queue)
 
 	sending sync.WaitGroup
@@ -220,15 +220,17 @@ func (t *pubsubTopic) lose(ms []*pubsub.Message) {
 }
 
 // close shuts the topic down. The lost deliveries were all delivered
-// again and acked by then; acking them once more does nothing but keep the
-// Go CDK from logging them as never acked.
+// again and acked by then; settling them once more does nothing but keep
+// the Go CDK from logging them as never acked.
 func (t *pubsubTopic) close() error {
 	close(t.done)
 	t.sending.Wait()
 	t.mu.Lock()
-	if t.ackLost {
-		for _, m := range t.lost {
+	for _, m := range t.lost {
+		if t.ackLost {
 			m.Ack()
+		} else {
+			m.Nack()
 		}
 	}
 	t.lost = nil
