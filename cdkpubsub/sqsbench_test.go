@@ -20,7 +20,7 @@ import (
 // each with 4 workers, on a queue and ledger of its own; the queue is
 // filled before the consumer starts.
 func BenchmarkSQSPerMessageVsBatch(b *testing.B) {
-	perMessageVsBatch(b, 1000, consumeAllSQS)
+	perMessageVsBatch(b, 200, consumeAllSQS)
 }
 
 // consumeAllSQS sends orders to a new queue (visibility timeout 60s) and
