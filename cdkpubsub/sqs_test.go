@@ -109,10 +109,15 @@ func startMoto() (string, error) {
 // credentials; rt, when not nil, sees every HTTP exchange.
 func newSQSClient(t testing.TB, rt http.RoundTripper) *sqs.Client {
 	t.Helper()
-	ep := sqsURL(t)
+	return sqsClientAt(sqsURL(t), rt)
+}
+
+// sqsClientAt returns an SQS client of the API server at endpoint, with
+// dummy credentials; rt, when not nil, sees every HTTP exchange.
+func sqsClientAt(endpoint string, rt http.RoundTripper) *sqs.Client {
 	cfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")}
 	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
-		o.BaseEndpoint = aws.String(ep)
+		o.BaseEndpoint = aws.String(endpoint)
 		if rt != nil {
 			o.HTTPClient = &http.Client{Transport: rt}
 		}

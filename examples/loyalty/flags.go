@@ -38,15 +38,17 @@ const pubsubDesc = "Go CDK pub/sub (gocloud.dev/pubsub, in-process mempubsub, ac
 
 func parseFlags(args []string, stdout io.Writer) (options, error) {
 	var o options
-	var dsn, brokerKind, kafkaAddrs, natsURL, redisURL string
+	var dsn, brokerKind, kafkaAddrs, natsURL, redisURL, sqsEndpoint, mqttAddr string
 	fs := flag.NewFlagSet("loyalty", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&dsn, "db", "", "database: a postgres:// URL, a MySQL DSN (user@tcp(host:3306)/db) or sqlite:PATH (default: embedded SQLite in a temporary directory;\nwith -broker kafka, which stores offsets in Postgres: $IDEMPOTENT_POSTGRES_DSN or "+defaultPostgres+")")
-	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats), redis (the Redis of -redis) or pubsub (the Go CDK's in-process mempubsub)")
+	fs.StringVar(&brokerKind, "broker", "rabbitmq", "rabbitmq (the in-process broker, or -amqp), kafka (an in-process Kafka-protocol cluster, or -kafka; needs Postgres),\nnats (the NATS JetStream server of -nats), redis (the Redis of -redis), pubsub (the Go CDK's in-process mempubsub),\nsqs (the Go CDK on the SQS API server of -sqs) or mqtt (the MQTT 5 broker of -mqtt)")
 	fs.StringVar(&o.amqpURL, "amqp", "", "RabbitMQ URL, such as amqp://guest:guest@127.0.0.1:5672/ (default: an in-process broker)")
 	fs.StringVar(&kafkaAddrs, "kafka", "", "with -broker kafka: seed brokers host:port,... of a real Kafka cluster (default: an in-process Kafka-protocol cluster, franz-go's kfake)")
 	fs.StringVar(&natsURL, "nats", "", "with -broker nats: the NATS server's URL, with JetStream enabled (default "+defaultNATS+")")
 	fs.StringVar(&redisURL, "redis", "", "with -broker redis: the Redis server's URL (default "+defaultRedis+")")
+	fs.StringVar(&sqsEndpoint, "sqs", "", "with -broker sqs: the SQS API endpoint (default "+defaultSQS+")")
+	fs.StringVar(&mqttAddr, "mqtt", "", "with -broker mqtt: the MQTT 5 broker's host:port (default "+defaultMQTT+")")
 	fs.BoolVar(&o.http, "http", false, "the HTTP mode: an HTTP API credits the orders, behind a proxy that cuts connections, for clients that time out and retry\nwith the same Idempotency-Key (no broker; -db as for -broker rabbitmq)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
@@ -79,6 +81,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	// Each broker's own flags need that broker.
 	for _, bf := range []struct{ flag, value, broker string }{
 		{"kafka", kafkaAddrs, "kafka"}, {"nats", natsURL, "nats"}, {"redis", redisURL, "redis"}, {"amqp", o.amqpURL, "rabbitmq"},
+		{"sqs", sqsEndpoint, "sqs"}, {"mqtt", mqttAddr, "mqtt"},
 	} {
 		if bf.value != "" && brokerKind != bf.broker {
 			return o, fmt.Errorf("-%s needs -broker %s", bf.flag, bf.broker)
@@ -95,8 +98,12 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		return parseRedisFlags(o, dsn, redisURL)
 	case "pubsub":
 		return parsePubsubFlags(o, dsn)
+	case "sqs":
+		return parseSQSFlags(o, dsn, sqsEndpoint)
+	case "mqtt":
+		return parseMQTTFlags(o, dsn, mqttAddr)
 	default:
-		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats, redis or pubsub", brokerKind)
+		return o, fmt.Errorf("-broker %q: want rabbitmq, kafka, nats, redis, pubsub, sqs or mqtt", brokerKind)
 	}
 	o.broker = "memory"
 	if o.db, err = parseDB(dsn); err != nil {
@@ -243,7 +250,7 @@ func parsePubsubFlags(o options, dsn string) (options, error) {
 func parseHTTPFlags(fs *flag.FlagSet, o options, dsn string) (options, error) {
 	var err error
 	fs.Visit(func(f *flag.Flag) {
-		if err == nil && (f.Name == "broker" || f.Name == "amqp" || f.Name == "kafka" || f.Name == "nats" || f.Name == "redis") {
+		if err == nil && (f.Name == "broker" || f.Name == "amqp" || f.Name == "kafka" || f.Name == "nats" || f.Name == "redis" || f.Name == "sqs" || f.Name == "mqtt") {
 			err = fmt.Errorf("-%s is a broker's flag, and -http runs no broker", f.Name)
 		}
 	})

@@ -113,10 +113,12 @@ func main() {
 type options struct {
 	db                 target
 	amqpURL            string
-	broker             string   // "memory", "rabbitmq", "kafka", "nats", "redis" or "pubsub"
+	broker             string   // "memory", "rabbitmq", "kafka", "nats", "redis", "pubsub", "sqs" or "mqtt"
 	kafkaBrokers       []string // -kafka; nil for the in-process cluster
 	natsURL            string   // -nats, or defaultNATS
 	redisURL           string   // -redis, or defaultRedis
+	sqsEndpoint        string   // -sqs, or defaultSQS
+	mqttAddr           string   // -mqtt, or defaultMQTT
 	http               bool     // -http: the HTTP API instead of a broker
 	brokerDesc         string
 	orders             int

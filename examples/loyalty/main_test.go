@@ -229,7 +229,7 @@ func TestBadFlagsAndServersFailInOneLine(t *testing.T) {
 		{"not AMQP", []string{"-amqp", "http://127.0.0.1:5672/"}, 2, "-amqp"},
 		{"no database server", []string{"-db", "postgres://u:secret@127.0.0.1:1/x?sslmode=disable"}, 1, "does not answer"},
 		{"no broker", []string{"-amqp", "amqp://guest:secret@127.0.0.1:1/"}, 1, "does not answer"},
-		{"unknown broker", []string{"-broker", "pulsar"}, 2, `-broker "pulsar": want rabbitmq, kafka, nats, redis or pubsub`},
+		{"unknown broker", []string{"-broker", "pulsar"}, 2, `-broker "pulsar": want rabbitmq, kafka, nats, redis, pubsub, sqs or mqtt`},
 		{"-kafka without -broker kafka", []string{"-kafka", "127.0.0.1:9092"}, 2, "-kafka needs -broker kafka"},
 		{"-amqp with -broker kafka", []string{"-broker", "kafka", "-amqp", "amqp://127.0.0.1/"}, 2, "-amqp needs -broker rabbitmq"},
 		{"not host:port", []string{"-broker", "kafka", "-kafka", "127.0.0.1"}, 2, `"127.0.0.1" is not host:port`},

@@ -24,6 +24,7 @@ import (
 // the -broker, mode or database kind it provides.
 var partTags = map[string]string{
 	"kafka": "loyalty_kafka", "nats": "loyalty_nats", "redis": "loyalty_redis", "pubsub": "loyalty_pubsub",
+	"sqs": "loyalty_sqs", "mqtt": "loyalty_mqtt",
 	"http": "loyalty_http", "postgres": "loyalty_postgres", "mysql": "loyalty_mysql",
 }
 
@@ -31,7 +32,8 @@ var partTags = map[string]string{
 // build.
 var partNames = map[string]string{
 	"kafka": "Kafka's client (franz-go, kfake)", "nats": "the NATS client", "redis": "the Redis client (go-redis)",
-	"pubsub": "the Go CDK's pub/sub", "http": "the HTTP middleware (idemhttp)",
+	"pubsub": "the Go CDK's pub/sub", "sqs": "the Go CDK's pub/sub with its SQS driver (AWS SDK v2)",
+	"mqtt": "the MQTT 5 client (paho.golang)", "http": "the HTTP middleware (idemhttp)",
 	"postgres": "the Postgres driver (lib/pq)", "mysql": "the MySQL driver (go-sql-driver/mysql)",
 }
 

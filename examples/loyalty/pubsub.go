@@ -1,4 +1,4 @@
-//go:build loyalty_pubsub
+//go:build loyalty_pubsub || loyalty_sqs
 
 package main
 
@@ -52,17 +52,27 @@ var oneAtATime = batcher.Options{MaxBatchSize: 1, MaxHandlers: 1}
 // loyalty service's: every consumer process receives from it, as the
 // processes of a service share their Pub/Sub subscription or SQS queue.
 func newPubsubTopic() *pubsubTopic {
-	t := &pubsubTopic{topic: mempubsub.NewTopic(), acked: map[int64]bool{}, received: map[int64]bool{},
-		took: make(chan struct{}, 1), done: make(chan struct{})}
-	t.sub = mempubsub.NewSubscriptionWithOptions(t.topic, pubsubAckDeadline,
-		&mempubsub.SubscriptionOptions{ReceiveBatcherOptions: oneAtATime})
+	topic := mempubsub.NewTopic()
+	t := newServiceTopic(pubsubDesc, topic, mempubsub.NewSubscriptionWithOptions(topic, pubsubAckDeadline,
+		&mempubsub.SubscriptionOptions{ReceiveBatcherOptions: oneAtATime}))
+	t.ackLost = true
 	return t
+}
+
+// newServiceTopic is a run's topic on a service's topic and the loyalty
+// service's subscription of it (sqs.go's is an SQS queue).
+func newServiceTopic(desc string, topic *pubsub.Topic, sub *pubsub.Subscription) *pubsubTopic {
+	return &pubsubTopic{desc: desc, topic: topic, sub: sub, acked: map[int64]bool{}, received: map[int64]bool{},
+		took: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // pubsubTopic is one run's topic and subscription; it implements broker.
 type pubsubTopic struct {
-	topic *pubsub.Topic
-	sub   *pubsub.Subscription
+	desc    string
+	topic   *pubsub.Topic
+	sub     *pubsub.Subscription
+	ackLost bool   // close acks the lost deliveries (mempubsub), else nacks them (SQS: their receipt handles are stale by then, which a nack, unlike a delete, ignores)
+	cleanup func() // nil, or what close does last (sqs.go: delete the queue)
 
 	sending sync.WaitGroup
 	done    chan struct{} // closed by close: publishing stops
@@ -81,7 +91,7 @@ type pubsubTopic struct {
 // before it sends more.
 const pubsubBacklog = 8
 
-func (t *pubsubTopic) describe() string  { return pubsubDesc }
+func (t *pubsubTopic) describe() string  { return t.desc }
 func (t *pubsubTopic) queueName() string { return "loyalty" }
 
 // publish sends msgs with the message id in the idempotency-key metadata
@@ -210,20 +220,28 @@ func (t *pubsubTopic) lose(ms []*pubsub.Message) {
 }
 
 // close shuts the topic down. The lost deliveries were all delivered
-// again and acked by then; acking them once more does nothing but keep the
-// Go CDK from logging them as never acked.
+// again and acked by then; settling them once more does nothing but keep
+// the Go CDK from logging them as never acked.
 func (t *pubsubTopic) close() error {
 	close(t.done)
 	t.sending.Wait()
 	t.mu.Lock()
 	for _, m := range t.lost {
-		m.Ack()
+		if t.ackLost {
+			m.Ack()
+		} else {
+			m.Nack()
+		}
 	}
 	t.lost = nil
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return errors.Join(t.sub.Shutdown(ctx), t.topic.Shutdown(ctx))
+	err := errors.Join(t.sub.Shutdown(ctx), t.topic.Shutdown(ctx))
+	if t.cleanup != nil {
+		t.cleanup()
+	}
+	return err
 }
 
 // errPubsubCrashed is what a crashed process's client returns.
