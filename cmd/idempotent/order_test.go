@@ -66,7 +66,9 @@ func checkOrderCLI(t *testing.T, dsn, table string, db *sql.DB, d dialect.Dialec
 	obs := &gapObserver{}
 	mw, err := idempotent.New(db, d, "ledger", idempotent.WithTable(table), idempotent.WithClock(clock.Now), idempotent.WithObserver(obs),
 		idempotent.WithOrdering(idempotent.Ordering{
-			Release:    func(ctx context.Context, tx *sql.Tx, p idempotent.ParkedMessage) error { return apply(ctx, tx, p.OrderSeq) },
+			Release: func(ctx context.Context, tx *sql.Tx, p idempotent.ParkedMessage) error {
+				return apply(ctx, tx, p.OrderSeq)
+			},
 			GapTimeout: time.Hour,
 		}))
 	if err != nil {
