@@ -86,6 +86,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		md[adapter.EventTimeHeader] = adapter.FormatEventTime(at)
 	}
 	maps.Copy(md, m.Trace)
+	if m.OrderKey != "" {
+		md[adapter.OrderKeyHeader] = m.OrderKey
+		md[adapter.OrderSeqHeader] = adapter.FormatOrderSeq(m.OrderSeq)
+	}
 	if err := s.topic.Send(ctx, &pubsub.Message{Body: m.Payload, Metadata: md}); err != nil {
 		return fmt.Errorf("cdkpubsub: publish outbox call %d (%s): %w", m.ID, m.Kind, err)
 	}

@@ -95,6 +95,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if at := m.StableEventTime(); !at.IsZero() {
 		props = append(props, paho.UserProperty{Key: adapter.EventTimeHeader, Value: adapter.FormatEventTime(at)})
 	}
+	if m.OrderKey != "" {
+		props = append(props, paho.UserProperty{Key: adapter.OrderKeyHeader, Value: m.OrderKey},
+			paho.UserProperty{Key: adapter.OrderSeqHeader, Value: adapter.FormatOrderSeq(m.OrderSeq)})
+	}
 	topic := s.topic(m)
 	resp, err := s.pub.Publish(ctx, &paho.Publish{Topic: topic, QoS: s.qos, Payload: m.Payload,
 		Properties: &paho.PublishProperties{User: props}})

@@ -88,6 +88,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	for k, v := range m.Trace {
 		msg.Header.Set(k, v)
 	}
+	if m.OrderKey != "" {
+		msg.Header.Set(adapter.OrderKeyHeader, m.OrderKey)
+		msg.Header.Set(adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
+	}
 	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {
 		// No stream answering is retried too: in a cluster electing a

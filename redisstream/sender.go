@@ -58,6 +58,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
 		vals = append(vals, k, m.Trace[k])
 	}
+	if m.OrderKey != "" {
+		vals = append(vals, adapter.OrderKeyHeader, m.OrderKey, adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
+	}
 	vals = append(vals, PayloadField, string(m.Payload))
 	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: vals}).Err(); err != nil {
 		return fmt.Errorf("redisstream: add outbox call %d to %q: %w", m.ID, stream, err)

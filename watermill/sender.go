@@ -61,6 +61,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	for k, v := range m.Trace {
 		msg.Metadata.Set(k, v)
 	}
+	if m.OrderKey != "" {
+		msg.Metadata.Set(adapter.OrderKeyHeader, m.OrderKey)
+		msg.Metadata.Set(adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
+	}
 	msg.SetContext(ctx)
 	if err := s.pub.Publish(s.topic, msg); err != nil {
 		return fmt.Errorf("watermill: publish outbox row %d to %q: %w", m.ID, s.topic, err)
