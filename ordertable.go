@@ -86,7 +86,8 @@ func (t *ClaimTable) SkipGap(ctx context.Context, consumer, orderKey string, seq
 		return nil
 	})
 	if err != nil {
-		return Skipped{}, fmt.Errorf("idempotent: consumer %q: %w", consumer, t.orderTableError(o, err))
+		// The errors of skip name the ordering key; this adds the consumer.
+		return Skipped{}, fmt.Errorf("%w (consumer %q)", t.orderTableError(o, err), consumer)
 	}
 	return res, nil
 }
