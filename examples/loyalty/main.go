@@ -118,6 +118,7 @@ type options struct {
 	natsURL            string   // -nats, or defaultNATS
 	redisURL           string   // -redis, or defaultRedis
 	http               bool     // -http: the HTTP API instead of a broker
+	ordered            bool     // -ordered: the ledger applied in order (ordered.go)
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -159,6 +160,15 @@ func oneLine(err error) string {
 
 // demo runs the scenario twice, prints the audit and returns the results.
 func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
+	if o.ordered {
+		st, err := openStore(ctx, o.db, o.consumers*o.workers+2)
+		if err != nil {
+			return nil, err
+		}
+		defer st.cleanup()
+		_, err = orderedDemo(ctx, o, st, out)
+		return nil, err
+	}
 	var bs brokerSetup
 	if !o.http {
 		// Check the broker before anything else runs.
