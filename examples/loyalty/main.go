@@ -88,6 +88,14 @@
 //
 //	go run ./examples/loyalty -http
 //
+// -ordered tells the story of ordered per key (docs/ordering.md): a ledger
+// whose balances never go below zero when each account's events apply in
+// order, delivered at least once and in any order to several workers; the
+// naive consumer's audit shows effects applied out of order and balances
+// below zero, WithOrdering's none (ordered.go):
+//
+//	go run ./examples/loyalty -ordered
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
