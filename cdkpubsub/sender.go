@@ -32,6 +32,10 @@ import (
 // "MessageGroupId" metadata keys) to save the consumer some duplicates, never
 // instead of the claim — a relay retry after a longer backoff or an expired
 // lease comes later than that.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	topic *pubsub.Topic
 	extra func(m outbox.Message) map[string]string

@@ -29,6 +29,10 @@ type Publisher interface {
 // row's CreatedAt: the same on every publish of the row. QoS 2 keeps the
 // broker from storing a retried PUBLISH twice only within one session; the
 // consumer's claim is what drops the repeats.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	pub   Publisher
 	topic func(m outbox.Message) string

@@ -30,6 +30,10 @@ import (
 // relay sends it. A call enqueued without one carries its row's
 // CreatedAt, when the enqueueing transaction began, which is as stable:
 // the same on every send of the row.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	rdb    redis.UniversalClient
 	stream func(m outbox.Message) string
