@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
@@ -225,4 +226,31 @@ func ExampleGuardConnector() {
 	// Output:
 	// true
 	// statements as scripted: true
+}
+
+// An operator's tool lists the entities whose messages wait for a missing
+// predecessor and skips one gap; the consumer's CheckGaps then applies
+// what became next (the idempotent CLI's "order gaps" and "order skip").
+func ExampleClaimTable_SkipGap() {
+	ctx := context.Background()
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	t, err := idempotent.NewClaimTable(db, postgres.New())
+	if err != nil {
+		log.Fatal(err)
+	}
+	waiting, err := t.Waiting(ctx, "ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, g := range waiting {
+		fmt.Printf("%s: %d applied, %d parked from %d since %s\n", g.OrderKey, g.LastSeq, g.Parked, g.NextParked, g.Since)
+	}
+	s, err := t.SkipGap(ctx, "ledger", "account:42", 5)
+	if err != nil {
+		log.Fatal(err) // nothing was changed
+	}
+	fmt.Printf("skipped %d..%d; %d parked messages are next\n", s.From, s.To, s.Next)
 }

@@ -501,28 +501,9 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		last, parkedMax, err := o.lock(ctx, tx, m.consumer, orderKey)
+		_, parkedMax, _, err := o.skip(ctx, tx, m.consumer, orderKey, seq, m.ret.clock())
 		if err != nil {
 			return err
-		}
-		switch {
-		case seq <= last:
-			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is not ahead of the last applied, %d", ErrInvalidOrder, orderKey, seq, last)
-		case seq-last > MaxSkip:
-			return fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", ErrInvalidOrder, orderKey, last+1, seq, MaxSkip)
-		}
-		first, err := o.firstParked(ctx, tx, m.consumer, orderKey)
-		if err != nil {
-			return err
-		}
-		if first != 0 && first <= seq {
-			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is parked, not missing; skip at most up to %d", ErrInvalidOrder, orderKey, first, first-1)
-		}
-		now := m.ret.clock().UnixMicro()
-		for s := last + 1; s <= seq; s++ {
-			if _, err := tx.ExecContext(ctx, o.skipSQL, m.consumer, orderKey, s, now); err != nil {
-				return fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
-			}
 		}
 		released, err = m.release(ctx, tx, st, orderKey, seq, parkedMax, false)
 		return err
@@ -534,13 +515,36 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 	return len(released), nil
 }
 
-// firstParked returns the lowest parked sequence of key, 0 when none.
-func (o *orderer) firstParked(ctx context.Context, tx *sql.Tx, consumer, key string) (int64, error) {
-	rows, err := o.parkedRows(ctx, tx, consumer, key)
-	if err != nil || len(rows) == 0 {
-		return 0, err
+// skip is SkipGap's check and tombstones, in tx: it locks key's sequence
+// row, refuses a skip SkipGap refuses, and marks every sequence after the
+// last applied up to seq as skipped. It leaves the row's last_seq to the
+// caller, and returns it as it was and the entity's parked messages.
+func (o *orderer) skip(ctx context.Context, tx *sql.Tx, consumer, orderKey string, seq int64, now time.Time) (last, parkedMax int64, parked []ParkedMessage, err error) {
+	last, parkedMax, err = o.lock(ctx, tx, consumer, orderKey)
+	if err != nil {
+		return 0, 0, nil, err
 	}
-	return rows[0].OrderSeq, nil
+	switch {
+	case seq <= last:
+		return 0, 0, nil, fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is not ahead of the last applied, %d", ErrInvalidOrder, orderKey, seq, last)
+	case seq-last > MaxSkip:
+		return 0, 0, nil, fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", ErrInvalidOrder, orderKey, last+1, seq, MaxSkip)
+	}
+	parked, err = o.parkedRows(ctx, tx, consumer, orderKey)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	if len(parked) > 0 && parked[0].OrderSeq <= seq {
+		first := parked[0].OrderSeq
+		return 0, 0, nil, fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is parked, not missing; skip at most up to %d", ErrInvalidOrder, orderKey, first, first-1)
+	}
+	at := now.UnixMicro()
+	for s := last + 1; s <= seq; s++ {
+		if _, err := tx.ExecContext(ctx, o.skipSQL, consumer, orderKey, s, at); err != nil {
+			return 0, 0, nil, fmt.Errorf("idempotent: SkipGap: ordering key %q, sequence %d: %w", orderKey, s, err)
+		}
+	}
+	return last, parkedMax, parked, nil
 }
 
 // parkedRows reads every parked message of key, in sequence order.
@@ -651,23 +655,28 @@ func (m *Middleware) Waiting(ctx context.Context) ([]Gap, error) {
 }
 
 func (m *Middleware) waiting(ctx context.Context) ([]Gap, error) {
-	rows, err := m.db.QueryContext(ctx, m.ord.waitingSQL, m.consumer)
+	return m.ord.waiting(ctx, m.db, m.consumer)
+}
+
+// waiting lists consumer's entities with parked messages.
+func (o *orderer) waiting(ctx context.Context, db *sql.DB, consumer string) ([]Gap, error) {
+	rows, err := db.QueryContext(ctx, o.waitingSQL, consumer)
 	if err != nil {
-		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", consumer, err)
 	}
 	defer rows.Close()
 	var out []Gap
 	for rows.Next() {
-		g := Gap{Consumer: m.consumer}
+		g := Gap{Consumer: consumer}
 		var since int64
 		if err := rows.Scan(&g.OrderKey, &g.LastSeq, &g.NextParked, &g.Parked, &since); err != nil {
-			return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+			return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", consumer, err)
 		}
 		g.Since = time.UnixMicro(since).UTC()
 		out = append(out, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", m.consumer, err)
+		return nil, fmt.Errorf("idempotent: consumer %q: read parking table: %w", consumer, err)
 	}
 	return out, nil
 }

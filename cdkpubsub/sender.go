@@ -32,6 +32,10 @@ import (
 // "MessageGroupId" metadata keys) to save the consumer some duplicates, never
 // instead of the claim — a relay retry after a longer backoff or an expired
 // lease comes later than that.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	topic *pubsub.Topic
 	extra func(m outbox.Message) map[string]string
@@ -86,6 +90,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 		md[adapter.EventTimeHeader] = adapter.FormatEventTime(at)
 	}
 	maps.Copy(md, m.Trace)
+	if m.OrderKey != "" {
+		md[adapter.OrderKeyHeader] = m.OrderKey
+		md[adapter.OrderSeqHeader] = adapter.FormatOrderSeq(m.OrderSeq)
+	}
 	if err := s.topic.Send(ctx, &pubsub.Message{Body: m.Payload, Metadata: md}); err != nil {
 		return fmt.Errorf("cdkpubsub: publish outbox call %d (%s): %w", m.ID, m.Kind, err)
 	}

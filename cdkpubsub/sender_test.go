@@ -112,3 +112,31 @@ func TestDeadLetterSenderReplacesTheEventTime(t *testing.T) {
 		}
 	}
 }
+
+// TestSenderCarriesTheOrder: a row enqueued with outbox.WithOrder is sent
+// with its ordering key and sequence in adapter.OrderKeyHeader and
+// adapter.OrderSeqHeader, which adapter.ParseOrder reads back; a row
+// without one is sent with neither.
+func TestSenderCarriesTheOrder(t *testing.T) {
+	t.Parallel()
+	topic, sub := memTopic(t)
+	s, err := cdkpubsub.NewSender(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Send(ctx, outbox.Message{ID: 1, IdempotencyKey: "k1", Payload: []byte(`{}`), OrderKey: "account:42", OrderSeq: 7}); err != nil {
+		t.Fatal(err)
+	}
+	m := receive(t, sub)
+	if key, seq, err := adapter.ParseOrder(m.Metadata[adapter.OrderKeyHeader], m.Metadata[adapter.OrderSeqHeader]); err != nil || key != "account:42" || seq != 7 {
+		t.Errorf("ordered row: metadata %v: %q, %d, %v", m.Metadata, key, seq, err)
+	}
+	if err := s.Send(ctx, outbox.Message{ID: 2, IdempotencyKey: "k2", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	m = receive(t, sub)
+	if _, ok := m.Metadata[adapter.OrderKeyHeader]; ok {
+		t.Errorf("unordered row: metadata %v", m.Metadata)
+	}
+}

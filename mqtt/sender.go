@@ -29,6 +29,10 @@ type Publisher interface {
 // row's CreatedAt: the same on every publish of the row. QoS 2 keeps the
 // broker from storing a retried PUBLISH twice only within one session; the
 // consumer's claim is what drops the repeats.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	pub   Publisher
 	topic func(m outbox.Message) string
@@ -94,6 +98,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	props := paho.UserProperties{{Key: DefaultKeyProperty, Value: m.IdempotencyKey}}
 	if at := m.StableEventTime(); !at.IsZero() {
 		props = append(props, paho.UserProperty{Key: adapter.EventTimeHeader, Value: adapter.FormatEventTime(at)})
+	}
+	if m.OrderKey != "" {
+		props = append(props, paho.UserProperty{Key: adapter.OrderKeyHeader, Value: m.OrderKey},
+			paho.UserProperty{Key: adapter.OrderSeqHeader, Value: adapter.FormatOrderSeq(m.OrderSeq)})
 	}
 	topic := s.topic(m)
 	resp, err := s.pub.Publish(ctx, &paho.Publish{Topic: topic, QoS: s.qos, Payload: m.Payload,

@@ -30,6 +30,10 @@ import (
 // relay sends it. A call enqueued without one carries its row's CreatedAt,
 // when the enqueueing transaction began, which is as stable: the same on
 // every publish of the row.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	js      jetstream.JetStream
 	subject func(m outbox.Message) string
@@ -87,6 +91,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	}
 	for k, v := range m.Trace {
 		msg.Header.Set(k, v)
+	}
+	if m.OrderKey != "" {
+		msg.Header.Set(adapter.OrderKeyHeader, m.OrderKey)
+		msg.Header.Set(adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
 	}
 	ack, err := s.js.PublishMsg(ctx, msg)
 	if err != nil {

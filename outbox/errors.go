@@ -20,6 +20,10 @@ var (
 	// stored or sent.
 	ErrInvalidKey = errors.New("outbox: invalid key")
 
+	// ErrInvalidOrder reports an ordering key or sequence (WithOrder) that
+	// a consumer created WithOrdering could not use: see WithOrder.
+	ErrInvalidOrder = errors.New("outbox: invalid order")
+
 	// ErrDuplicateKey reports that a row with the same kind and idempotency
 	// key already exists (or is being written by a transaction still in
 	// flight, which Enqueue waited for). Nothing was written and the

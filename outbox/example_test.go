@@ -136,3 +136,36 @@ func ExamplePermanent() {
 	fmt.Println(errors.Is(err, outbox.ErrPermanent), err)
 	// Output: true permanent: card declined
 }
+
+// An accounts service bumps the account's version and enqueues the event
+// with it, in one transaction: a consumer created idempotent.WithOrdering
+// applies each account's events in that order, whatever order the broker
+// delivers them in.
+func ExampleWithOrder() {
+	ctx := context.Background()
+	db, err := sql.Open("postgres", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ob, err := outbox.New(db, "accounts")
+	if err != nil {
+		log.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var version int64
+	if err := tx.QueryRowContext(ctx, "UPDATE accounts SET balance = balance - 40, version = version + 1 WHERE id = 42 RETURNING version").Scan(&version); err != nil {
+		log.Fatal(err)
+	}
+	payload, _ := json.Marshal(map[string]any{"account": 42, "debit": 40})
+	msgKey := fmt.Sprintf("account:42/%d", version)
+	if _, err := ob.Enqueue(ctx, tx, msgKey, "account_event", payload, outbox.WithOrder("account:42", version)); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+}

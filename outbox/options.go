@@ -89,8 +89,19 @@ type enqueueOptionFunc func(*enqueueConfig) error
 func (f enqueueOptionFunc) applyEnqueue(c *enqueueConfig) error { return f(c) }
 
 type enqueueConfig struct {
-	key string
-	at  time.Time
+	key      string
+	at       time.Time
+	orderKey string
+	orderSeq int64
+}
+
+// order returns the order_key and order_seq parameters, NULL when the call
+// was enqueued without WithOrder.
+func (c *enqueueConfig) order() (key, seq any) {
+	if c.orderKey == "" {
+		return nil, nil
+	}
+	return c.orderKey, c.orderSeq
 }
 
 // eventTime returns the event_time and event_time_ns parameters, NULL
@@ -149,6 +160,28 @@ func WithKey(key string) EnqueueOption {
 			return err
 		}
 		c.key = key
+		return nil
+	})
+}
+
+// WithOrder stores, with the row, the ordering key (the entity: an
+// account, an order) and the sequence number the producer assigned for
+// that entity (its version, 1, 2, 3, … without gaps, incremented in the
+// transaction that enqueues the call). The Sender finds them in
+// Message.OrderKey and Message.OrderSeq, and a Sender that publishes the
+// call as a message carries them in the adapter.OrderKeyHeader and
+// adapter.OrderSeqHeader headers, where a consumer created
+// idempotent.WithOrdering applies the entity's messages in that order
+// (docs/ordering.md). key must be 1 to MaxOrderKeyBytes bytes of valid
+// UTF-8 without control characters and seq at least 1; otherwise Enqueue
+// fails with an error matching ErrInvalidOrder, naming the problem, and
+// writes nothing.
+func WithOrder(key string, seq int64) EnqueueOption {
+	return enqueueOptionFunc(func(c *enqueueConfig) error {
+		if err := checkOrder(key, seq); err != nil {
+			return fmt.Errorf("WithOrder: %w", err)
+		}
+		c.orderKey, c.orderSeq = key, seq
 		return nil
 	})
 }

@@ -305,13 +305,13 @@ func TestEnqueueStatements(t *testing.T) {
 	}
 	key := Key("shop", "order-1", "mail")
 	mock.ExpectBegin()
-	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, nil, nil, nil, nil, nil, notifying.Channel()).
+	mock.ExpectQuery(notifying.q.enqueueNotify).WithArgs("shop", "order-1", "mail", key, `{"a":1}`, nil, nil, nil, nil, nil, nil, nil, notifying.Channel()).
 		WillReturnRows(sqlmock.NewRows([]string{"id", "pg_notify"}).AddRow(7, ""))
 	at := time.Date(2026, 12, 1, 9, 30, 0, 123456789, time.FixedZone("CET", 3600))
 	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`,
-		time.Date(2026, 12, 1, 8, 30, 0, 123456000, time.UTC), int64(789), nil, nil, nil).
+		time.Date(2026, 12, 1, 8, 30, 0, 123456000, time.UTC), int64(789), nil, nil, nil, "account:1", int64(4)).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(8))
-	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, nil, nil, nil, nil, nil).
+	mock.ExpectQuery(quiet.q.enqueue).WithArgs("shop", "order-1", "mail", "given-key", `{"a":1}`, nil, nil, nil, nil, nil, nil, nil).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}))
 	mock.ExpectCommit()
 	tx, err := db.Begin()
@@ -322,7 +322,7 @@ func TestEnqueueStatements(t *testing.T) {
 	if k, err := notifying.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`)); err != nil || k != key {
 		t.Errorf("Enqueue = %q, %v", k, err)
 	}
-	if k, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key"), WithEventTime(at)); err != nil || k != "given-key" {
+	if k, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key"), WithEventTime(at), WithOrder("account:1", 4)); err != nil || k != "given-key" {
 		t.Errorf("Enqueue WithKey = %q, %v", k, err)
 	}
 	if _, err := quiet.Enqueue(ctx, tx, "order-1", "mail", []byte(`{"a":1}`), WithKey("given-key")); !errors.Is(err, ErrDuplicateKey) {

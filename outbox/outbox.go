@@ -160,7 +160,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgKey, kind string, p
 	if o.tracer != nil {
 		parent, state, baggage = traceColumns(o.tracer.Inject(ctx))
 	}
-	args := []any{o.consumer, msgKey, kind, key, string(payload), at, ns, parent, state, baggage}
+	orderKey, orderSeq := cfg.order()
+	args := []any{o.consumer, msgKey, kind, key, string(payload), at, ns, parent, state, baggage, orderKey, orderSeq}
 	if o.notify {
 		var discard string
 		err = tx.QueryRowContext(ctx, o.q.enqueueNotify, append(args, o.channel)...).Scan(&id, &discard)

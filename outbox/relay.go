@@ -315,13 +315,17 @@ func (r *Relay) leaseRows(ctx context.Context, n int) ([]Message, error) {
 		var m Message
 		var at sql.NullTime
 		var ns sql.NullInt16
-		var parent, state, baggage *string
+		var parent, state, baggage, orderKey *string
+		var orderSeq *int64
 		if err := rows.Scan(&m.ID, &m.Consumer, &m.MessageKey, &m.Kind, &m.IdempotencyKey, &m.Payload, &m.Attempt, &m.CreatedAt, &at, &ns,
-			&parent, &state, &baggage); err != nil {
+			&parent, &state, &baggage, &orderKey, &orderSeq); err != nil {
 			return msgs, fmt.Errorf("outbox: lease rows of %s: %w", r.o.table, err)
 		}
 		m.EventTime = eventTimeOf(at, ns)
 		m.Trace = traceOf(parent, state, baggage)
+		if orderKey != nil && orderSeq != nil {
+			m.OrderKey, m.OrderSeq = *orderKey, *orderSeq
+		}
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {

@@ -62,6 +62,12 @@ type Message struct {
 	// the call as a message copies it into the message's headers, so that
 	// the consumer's span continues the trace.
 	Trace map[string]string
+	// OrderKey and OrderSeq are the ordering key and sequence the call was
+	// enqueued with (WithOrder), or "" and 0. A Sender that publishes the
+	// call as a message carries them in the adapter.OrderKeyHeader and
+	// adapter.OrderSeqHeader headers (adapter.FormatOrderSeq).
+	OrderKey string
+	OrderSeq int64
 }
 
 // StableEventTime is the event time a Sender that publishes m as a message

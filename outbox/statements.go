@@ -27,10 +27,11 @@ type statements struct {
 	// $4 idempotency_key, $5 payload (JSON text), $6 event_time and $7
 	// event_time_ns (both NULL when unknown; see enqueueConfig.eventTime),
 	// $8 trace_parent, $9 trace_state and $10 baggage (NULL when unknown;
-	// see traceColumns). It returns the new id, or no row when (kind, idempotency_key)
+	// see traceColumns), $11 order_key and $12 order_seq (NULL when the call
+	// has no order; see WithOrder). It returns the new id, or no row when (kind, idempotency_key)
 	// exists.
 	enqueue string
-	// enqueueNotify is enqueue that also notifies channel $11 when it
+	// enqueueNotify is enqueue that also notifies channel $13 when it
 	// inserted; the notification is delivered when the transaction commits.
 	// It returns the id and a column to discard.
 	enqueueNotify string
@@ -39,7 +40,8 @@ type statements struct {
 	// rows other relays have locked, and leases them to owner $3 for $4 ms.
 	// It returns id, consumer, message_key, kind, idempotency_key, payload,
 	// attempts (after the increment), created_at, event_time,
-	// event_time_ns, trace_parent, trace_state and baggage.
+	// event_time_ns, trace_parent, trace_state, baggage, order_key and
+	// order_seq.
 	lease string
 
 	// markSent, markRetry and markDead record the results of attempts, in
@@ -67,8 +69,8 @@ func postgresStatements(t dialect.Table) statements {
 	idx := func(suffix string) string { return pq.QuoteIdentifier(indexName(t.Name, suffix)) }
 	const ms = "::bigint * interval '1 millisecond'"
 	const insert = `INSERT INTO %s (consumer, message_key, kind, idempotency_key, payload, event_time, event_time_ns,
-		trace_parent, trace_state, baggage)
-	VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10)
+		trace_parent, trace_state, baggage, order_key, order_seq)
+	VALUES ($1, $2, $3, $4, $5::json, $6, $7, $8, $9, $10, $11, $12)
 	ON CONFLICT (kind, idempotency_key) DO NOTHING
 	RETURNING id`
 	// Arrays are indexed by array_position rather than joined with
@@ -116,6 +118,9 @@ RETURNING id`
 			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS trace_parent text", q),
 			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS trace_state text", q),
 			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS baggage text", q),
+			// The ordering key and sequence of the call (WithOrder).
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS order_key text", q),
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS order_seq bigint", q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (next_attempt_at) WHERE state = 'pending'", idx("_due"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (sent_at) WHERE state = 'sent'", idx("_sent_at"), q),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (dead_at) WHERE state = 'dead'", idx("_dead_at"), q),
@@ -124,7 +129,7 @@ RETURNING id`
 		enqueueNotify: fmt.Sprintf(`WITH ins AS (
 	`+insert+`
 )
-SELECT id, pg_notify($11, '')::text FROM ins`, q),
+SELECT id, pg_notify($13, '')::text FROM ins`, q),
 		// ARRAY(…) makes the planner look the leased ids up by primary key
 		// even before the table has statistics.
 		lease: fmt.Sprintf(`UPDATE %[1]s
@@ -140,7 +145,7 @@ WHERE id = ANY(ARRAY(
 	FOR UPDATE SKIP LOCKED
 ))
 RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns,
-	trace_parent, trace_state, baggage`, q, ms),
+	trace_parent, trace_state, baggage, order_key, order_seq`, q, ms),
 		markSent: fmt.Sprintf(`UPDATE %s
 SET state = 'sent', sent_at = now(), lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
 WHERE %s`, q, owned),

@@ -49,7 +49,7 @@ func TestEnqueueStoresTheTraceContext(t *testing.T) {
 			}
 			mock.ExpectBegin()
 			mock.ExpectQuery(ob.q.enqueue).WithArgs("shop", "order-1", "mail", Key("shop", "order-1", "mail"), `{}`, nil, nil,
-				tc.parent, tc.state, tc.baggage).WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(1))
+				tc.parent, tc.state, tc.baggage, nil, nil).WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(1))
 			tx, err := db.Begin()
 			if err != nil {
 				t.Fatal(err)

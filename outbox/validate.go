@@ -19,6 +19,10 @@ const (
 	// WithKey: 255 bytes, the limit of common providers' Idempotency-Key
 	// headers.
 	MaxIdempotencyKeyBytes = 255
+	// MaxOrderKeyBytes is the longest ordering key WithOrder accepts, the
+	// limit of every dialect's ordering tables
+	// (dialect.Orderer.MaxOrderKeyBytes).
+	MaxOrderKeyBytes = 512
 	// maxErrorBytes bounds the error text stored in last_error.
 	maxErrorBytes = 2000
 )
@@ -66,6 +70,28 @@ func checkMessageKey(key string) error {
 		return fmt.Errorf("%w: message key %q is not valid UTF-8", ErrInvalidKey, key)
 	case strings.IndexByte(key, 0) >= 0:
 		return fmt.Errorf("%w: message key %q has a NUL byte", ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// checkOrder accepts what a consumer created WithOrdering accepts and a
+// transport header carries: an ordering key of 1 to MaxOrderKeyBytes bytes
+// of valid UTF-8 without control characters, and a sequence of at least 1.
+func checkOrder(key string, seq int64) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: the ordering key is empty", ErrInvalidOrder)
+	case len(key) > MaxOrderKeyBytes:
+		return fmt.Errorf("%w: the ordering key is %d bytes, the limit is %d", ErrInvalidOrder, len(key), MaxOrderKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: ordering key %q is not valid UTF-8", ErrInvalidOrder, key)
+	case seq < 1:
+		return fmt.Errorf("%w: ordering key %q: sequence %d is below 1 (sequences start at 1)", ErrInvalidOrder, key, seq)
+	}
+	for i, r := range key {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: ordering key %q has control character %U at byte %d (it travels in a transport header)", ErrInvalidOrder, key, r, i)
+		}
 	}
 	return nil
 }

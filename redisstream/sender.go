@@ -30,6 +30,10 @@ import (
 // relay sends it. A call enqueued without one carries its row's
 // CreatedAt, when the enqueueing transaction began, which is as stable:
 // the same on every send of the row.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	rdb    redis.UniversalClient
 	stream func(m outbox.Message) string
@@ -57,6 +61,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	}
 	for _, k := range slices.Sorted(maps.Keys(m.Trace)) {
 		vals = append(vals, k, m.Trace[k])
+	}
+	if m.OrderKey != "" {
+		vals = append(vals, adapter.OrderKeyHeader, m.OrderKey, adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
 	}
 	vals = append(vals, PayloadField, string(m.Payload))
 	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: vals}).Err(); err != nil {

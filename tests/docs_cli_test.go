@@ -16,7 +16,9 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/outbox"
+	"github.com/txclaim/idempotent/postgres"
 	"github.com/txclaim/idempotent/sqlite"
 )
 
@@ -179,6 +181,7 @@ SELECT c, c || g, now() - make_interval(days => 45 - g % 44) FROM generate_serie
 	}
 
 	seedDocDeadLetters(t, db, schema)
+	seedDocGap(t, db, schema)
 
 	checked := 0
 	for _, block := range docSamples(t, filepath.Join("..", "docs", "operations.md")) {
@@ -288,5 +291,27 @@ func seedDocDeadLetters(t *testing.T, db *sql.DB, schema string) {
 	}
 	if _, err := db.Exec(`UPDATE ` + schema + `.outbox SET state = 'sent', sent_at = now(), attempts = 1`); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// seedDocGap makes the gap docs/operations.md shows: consumer ledger,
+// created WithOrdering on the claim table ledger_claims of schema, applied
+// sequences 1 to 4 of account:42 and parked 6 to 10.
+func seedDocGap(t *testing.T, db *sql.DB, schema string) {
+	t.Helper()
+	ctx := context.Background()
+	mw, err := idempotent.New(db, postgres.New(), "ledger", idempotent.WithTable(schema+".ledger_claims"),
+		idempotent.WithOrdering(idempotent.Ordering{Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return nil }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range []int64{1, 2, 3, 4, 6, 7, 8, 9, 10} {
+		msg := idempotent.Message{Key: fmt.Sprintf("evt-%d", seq), OrderKey: "account:42", OrderSeq: seq, Payload: []byte("{}")}
+		if _, err := mw.ProcessMessage(ctx, msg, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -972,6 +972,13 @@ func TestOutboxEnqueueBadInput(t *testing.T) {
 		{"empty idempotency key", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithKey("")}, outbox.ErrInvalidKey},
 		{"idempotency key with a newline", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithKey("a\nb")}, outbox.ErrInvalidKey},
 		{"idempotency key too long", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithKey(strings.Repeat("k", 256))}, outbox.ErrInvalidKey},
+		{"empty ordering key", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("", 1)}, outbox.ErrInvalidOrder},
+		{"sequence 0", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("account:1", 0)}, outbox.ErrInvalidOrder},
+		{"negative sequence", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("account:1", -3)}, outbox.ErrInvalidOrder},
+		{"ordering key too long", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder(strings.Repeat("a", outbox.MaxOrderKeyBytes+1), 1)}, outbox.ErrInvalidOrder},
+		{"ordering key not UTF-8", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("a\xffb", 1)}, outbox.ErrInvalidOrder},
+		{"ordering key with a newline", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("a\nb", 1)}, outbox.ErrInvalidOrder},
+		{"ordering key with a NUL", "m", "mail", []byte(`{}`), []outbox.EnqueueOption{outbox.WithOrder("a\x00b", 1)}, outbox.ErrInvalidOrder},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx, err := db.Begin()
@@ -1255,4 +1262,50 @@ func relayedEventTimes(t testing.TB, ob *outbox.Outbox, kind string, n int) map[
 	mu.Lock()
 	defer mu.Unlock()
 	return got
+}
+
+// TestOutboxSchemaGainsOrder: a table made before WithOrder existed gains
+// order_key and order_seq from EnsureSchema; its old rows relay with no
+// order, new ones with theirs, and an ordering key at the limit is stored
+// whole.
+func TestOutboxSchemaGainsOrder(t *testing.T) {
+	db := openAsyncDB(t)
+	ob, schema := newOutbox(t, db, "upgrade", outbox.WithoutNotify())
+	table := pq.QuoteIdentifier(schema) + ".outbox"
+	if _, err := db.Exec("ALTER TABLE " + table + " DROP COLUMN order_key, DROP COLUMN order_seq"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO " + table + " (consumer, message_key, kind, idempotency_key, payload) VALUES ('upgrade', 'old', 'ledger', 'k1', '{}')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", outbox.MaxOrderKeyBytes/2)
+	enqueue(t, db, ob, "new", "ledger", `{}`, outbox.WithOrder("account:7", 3))
+	enqueue(t, db, ob, "long", "ledger", `{}`, outbox.WithOrder(long, 1))
+	var mu sync.Mutex
+	got := map[string]string{}
+	r, err := outbox.NewRelay(ob, outbox.WithPollInterval(10*time.Millisecond),
+		outbox.WithSender("ledger", outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got[m.MessageKey] = fmt.Sprintf("%s/%d", m.OrderKey, m.OrderSeq)
+			return nil
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRelay(t, r)
+	waitUntil(t, time.Minute, "the calls sent", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 3
+	})
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if got["old"] != "/0" || got["new"] != "account:7/3" || got["long"] != long+"/1" {
+		t.Errorf("relayed orders %q; want none for the old row, account:7/3 and the long key's", got)
+	}
 }

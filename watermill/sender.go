@@ -26,6 +26,10 @@ import (
 // retention fence on every re-send; a row stored without one is published
 // with the time its transaction wrote it (outbox.Message.CreatedAt), the
 // same on every retry too.
+//
+// A call enqueued with outbox.WithOrder also carries its ordering key and
+// sequence in adapter.OrderKeyHeader and adapter.OrderSeqHeader, read by a
+// consumer created idempotent.WithOrdering (docs/ordering.md).
 type Sender struct {
 	pub   message.Publisher
 	topic string
@@ -60,6 +64,10 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	}
 	for k, v := range m.Trace {
 		msg.Metadata.Set(k, v)
+	}
+	if m.OrderKey != "" {
+		msg.Metadata.Set(adapter.OrderKeyHeader, m.OrderKey)
+		msg.Metadata.Set(adapter.OrderSeqHeader, adapter.FormatOrderSeq(m.OrderSeq))
 	}
 	msg.SetContext(ctx)
 	if err := s.pub.Publish(s.topic, msg); err != nil {

@@ -73,3 +73,22 @@ func TestSenderCarriesTheEventTime(t *testing.T) {
 		t.Fatalf("a row that is not an envelope: %v, %d published; want a permanent failure, none", err, len(p.msgs))
 	}
 }
+
+// TestSenderCarriesTheOrder: a row enqueued with outbox.WithOrder is
+// published with its ordering key and sequence in adapter.OrderKeyHeader
+// and adapter.OrderSeqHeader.
+func TestSenderCarriesTheOrder(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(map[string]any{"payload": []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p publisher
+	if err := idwm.NewSender(&p, "ledger").Send(context.Background(), outbox.Message{ID: 1, IdempotencyKey: "k", Payload: b, OrderKey: "account:42", OrderSeq: 7}); err != nil {
+		t.Fatal(err)
+	}
+	md := p.msgs[0].Metadata
+	if key, seq, err := adapter.ParseOrder(md.Get(adapter.OrderKeyHeader), md.Get(adapter.OrderSeqHeader)); err != nil || key != "account:42" || seq != 7 {
+		t.Errorf("metadata %v: %q, %d, %v", md, key, seq, err)
+	}
+}

@@ -325,6 +325,15 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(e.stdout, "deleted %d claims in %d batches, %v (%.0f claims/s); longest batch %v\n",
 		n, batches, elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9), longest.Round(time.Millisecond))
+	// Cleanup never deletes what ordered consumers keep: say so, with the
+	// figures, where there is any.
+	ct, _ := dialect.ParseTable(c.table) // checked by claimTableFor
+	if f, ok, err := readOrderFigures(ctx, d, ct); err != nil {
+		return d.clean(err)
+	} else if ok {
+		fmt.Fprintf(e.stdout, "kept %s (%d entities) and the %d parked messages and %d skipped sequences of %s: an entity's last sequence decides its next message after its claims are gone\n",
+			f.seqName, f.entities, f.parked, f.skipped, f.parkedName)
+	}
 	if !*httpResponses {
 		return nil
 	}

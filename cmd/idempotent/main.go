@@ -14,6 +14,8 @@
 //	idempotent dead-letters show    [-dsn DSN] [-table OUTBOX] -id ID
 //	idempotent dead-letters replay  [-dsn DSN] [-table OUTBOX] filter -by WHO [-dry-run]
 //	idempotent dead-letters discard [-dsn DSN] [-table OUTBOX] filter -by WHO [-dry-run]
+//	idempotent order gaps [-dsn DSN] [-table T] [-consumer C] [-older D]
+//	idempotent order skip [-dsn DSN] [-table T] CONSUMER KEY SEQ
 //	idempotent version
 //
 // The database comes from -dsn or, without it, the DATABASE_URL environment
@@ -103,6 +105,8 @@ Commands:
               the kafka consumer's stored offsets: list them, or reset one partition's deliberately
   dead-letters list|show|replay|discard
               the dead letters written through the outbox: list, show, replay or discard them, recorded
+  order gaps|skip
+              ordered consumers (WithOrdering): list the entities waiting in the parking table, or skip a gap
   version     the command's version and the Go version it was built with
 
 The database is -dsn, or $DATABASE_URL: postgres://… or host=…, mysql://… or user:pass@tcp(host:3306)/db,
@@ -127,6 +131,7 @@ func run(ctx context.Context, args []string, e env) int {
 		"stats":         cmdStats,
 		"kafka-offsets": cmdKafkaOffsets,
 		"dead-letters":  cmdDeadLetters,
+		"order":         cmdOrder,
 		"version":       cmdVersion,
 	}
 	name := args[0]
@@ -139,7 +144,7 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	cmd, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats, kafka-offsets, dead-letters or version; run idempotent -h)\n", name)
+		fmt.Fprintf(e.stderr, "idempotent: unknown command %q (want schema, migrate, cleanup, partitions, stats, kafka-offsets, dead-letters, order or version; run idempotent -h)\n", name)
 		return 2
 	}
 	err := cmd(ctx, args[1:], e)

@@ -181,10 +181,16 @@ func beside(t dialect.Table, name string) string {
 }
 
 // otherTables prints the figures of the other tables the library writes
-// beside the claim table t, those that exist: the HTTP response table, and
+// beside the claim table t, those that exist: the ordering tables
+// (WithOrdering), the HTTP response table, and
 // on Postgres the outbox (with its dead letters) and the kafka offsets
 // table. A name "" is the table's default beside t.
 func otherTables(ctx context.Context, w io.Writer, d *database, t dialect.Table, httpName, outboxName, offsetsName string) error {
+	if f, ok, err := readOrderFigures(ctx, d, t); err != nil {
+		return err
+	} else if ok {
+		printOrderFigures(w, f)
+	}
 	if httpName == "" {
 		httpName = beside(t, t.Name+"_http")
 	}

@@ -50,6 +50,7 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 	fs.StringVar(&sqsEndpoint, "sqs", "", "with -broker sqs: the SQS API endpoint (default "+defaultSQS+")")
 	fs.StringVar(&mqttAddr, "mqtt", "", "with -broker mqtt: the MQTT 5 broker's host:port (default "+defaultMQTT+")")
 	fs.BoolVar(&o.http, "http", false, "the HTTP mode: an HTTP API credits the orders, behind a proxy that cuts connections, for clients that time out and retry\nwith the same Idempotency-Key (no broker; -db as for -broker rabbitmq)")
+	fs.BoolVar(&o.ordered, "ordered", false, "the ordered mode: a ledger whose balances never go below zero when each account's events apply in order,\ndelivered at least once in any order; the naive consumer against WithOrdering (no broker; -db as for -broker rabbitmq)")
 	fs.IntVar(&o.orders, "orders", 3000, "OrderCompleted events to publish, 100 to 100000")
 	fs.IntVar(&o.consumers, "consumers", 4, "consumer processes, 2 to 32")
 	fs.IntVar(&o.workers, "workers", 2, "workers per consumer process, 1 to 16")
@@ -76,7 +77,13 @@ func parseFlags(args []string, stdout io.Writer) (options, error) {
 		return o, fmt.Errorf("-workers %d: want 1 to 16", o.workers)
 	}
 	if o.http {
+		if o.ordered {
+			return o, errors.New("-ordered and -http: choose one mode")
+		}
 		return parseHTTPFlags(fs, o, dsn)
+	}
+	if o.ordered && (brokerKind != "rabbitmq" || o.amqpURL != "") {
+		return o, errors.New("-ordered delivers in process: it takes no -broker or -amqp")
 	}
 	// Each broker's own flags need that broker.
 	for _, bf := range []struct{ flag, value, broker string }{

@@ -88,6 +88,14 @@
 //
 //	go run ./examples/loyalty -http
 //
+// -ordered tells the story of ordered per key (docs/ordering.md): a ledger
+// whose balances never go below zero when each account's events apply in
+// order, delivered at least once and in any order to several workers; the
+// naive consumer's audit shows effects applied out of order and balances
+// below zero, WithOrdering's none (ordered.go):
+//
+//	go run ./examples/loyalty -ordered
+//
 // The demo creates its own tables, queues, topics and streams, with random
 // names, and drops them when it ends.
 package main
@@ -120,6 +128,7 @@ type options struct {
 	sqsEndpoint        string   // -sqs, or defaultSQS
 	mqttAddr           string   // -mqtt, or defaultMQTT
 	http               bool     // -http: the HTTP API instead of a broker
+	ordered            bool     // -ordered: the ledger applied in order (ordered.go)
 	brokerDesc         string
 	orders             int
 	consumers, workers int
@@ -161,6 +170,15 @@ func oneLine(err error) string {
 
 // demo runs the scenario twice, prints the audit and returns the results.
 func demo(ctx context.Context, o options, out io.Writer) ([]result, error) {
+	if o.ordered {
+		st, err := openStore(ctx, o.db, o.consumers*o.workers+2)
+		if err != nil {
+			return nil, err
+		}
+		defer st.cleanup()
+		_, err = orderedDemo(ctx, o, st, out)
+		return nil, err
+	}
 	var bs brokerSetup
 	if !o.http {
 		// Check the broker before anything else runs.

@@ -11,4 +11,4 @@ WHERE id = ANY(ARRAY(
 	FOR UPDATE SKIP LOCKED
 ))
 RETURNING id, consumer, message_key, kind, idempotency_key, payload, attempts, created_at, event_time, event_time_ns,
-	trace_parent, trace_state, baggage
+	trace_parent, trace_state, baggage, order_key, order_seq

@@ -31,6 +31,10 @@ ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS trace_state text;
 
 ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS baggage text;
 
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS order_key text;
+
+ALTER TABLE "app"."outbox" ADD COLUMN IF NOT EXISTS order_seq bigint;
+
 CREATE INDEX IF NOT EXISTS "outbox_due" ON "app"."outbox" (next_attempt_at) WHERE state = 'pending';
 
 CREATE INDEX IF NOT EXISTS "outbox_sent_at" ON "app"."outbox" (sent_at) WHERE state = 'sent';
