@@ -35,7 +35,11 @@ type Consumer struct {
 	cfg      config
 	rule     adapter.Rule // the one settle rule, with WithRetryDelay's backoff
 	q        kafkaoffsets.Statements
-	events   adapter.Counter // counts, then tells the Observer
+	events   *adapter.Counter // counts, then tells the Observer; shared with the tenants' Consumers
+
+	// tenants, with WithTenant, holds each tenant's Consumer (tenantConsumers);
+	// the Consumer itself then has no Middleware, database or path.
+	tenants *tenantConsumers
 
 	fold *adapter.Fold // the claim folded with the offset advance; nil: cannot
 
@@ -104,26 +108,46 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	if err := cfg.ac.Check(mw); err != nil {
 		return nil, err
 	}
-	if name := mw.Config().Dialect.Name(); name != "postgres" {
+	var mwCfg idempotent.Config
+	if cfg.tenantSet != nil {
+		mwCfg = cfg.tenantSet.Config()
+	} else {
+		mwCfg = mw.Config()
+	}
+	if name := mwCfg.Dialect.Name(); name != "postgres" {
 		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
 	}
-	if mw.Config().Ordering {
+	if mwCfg.Ordering {
 		// A record's claim is folded with its offset advance (adapter.Path),
 		// which keeps no per-key order; a partition already applies its
 		// records in offset order.
 		return nil, fmt.Errorf("kafka: %s: the Middleware was created WithOrdering, which the Kafka consumer does not support: records of one key share a partition and apply in offset order; key the records by entity instead", fn)
 	}
-	path, err := adapter.NewPath(mw)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: %s: %w", fn, err)
-	}
 	q, err := kafkaoffsets.New(cfg.offsetsTable)
 	if err != nil {
 		return nil, err
 	}
+	events := &adapter.Counter{Next: cfg.ac.Observer()}
+	if cfg.tenantOf != nil {
+		if mwCfg.Coalescing.Max > 0 {
+			return nil, fmt.Errorf("kafka: %s: WithTenant and a Middleware created WithCoalescing: a coalesced transaction holds records of several partitions, which may belong to tenants of different databases; drop one of them", fn)
+		}
+		c := &Consumer{consumer: mwCfg.Consumer, handle: h, batch: bh, cfg: cfg, rule: cfg.ac.Rule(), q: q, events: events}
+		c.tenants = &tenantConsumers{ts: cfg.tenantSet, of: cfg.tenantOf, subs: map[*idempotent.Middleware]*Consumer{}}
+		return c, nil
+	}
+	return newPathConsumer(fn, mw, h, bh, cfg, q, events)
+}
+
+// newPathConsumer returns the Consumer applying records on mw's delivery
+// path: the Consumer itself without WithTenant, one tenant's with it.
+func newPathConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandler, cfg config, q kafkaoffsets.Statements, events *adapter.Counter) (*Consumer, error) {
+	path, err := adapter.NewPath(mw)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %s: %w", fn, err)
+	}
 	c := &Consumer{db: path.DB(), mw: mw, path: path, consumer: mw.Config().Consumer, handle: h, batch: bh, cfg: cfg,
-		rule: cfg.ac.Rule(), q: q, fold: newFold(mw, q)}
-	c.events.Next = cfg.ac.Observer()
+		rule: cfg.ac.Rule(), q: q, fold: newFold(mw, q), events: events}
 	if bh == nil {
 		c.co, c.groupSQL = c.newCoalesced(), advanceAllSQL(q.Quoted)
 	}
@@ -374,7 +398,17 @@ type tp struct {
 
 // partState is what a session knows of a partition it owns.
 type partState struct {
-	stored  int64  // stored next offset, -1 when none is stored
+	stored int64 // stored next offset, -1 when none is stored
+	// unloaded: the stored offset is not known yet, as the tenant's
+	// database could not be read when the partition was assigned
+	// (WithTenant); loads counts the failed attempts since.
+	unloaded bool
+	loads    int
+	// retryAt is the offset of the record (or batch's first) that last
+	// yielded its poll after a failed attempt (WithTenant), retries how
+	// many attempts it has had.
+	retryAt int64
+	retries int
 	topicID string // topic ID stored with it, "" when none is
 	epoch   int32  // leader epoch of the last record applied, -1 when none
 	stopped bool   // stopped (EventStopped): nothing more is applied
@@ -398,15 +432,33 @@ func (s *session) adjust(ctx context.Context, offsets map[string]map[int32]kgo.O
 	stored := map[string]map[int32]int64{}
 	parts := map[string][]int32{}
 	states := map[tp]*partState{}
+	loaded := map[tenantTopic]map[int32]storedOffset{}
 	for topic, ps := range offsets {
-		have, err := s.c.loadOffsets(ctx, topic)
-		if err != nil {
-			return nil, err
+		var have map[int32]storedOffset
+		if s.c.tenants == nil {
+			var err error
+			if have, err = s.c.loadOffsets(ctx, topic); err != nil {
+				return nil, err
+			}
 		}
 		stored[topic] = map[int32]int64{}
 		for p, o := range ps {
 			parts[topic] = append(parts[topic], p)
 			st := &partState{stored: -1, epoch: -1}
+			if s.c.tenants != nil {
+				// Each partition's offset is in its tenant's database. One
+				// that cannot be read now (the tenant's database is down)
+				// is read before the partition's first record is applied
+				// (session.loadTenant); the others start at once.
+				var err error
+				if have, err = s.c.tenantOffsets(ctx, loaded, topic, p); err != nil {
+					st.unloaded = true
+					ps[p] = s.c.startWithout(o)
+					stored[topic][p] = st.stored
+					states[tp{topic, p}] = st
+					continue
+				}
+			}
 			if row, ok := have[p]; ok {
 				st.stored, st.topicID = row.next, row.topicID
 				ps[p] = kgo.NewOffset().At(row.next).WithEpoch(-1)
@@ -704,6 +756,40 @@ func checkLog(p tp, st partState, f *partFetch) *LogGapError {
 // rebalance is waiting; the records left are released.
 var errAbandoned = errors.New("kafka: abandoned")
 
+// errYield ends a partition's work of a poll after a record's failed
+// attempt and its retry delay, with WithTenant: the records left are
+// released and fetched again from the stored offset, so that a tenant whose
+// database is down does not hold the poll, and the other tenants'
+// partitions, behind its records. The attempts are counted on
+// (session.attempts).
+var errYield = errors.New("kafka: partition yields its poll")
+
+// attempts returns how many attempts the record at offset of p has had in
+// earlier polls (see errYield).
+func (s *session) attempts(p tp, offset int64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.owned[p]; ok && st.retries > 0 && st.retryAt == offset {
+		return st.retries
+	}
+	return 0
+}
+
+// yield records attempt, failed, of the record at offset of p, and returns
+// errYield when the Consumer yields a partition's poll after a failed
+// attempt (WithTenant); nil when the record waits in place instead.
+func (s *session) yield(p tp, offset int64, attempt int) error {
+	if s.c.tenants == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.owned[p]; ok {
+		st.retryAt, st.retries = offset, attempt
+	}
+	return errYield
+}
+
 // stopError carries an error that stops the partition (see stops) out of
 // records and batches, with the event of the record it concerns.
 type stopError struct {
@@ -726,16 +812,23 @@ func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal
 		s.release(ctx, f.recs, nil)
 		return res
 	}
+	c := s.c
+	if s.c.tenants != nil {
+		var done bool
+		if c, st, done = s.tenant(ctx, p, st, f, &res, stop, rebal); done {
+			return res
+		}
+	}
 	if gap := checkLog(p, st, f); gap != nil {
 		s.stop(ctx, p, st.stored, adapter.Event{}, gap)
 		s.release(ctx, f.recs, nil)
 		return res
 	}
 	var err error
-	if s.c.batch != nil {
-		err = s.batches(ctx, &res, f, stop, rebal)
+	if c.batch != nil {
+		err = s.batches(ctx, c, &res, f, stop, rebal)
 	} else {
-		err = s.records(ctx, &res, f.recs, f, s.c.handle, stop, rebal)
+		err = s.records(ctx, c, &res, f.recs, f, c.handle, stop, rebal)
 	}
 	var se *stopError
 	switch {
@@ -754,7 +847,7 @@ func (s *session) partition(ctx context.Context, p tp, f *partFetch, stop, rebal
 		// offset, nothing of the partition was ever applied, so every
 		// record fetched so far was given up: start from this poll's first.
 		cause := err
-		if errors.Is(err, errAbandoned) {
+		if errors.Is(err, errAbandoned) || errors.Is(err, errYield) {
 			cause = nil
 		}
 		s.release(ctx, f.recs[res.done:], cause)
@@ -802,13 +895,14 @@ func waiting(stop, rebal <-chan struct{}) bool {
 // records applies recs (of the partition fetch f) one transaction each, in
 // order, starting from res.stored, which it advances. It returns nil when
 // all are done, a *fenceError, a *stopError, or errAbandoned.
-func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Record, f *partFetch, h Handler, stop, rebal <-chan struct{}) error {
+func (s *session) records(ctx context.Context, c *Consumer, res *partResult, recs []*kgo.Record, f *partFetch, h Handler, stop, rebal <-chan struct{}) error {
 	for _, r := range recs {
 		if waiting(stop, rebal) {
 			return errAbandoned
 		}
-		for attempt := 1; ; attempt++ {
-			e, err := s.c.recordTx(ctx, r, res.stored, f.topicID, h, attempt)
+		p := tp{r.Topic, r.Partition}
+		for attempt := s.attempts(p, r.Offset) + 1; ; attempt++ {
+			e, err := c.recordTx(ctx, r, res.stored, f.topicID, h, attempt)
 			if err == nil {
 				res.stored, res.advanced, res.epoch = r.Offset+1, true, r.LeaderEpoch
 				res.done++
@@ -829,6 +923,9 @@ func (s *session) records(ctx context.Context, res *partResult, recs []*kgo.Reco
 			err = s.wait(ctx, []adapter.Event{e}, attempt, s.c.requeue(e.Message, err, attempt), stop, rebal)
 			back()
 			if err != nil {
+				return err
+			}
+			if err := s.yield(p, r.Offset, attempt); err != nil {
 				return err
 			}
 		}
@@ -952,15 +1049,16 @@ func (c *Consumer) poisonTx(ctx context.Context, tx *sql.Tx, topic string, parti
 
 // batches applies the records of f in batches of at most WithBatchSize,
 // one transaction and one offset advance each.
-func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, stop, rebal <-chan struct{}) error {
+func (s *session) batches(ctx context.Context, c *Consumer, res *partResult, f *partFetch, stop, rebal <-chan struct{}) error {
 	recs := f.recs
 	for len(recs) > 0 {
 		chunk := recs[:min(len(recs), s.c.cfg.batchSize)]
 		if waiting(stop, rebal) {
 			return errAbandoned
 		}
-		for attempt := 1; ; attempt++ {
-			events, n, err := s.c.batchTx(ctx, chunk, res.stored, f.topicID, attempt)
+		p := tp{chunk[0].Topic, chunk[0].Partition}
+		for attempt := s.attempts(p, chunk[0].Offset) + 1; ; attempt++ {
+			events, n, err := c.batchTx(ctx, chunk, res.stored, f.topicID, attempt)
 			if err == nil {
 				last := chunk[n-1]
 				res.stored, res.advanced, res.epoch = last.Offset+1, true, last.LeaderEpoch
@@ -987,6 +1085,9 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				if err := s.wait(ctx, []adapter.Event{s.c.delivery(chunk[0])}, attempt, rq, stop, rebal); err != nil {
 					return err
 				}
+				if err := s.yield(p, chunk[0].Offset, attempt); err != nil {
+					return err
+				}
 				continue
 			}
 			if s.c.rule.Settle(idempotent.Message{}, err, attempt).Action == adapter.DeadLetter {
@@ -995,9 +1096,9 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				// apply the chunk one record at a time, so that only that
 				// one is dead-lettered.
 				one := func(ctx context.Context, tx *sql.Tx, r *kgo.Record) error {
-					return s.c.batch(ctx, tx, []*kgo.Record{r})
+					return c.batch(ctx, tx, []*kgo.Record{r})
 				}
-				if err := s.records(ctx, res, chunk, f, one, stop, rebal); err != nil {
+				if err := s.records(ctx, c, res, chunk, f, one, stop, rebal); err != nil {
 					return err
 				}
 				break
@@ -1009,6 +1110,9 @@ func (s *session) batches(ctx context.Context, res *partResult, f *partFetch, st
 				failed[i] = s.c.delivery(r)
 			}
 			if err := s.wait(ctx, failed, attempt, s.c.requeue(idempotent.Message{}, err, attempt), stop, rebal); err != nil {
+				return err
+			}
+			if err := s.yield(p, chunk[0].Offset, attempt); err != nil {
 				return err
 			}
 		}

@@ -218,6 +218,22 @@
 // only in a transaction that claimed (or found claimed) every record it
 // passes, in the database itself.
 //
+// # A database per tenant
+//
+// [WithTenant] applies each partition's records with its tenant's
+// Middleware in an idempotent.Tenants: the tenant is a function of the
+// topic and partition, since a partition's offset advances in the
+// transaction that claims its record and so lives in one database, the
+// tenant's, beside its claims (the offsets table must exist in every
+// tenant's database). NewConsumer and NewBatchConsumer are then given a nil
+// Middleware; one created WithCoalescing is refused, as a coalesced group
+// spans partitions. A tenant whose database is down holds back its own
+// partitions only: a record that failed waits its retry delay, then the
+// poll's records of that partition are released and fetched again from
+// the stored offset, so the other tenants' partitions are not held behind
+// it; a partition assigned while its tenant's database is down starts at
+// its stored offset once it can be read.
+//
 // # Which offset is the truth
 //
 // The database's. It is written in the transaction that wrote the effect,

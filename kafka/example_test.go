@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -140,4 +141,38 @@ func ExampleSchemaSQL() {
 	// 	PRIMARY KEY (consumer, topic, partition)
 	// );
 	// DROP TABLE IF EXISTS "kafka_offsets";
+}
+
+// A consumer for tenants that each have a database of their own, with a
+// topic per tenant: each partition's records, claims and offset go to its
+// tenant's database.
+func ExampleWithTenant() {
+	dsns := map[string]string{"acme": "postgres://localhost/acme", "globex": "postgres://localhost/globex"}
+	ts, err := idempotent.NewTenants(postgres.New(), "payments", idempotent.TenantsConfig{
+		Open: func(_ context.Context, tenant string) (*sql.DB, error) {
+			dsn, ok := dsns[tenant]
+			if !ok {
+				return nil, fmt.Errorf("no tenant %q", tenant)
+			}
+			return sql.Open("postgres", dsn)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ts.Close()
+	c, err := kafka.NewBatchConsumer(nil, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+		return nil // the tenant's effects, through tx
+	}, kafka.WithTenant(ts, func(topic string, _ int32) (string, error) {
+		tenant, ok := strings.CutPrefix(topic, "payments.")
+		if !ok {
+			return "", fmt.Errorf("topic %s names no tenant", topic)
+		}
+		return tenant, nil
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(c != nil)
+	// Output: true
 }

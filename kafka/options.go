@@ -68,6 +68,8 @@ type config struct {
 	deadTopic    string
 	reset        ResetPosition
 	adopt        bool
+	tenantSet    *idempotent.Tenants // WithTenant's
+	tenantOf     TenantFunc
 }
 
 func defaultConfig(batch bool) config {

@@ -53,13 +53,26 @@ func (d *Dialect) HorizonSchemaSQL(t dialect.Table) []string {
 ) ENGINE=InnoDB`, d.horizon(t))}
 }
 
-// AdvanceHorizonSQL returns an upsert that only ever raises the row:
-// GREATEST of the stored and the new time. before is rounded up to the
-// microsecond. Parameters: consumer, before, before.
+// CleanupRow is the consumer column of the horizon table's cleanup row, a
+// name no consumer can have (see AdvanceHorizonSQL). HorizonsSQL leaves it
+// out.
+const CleanupRow = "#cleanup"
+
+// AdvanceHorizonSQL returns an upsert that only ever raises consumer's
+// row: GREATEST of the stored and the new time. before is rounded up to the
+// microsecond. The same statement moves the table's cleanup row
+// (CleanupRow) on by a microsecond, a real change every time: every
+// cleanup batch, which raises the horizon in its transaction, writes that
+// row. On a Galera cluster, where the cleanup lock (GET_LOCK) is held on
+// one node only, two batches running at once on two nodes both write it,
+// and certification lets one commit and aborts the other (error 1213,
+// retried by the retry policy after the first committed): batches of one
+// claim table commit one at a time across the cluster, as the lock makes
+// them on one server. Parameters: consumer, before, before.
 func (d *Dialect) AdvanceHorizonSQL(t dialect.Table, consumer string, before time.Time) (string, []any) {
 	b := timeArg(before)
-	return fmt.Sprintf("INSERT INTO %s (consumer, forgotten_before) VALUES (?, ?) ON DUPLICATE KEY UPDATE forgotten_before = GREATEST(forgotten_before, ?)",
-		d.horizon(t)), []any{consumer, b, b}
+	return fmt.Sprintf("INSERT INTO %s (consumer, forgotten_before) VALUES (?, ?), ('%s', '1970-01-01 00:00:01') ON DUPLICATE KEY UPDATE forgotten_before = IF(consumer = '%s', forgotten_before + INTERVAL 1 MICROSECOND, GREATEST(forgotten_before, ?))",
+		d.horizon(t), CleanupRow, CleanupRow), []any{consumer, b, b}
 }
 
 // HorizonSQL returns the later of consumer's row and the "" row, read with
@@ -78,7 +91,8 @@ func (d *Dialect) HorizonSQL(t dialect.Table, consumer string) (string, []any) {
 	return fmt.Sprintf("SELECT %s FROM %s WHERE consumer IN ('', ?) LOCK IN SHARE MODE", micros("MAX(forgotten_before)"), d.horizon(t)), []any{consumer}
 }
 
-// HorizonsSQL returns every row of the horizon table.
+// HorizonsSQL returns every consumer's row of the horizon table (not the
+// cleanup row, CleanupRow).
 func (d *Dialect) HorizonsSQL(t dialect.Table) string {
-	return fmt.Sprintf("SELECT consumer, %s FROM %s ORDER BY consumer", micros("forgotten_before"), d.horizon(t))
+	return fmt.Sprintf("SELECT consumer, %s FROM %s WHERE consumer <> '%s' ORDER BY consumer", micros("forgotten_before"), d.horizon(t), CleanupRow)
 }

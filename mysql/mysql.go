@@ -40,7 +40,40 @@ const (
 	// application use") while it is outside the primary component, still
 	// joining, or rejecting queries (wsrep_reject_queries = ALL).
 	errWsrepNotReady = 1047
+	// errErrorDuringCommit is ER_ERROR_DURING_COMMIT, "Got error N ...
+	// during COMMIT": on a Galera node N is the provider's status when
+	// replicating the write set failed (see wsrepRetryable); elsewhere a
+	// storage engine's error.
+	errErrorDuringCommit = 1180
 )
+
+// wsrepRetryable holds the Galera provider statuses (wsrep::provider::status)
+// with which a COMMIT fails as error 1180 and rolls the transaction back, so
+// that running it again may commit: 2 transaction missing, 3 certification
+// failed, 4 aborted by a replicated transaction (brute-force abort), 6
+// connection failed (the node lost the primary component while
+// replicating). The others — 5 write set larger than wsrep_max_ws_size, 7
+// and 8 provider failures, 9 not implemented, 10 not allowed — fail again
+// on a retry.
+var wsrepRetryable = map[int]bool{2: true, 3: true, 4: true, 6: true}
+
+// commitStatus returns N of a 1180 message "Got error N ... during
+// COMMIT", or -1.
+func commitStatus(msg string) int {
+	rest, ok := strings.CutPrefix(msg, "Got error ")
+	if !ok {
+		return -1
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end <= 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(rest[:end])
+	if err != nil {
+		return -1
+	}
+	return n
+}
 
 // Dialect is the MySQL/MariaDB dialect. Its zero value is ready to use.
 type Dialect struct {
@@ -215,7 +248,9 @@ func (*Dialect) TxIDSQL() string { return "SELECT @@in_transaction" }
 // errors.As and maps its error number:
 //
 //	1213 deadlock (SQLSTATE 40001), 1020 record changed
-//	(MariaDB's snapshot-isolation write conflict)          KindSerialization
+//	(MariaDB's snapshot-isolation write conflict),
+//	1180 "Got error N during COMMIT" with a Galera
+//	provider status N that a retry may clear               KindSerialization
 //	1205 lock wait timeout                                 KindLockTimeout
 //	1146 no such table                                     KindUndefinedTable
 //	1053 server shutdown, 1927 connection killed,
@@ -230,7 +265,14 @@ func (*Dialect) TxIDSQL() string { return "SELECT @@in_transaction" }
 // claim then finds the winner's row (Duplicate). A node that left the
 // primary component answers 1047 to every statement until it rejoins: the
 // retry waits out the rejoin, or a proxy's switch to another node, within
-// the RetryPolicy. A node killing its sessions (wsrep_reject_queries =
+// the RetryPolicy. A COMMIT whose write set the provider could not
+// replicate fails with 1180 and the provider's status: certification failed
+// (3), aborted by a replicated transaction (4), the node lost the primary
+// component while replicating (6), the transaction missing (2) are retried
+// (the transaction was rolled back); a write set larger than
+// wsrep_max_ws_size (5) and the provider's other statuses are not, nor is
+// 1180 with a storage engine's error (a plain server's "Got error 28 ...",
+// say, and any other number). A node killing its sessions (wsrep_reject_queries =
 // ALL_KILL) gives 1927 or a lost connection, retried as well. A causal read
 // that waits longer than its bound (wsrep_sync_wait) fails with 1205, a
 // lock wait timeout.
@@ -248,6 +290,10 @@ func (*Dialect) Classify(err error) dialect.Class {
 		switch me.Number {
 		case errLockDeadlock, errCheckRead:
 			c.Kind = dialect.KindSerialization
+		case errErrorDuringCommit:
+			if wsrepRetryable[commitStatus(me.Message)] {
+				c.Kind = dialect.KindSerialization
+			}
 		case errLockWaitTimeout:
 			c.Kind = dialect.KindLockTimeout
 		case errNoSuchTable:

@@ -39,6 +39,16 @@ func TestClassifyTable(t *testing.T) {
 		// at COMMIT (tests/galera_test.go); a node outside the primary component.
 		{&mysql.MySQLError{Number: 1213, SQLState: [5]byte{'4', '0', '0', '0', '1'}, Message: "Deadlock found when trying to get lock; try restarting transaction"}, dialect.KindSerialization, "1213"},
 		{&mysql.MySQLError{Number: 1047, SQLState: [5]byte{'0', '8', 'S', '0', '1'}, Message: "WSREP has not yet prepared node for application use"}, dialect.KindConnection, "1047"},
+		// A COMMIT whose write set could not be replicated: certification
+		// failed, a brute-force abort, the primary component lost are
+		// retried; a write set over wsrep_max_ws_size and a storage
+		// engine's error during COMMIT are not.
+		{&mysql.MySQLError{Number: 1180, Message: "Got error 3 \"No such process\" during COMMIT"}, dialect.KindSerialization, "1180"},
+		{&mysql.MySQLError{Number: 1180, Message: "Got error 4 \"Interrupted system call\" during COMMIT"}, dialect.KindSerialization, "1180"},
+		{&mysql.MySQLError{Number: 1180, Message: "Got error 6 \"No such device or address\" during COMMIT"}, dialect.KindSerialization, "1180"},
+		{&mysql.MySQLError{Number: 1180, Message: "Got error 5 \"Input/output error\" during COMMIT"}, dialect.KindOther, "1180"},
+		{&mysql.MySQLError{Number: 1180, Message: "Got error 28 \"No space left on device\" during COMMIT"}, dialect.KindOther, "1180"},
+		{&mysql.MySQLError{Number: 1180, Message: "something else"}, dialect.KindOther, "1180"},
 		{&mysql.MySQLError{Number: 1062}, dialect.KindOther, "1062"},
 		{&mysql.MySQLError{Number: 1406}, dialect.KindOther, "1406"},
 		{mysql.ErrInvalidConn, dialect.KindConnection, ""},

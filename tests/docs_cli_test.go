@@ -171,6 +171,13 @@ SELECT c, c || g, now() - make_interval(days => 45 - g % 44) FROM generate_serie
 		}
 	}
 	_ = ldb.Close()
+	// The -tenants sample's file: the loyalty database above and one more.
+	if code, _, stderr := cliRun(t, bin, nil, "migrate", "-dsn", "sqlite:"+filepath.Join(dir, "globex.db")); code != 0 {
+		t.Fatal(stderr)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tenants"), []byte("acme=sqlite:"+lite+"\nglobex=sqlite:"+filepath.Join(dir, "globex.db")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for p, off := range []string{"1042", "977"} {
 		if code, _, stderr := cliRun(t, bin, env, "migrate", "-table", schema+".claims_k", "-kafka-offsets", schema+".kafka_offsets"); code != 0 {
 			t.Fatal(stderr)

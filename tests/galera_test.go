@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -14,22 +13,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/mysql"
-	"github.com/txclaim/idempotent/tests/internal/galera"
 )
-
-// certCounter counts the retries of each error code.
-type certCounter struct {
-	mu    sync.Mutex
-	codes map[string]int
-}
-
-func (c *certCounter) Outcome(context.Context, idempotent.Event) {}
-
-func (c *certCounter) Retry(_ context.Context, e idempotent.RetryEvent) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.codes[e.Code]++
-}
 
 // TestGaleraClaimsOnTwoNodesAtOnce starts a three-node MariaDB Galera
 // cluster (tests/internal/galera), creates the claim table through the
@@ -42,9 +26,7 @@ func (c *certCounter) Retry(_ context.Context, e idempotent.RetryEvent) {
 // IDEMPOTENT_GALERA_PAIRS. It runs only with IDEMPOTENT_GALERA=1: starting
 // the cluster alone takes minutes on a loaded machine.
 func TestGaleraClaimsOnTwoNodesAtOnce(t *testing.T) {
-	if testing.Short() || os.Getenv("IDEMPOTENT_GALERA") != "1" {
-		t.Skip("galera: set IDEMPOTENT_GALERA=1 to start a three-node cluster (2-4 minutes; bash .ci/run does with IDEMPOTENT_GALERA=1)")
-	}
+	galeraOrSkip(t)
 	heavy(t)
 	pairs := 1000
 	if v := os.Getenv("IDEMPOTENT_GALERA_PAIRS"); v != "" {
@@ -56,16 +38,7 @@ func TestGaleraClaimsOnTwoNodesAtOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	started := time.Now()
-	c, err := galera.Start(ctx, "")
-	if errors.Is(err, galera.ErrNoGalera) && os.Getenv("CI") == "" {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	t.Logf("three nodes Synced in %v", time.Since(started).Round(time.Second))
+	c := startGalera(t, ctx)
 
 	admin, err := sql.Open("mysql", c.Nodes[0].DSN(""))
 	if err != nil {
@@ -78,7 +51,7 @@ func TestGaleraClaimsOnTwoNodesAtOnce(t *testing.T) {
 	if _, err := admin.ExecContext(ctx, "CREATE TABLE app.effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(64) NOT NULL, node INT NOT NULL) ENGINE=InnoDB"); err != nil {
 		t.Fatal(err)
 	}
-	obs := &certCounter{codes: map[string]int{}}
+	obs := &retryCodes{}
 	mws := make([]*idempotent.Middleware, len(c.Nodes))
 	for i, n := range c.Nodes {
 		db, err := sql.Open("mysql", n.DSN("app"))

@@ -158,3 +158,36 @@ func ExampleWithObserver() {
 	st := counts.Stats()
 	log.Printf("applied %d, duplicates %d, requeued %d, poison %d", st.Applied, st.Duplicates, st.Requeued, st.DeadLettered)
 }
+
+// A handler for tenants that each have a database of their own: each
+// message is claimed and applied in the database of the tenant its
+// metadata names.
+func ExampleWithTenant() {
+	dsns := map[string]string{"acme": "postgres://localhost/acme", "globex": "postgres://localhost/globex"}
+	ts, err := idempotent.NewTenants(postgres.New(), "loyalty", idempotent.TenantsConfig{
+		Open: func(_ context.Context, tenant string) (*sql.DB, error) {
+			dsn, ok := dsns[tenant]
+			if !ok {
+				return nil, adapter.Poison(fmt.Errorf("no tenant %q", tenant))
+			}
+			return sql.Open("postgres", dsn)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ts.Close()
+	handler, err := idwm.NewHandler(nil, func(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
+		return nil // the tenant's effect, through tx
+	}, idwm.WithTenant(ts, func(msg *message.Message) (string, error) {
+		if tenant := msg.Metadata.Get("tenant"); tenant != "" {
+			return tenant, nil
+		}
+		return "", errors.New("no tenant metadata")
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(handler != nil)
+	// Output: true
+}

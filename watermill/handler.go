@@ -60,6 +60,9 @@ var transport = adapter.Transport[*message.Message]{
 // claim in a new transaction, a PoisonQueue sees only what the rule
 // decided, and no middleware can get between the claim and its commit.
 //
+// With [WithTenant], mw is nil and each message is applied with its
+// tenant's Middleware.
+//
 // NewHandler fails for a nil mw or h, a bad option, or a Middleware in
 // partitioned mode (idempotent.WithDailyPartitions) with
 // [WithoutEventTime]: that error matches adapter.ErrNoProducerEventTime.
@@ -80,6 +83,9 @@ func NewHandler(mw *idempotent.Middleware, h Handler, opts ...Option) (message.N
 		return nil, err
 	}
 	if c.subscriberTx != nil {
+		if mw == nil {
+			return nil, errors.New("watermill: NewHandler: WithSubscriberTx and WithTenant: the subscriber's transaction is on one database, each tenant's claim table on its own; drop one of them")
+		}
 		if err := c.RefuseOrdering("WithSubscriberTx"); err != nil {
 			return nil, err
 		}
@@ -124,7 +130,8 @@ func (r *run) handle(msg *message.Message) error {
 	if r.c.subscriberTx != nil {
 		outcome, err = r.inSubscriberTx(tctx, msg, m)
 	} else {
-		outcome, err = r.mw.ProcessMessage(tctx, m, func(ctx context.Context, tx *sql.Tx) error {
+		// With WithTenant, on the message's tenant's Middleware.
+		outcome, err = r.c.Process(tctx, r.mw, msg, m, func(ctx context.Context, tx *sql.Tx) error {
 			return r.h(ctx, tx, msg)
 		})
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
 )
 
@@ -149,6 +150,19 @@ func WithSubscriberTx(txOf func(ctx context.Context) (*sql.Tx, bool)) Option {
 		c.subscriberTx = txOf
 		return nil
 	})
+}
+
+// WithTenant applies each message with its tenant's Middleware in ts, for
+// tenants that each have a database of their own: tenant names a message's
+// tenant (from its metadata or payload). NewHandler is then given a nil
+// Middleware. A message whose tenant's database cannot be reached is
+// requeued (a [*RequeueError]: the router nacks it) like any transaction
+// failure, never acked, and the other tenants' messages go on; a message
+// whose tenant cannot be read is poison. WithSubscriberTx is refused with
+// it: the subscriber's transaction is on one database, the tenants' claim
+// tables on many. See adapter.Config.SetTenant. Default: no tenants.
+func WithTenant(ts *idempotent.Tenants, tenant func(msg *message.Message) (string, error)) Option {
+	return optionFunc(func(c *config) error { return wrapOpt(c.SetTenant(ts, tenant)) })
 }
 
 // wrapOpt names the adapter in an option's error.

@@ -226,7 +226,11 @@ func requireRetention(r *days) error {
 }
 
 func cmdCleanup(ctx context.Context, args []string, e env) error {
+	if ok, err := forEachTenant(ctx, args, e, cmdCleanup); ok {
+		return err
+	}
 	c := newCommand("cleanup", "Deletes claims processed before the retention window (plus the clock-skew margin),\nin batches, each its own short transaction. Only one cleanup runs per table at a time;\na second one stops at once and exits 0 (on SQLite it takes turns with the first).\nOn SQLite give a -pause about as long as a batch takes, or claims wait behind it.", e, true)
+	c.fs.String("tenants", "", tenantsHelp)
 	retention := &days{}
 	c.fs.Var(retention, "retention", "retention window (required), e.g. 30d")
 	skew := &days{d: idempotent.DefaultClockSkew}
@@ -349,7 +353,11 @@ func cmdCleanup(ctx context.Context, args []string, e env) error {
 }
 
 func cmdPartitions(ctx context.Context, args []string, e env) error {
+	if ok, err := forEachTenant(ctx, args, e, cmdPartitions); ok {
+		return err
+	}
 	c := newCommand("partitions", "Maintains a partitioned claim table: creates the days of the retention window and the\nlead days, and detaches then drops the days older than the window (plus the clock-skew\nmargin). Run it daily. With -list it only lists the partitions.", e, true)
+	c.fs.String("tenants", "", tenantsHelp)
 	retention := &days{}
 	c.fs.Var(retention, "retention", "retention window (required unless -list), e.g. 30d")
 	skew := &days{d: idempotent.DefaultClockSkew}

@@ -31,7 +31,11 @@ type layout struct {
 }
 
 func cmdStats(ctx context.Context, args []string, e env) error {
+	if ok, err := forEachTenant(ctx, args, e, cmdStats); ok {
+		return err
+	}
 	c := newCommand("stats", "Prints the claims per consumer with the oldest and newest claim, the table and index\nsizes, the retention horizon and, for a partitioned table, its partitions; then, for those\nthat exist, the HTTP response table's, the outbox's and the kafka offsets table's figures.\nIt counts every row: on a large table it takes as long as a full scan.", e, true)
+	c.fs.String("tenants", "", tenantsHelp)
 	httpTable := c.fs.String("http-table", "", `the HTTP response table (default: the claim table's name + "_http")`)
 	outboxTable := c.fs.String("outbox", "", `the outbox table, Postgres (default: "outbox" in the claim table's schema)`)
 	offsetsTable := c.fs.String("kafka-offsets", "", `the kafka offsets table, Postgres (default: "`+migrations.DefaultKafkaOffsetsTable+`" in the claim table's schema)`)

@@ -52,8 +52,9 @@ func (n *Node) DSN(db string) string {
 
 // Cluster is a running three-node cluster.
 type Cluster struct {
-	Dir   string
-	Nodes []*Node
+	Dir    string
+	Nodes  []*Node
+	server string
 }
 
 // find returns the server and install tool, installing them with apt-get
@@ -135,7 +136,7 @@ func Start(ctx context.Context, parent string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir}
+	c := &Cluster{Dir: dir, server: server}
 	var gcomm []string
 	for i := range 3 {
 		gcomm = append(gcomm, fmt.Sprintf("127.0.0.1:%d", ports[4*i+1]))
@@ -215,6 +216,51 @@ wsrep_sst_receive_address=127.0.0.1:%[8]d
 		}
 	}
 	return c, nil
+}
+
+// Attach returns the running cluster whose nodes answer on ports of
+// 127.0.0.1 (root, no password), started by other means: its Stop stops
+// nothing, and Kill and Rejoin fail.
+func Attach(ports ...int) *Cluster {
+	c := &Cluster{}
+	for i, p := range ports {
+		c.Nodes = append(c.Nodes, &Node{Name: fmt.Sprintf("n%d", i+1), Port: p})
+	}
+	return c
+}
+
+// Kill stops node i at once (SIGKILL of its server), as a crash would:
+// the other two keep the primary component (two of three) and go on.
+func (c *Cluster) Kill(i int) error {
+	n := c.Nodes[i]
+	if n.cmd == nil || n.cmd.Process == nil {
+		return fmt.Errorf("galera: %s is not running", n.Name)
+	}
+	if err := syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("galera: kill %s: %w", n.Name, err)
+	}
+	<-n.done
+	return nil
+}
+
+// Rejoin starts node i again after Kill: it rejoins the cluster (by IST
+// from a donor's gcache, or SST when the gap is too large) and Rejoin
+// returns once every node is Synced in a cluster of 3 again.
+func (c *Cluster) Rejoin(ctx context.Context, i int) error {
+	n := c.Nodes[i]
+	if c.server == "" {
+		return fmt.Errorf("galera: %s was not started by Start", n.Name)
+	}
+	// A killed node's state is unsafe to bootstrap from, never to join.
+	if err := n.start(c.server); err != nil {
+		return err
+	}
+	for _, m := range c.Nodes {
+		if err := m.waitSynced(ctx, 3); err != nil {
+			return fmt.Errorf("%w\n%s", err, c.Logs())
+		}
+	}
+	return nil
 }
 
 func chownAll(dir, owner string) error {
@@ -326,7 +372,9 @@ func (c *Cluster) Stop() {
 			<-n.done
 		}
 	}
-	_ = os.RemoveAll(c.Dir)
+	if c.Dir != "" {
+		_ = os.RemoveAll(c.Dir)
+	}
 }
 
 // Logs returns the end of each node's error log.
