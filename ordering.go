@@ -131,9 +131,10 @@ type ParkedMessage struct {
 // Message.OrderSeq; messages without them are processed as before). See
 // docs/ordering.md. EnsureSchema then also creates the sequence and
 // parking tables; New refuses it on a dialect that is not a
-// dialect.Orderer. Ordered messages run one per transaction: they are
-// never coalesced (WithCoalescing), and ProcessMessages, ClaimMessage and
-// the batch wrappers refuse them with ErrInvalidOrder. Default is off.
+// dialect.Orderer. ProcessMessages and the batch wrappers keep the order
+// within and across batches (see ProcessMessages); ordered messages are
+// never coalesced (WithCoalescing), and ClaimMessage refuses them with
+// ErrInvalidOrder. Default is off.
 func WithOrdering(o Ordering) Option {
 	return optionFunc(func(c *config) error {
 		switch {
@@ -293,24 +294,8 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 			st.skipCommit = true
 			return Duplicate, nil, nil
 		}
-		headers := ""
-		if len(msg.Headers) > 0 {
-			b, err := json.Marshal(msg.Headers)
-			if err != nil {
-				return 0, nil, fmt.Errorf("idempotent: park: headers: %w", err)
-			}
-			headers = string(b)
-		}
-		payload := msg.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
-		var at int64
-		if !msg.EventTime.IsZero() {
-			at = msg.EventTime.UnixMicro()
-		}
-		if _, err := tx.ExecContext(ctx, o.parkSQL, m.consumer, msg.OrderKey, seq, msg.Key, payload, headers, at, m.ret.clock().UnixMicro()); err != nil {
-			return 0, nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, seq, err)
+		if err := m.park(ctx, tx, msg); err != nil {
+			return 0, nil, err
 		}
 		return Parked, nil, nil
 	}
@@ -674,4 +659,28 @@ func (m *Middleware) ensureOrderSchema(ctx context.Context) error {
 		return nil
 	}
 	return t.createMissing(ctx, insp, objs, missing)
+}
+
+// park stores msg in the parking table, in tx.
+func (m *Middleware) park(ctx context.Context, tx *sql.Tx, msg Message) error {
+	headers := ""
+	if len(msg.Headers) > 0 {
+		b, err := json.Marshal(msg.Headers)
+		if err != nil {
+			return fmt.Errorf("idempotent: park: headers: %w", err)
+		}
+		headers = string(b)
+	}
+	payload := msg.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var at int64
+	if !msg.EventTime.IsZero() {
+		at = msg.EventTime.UnixMicro()
+	}
+	if _, err := tx.ExecContext(ctx, m.ord.parkSQL, m.consumer, msg.OrderKey, msg.OrderSeq, msg.Key, payload, headers, at, m.ret.clock().UnixMicro()); err != nil {
+		return fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, msg.OrderSeq, err)
+	}
+	return nil
 }
