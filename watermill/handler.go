@@ -108,6 +108,8 @@ type run struct {
 	h    Handler
 	rule adapter.Rule
 	obs  adapter.Observer
+	// serial runs the messages of one ordering key one at a time.
+	serial adapter.Serial
 }
 
 // handle applies msg and settles it: nil (ack), a *RequeueError (nack), or
@@ -124,8 +126,14 @@ func (r *run) handle(msg *message.Message) error {
 	if r.c.subscriberTx != nil {
 		outcome, err = r.inSubscriberTx(tctx, msg, m)
 	} else {
-		outcome, err = r.mw.ProcessMessage(tctx, m, func(ctx context.Context, tx *sql.Tx) error {
-			return r.h(ctx, tx, msg)
+		// With ordering, one entity's messages run one at a time in this
+		// process, whatever the router runs concurrently: two would hold
+		// two transactions, one waiting on the other's lock of the
+		// entity's sequence row.
+		r.serial.Do(m.OrderKey, func() {
+			outcome, err = r.mw.ProcessMessage(tctx, m, func(ctx context.Context, tx *sql.Tx) error {
+				return r.h(ctx, tx, msg)
+			})
 		})
 	}
 	end(outcome, err)
