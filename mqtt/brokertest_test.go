@@ -35,7 +35,7 @@ type harness struct {
 }
 
 func (harness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, Kill: true, Restart: true, Ordered: true, RefusesOrdering: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, Ordered: true}
 }
 
 func (h harness) Open(t *testing.T) brokertest.Transport {
