@@ -53,7 +53,7 @@ type orderAudit struct {
 
 func newOrderAudit(e *env) *orderAudit {
 	a := &orderAudit{db: e.s.db, table: `"` + e.schema + `".order_audit`}
-	if _, err := e.s.db.Exec("CREATE TABLE " + a.table + " (entity TEXT NOT NULL, seq BIGINT NOT NULL, pos BIGINT NOT NULL)"); err != nil {
+	if _, err := e.s.db.Exec("CREATE TABLE " + a.table + " (entity TEXT NOT NULL, seq BIGINT NOT NULL, pos BIGINT NOT NULL, PRIMARY KEY (entity, pos))"); err != nil {
 		e.t.Fatal(err)
 	}
 	return a
