@@ -22,16 +22,21 @@ func TestSerialOneKeyAtATime(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() {
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
 		s.Do("a", func() {
 			note("a1 start")
 			close(started)
 			<-release
 			note("a1 end")
 		})
-	})
+	}()
 	<-started
-	wg.Go(func() { s.Do("a", func() { note("a2") }) })
+	go func() {
+		defer wg.Done()
+		s.Do("a", func() { note("a2") })
+	}()
 	// Wait until the second call of "a" is inside Do (bounded poll).
 	deadline := time.Now().Add(time.Minute)
 	for {
