@@ -49,8 +49,11 @@ func (e *BatchKeyError) Unwrap() error { return e.Err }
 
 // BatchFunc applies the effects of a batch's new messages inside the
 // transaction that claimed them. fresh holds the indexes, in the batch given
-// to ProcessMessages, of the messages whose claims were new, in ascending order;
-// it is never empty. Like TxFunc, it must do all its work through tx, with
+// to ProcessMessages, of the messages whose claims were new, in ascending order
+// — except that, with WithOrdering, the ordered messages of one entity are
+// placed in sequence order in the positions they hold, and those that do not
+// apply now (parked, or duplicates of a sequence) are left out; it is never
+// empty. Like TxFunc, it must do all its work through tx, with
 // ctx, and must not commit or roll back tx. It may run more than once if the
 // batch is retried, each time with a fresh slice.
 type BatchFunc func(ctx context.Context, tx *sql.Tx, fresh []int) error
@@ -98,6 +101,19 @@ type BatchHandler[M any] func(ctx context.Context, tx *sql.Tx, msgs []M) error
 // that has no partition yet fails the whole batch with ErrNoPartition,
 // which is transient.
 //
+// With WithOrdering, a batch may hold ordered messages (see
+// docs/ordering.md), and several of one entity, in any order. After the
+// claims, the entities' sequence rows are locked in ascending order of
+// their ordering keys. Each entity's messages that follow its last applied
+// sequence without a gap are given to fn, in sequence order; then its
+// parked successors apply through Ordering.Release, in the same
+// transaction — those parked by earlier deliveries and those this batch
+// parked, which are then Applied. A message further ahead is Parked; one
+// at or below the applied sequence, or a second message with the same
+// sequence, is Duplicate and its claim is not kept; one whose sequence an
+// operator skipped fails the batch with a *BatchKeyError matching
+// ErrSkippedSequence.
+//
 // Failures are handled as by ProcessMessage, for the batch as a whole: an
 // error from fn rolls back every claim and effect of the batch;
 // serialization failures, deadlocks and lost connections retry the whole
@@ -132,9 +148,6 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 	}
 	for i, msg := range msgs {
 		if err := m.checkMessage(msg); err != nil {
-			return nil, 0, &BatchKeyError{Index: i, Err: err}
-		}
-		if err := refuseOrdered(msg, "a batch"); err != nil {
 			return nil, 0, &BatchKeyError{Index: i, Err: err}
 		}
 	}
@@ -180,8 +193,10 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 
 	outcomes := make([]Outcome, len(msgs))
 	isNew := make([]bool, len(uniq))
+	var bo *batchOrder
 	attempts, err := r.run(ctx, "", func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
 		clear(isNew)
+		bo = nil
 		claimed, err := m.claimBatch(ctx, tx, st, batchClaim{uniq: uniq, first: first, ats: ats, days: days}, isNew)
 		if err != nil {
 			return err
@@ -197,8 +212,19 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 			}
 		}
 		slices.Sort(fresh)
-		st.inHandler = true
-		return fn(ctx, tx, fresh)
+		if m.ord != nil {
+			if fresh, bo, err = m.orderBatch(ctx, tx, msgs, fresh); err != nil {
+				return err
+			}
+		}
+		if len(fresh) > 0 {
+			st.inHandler = true
+			if err := fn(ctx, tx, fresh); err != nil {
+				return err
+			}
+			st.inHandler = false
+		}
+		return m.releaseBatch(ctx, tx, st, msgs, bo)
 	})
 	if err != nil {
 		err = m.reclassify(ctx, err)
@@ -212,8 +238,209 @@ func (m *Middleware) processMessages(ctx context.Context, r *runner, msgs []Mess
 			outcomes[first[j]] = Applied
 		}
 	}
-	m.recordSeenKeys(ctx, scope, uniq)
+	if bo == nil {
+		m.recordSeenKeys(ctx, scope, uniq)
+		return outcomes, attempts, nil
+	}
+	seen := uniq[:0:0]
+	for j, k := range uniq {
+		i := first[j]
+		if o, ok := bo.outcome[i]; ok {
+			outcomes[i] = o
+		}
+		// A parked message is not applied yet (see claimAndRun).
+		if outcomes[i] != Parked {
+			seen = append(seen, k)
+		}
+	}
+	m.recordSeenKeys(ctx, scope, seen)
+	m.observeReleased(ctx, bo.others)
 	return outcomes, attempts, nil
+}
+
+// batchOrder is what the ordered messages of a batch came to in one
+// attempt's transaction (orderBatch, releaseBatch).
+type batchOrder struct {
+	// outcome holds the ordered messages that fn does not apply, by index
+	// in the batch: Duplicate, Parked, or Applied for one parked and then
+	// released in the same transaction.
+	outcome map[int]Outcome
+	// chains are the entities some of whose messages fn applies, with the
+	// last sequence it applies: their parked successors follow.
+	chains []orderChain
+	// parked maps the key of each message parked in this transaction to
+	// its index in the batch.
+	parked map[string]int
+	// others are the messages of earlier deliveries that the release
+	// applied, for the observer.
+	others []ParkedMessage
+}
+
+// orderChain is an entity of a batch and the last sequence fn applies.
+type orderChain struct {
+	key  string
+	last int64
+	// parkedMax is the highest sequence parked for key: the row's
+	// parked_max, raised by what the batch parked.
+	parkedMax int64
+}
+
+// orderBatch decides, in tx, after a batch's claims, what the sequence of
+// each of its fresh ordered messages means, entity by entity in ascending
+// order of ordering keys, so that overlapping batches lock the sequence
+// rows in one order, as they take the claims. From an entity's last
+// applied sequence, the batch's messages that follow without a gap apply
+// in this transaction; one at or below the sequence applied (or given
+// twice) is Duplicate and its claim deleted; one further ahead is parked.
+// The entity's row moves to the last that applies before fn runs, as
+// ordered moves it before a handler. A message whose sequence an operator
+// skipped fails the batch with a *BatchKeyError naming it
+// (ErrSkippedSequence).
+//
+// It returns what fn is given: fresh without the ordered messages that do
+// not apply, each entity's messages placed in sequence order in the
+// positions they hold (the unordered messages keep theirs).
+func (m *Middleware) orderBatch(ctx context.Context, tx *sql.Tx, msgs []Message, fresh []int) ([]int, *batchOrder, error) {
+	o := m.ord
+	byKey := map[string][]int{}
+	var apply []int
+	for _, i := range fresh {
+		if k := msgs[i].OrderKey; k != "" {
+			byKey[k] = append(byKey[k], i)
+		} else {
+			apply = append(apply, i)
+		}
+	}
+	if len(byKey) == 0 {
+		return fresh, nil, nil
+	}
+	bo := &batchOrder{outcome: map[int]Outcome{}, parked: map[string]int{}}
+	duplicate := func(i int) error {
+		bo.outcome[i] = Duplicate
+		if _, err := tx.ExecContext(ctx, o.unclaimSQL, m.consumer, msgs[i].Key); err != nil {
+			return fmt.Errorf("idempotent: ordering key %q, sequence %d: delete the claim of duplicate %q: %w", msgs[i].OrderKey, msgs[i].OrderSeq, msgs[i].Key, err)
+		}
+		return nil
+	}
+	var entities [][]int // each entity's applying messages, in sequence order
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	// Every row is locked before the parking table is read: on a database
+	// whose plain reads see a snapshot taken at the first one (MySQL's
+	// repeatable read), a read before a later lock would miss what the
+	// holder of that lock parked meanwhile.
+	lasts := make([]int64, len(keys))
+	maxes := make([]int64, len(keys))
+	for j, k := range keys {
+		var err error
+		if lasts[j], maxes[j], err = o.lock(ctx, tx, m.consumer, k); err != nil {
+			return nil, nil, err
+		}
+	}
+	for j, k := range keys {
+		idx := byKey[k]
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Or(cmp.Compare(msgs[a].OrderSeq, msgs[b].OrderSeq), a-b) })
+		last := lasts[j]
+		next, ahead := last+1, int64(0)
+		var mine []int
+		for _, i := range idx {
+			seq := msgs[i].OrderSeq
+			switch {
+			case seq == next:
+				mine = append(mine, i)
+				next++
+			case seq < next:
+				if seq <= last {
+					state, _, err := o.lookup(ctx, tx, m.consumer, k, seq)
+					if err != nil {
+						return nil, nil, err
+					}
+					if state == "S" {
+						return nil, nil, &BatchKeyError{Index: i, Err: fmt.Errorf("%w: key %q: ordering key %q, sequence %d was skipped by an operator and its successors applied without it (last applied %d); it is not applied",
+							ErrSkippedSequence, msgs[i].Key, k, seq, last)}
+					}
+				}
+				if err := duplicate(i); err != nil {
+					return nil, nil, err
+				}
+			case seq == ahead:
+				// Parked already, from this batch.
+				if err := duplicate(i); err != nil {
+					return nil, nil, err
+				}
+			default:
+				ahead = seq
+				state, _, err := o.lookup(ctx, tx, m.consumer, k, seq)
+				if err != nil {
+					return nil, nil, err
+				}
+				if state != "" {
+					if err := duplicate(i); err != nil {
+						return nil, nil, err
+					}
+					continue
+				}
+				if err := o.parkLocked(ctx, tx, m.consumer, msgs[i], m.ret.clock()); err != nil {
+					return nil, nil, err
+				}
+				maxes[j] = max(maxes[j], seq)
+				bo.outcome[i], bo.parked[msgs[i].Key] = Parked, i
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		if err := o.bump(ctx, tx, m.consumer, k, next-1); err != nil {
+			return nil, nil, err
+		}
+		bo.chains = append(bo.chains, orderChain{key: k, last: next - 1, parkedMax: maxes[j]})
+		entities = append(entities, mine)
+		apply = append(apply, mine...)
+	}
+	slices.Sort(apply)
+	pos := make(map[int]int, len(apply)) // batch index → position in apply
+	for p, i := range apply {
+		pos[i] = p
+	}
+	out := slices.Clone(apply)
+	for _, mine := range entities {
+		slots := make([]int, len(mine))
+		for j, i := range mine {
+			slots[j] = pos[i]
+		}
+		slices.Sort(slots)
+		for j, i := range mine {
+			out[slots[j]] = i
+		}
+	}
+	return out, bo, nil
+}
+
+// releaseBatch applies, after fn, the parked successors of every entity
+// of bo that fn moved on, through Ordering.Release, in this transaction:
+// those of earlier deliveries and those the batch itself parked, which are
+// then Applied.
+func (m *Middleware) releaseBatch(ctx context.Context, tx *sql.Tx, st *attemptState, msgs []Message, bo *batchOrder) error {
+	if bo == nil {
+		return nil
+	}
+	for _, c := range bo.chains {
+		released, err := m.release(ctx, tx, st, c.key, c.last, c.parkedMax, true)
+		if err != nil {
+			return err
+		}
+		for _, p := range released {
+			if i, ok := bo.parked[p.Key]; ok && msgs[i].OrderKey == p.OrderKey && msgs[i].OrderSeq == p.OrderSeq {
+				bo.outcome[i] = Applied
+				continue
+			}
+			bo.others = append(bo.others, p)
+		}
+	}
+	return nil
 }
 
 func batchTooLarge(n int) error {

@@ -131,9 +131,10 @@ type ParkedMessage struct {
 // Message.OrderSeq; messages without them are processed as before). See
 // docs/ordering.md. EnsureSchema then also creates the sequence and
 // parking tables; New refuses it on a dialect that is not a
-// dialect.Orderer. Ordered messages run one per transaction: they are
-// never coalesced (WithCoalescing), and ProcessMessages, ClaimMessage and
-// the batch wrappers refuse them with ErrInvalidOrder. Default is off.
+// dialect.Orderer. ProcessMessages and the batch wrappers keep the order
+// within and across batches (see ProcessMessages); ordered messages are
+// never coalesced (WithCoalescing), and ClaimMessage refuses them with
+// ErrInvalidOrder. Default is off.
 func WithOrdering(o Ordering) Option {
 	return optionFunc(func(c *config) error {
 		switch {
@@ -397,17 +398,9 @@ func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Mes
 			return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", key, seq, err)
 		}
 	}
-	at, headers, err := parkrow.Encode(msg.EventTime, msg.Headers)
+	res, err := o.insertParked(ctx, tx, consumer, msg, now)
 	if err != nil {
-		return false, fmt.Errorf("idempotent: %w", err)
-	}
-	payload := msg.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
-	res, err := tx.ExecContext(ctx, o.parkSQL, consumer, key, seq, msg.Key, payload, headers, at, now.UnixMicro())
-	if err != nil {
-		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
+		return false, err
 	}
 	if o.advanceSQL == "" {
 		return true, nil
@@ -417,6 +410,36 @@ func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Mes
 		return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", key, seq, err)
 	}
 	return n == 1, nil
+}
+
+// parkLocked parks msg for a caller that locked the entity's row with
+// lock, not advance, and found no parking row for its sequence (a batch):
+// it raises parked_max itself, as advance does for a single message, so
+// that release looks for msg.
+func (o *orderer) parkLocked(ctx context.Context, tx *sql.Tx, consumer string, msg Message, now time.Time) error {
+	if _, err := tx.ExecContext(ctx, o.markSQL, msg.OrderSeq, consumer, msg.OrderKey, msg.OrderSeq); err != nil {
+		return fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", msg.OrderKey, msg.OrderSeq, err)
+	}
+	_, err := o.insertParked(ctx, tx, consumer, msg, now)
+	return err
+}
+
+// insertParked inserts msg into the parking table, with its payload, event
+// time and headers.
+func (o *orderer) insertParked(ctx context.Context, tx *sql.Tx, consumer string, msg Message, now time.Time) (sql.Result, error) {
+	at, headers, err := parkrow.Encode(msg.EventTime, msg.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: %w", err)
+	}
+	payload := msg.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	res, err := tx.ExecContext(ctx, o.parkSQL, consumer, msg.OrderKey, msg.OrderSeq, msg.Key, payload, headers, at, now.UnixMicro())
+	if err != nil {
+		return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: park: %w", msg.OrderKey, msg.OrderSeq, err)
+	}
+	return res, nil
 }
 
 // bump sets key's last applied sequence to seq.

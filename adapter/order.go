@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/txclaim/idempotent"
 )
@@ -62,10 +63,11 @@ func Shard(key string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// Route spreads the deliveries of in over n channels by Shard of key(d),
-// and closes them all once in is closed and drained. Each channel holds up
-// to buffer deliveries; a worker that falls behind holds back, through
-// Route, the deliveries routed after its own, as one consumer would.
+// Route spreads the deliveries of in over n channels by Shard of key(d) —
+// a delivery whose key is empty goes to the channels in turn — and closes
+// them all once in is closed and drained. Each channel holds up to buffer
+// deliveries; a worker that falls behind holds back, through Route, the
+// deliveries routed after its own, as one consumer would.
 func Route[T any](in <-chan T, n, buffer int, key func(T) string) []<-chan T {
 	outs := make([]chan T, n)
 	ro := make([]<-chan T, n)
@@ -74,12 +76,99 @@ func Route[T any](in <-chan T, n, buffer int, key func(T) string) []<-chan T {
 		ro[i] = outs[i]
 	}
 	go func() {
+		turn := 0
 		for d := range in {
-			outs[Shard(key(d), n)] <- d
+			k := key(d)
+			if k == "" {
+				turn = (turn + 1) % n
+				outs[turn] <- d
+				continue
+			}
+			outs[Shard(k, n)] <- d
 		}
 		for _, o := range outs {
 			close(o)
 		}
 	}()
 	return ro
+}
+
+// RouteKey is the key a delivery is routed to a worker by (Route): its
+// OrderKeyHeader, else its message key (the key function's; "" when that
+// fails, and the delivery then goes to the workers in turn).
+func (c *Config[T]) RouteKey(msg T) string {
+	if c.tr.Header != nil {
+		if k, ok := c.tr.Header(msg, OrderKeyHeader); ok && k != "" {
+			return k
+		}
+	}
+	if c.key == nil {
+		return ""
+	}
+	k, err := c.key(msg)
+	if err != nil {
+		return ""
+	}
+	return k
+}
+
+// Routed reports whether the consumer's workers take deliveries by a hash
+// of their ordering key (Route, RouteKey): when the Middleware keeps order
+// (Ordering) and there is more than one worker. One entity's deliveries
+// then run one after another, in the order the transport gave them, so
+// that they need not park; other entities run on the other workers.
+func (c *Config[T]) Routed() bool { return c.Ordering() && c.workers > 1 }
+
+// Route spreads the deliveries of in over the workers by RouteKey (see
+// the function Route), each channel holding one delivery.
+func (c *Config[T]) Route(in <-chan T) []<-chan T {
+	return Route(in, c.workers, 1, c.RouteKey)
+}
+
+// Serial runs the calls given one key one at a time and calls given
+// different keys at once: the in-process routing by ordering key of an
+// adapter that does not own its workers (a Watermill handler, whose
+// router calls it concurrently), so that one entity's deliveries do not
+// hold two transactions, one waiting on the other's lock of the entity's
+// sequence row. Its zero value is ready to use.
+type Serial struct {
+	mu   sync.Mutex
+	keys map[string]*serialKey
+}
+
+// serialKey is one key's turn (a lock that is a channel) and how many
+// calls hold or wait for it.
+type serialKey struct {
+	turn chan struct{}
+	n    int
+}
+
+// Do runs fn once no other call of Do with key is running; an empty key
+// runs fn at once.
+func (s *Serial) Do(key string, fn func()) {
+	if key == "" {
+		fn()
+		return
+	}
+	s.mu.Lock()
+	if s.keys == nil {
+		s.keys = map[string]*serialKey{}
+	}
+	k := s.keys[key]
+	if k == nil {
+		k = &serialKey{turn: make(chan struct{}, 1)}
+		s.keys[key] = k
+	}
+	k.n++
+	s.mu.Unlock()
+	k.turn <- struct{}{}
+	defer func() {
+		<-k.turn
+		s.mu.Lock()
+		if k.n--; k.n == 0 {
+			delete(s.keys, key)
+		}
+		s.mu.Unlock()
+	}()
+	fn()
 }

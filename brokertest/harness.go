@@ -64,6 +64,15 @@ type Features struct {
 	// clock-skew margin rather than adapter.DefaultFutureBound. The
 	// future-dated scenario checks the bound the adapter has by default.
 	Ordered bool
+	// RefusesOrdering: the adapter cannot keep per-key order
+	// (idempotent.WithOrdering), in any mode: its NewConsumer must refuse
+	// a Middleware created WithOrdering, and the ordered scenarios check
+	// that it does instead of running.
+	RefusesOrdering bool
+	// RoutesByOrderKey: the per-message consumer's workers take
+	// deliveries by a hash of their ordering key (adapter.Config.Route),
+	// so that messages published in order never park.
+	RoutesByOrderKey bool
 }
 
 // Message is what the suite publishes.

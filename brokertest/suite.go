@@ -124,7 +124,7 @@ func Run(t *testing.T, h Harness) {
 	} else {
 		t.Log("poison is terminated")
 	}
-	all := append(append(scenarios[:len(scenarios):len(scenarios)], faultScenarios...), mistakeScenarios()...)
+	all := append(append(append(scenarios[:len(scenarios):len(scenarios)], faultScenarios...), mistakeScenarios()...), orderedScenarios...)
 	for _, m := range modes(f) {
 		s := &suite{h: h, f: f, db: db, mode: m, batch: m.batch}
 		t.Run(string(m.name), func(t *testing.T) {

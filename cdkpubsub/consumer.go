@@ -63,9 +63,6 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
-		return nil, err
-	}
 	return newConsumer(mw, cfg, nil, h)
 }
 
@@ -131,6 +128,13 @@ func (c *Consumer) Run(ctx context.Context, sub *pubsub.Subscription) error {
 	defer stop()
 
 	w := worker{c: c, sub: sub, receiving: receiving}
+	if c.batch == nil && c.cfg.Routed() {
+		err := w.routed(hctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	var mu sync.Mutex
 	var fatal error
 	var wg sync.WaitGroup
@@ -189,6 +193,44 @@ func (w worker) run(hctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// routed is Run with ordering (adapter.Config.Routed): one goroutine
+// receives and hands each message to the worker of its ordering key, so
+// that one entity's messages are handled one after another, in the order
+// the subscription gave them, and need not park, while other entities'
+// run on the other workers. It returns when receiving ends (nil) or
+// Receive fails (an error), once the workers have finished.
+func (w worker) routed(hctx context.Context) error {
+	in := make(chan *pubsub.Message)
+	var wg sync.WaitGroup
+	for _, msgs := range w.c.cfg.Route(in) {
+		wg.Go(func() {
+			for m := range msgs {
+				if w.receiving.Err() != nil {
+					w.release(hctx, m)
+					continue
+				}
+				w.handleOne(hctx, m)
+			}
+		})
+	}
+	var err error
+	for w.receiving.Err() == nil {
+		var m *pubsub.Message
+		if m, err = w.sub.Receive(w.receiving); err != nil {
+			if w.receiving.Err() != nil {
+				err = nil
+			} else {
+				err = fmt.Errorf("cdkpubsub: receive: %w", err)
+			}
+			break
+		}
+		in <- m
+	}
+	close(in)
+	wg.Wait()
+	return err
 }
 
 // collect adds to msgs what the subscription gives within the batch wait

@@ -87,6 +87,7 @@ var transport = adapter.Transport[*paho.Publish]{
 	Name:       "mqtt",
 	DefaultKey: Property(DefaultKeyProperty),
 	Header:     property,
+	Payload:    func(m *paho.Publish) []byte { return m.Payload },
 	Ordered:    true,
 }
 

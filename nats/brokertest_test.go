@@ -25,7 +25,7 @@ func TestBrokertest(t *testing.T) {
 type natsHarness struct{ url string }
 
 func (natsHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, RequeueDelay: true}
+	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, RequeueDelay: true, RoutesByOrderKey: true}
 }
 
 // Open creates a stream and a durable with a 2s AckWait, so that what a

@@ -73,9 +73,6 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if cfg.fetchSize != 0 {
 		return nil, errors.New("nats: NewBatchConsumer: WithFetchSize is for NewConsumer; WithBatchSize sets how many messages a pull request asks for")
 	}
-	if err := cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
-		return nil, err
-	}
 	if cfg.batchSize == 0 {
 		cfg.batchSize = DefaultBatchSize
 	}
@@ -146,12 +143,15 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer) error {
 	defer stop()
 
 	w := worker{c: c, cons: cons, name: info.Name, stream: info.Stream, ackWait: ackWait, source: info.Stream + "/" + info.Name}
+	if c.batch == nil && c.cfg.Routed() {
+		return w.routed(pulling, hctx)
+	}
 	var mu sync.Mutex
 	var fatal error
 	var wg sync.WaitGroup
 	for range c.cfg.Workers() {
 		wg.Go(func() {
-			if err := w.run(pulling, hctx); err != nil {
+			if err := w.run(pulling, hctx, nil); err != nil {
 				mu.Lock()
 				if fatal == nil {
 					fatal = err
@@ -174,9 +174,38 @@ type worker struct {
 	ackWait      time.Duration
 }
 
+// routed is Run with ordering (adapter.Config.Routed): one goroutine pulls
+// and hands each message to the worker of its ordering key, so that one
+// entity's messages are handled one after another, in the stream's order,
+// and need not park, while other entities' run on the other workers.
+func (w worker) routed(pulling, hctx context.Context) error {
+	in := make(chan jetstream.Msg)
+	var wg sync.WaitGroup
+	for _, msgs := range w.c.cfg.Route(in) {
+		wg.Go(func() {
+			var settling chan struct{}
+			for m := range msgs {
+				if pulling.Err() != nil {
+					w.release(hctx, m)
+					continue
+				}
+				w.handleOne(hctx, m, &settling)
+			}
+			if settling != nil {
+				<-settling
+			}
+		})
+	}
+	err := w.run(pulling, hctx, func(m jetstream.Msg) { in <- m })
+	close(in)
+	wg.Wait()
+	return err
+}
+
 // run pulls until pulling ends (nil) or the consumer or connection goes
-// away (an error). hctx is the handlers' context.
-func (w worker) run(pulling, hctx context.Context) error {
+// away (an error). hctx is the handlers' context. dispatch, when not nil,
+// takes each message of a per-message consumer instead of the worker.
+func (w worker) run(pulling, hctx context.Context, dispatch func(jetstream.Msg)) error {
 	c := w.c
 	backoff := time.Duration(0)
 	gone := 0
@@ -213,6 +242,10 @@ func (w worker) run(pulling, hctx context.Context) error {
 					received++
 					if pulling.Err() != nil {
 						w.release(hctx, m)
+						continue
+					}
+					if dispatch != nil {
+						dispatch(m)
 						continue
 					}
 					w.handleOne(hctx, m, &settling)

@@ -29,14 +29,14 @@ type rabbitHarness struct{}
 
 // Features: a batch consumer (Batch), a killed connection's unacked
 // deliveries are requeued (Kill), a queue keeps what a stopped consumer
-// left (Restart), a closed channel loses the acks it had not sent
-// (LoseAck), poison is rejected to the queue's dead-letter exchange
+// left (Restart), an ack can be lost after the commit (LoseAck: the delivery
+// goes back to the queue), poison is rejected to the queue's dead-letter exchange
 // (DeadLetter), and the harness stamps the AMQP timestamp (TransportTime).
 // A requeue reports the time the delivery was held, at most the retry
 // delay's maximum, not the rule's whole delay: a message dated ahead of
 // the clock comes back and is held again (no RequeueDelay).
 func (rabbitHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, Kill: true, Restart: true, LoseAck: true, DeadLetter: true, TransportTime: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, LoseAck: true, DeadLetter: true, TransportTime: true, RoutesByOrderKey: true}
 }
 
 func (rabbitHarness) Open(t *testing.T) brokertest.Transport {
@@ -196,9 +196,9 @@ func (c *rabbitConsumer) Kill() error {
 }
 
 // rabbitChannel is the Channel Run consumes on: it reports when Consume
-// has registered, and makes each delivery's ack, when lose says so, close
-// the channel instead, as a process that dies between the commit and the
-// ack does.
+// has registered, and makes each delivery's ack, when lose says so, hand
+// the delivery back instead, as a process that dies between the commit and
+// the ack does.
 type rabbitChannel struct {
 	*amqp.Channel
 	lose  func(key string) bool
@@ -219,7 +219,7 @@ func (ch *rabbitChannel) Consume(queue, consumer string, autoAck, exclusive, noL
 		defer close(out)
 		for d := range in {
 			key, _ := d.Headers[rabbitKeyHeader].(string)
-			d.Acknowledger = losingAck{Acknowledger: d.Acknowledger, ch: ch.Channel, lose: func() bool { return ch.lose(key) }}
+			d.Acknowledger = losingAck{Acknowledger: d.Acknowledger, lose: func() bool { return ch.lose(key) }}
 			out <- d
 		}
 	}()
@@ -228,14 +228,20 @@ func (ch *rabbitChannel) Consume(queue, consumer string, autoAck, exclusive, noL
 
 type losingAck struct {
 	amqp.Acknowledger
-	ch   *amqp.Channel
 	lose func() bool
 }
 
+// Ack, when the ack is to be lost, hands the delivery back to the queue
+// instead, as the broker does when the channel of a process that died
+// after its commit closes. It does not close the channel: the consumer's
+// other workers may be acking on it at that moment, and RabbitMQ answers
+// a frame on a closed channel by closing the whole connection.
 func (a losingAck) Ack(tag uint64, multiple bool) error {
 	if a.lose() {
-		_ = a.ch.Close()
-		return errors.New("the ack lost: the channel closed after the commit")
+		if err := a.Acknowledger.Nack(tag, multiple, true); err != nil {
+			return err
+		}
+		return errors.New("the ack lost: the delivery went back to the queue after the commit")
 	}
 	return a.Acknowledger.Ack(tag, multiple)
 }

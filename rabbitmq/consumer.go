@@ -110,9 +110,6 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 	if c.cfg.deliveryContext != nil {
 		return nil, errors.New("rabbitmq: NewBatchConsumer: WithDeliveryContext derives one delivery's context, and a batch has many")
 	}
-	if err := c.cfg.RefuseOrdering("NewBatchConsumer"); err != nil {
-		return nil, err
-	}
 	if c.cfg.batchSize == 0 {
 		c.cfg.batchSize = DefaultBatchSize
 	}
@@ -253,8 +250,8 @@ func (c *Consumer) Run(ctx context.Context, ch Channel, queue string) error {
 	// keys (adapter.Route), so that one entity's deliveries run one after
 	// another and need not park.
 	var routed []<-chan amqp.Delivery
-	if c.bh == nil && c.cfg.Ordering() && c.cfg.Workers() > 1 {
-		routed = adapter.Route(deliveries, c.cfg.Workers(), 1, routeKey)
+	if c.bh == nil && c.cfg.Routed() {
+		routed = adapter.Route(deliveries, c.cfg.Workers(), 1, func(d amqp.Delivery) string { return c.cfg.RouteKey(&d) })
 	}
 	for w := range c.cfg.Workers() {
 		go func() {
@@ -457,13 +454,4 @@ func attempt(d *amqp.Delivery) int {
 		return 1
 	}
 	return int(min(max(n, 0), 1<<20)) + 1
-}
-
-// routeKey is the key a delivery is routed to a worker by: its ordering
-// key, else its message id.
-func routeKey(d amqp.Delivery) string {
-	if k, ok := headerValue(&d, adapter.OrderKeyHeader); ok && k != "" {
-		return k
-	}
-	return d.MessageId
 }

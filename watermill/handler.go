@@ -114,6 +114,8 @@ type run struct {
 	h    Handler
 	rule adapter.Rule
 	obs  adapter.Observer
+	// serial runs the messages of one ordering key one at a time.
+	serial adapter.Serial
 }
 
 // handle applies msg and settles it: nil (ack), a *RequeueError (nack), or
@@ -130,9 +132,15 @@ func (r *run) handle(msg *message.Message) error {
 	if r.c.subscriberTx != nil {
 		outcome, err = r.inSubscriberTx(tctx, msg, m)
 	} else {
-		// With WithTenant, on the message's tenant's Middleware.
-		outcome, err = r.c.Process(tctx, r.mw, msg, m, func(ctx context.Context, tx *sql.Tx) error {
-			return r.h(ctx, tx, msg)
+		// With ordering, one entity's messages run one at a time in this
+		// process, whatever the router runs concurrently: two would hold
+		// two transactions, one waiting on the other's lock of the
+		// entity's sequence row. With WithTenant, on the message's
+		// tenant's Middleware.
+		r.serial.Do(m.OrderKey, func() {
+			outcome, err = r.c.Process(tctx, r.mw, msg, m, func(ctx context.Context, tx *sql.Tx) error {
+				return r.h(ctx, tx, msg)
+			})
 		})
 	}
 	end(outcome, err)

@@ -145,9 +145,19 @@ func seqs(from, to int64) []int64 {
 
 // checkOrderShuffled delivers every sequence of many entities shuffled,
 // with re-sends and redeliveries after a commit whose ack was lost, to
-// concurrent workers: each entity's effects must apply once each, in
-// sequence order, and nothing may be left parked.
-func checkOrderShuffled(t *testing.T, e *Env) {
+// concurrent workers, one message per transaction: each entity's effects
+// must apply once each, in sequence order, and nothing may be left parked.
+func checkOrderShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 1) }
+
+// checkOrderBatchShuffled is checkOrderShuffled with ProcessMessages: each
+// worker takes up to 16 deliveries at once, so a batch holds several
+// messages of an entity, in any order, some next, some ahead, some
+// duplicates.
+func checkOrderBatchShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 16) }
+
+// orderShuffled is checkOrderShuffled with batches of up to batch
+// deliveries (1: ProcessMessage).
+func orderShuffled(t *testing.T, e *Env, batch int) {
 	ctx, _, _, a, mw := orderSetup(t, e)
 
 	const entities, perEntity, workers = 60, 12, 8
@@ -175,6 +185,28 @@ func checkOrderShuffled(t *testing.T, e *Env) {
 		pending.Add(1)
 		queue <- delivery{msg: m}
 	}
+	// take returns the next delivery and up to batch-1 more that are
+	// waiting, or false once the queue is closed.
+	take := func() ([]delivery, bool) {
+		d, ok := <-queue
+		if !ok {
+			return nil, false
+		}
+		ds := []delivery{d}
+		for len(ds) < batch {
+			select {
+			case d, ok := <-queue:
+				if !ok {
+					return ds, true
+				}
+				ds = append(ds, d)
+				continue
+			default:
+			}
+			break
+		}
+		return ds, true
+	}
 	var mu sync.Mutex
 	var failures []error
 	var outcomes [4]atomic.Int64
@@ -184,28 +216,38 @@ func checkOrderShuffled(t *testing.T, e *Env) {
 		go func() {
 			defer wg.Done()
 			wrng := rand.New(rand.NewPCG(uint64(w), 7))
-			for d := range queue {
-				out, err := a.process(ctx, mw, d.msg)
-				switch {
-				case err != nil && d.fails < 5:
-					d.fails++
-					pending.Add(1)
-					queue <- d // the broker redelivers a failed delivery
-				case err != nil:
-					mu.Lock()
-					failures = append(failures, err)
-					mu.Unlock()
-				case !d.crashed && wrng.IntN(10) == 0:
-					// Committed, then the consumer crashed before the ack:
-					// the broker delivers it again.
-					d.crashed = true
-					pending.Add(1)
-					queue <- d
+			for {
+				ds, ok := take()
+				if !ok {
+					return
 				}
-				if err == nil {
-					outcomes[out].Add(1)
+				msgs := make([]idempotent.Message, len(ds))
+				for i, d := range ds {
+					msgs[i] = d.msg
 				}
-				pending.Done()
+				outs, err := a.processBatch(ctx, mw, msgs)
+				for i, d := range ds {
+					switch {
+					case err != nil && d.fails < 5:
+						d.fails++
+						pending.Add(1)
+						queue <- d // the broker redelivers a failed delivery
+					case err != nil:
+						mu.Lock()
+						failures = append(failures, err)
+						mu.Unlock()
+					case !d.crashed && wrng.IntN(10) == 0:
+						// Committed, then the consumer crashed before the
+						// ack: the broker delivers it again.
+						d.crashed = true
+						pending.Add(1)
+						queue <- d
+					}
+					if err == nil {
+						outcomes[outs[i]].Add(1)
+					}
+					pending.Done()
+				}
 			}
 		}()
 	}
@@ -229,6 +271,24 @@ func checkOrderShuffled(t *testing.T, e *Env) {
 	if outcomes[idempotent.Parked].Load() == 0 {
 		t.Errorf("no delivery was parked: the check did not exercise parking")
 	}
+}
+
+// processBatch delivers msgs: one alone through process, several together
+// with ProcessMessages and a handler that records the fresh ones in the
+// order it is given them.
+func (a *orderAudit) processBatch(ctx context.Context, mw *idempotent.Middleware, msgs []idempotent.Message) ([]idempotent.Outcome, error) {
+	if len(msgs) == 1 {
+		out, err := a.process(ctx, mw, msgs[0])
+		return []idempotent.Outcome{out}, err
+	}
+	return mw.ProcessMessages(ctx, msgs, func(ctx context.Context, tx *sql.Tx, fresh []int) error {
+		for _, i := range fresh {
+			if err := a.record(ctx, tx, msgs[i].OrderKey, msgs[i].OrderSeq); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // gapObserver records the gaps CheckGaps reports.
@@ -515,8 +575,16 @@ func checkOrderBadInput(t *testing.T, e *Env) {
 		})
 	}
 	ok := orderedMessage("a", 1)
-	if _, err := mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b1"}, ok}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidOrder) {
-		t.Errorf("ProcessMessages with an ordered message: %v; want ErrInvalidOrder", err)
+	bad := idempotent.Message{Key: "b2", OrderKey: "a", OrderSeq: -1}
+	for _, c := range []struct {
+		name string
+		mw   *idempotent.Middleware
+		msg  idempotent.Message
+	}{{"no WithOrdering", plain, ok}, {"negative sequence", mw, bad}} {
+		var bke *idempotent.BatchKeyError
+		if _, err := c.mw.ProcessMessages(ctx, []idempotent.Message{{Key: "b1"}, c.msg}, func(context.Context, *sql.Tx, []int) error { return nil }); !errors.Is(err, idempotent.ErrInvalidOrder) || !errors.As(err, &bke) || bke.Index != 1 {
+			t.Errorf("ProcessMessages, %s: %v; want a BatchKeyError at 1 matching ErrInvalidOrder", c.name, err)
+		}
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

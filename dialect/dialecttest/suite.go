@@ -70,6 +70,8 @@ func checks() []check {
 		{"Optional/ClaimFolder", checkClaimFolder},
 		{"Optional/Identifier", checkIdentifier},
 		{"Optional/Orderer/Shuffled", checkOrderShuffled},
+		{"Optional/Orderer/BatchShuffled", checkOrderBatchShuffled},
+		{"Optional/Orderer/Batch", checkOrderBatch},
 		{"Optional/Orderer/GapSkip", checkOrderGapSkip},
 		{"Optional/Orderer/GapDeadLetter", checkOrderGapDeadLetter},
 		{"Optional/Orderer/ParkCrash", checkOrderParkCrash},
