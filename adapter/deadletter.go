@@ -27,8 +27,12 @@ type DeadMessage struct {
 	// SourceKey the AMQP routing key.
 	Source    string `json:"source"`
 	SourceKey string `json:"source_key,omitempty"`
+	// Queue is the AMQP queue the message was consumed from: a replay is
+	// published to it through the default exchange, reaching that queue
+	// alone.
+	Queue string `json:"queue,omitempty"`
 	// Origin locates the poison delivery, for logs:
-	// "stream/consumer/sequence", "queue/delivery tag".
+	// "stream/consumer/sequence", "queue/message key".
 	Origin string `json:"origin"`
 	// Deliveries is how many times the transport had delivered the message
 	// when it was dead-lettered.
@@ -66,10 +70,10 @@ func (d DeadMessage) ReplayHeaders(m outbox.Message, drop ...string) map[string]
 }
 
 // ParseDeadLetter reads m's payload as a DeadMessage; a payload that is not
-// one (or names no destination) is a permanent error of who.
+// one (or names no origin) is a permanent error of who.
 func ParseDeadLetter(who string, m outbox.Message) (DeadMessage, error) {
 	var d DeadMessage
-	if err := json.Unmarshal(m.Payload, &d); err != nil || d.Destination == "" {
+	if err := json.Unmarshal(m.Payload, &d); err != nil || d.Origin == "" {
 		return d, outbox.Permanent(fmt.Errorf("%s: outbox row %d is not a dead letter: %v", who, m.ID, err))
 	}
 	return d, nil

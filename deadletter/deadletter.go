@@ -395,7 +395,7 @@ func (d *DeadLetter) decode() {
 		for _, h := range hs {
 			d.Headers = append(d.Headers, Header{h.Key, string(h.Value)})
 		}
-	case w.Destination != "":
+	case w.Origin != "":
 		var h map[string][]string
 		_ = json.Unmarshal(w.Headers, &h)
 		d.Topic, d.Destination = cmp.Or(w.Source, w.SourceKey), w.Destination
