@@ -195,11 +195,14 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 type Filter struct {
 	// Consumer is the consumer name of the outbox that wrote it.
 	Consumer string
-	// Topic is the source Kafka topic or Redis stream of the poison message.
+	// Topic is the source Kafka topic, Redis stream, NATS subject or AMQP
+	// exchange (the queue, for the default exchange) of the poison message.
 	Topic string
 	// Key is the dead letter's message key in the outbox: a Kafka record's
-	// "topic/partition/offset", a Redis entry's "stream/group/id", a Go CDK
-	// message's key (or "sha256:…" of its body).
+	// "topic/partition/offset", a Redis entry's "stream/group/id", a NATS
+	// message's "stream/consumer/sequence", a RabbitMQ message's
+	// "queue/message key", a Go CDK message's key (or "sha256:…" of its
+	// body).
 	Key string
 	// Reason is a text the error that made the message poison contains.
 	Reason string
