@@ -107,8 +107,10 @@ func DeadLetterSender(js jetstream.JetStream) outbox.Sender {
 // ReplayIDHeader. A message without a Nats-Msg-Id gets the replay's
 // idempotency key as one. A message whose Nats-Msg-Id the stream still
 // holds in its duplicate window (two minutes by default) would be dropped
-// by the server: the send fails and the relay retries it after its backoff,
-// until the window has passed. A payload that is not a dead letter fails
+// by the server: the send fails and the relay retries it after its backoff
+// until the window has passed (the default backoff outlasts the default
+// window many times; a row whose attempts run out first is given up, and
+// the dead letter can be replayed again). A payload that is not a dead letter fails
 // permanently.
 func ReplaySender(js jetstream.JetStream) outbox.Sender {
 	return outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
