@@ -12,7 +12,6 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/outbox"
 )
 
 // Consumer receives messages from a gocloud.dev/pubsub Subscription, claims
@@ -26,8 +25,8 @@ type Consumer struct {
 	batch  BatchHandler // batch mode
 	cfg    config
 	rule   adapter.Rule
-	hold   time.Duration // the longest a message is held before its requeue
-	path   *adapter.Path // for dead-letter rows; nil without WithDeadLetter
+	hold   time.Duration        // the longest a message is held before its requeue
+	dead   *adapter.DeadLetters // nil without WithDeadLetter
 	events adapter.Counter
 }
 
@@ -71,17 +70,11 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c.hold = c.rule.Backoff.MaxBackoff
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
-		if mw == nil {
-			return nil, errors.New("cdkpubsub: WithDeadLetter with WithTenant: the dead-letter outbox is one database's, and each tenant has its own")
-		}
-		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
-			return nil, fmt.Errorf("cdkpubsub: WithDeadLetter: %w", err)
-		}
-		p, err := adapter.NewPath(mw)
+		dead, err := adapter.NewDeadLetters("cdkpubsub", mw, cfg.deadLetter, cfg.deadKind)
 		if err != nil {
-			return nil, fmt.Errorf("cdkpubsub: WithDeadLetter: %w", err)
+			return nil, err
 		}
-		c.path = p
+		c.dead = dead
 	}
 	return c, nil
 }
@@ -325,7 +318,7 @@ func (w worker) settle(ctx context.Context, ds []delivery, res []adapter.Result)
 			d.m.Ack()
 			c.events.Observe(ctx, adapter.Event{Type: typ, Message: d.msg, Source: d.m.LoggableID, Detail: d.m})
 		case adapter.DeadLetter:
-			if c.path != nil {
+			if c.dead != nil {
 				if derr := c.deadLetter(ctx, d, err); derr != nil {
 					c.events.Observe(ctx, adapter.Event{Type: adapter.EventSettleFailed, Message: d.msg, Source: d.m.LoggableID, Err: derr, Detail: d.m})
 					res[i].Err = fmt.Errorf("%w (poison: %w)", derr, err)

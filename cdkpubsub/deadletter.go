@@ -3,7 +3,6 @@ package cdkpubsub
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -51,30 +50,17 @@ type DeadLetter struct {
 // same on every delivery, so a message dead-lettered again finds its row
 // (outbox.ErrDuplicateKey) and writes none.
 func (c *Consumer) deadLetter(ctx context.Context, d delivery, cause error) error {
-	payload, err := json.Marshal(DeadLetter{Body: d.m.Body, Metadata: d.m.Metadata, LoggableID: d.m.LoggableID, Error: cause.Error()})
-	if err != nil {
-		return fmt.Errorf("cdkpubsub: dead letter %s: %w", d.m.LoggableID, err)
+	dl := DeadLetter{Body: d.m.Body, Metadata: d.m.Metadata, LoggableID: d.m.LoggableID, Error: cause.Error()}
+	key := d.msg.Key
+	if key == "" {
+		key = digest(d.m)
 	}
-	var opts []outbox.EnqueueOption
-	if !d.msg.EventTime.IsZero() {
-		opts = append(opts, outbox.WithEventTime(d.msg.EventTime))
+	err := c.dead.Write(ctx, key, dl, d.msg.EventTime)
+	if errors.Is(err, outbox.ErrInvalidKey) && key == d.msg.Key {
+		// A key the outbox refuses (too long, not UTF-8, a NUL): the
+		// delivery's digest instead.
+		err = c.dead.Write(ctx, digest(d.m), dl, d.msg.EventTime)
 	}
-	err = c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		key := d.msg.Key
-		if key == "" {
-			key = digest(d.m)
-		}
-		_, err := c.cfg.deadLetter.Enqueue(ctx, tx, key, c.cfg.deadKind, payload, opts...)
-		if errors.Is(err, outbox.ErrInvalidKey) && key == d.msg.Key {
-			// Refused before anything was sent (too long, not UTF-8, a
-			// NUL): tx is untouched; the delivery's digest instead.
-			_, err = c.cfg.deadLetter.Enqueue(ctx, tx, digest(d.m), c.cfg.deadKind, payload, opts...)
-		}
-		if errors.Is(err, outbox.ErrDuplicateKey) {
-			return nil
-		}
-		return err
-	})
 	if err != nil {
 		return fmt.Errorf("cdkpubsub: dead letter %s: %w", d.m.LoggableID, err)
 	}

@@ -1,6 +1,7 @@
 package deadletter
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -24,10 +25,14 @@ const (
 	KafkaKind = "kafka-dead-letter"
 	// RedisStreamKind is redisstream.DeadLetterKind.
 	RedisStreamKind = "redisstream-dead-letter"
+	// NATSKind is nats.DeadLetterKind.
+	NATSKind = "nats-dead-letter"
+	// RabbitMQKind is rabbitmq.DeadLetterKind.
+	RabbitMQKind = "rabbitmq-dead-letter"
 )
 
 // DefaultKinds are the dead-letter kinds a Store covers without WithKinds.
-var DefaultKinds = []string{KafkaKind, RedisStreamKind}
+var DefaultKinds = []string{KafkaKind, RedisStreamKind, NATSKind, RabbitMQKind}
 
 const (
 	// MaxPage is the largest Filter.Limit.
@@ -190,11 +195,14 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 type Filter struct {
 	// Consumer is the consumer name of the outbox that wrote it.
 	Consumer string
-	// Topic is the source Kafka topic or Redis stream of the poison message.
+	// Topic is the source Kafka topic, Redis stream, NATS subject or AMQP
+	// exchange (the queue, for the default exchange) of the poison message.
 	Topic string
 	// Key is the dead letter's message key in the outbox: a Kafka record's
-	// "topic/partition/offset", a Redis entry's "stream/group/id", a Go CDK
-	// message's key (or "sha256:…" of its body).
+	// "topic/partition/offset", a Redis entry's "stream/group/id", a NATS
+	// message's "stream/consumer/sequence", a RabbitMQ message's
+	// "queue/message key", a Go CDK message's key (or "sha256:…" of its
+	// body).
 	Key string
 	// Reason is a text the error that made the message poison contains.
 	Reason string
@@ -303,6 +311,10 @@ type DeadLetter struct {
 	// destination), "sent" (there), or "dead" (the relay gave up sending
 	// it; LastError says why).
 	State string
+	// Deliveries is how many times the transport had delivered the poison
+	// message when it was dead-lettered, where the transport counts them
+	// (NATS, RabbitMQ quorum queues); 0 where it does not say.
+	Deliveries int
 	// Attempts is how many times a relay tried to send it to the
 	// dead-letter destination (the consumer's own attempts at the poison
 	// message are not recorded).
@@ -332,17 +344,24 @@ type wire struct {
 	Offset      int64  `json:"offset"`
 	Key         []byte `json:"key"`
 	Value       []byte `json:"value"`
-	Headers     []struct {
-		Key   string
-		Value []byte
-	} `json:"headers"`
+	// Headers are a Kafka record's (a list of {Key, Value}) or an
+	// adapter.DeadMessage's (a map of lists).
+	Headers json.RawMessage `json:"headers"`
 	// redisstream
 	Stream       string            `json:"stream"`
 	SourceStream string            `json:"source_stream"`
 	Group        string            `json:"group"`
 	ID           string            `json:"id"`
 	Values       map[string]string `json:"values"`
-	// cdkpubsub
+	// nats and rabbitmq (adapter.DeadMessage)
+	Destination    string `json:"destination"`
+	DestinationKey string `json:"destination_key"`
+	Source         string `json:"source"`
+	SourceKey      string `json:"source_key"`
+	Origin         string `json:"origin"`
+	Deliveries     int    `json:"deliveries"`
+	MessageID      string `json:"message_id"`
+	// cdkpubsub (and Body of adapter.DeadMessage)
 	Body       []byte            `json:"body"`
 	Metadata   map[string]string `json:"metadata"`
 	LoggableID string            `json:"loggable_id"`
@@ -371,8 +390,34 @@ func (d *DeadLetter) decode() {
 		d.Topic, d.Destination = w.SourceTopic, w.Topic
 		d.Source = fmt.Sprintf("%s/%d/%d", w.SourceTopic, w.Partition, w.Offset)
 		d.RecordKey, d.Payload = w.Key, w.Value
-		for _, h := range w.Headers {
+		var hs []struct {
+			Key   string
+			Value []byte
+		}
+		_ = json.Unmarshal(w.Headers, &hs)
+		for _, h := range hs {
 			d.Headers = append(d.Headers, Header{h.Key, string(h.Value)})
+		}
+	case w.Origin != "":
+		var h map[string][]string
+		_ = json.Unmarshal(w.Headers, &h)
+		d.Topic, d.Destination = cmp.Or(w.Source, w.SourceKey), w.Destination
+		if w.DestinationKey != "" {
+			d.Destination += "/" + w.DestinationKey
+		}
+		d.Source, d.Payload, d.Deliveries = w.Origin, w.Body, w.Deliveries
+		if w.MessageID != "" {
+			d.Headers = append(d.Headers, Header{"message-id", w.MessageID})
+		}
+		keys := make([]string, 0, len(h))
+		for k := range h {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			for _, v := range h[k] {
+				d.Headers = append(d.Headers, Header{k, v})
+			}
 		}
 	case w.SourceStream != "":
 		d.Topic, d.Destination = w.SourceStream, w.Stream

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// TestDecode reads the dead-letter payloads of kafka, redisstream and
-// cdkpubsub as their DeadLetter types write them, and leaves a payload of
+// TestDecode reads the dead-letter payloads of kafka, redisstream,
+// cdkpubsub, nats and rabbitmq as their DeadLetter types write them, and leaves a payload of
 // another shape in Raw only.
 func TestDecode(t *testing.T) {
 	for _, c := range []struct {
@@ -24,6 +24,14 @@ func TestDecode(t *testing.T) {
 			DeadLetter{Reason: "bad", Topic: "s", Destination: "s-dead", Source: "s/g/1-0", Headers: []Header{{"key", "k-1"}, {"payload", "{}"}}}},
 		{"cdkpubsub", `{"body":"aGk=","metadata":{"b":"2","a":"1"},"loggable_id":"m-9","error":"nope"}`,
 			DeadLetter{Reason: "nope", Source: "m-9", Payload: []byte("hi"), Headers: []Header{{"a", "1"}, {"b", "2"}}}},
+		{"nats", `{"destination":"dlq.orders","source":"orders.created","origin":"ORDERS/loyalty/7","deliveries":3,
+			"headers":{"Order-Key":["o-1"],"A":["x","y"]},"body":"e30=","error":"refused"}`,
+			DeadLetter{Reason: "refused", Topic: "orders.created", Destination: "dlq.orders", Source: "ORDERS/loyalty/7", Deliveries: 3,
+				Payload: []byte("{}"), Headers: []Header{{"A", "x"}, {"A", "y"}, {"Order-Key", "o-1"}}}},
+		{"rabbitmq default exchange", `{"destination":"dlx","destination_key":"orders.dead","source":"","source_key":"orders","origin":"orders/4",
+			"deliveries":2,"message_id":"o-2","body":"e30=","error":"refused"}`,
+			DeadLetter{Reason: "refused", Topic: "orders", Destination: "dlx/orders.dead", Source: "orders/4", Deliveries: 2,
+				Payload: []byte("{}"), Headers: []Header{{"message-id", "o-2"}}}},
 		{"another shape", `[1, 2]`, DeadLetter{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

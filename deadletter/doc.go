@@ -1,6 +1,6 @@
 // Package deadletter lets an operator, or a tool of their own, see and
 // operate the dead letters the library's adapters write through the outbox:
-// kafka, redisstream and cdkpubsub with their WithDeadLetter option turn
+// kafka, redisstream, nats, rabbitmq and cdkpubsub with their WithDeadLetter option turn
 // each poison message into an outbox row of a dead-letter kind, holding the
 // message (key, headers, value), why it was poison, and its event time.
 //
@@ -13,7 +13,8 @@
 //     ([Store.History]);
 //   - [Store.Replay] sends the selected ones back to their source, each as
 //     an outbox row of kind [ReplayKind] that a Relay with the transport's
-//     replay sender (kafka.ReplaySender, redisstream.ReplaySender) produces
+//     replay sender (kafka.ReplaySender, redisstream.ReplaySender,
+//     nats.ReplaySender, rabbitmq.ReplaySender) produces
 //     with the original key, headers and event time: a message applied since
 //     answers Duplicate, one never applied is applied once;
 //   - [Store.Discard] deletes them.
@@ -32,7 +33,7 @@
 // The "idempotent dead-letters" command of cmd/idempotent is built on it.
 //
 // The outbox, and so every dead letter, is Postgres only; so is the Store.
-// RabbitMQ dead-letters to its DLX and NATS terminates a poison message:
-// neither goes through the outbox, and docs/operations.md says what an
-// operator does with them.
+// Without WithDeadLetter, RabbitMQ rejects a poison message to its queue's
+// DLX and NATS terminates it: neither is then in the outbox, and
+// docs/rabbitmq.md says when to choose the DLX.
 package deadletter

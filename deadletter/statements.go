@@ -56,7 +56,7 @@ const columns = `id, consumer, kind, message_key, idempotency_key, payload::text
 // where is the filter of list and lock.
 const where = `kind = ANY(string_to_array($1::text, ','))
 	AND ($2::text IS NULL OR consumer = $2::text)
-	AND ($3::text IS NULL OR COALESCE(payload->>'source_topic', payload->>'source_stream') = $3::text)
+	AND ($3::text IS NULL OR COALESCE(payload->>'source_topic', payload->>'source_stream', NULLIF(payload->>'source', ''), payload->>'source_key') = $3::text)
 	AND ($4::text IS NULL OR message_key = $4::text)
 	AND ($5::text IS NULL OR strpos(payload->>'error', $5::text) > 0)
 	AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
@@ -101,7 +101,7 @@ RETURNING id, at`, a),
 		remove: fmt.Sprintf(`DELETE FROM %s
 WHERE id = ANY(string_to_array($1::text, ',')::bigint[]) AND kind = ANY(string_to_array($2::text, ','))
 RETURNING id`, o),
-		counts: fmt.Sprintf(`SELECT consumer, kind, COALESCE(payload->>'source_topic', payload->>'source_stream', ''), count(*)
+		counts: fmt.Sprintf(`SELECT consumer, kind, COALESCE(payload->>'source_topic', payload->>'source_stream', NULLIF(payload->>'source', ''), payload->>'source_key', ''), count(*)
 FROM %s WHERE kind = ANY(string_to_array($1::text, ','))
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, o),
 		history: fmt.Sprintf(`SELECT id, action, actor, at, COALESCE(replay_kind, ''), COALESCE(replay_key, ''), COALESCE(reason, '')

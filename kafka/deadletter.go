@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txclaim/idempotent/adapter"
 	"github.com/txclaim/idempotent/outbox"
 )
 
@@ -55,18 +55,11 @@ type DeadLetter struct {
 // position (the one identity every record has: a poison record may have no
 // key), with the event time.
 func (c *Consumer) deadLetter(ctx context.Context, tx *sql.Tx, r *kgo.Record, cause error, at time.Time) error {
-	payload, err := json.Marshal(DeadLetter{
+	dl := DeadLetter{
 		Topic: c.cfg.deadTopic, SourceTopic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 		Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp, Error: cause.Error(),
-	})
-	if err != nil {
-		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
-	var opts []outbox.EnqueueOption
-	if !at.IsZero() {
-		opts = append(opts, outbox.WithEventTime(at))
-	}
-	if _, err := c.cfg.deadLetter.Enqueue(ctx, tx, position(r), DeadLetterKind, payload, opts...); err != nil && !errors.Is(err, outbox.ErrDuplicateKey) {
+	if err := adapter.WriteDeadLetter(ctx, tx, c.cfg.deadLetter, position(r), DeadLetterKind, dl, at); err != nil {
 		return fmt.Errorf("kafka: dead letter %s: %w", position(r), err)
 	}
 	return nil

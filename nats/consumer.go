@@ -28,7 +28,8 @@ type Consumer struct {
 	batch  BatchHandler // batch mode
 	cfg    config
 	rule   adapter.Rule
-	events adapter.Counter // counts, then tells the Observer
+	events adapter.Counter      // counts, then tells the Observer
+	dead   *adapter.DeadLetters // with WithDeadLetter
 }
 
 // NewConsumer returns a per-message Consumer: each message is claimed
@@ -52,7 +53,7 @@ func NewConsumer(mw *idempotent.Middleware, h Handler, opts ...Option) (*Consume
 	if cfg.fetchSize == 0 {
 		cfg.fetchSize = DefaultFetchSize
 	}
-	return newConsumer(mw, cfg, h, nil), nil
+	return newConsumer(mw, cfg, h, nil)
 }
 
 // NewBatchConsumer returns a batch Consumer: each worker fetches up to the
@@ -77,13 +78,20 @@ func NewBatchConsumer(mw *idempotent.Middleware, h BatchHandler, opts ...Option)
 		cfg.batchSize = DefaultBatchSize
 	}
 	cfg.fetchSize = cfg.batchSize
-	return newConsumer(mw, cfg, nil, h), nil
+	return newConsumer(mw, cfg, nil, h)
 }
 
-func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandler) *Consumer {
+func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandler) (*Consumer, error) {
 	c := &Consumer{mw: mw, handle: h, batch: b, cfg: cfg, rule: cfg.Rule()}
 	c.events.Next = cfg.Observer()
-	return c
+	if cfg.deadLetter != nil {
+		dead, err := adapter.NewDeadLetters("nats", mw, cfg.deadLetter, DeadLetterKind)
+		if err != nil {
+			return nil, err
+		}
+		c.dead = dead
+	}
+	return c, nil
 }
 
 // Stats returns the counts of the Consumer's events so far, over all its
@@ -439,6 +447,12 @@ func (w worker) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 // for the Middleware's answer (out, err), then tells the Observer.
 func (w worker) settle(ctx context.Context, d delivery, out idempotent.Outcome, err error) {
 	dec := w.c.rule.Settle(d.msg, err, d.attempt)
+	if dec.Action == adapter.DeadLetter && w.c.dead != nil {
+		if derr := w.deadLetter(ctx, d, err); derr != nil {
+			// The dead letter did not commit: deliver it again later.
+			dec, err = adapter.Decision{Action: adapter.Requeue, Delay: w.c.rule.Delay(d.attempt), Err: derr}, derr
+		}
+	}
 	e := adapter.Event{Message: d.msg, Source: d.source, Detail: d.m}
 	var serr error
 	switch dec.Action {

@@ -50,7 +50,9 @@
 //     worker does not wait with it: it takes its next message while the
 //     confirmation of the last arrives, and waits for that confirmation
 //     before it settles the next one (and before Run returns);
-//   - DeadLetter: Term, so the server never redelivers it (it publishes a
+//   - DeadLetter: with WithDeadLetter, first an outbox dead letter written
+//     in a transaction (see package deadletter); then Term, so the server
+//     never redelivers it (it publishes a
 //     $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED advisory)
 //     ([adapter.EventDeadLettered], with the error). That is a message with
 //     no key ([adapter.ErrNoKey]) or an invalid one

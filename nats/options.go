@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // An Option configures a Consumer. Options are checked by NewConsumer and
@@ -41,9 +43,11 @@ const (
 
 type config struct {
 	adapter.Config[jetstream.Msg]
-	fetchSize int // 0 until WithFetchSize
-	batchSize int // 0 until WithBatchSize
-	fetchWait time.Duration
+	fetchSize   int // 0 until WithFetchSize
+	batchSize   int // 0 until WithBatchSize
+	fetchWait   time.Duration
+	deadLetter  *outbox.Outbox // nil until WithDeadLetter
+	deadSubject string
 }
 
 // newConfig applies opts for constructor who, and checks the result for mw.
@@ -231,6 +235,31 @@ func WithFetchWait(d time.Duration) Option {
 			return fmt.Errorf("WithFetchWait: %v, want 1ms to 1m", d)
 		}
 		c.fetchWait = d
+		return nil
+	})
+}
+
+// WithDeadLetter dead-letters poison messages to subject through ob, in
+// place of terminating them and nothing else: the Consumer writes an
+// outbox row of kind DeadLetterKind holding the message (subject, headers,
+// data), the error and the server's delivery count, with the event time it
+// read (outbox.WithEventTime), in a transaction of the Middleware's, and
+// terminates the message once it committed; if the write fails, the message
+// is naked and dead-lettered on a later delivery. A relay with
+// DeadLetterSender for that kind publishes it to subject. The rows are what
+// package deadletter and "idempotent dead-letters" list, show, replay
+// (ReplaySender) and discard. The outbox is Postgres only: the
+// constructors refuse the option for a Middleware of another dialect, and
+// with WithTenant. Default is none: a poison message is terminated.
+func WithDeadLetter(ob *outbox.Outbox, subject string) Option {
+	return optionFunc(func(c *config) error {
+		if ob == nil {
+			return errors.New("WithDeadLetter: nil outbox")
+		}
+		if subject == "" {
+			return errors.New("WithDeadLetter: empty subject")
+		}
+		c.deadLetter, c.deadSubject = ob, subject
 		return nil
 	})
 }

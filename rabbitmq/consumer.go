@@ -51,6 +51,7 @@ type Consumer struct {
 	rule adapter.Rule
 	hold time.Duration // the longest a delivery is held before its requeue
 	obs  adapter.Counter
+	dead *adapter.DeadLetters // with WithDeadLetter
 }
 
 // NewConsumer returns a Consumer that runs each delivery through mw: it
@@ -135,6 +136,13 @@ func newConsumer(fn string, mw *idempotent.Middleware, opts []Option) (*Consumer
 		return nil, err
 	}
 	c := &Consumer{mw: mw, cfg: cfg, rule: cfg.Rule()}
+	if cfg.deadLetter != nil {
+		dead, err := adapter.NewDeadLetters("rabbitmq", mw, cfg.deadLetter, DeadLetterKind)
+		if err != nil {
+			return nil, err
+		}
+		c.dead = dead
+	}
 	c.hold = c.rule.Backoff.MaxBackoff
 	c.obs.Next = cfg.Observer()
 	return c, nil
@@ -375,6 +383,12 @@ func (c *Consumer) settle(ctx context.Context, r *run, rs []result) {
 	for _, x := range rs {
 		n := attempt(x.d)
 		dec := c.rule.Settle(x.msg, x.err, n)
+		if dec.Action == adapter.DeadLetter && c.dead != nil {
+			if err := c.deadLetter(ctx, r.queue, x); err != nil {
+				// The dead letter did not commit: deliver it again later.
+				dec, x.err = adapter.Decision{Action: adapter.Requeue, Delay: c.rule.Delay(n), Err: err}, err
+			}
+		}
 		switch dec.Action {
 		case adapter.Ack:
 			typ := adapter.EventApplied
@@ -383,6 +397,10 @@ func (c *Consumer) settle(ctx context.Context, r *run, rs []result) {
 			}
 			c.report(ctx, r, x, typ, n, 0, "ack", x.d.Ack(false))
 		case adapter.DeadLetter:
+			if c.dead != nil {
+				c.report(ctx, r, x, adapter.EventDeadLettered, n, 0, "ack", x.d.Ack(false))
+				continue
+			}
 			c.report(ctx, r, x, adapter.EventDeadLettered, n, 0, "reject", x.d.Reject(false))
 		default:
 			requeue = append(requeue, x)

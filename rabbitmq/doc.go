@@ -25,7 +25,9 @@
 //     ([adapter.ErrBadEventTime]), or dated beyond the future bound
 //     ([WithFutureBound], [adapter.DefaultFutureBound]) ahead of the clock:
 //     reject without requeue, so the broker moves it to the queue's
-//     dead-letter exchange (or drops it, if the queue has none);
+//     dead-letter exchange (or drops it, if the queue has none) — or, with
+//     WithDeadLetter, writes it as an outbox dead letter that package
+//     deadletter lists and replays, then acks it;
 //   - dated ahead of the Middleware's clock within the bound: hold it up to
 //     the retry delay's maximum, then nack with requeue, until the clock has
 //     caught up;

@@ -10,6 +10,7 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
+	"github.com/txclaim/idempotent/outbox"
 )
 
 // An Option configures a Consumer. Options are checked by NewConsumer and
@@ -46,6 +47,9 @@ type config struct {
 	batchSize       int // 0: not set
 	tagPrefix       string
 	deliveryContext func(context.Context, *amqp.Delivery) context.Context
+	deadLetter      *outbox.Outbox // nil until WithDeadLetter
+	deadExchange    string
+	deadKey         string
 }
 
 func defaultConfig() config {
@@ -243,6 +247,36 @@ func WithDeliveryContext(f func(ctx context.Context, d *amqp.Delivery) context.C
 			return errors.New("WithDeliveryContext: nil function")
 		}
 		c.deliveryContext = f
+		return nil
+	})
+}
+
+// WithDeadLetter dead-letters poison deliveries through ob to exchange with
+// routingKey (the default exchange "" and a queue's name send to that
+// queue), in place of rejecting them to the queue's dead-letter exchange:
+// the Consumer writes an outbox row of kind DeadLetterKind holding the
+// message (body, message id, content type, headers, where it came from),
+// the error and the delivery count where the queue keeps one, with the
+// event time it read (outbox.WithEventTime), in a transaction of the
+// Middleware's, and acks the delivery once it committed; if the write
+// fails, the delivery is requeued and dead-lettered on a later delivery. A
+// relay with DeadLetterSender for that kind publishes it. Unlike the
+// broker's dead-letter exchange, whose messages can only be seen by
+// consuming them, the rows are what package deadletter and "idempotent
+// dead-letters" list, show, replay (ReplaySender) and discard. The outbox
+// is Postgres only: the constructors refuse the option for a Middleware of
+// another dialect, and with WithTenant. Default is none: a poison delivery
+// is rejected without requeue, to the queue's dead-letter exchange if it
+// has one.
+func WithDeadLetter(ob *outbox.Outbox, exchange, routingKey string) Option {
+	return optionFunc(func(c *config) error {
+		if ob == nil {
+			return errors.New("WithDeadLetter: nil outbox")
+		}
+		if exchange == "" && routingKey == "" {
+			return errors.New("WithDeadLetter: no exchange and no routing key (the default exchange needs the dead-letter queue's name as routing key)")
+		}
+		c.deadLetter, c.deadExchange, c.deadKey = ob, exchange, routingKey
 		return nil
 	})
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
-	"github.com/txclaim/idempotent/outbox"
 )
 
 // Consumer reads a Redis stream as one consumer of a consumer group,
@@ -30,8 +29,8 @@ type Consumer struct {
 	batch  BatchHandler // batch mode
 	cfg    config
 	rule   adapter.Rule
-	path   *adapter.Path   // the dead letters' transactions, with WithDeadLetter
-	events adapter.Counter // counts, then tells the Observer
+	dead   *adapter.DeadLetters // with WithDeadLetter
+	events adapter.Counter      // counts, then tells the Observer
 }
 
 // NewConsumer returns a per-message Consumer: each entry is claimed
@@ -78,17 +77,11 @@ func newConsumer(mw *idempotent.Middleware, cfg config, h Handler, b BatchHandle
 	c := &Consumer{mw: mw, handle: h, batch: b, cfg: cfg, rule: cfg.Rule()}
 	c.events.Next = cfg.Observer()
 	if cfg.deadLetter != nil {
-		if mw == nil {
-			return nil, errors.New("redisstream: WithDeadLetter with WithTenant: the dead-letter outbox is one database's, and each tenant has its own")
-		}
-		if err := outbox.CheckDialect(mw.Config().Dialect); err != nil {
-			return nil, fmt.Errorf("redisstream: WithDeadLetter: %w", err)
-		}
-		p, err := adapter.NewPath(mw)
+		dead, err := adapter.NewDeadLetters("redisstream", mw, cfg.deadLetter, DeadLetterKind)
 		if err != nil {
-			return nil, fmt.Errorf("redisstream: %w", err)
+			return nil, err
 		}
-		c.path = p
+		c.dead = dead
 	}
 	return c, nil
 }
@@ -644,7 +637,7 @@ func (r *run) settle(ctx context.Context, items []item) {
 			dec.Action = adapter.DeadLetter
 			it.err = fmt.Errorf("redisstream: %s: %w (%d deliveries): %w", d, ErrMaxDeliveries, d.Count, it.err)
 		}
-		if dec.Action == adapter.DeadLetter && c.path != nil {
+		if dec.Action == adapter.DeadLetter && c.dead != nil {
 			if err := r.deadLetter(ctx, d, it.msg, it.err); err != nil {
 				// The dead letter did not commit: try again later.
 				dec = adapter.Decision{Action: adapter.Requeue, Delay: c.rule.Delay(attempt), Err: err}
@@ -663,7 +656,7 @@ func (r *run) settle(ctx context.Context, items []item) {
 			r.park(d, dec.Delay)
 		default:
 			e.Type, e.Err = adapter.EventDeadLettered, it.err
-			if c.path == nil {
+			if c.dead == nil {
 				e.Detail = Dropped{Delivery: d}
 			}
 			acks = append(acks, i)

@@ -2,9 +2,7 @@ package redisstream
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -63,23 +61,9 @@ type Dropped struct {
 // every entry has: a poison entry may have no key — with its event time.
 func (r *run) deadLetter(ctx context.Context, d *Delivery, msg idempotent.Message, cause error) error {
 	place := r.source + "/" + d.ID
-	payload, err := json.Marshal(DeadLetter{Stream: r.c.cfg.deadStream, SourceStream: r.stream, Group: r.group,
-		ID: d.ID, Values: d.Values, Error: fmt.Sprint(cause)})
-	if err != nil {
-		return fmt.Errorf("redisstream: dead letter %s: %w", place, err)
-	}
-	var opts []outbox.EnqueueOption
-	if !msg.EventTime.IsZero() {
-		opts = append(opts, outbox.WithEventTime(msg.EventTime))
-	}
-	err = r.c.path.Tx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.c.cfg.deadLetter.Enqueue(ctx, tx, place, DeadLetterKind, payload, opts...)
-		if errors.Is(err, outbox.ErrDuplicateKey) {
-			return nil // dead-lettered before, its XACK lost
-		}
-		return err
-	})
-	if err != nil {
+	dl := DeadLetter{Stream: r.c.cfg.deadStream, SourceStream: r.stream, Group: r.group, ID: d.ID, Values: d.Values, Error: fmt.Sprint(cause)}
+	// A row already there was dead-lettered before, its XACK lost.
+	if err := r.c.dead.Write(ctx, place, dl, msg.EventTime); err != nil {
 		return fmt.Errorf("redisstream: dead letter %s: %w", place, err)
 	}
 	return nil

@@ -247,6 +247,9 @@ func deadLettersShow(ctx context.Context, args []string, e env) error {
 	} {
 		fmt.Fprintf(w, "%s\t%s\n", f[0], f[1])
 	}
+	if dl.Deliveries > 0 {
+		fmt.Fprintf(w, "deliveries\t%d (before it was dead-lettered)\n", dl.Deliveries)
+	}
 	if dl.LastError != "" {
 		fmt.Fprintf(w, "relay error\t%s\n", oneLine(dl.LastError))
 	}

@@ -3,7 +3,7 @@ SELECT id, consumer, kind, message_key, idempotency_key, payload::text, state, a
 FROM "app"."outbox"
 WHERE kind = ANY(string_to_array($1::text, ','))
 	AND ($2::text IS NULL OR consumer = $2::text)
-	AND ($3::text IS NULL OR COALESCE(payload->>'source_topic', payload->>'source_stream') = $3::text)
+	AND ($3::text IS NULL OR COALESCE(payload->>'source_topic', payload->>'source_stream', NULLIF(payload->>'source', ''), payload->>'source_key') = $3::text)
 	AND ($4::text IS NULL OR message_key = $4::text)
 	AND ($5::text IS NULL OR strpos(payload->>'error', $5::text) > 0)
 	AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
