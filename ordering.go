@@ -372,6 +372,9 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 			return 0, nil, err
 		}
 	}
+	if err := o.dropStale(ctx, tx, m.consumer, msg.OrderKey, seq, parkedMax); err != nil {
+		return 0, nil, err
+	}
 	st.inHandler = true
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
@@ -379,6 +382,24 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 	st.inHandler = false
 	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, parkedMax, true)
 	return Applied, released, err
+}
+
+// dropStale deletes, under the entity's lock, a parked message of seq, the
+// sequence another message is about to apply as next. Only an operator's
+// ClaimTable.SkipGap, which moves last_seq without releasing, leaves a
+// parked message next; when its sequence comes again under another message
+// key, that message applies it, and the parked copy (whose claim stays, so
+// that its redelivery is Duplicate) must not stay parked below last_seq,
+// where nothing would release it. Nothing can be parked at seq when
+// parkedMax is below it: the common path costs nothing.
+func (o *orderer) dropStale(ctx context.Context, tx *sql.Tx, consumer, key string, seq, parkedMax int64) error {
+	if seq > parkedMax {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, o.unparkSQL, consumer, key, seq); err != nil {
+		return fmt.Errorf("idempotent: ordering key %q, sequence %d: delete the parked copy of a sequence applied now: %w", key, seq, err)
+	}
+	return nil
 }
 
 // park stores msg in the parking table and raises the entity's parked_max,

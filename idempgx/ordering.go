@@ -211,6 +211,15 @@ func (m *Middleware) ordered(ctx context.Context, tx pgx.Tx, c *orderedClaim, ms
 		}
 		return idempotent.Parked, nil, nil
 	}
+	if seq <= parkedMax {
+		// A parked copy of seq is next only after an operator's
+		// ClaimTable.SkipGap, which releases nothing: msg applies seq, and
+		// the copy (its claim kept, so its redelivery is Duplicate) must
+		// not stay parked below last_seq, where nothing releases it.
+		if _, err := a.l.c.Exec(ctx, o.unparkSQL, m.consumer, msg.OrderKey, seq); err != nil {
+			return 0, nil, fmt.Errorf("idempgx: ordering key %q, sequence %d: delete the parked copy of a sequence applied now: %w", msg.OrderKey, seq, err)
+		}
+	}
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
 	}

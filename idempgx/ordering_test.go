@@ -346,3 +346,31 @@ func TestOrderedGapDeadLetter(t *testing.T) {
 		t.Fatalf("applied %v, want 1 2 3", got)
 	}
 }
+
+// TestOrderedTableSkipResend: after an operator's ClaimTable.SkipGap
+// (which applies nothing), the parked message that became next is re-sent
+// under another message key: its sequence applies once, its successor is
+// released, and nothing stays parked below the last applied sequence.
+func TestOrderedTableSkipResend(t *testing.T) {
+	p, s, a, m := orderedSetup(t, 2)
+	ctx := context.Background()
+	for _, q := range []int64{1, 3, 4} {
+		if _, err := a.process(ctx, m, ordMsg("r", q)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := claimTable(t, p, idempotent.WithTable(s+".claims")).SkipGap(ctx, "ledger", "r", 2); err != nil {
+		t.Fatal(err)
+	}
+	again := ordMsg("r", 3)
+	again.Key = "r-3-resent"
+	if out, err := a.process(ctx, m, again); err != nil || out != idempotent.Applied {
+		t.Fatalf("re-sent 3: %v, %v; want Applied", out, err)
+	}
+	if got := a.applied(t, "r"); !slices.Equal(got, []int64{1, 3, 4}) {
+		t.Fatalf("applied %v, want 1 3 4", got)
+	}
+	if gaps, err := m.Waiting(ctx); err != nil || len(gaps) != 0 {
+		t.Errorf("Waiting: %+v, %v; want nothing parked", gaps, err)
+	}
+}

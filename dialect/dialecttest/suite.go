@@ -79,6 +79,8 @@ func checks() []check {
 		{"Optional/Orderer/ReleaseCommits", checkOrderReleaseCommits},
 		{"Optional/Orderer/StrictGuard", checkOrderStrictGuard},
 		{"Optional/Orderer/BadInput", checkOrderBadInput},
+		{"Optional/Orderer/Mixed", checkOrderMixed},
+		{"Optional/Orderer/TableSkipResend", checkOrderTableSkipResend},
 	}
 }
 
