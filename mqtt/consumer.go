@@ -501,12 +501,14 @@ func (r *run) handle(ctx context.Context, ds []delivery) {
 func (r *run) processOne(ctx context.Context, d delivery) adapter.Result {
 	c := r.c
 	msg, err := c.cfg.Message(d.pub)
-	if err != nil {
-		return adapter.Result{Err: err}
+	tctx, end := c.cfg.StartTrace(ctx, d.pub, msg)
+	var out idempotent.Outcome
+	if err == nil {
+		out, err = c.mw.ProcessMessage(tctx, msg, func(ctx context.Context, tx *sql.Tx) error {
+			return c.handle(ctx, tx, d.pub)
+		})
 	}
-	out, err := c.mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
-		return c.handle(ctx, tx, d.pub)
-	})
+	end(out, err)
 	return adapter.Result{Outcome: out, Err: err}
 }
 
@@ -520,5 +522,8 @@ func (r *run) processBatch(ctx context.Context, ds []delivery) []adapter.Result 
 		pubs[i] = d.pub
 		claims[i], errs[i] = r.c.cfg.Message(d.pub)
 	}
-	return adapter.ProcessBatch[*paho.Publish](ctx, r.c.mw, pubs, claims, errs, r.c.batch)
+	tctx, end := r.c.cfg.StartBatchTrace(ctx, pubs, claims)
+	res := adapter.ProcessBatch[*paho.Publish](tctx, r.c.mw, pubs, claims, errs, r.c.batch)
+	end(res)
+	return res
 }

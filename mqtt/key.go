@@ -89,6 +89,10 @@ var transport = adapter.Transport[*paho.Publish]{
 	Header:     property,
 	Payload:    func(m *paho.Publish) []byte { return m.Payload },
 	Ordered:    true,
+	System:     "mqtt",
+	// The topic the message was published to (a shared subscription's
+	// $share/group/ prefix is the subscriber's, not the message's).
+	Destination: func(m *paho.Publish) string { return m.Topic },
 }
 
 // property returns the first value of msg's user property name.

@@ -102,6 +102,15 @@ func WithObserver(o adapter.Observer) Option {
 	return optionFunc(func(c *config) error { return c.SetObserver(o) })
 }
 
+// WithTracer sets the Tracer (oteltrace.New gives one on OpenTelemetry)
+// that records each transaction's span: a delivery's span continues the
+// trace context the producer put in the message's user properties (the
+// Sender does, for an outbox created WithTracer), a batch's span links to
+// each message's. Default is none.
+func WithTracer(t adapter.Tracer) Option {
+	return optionFunc(func(c *config) error { return c.SetTracer(t) })
+}
+
 // WithRetryDelay sets how long a message whose handler failed with an error
 // that is not poison waits before the worker runs it again. MQTT has no
 // negative acknowledgement — a broker sends an unacknowledged message again

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -102,6 +104,9 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if m.OrderKey != "" {
 		props = append(props, paho.UserProperty{Key: adapter.OrderKeyHeader, Value: m.OrderKey},
 			paho.UserProperty{Key: adapter.OrderSeqHeader, Value: adapter.FormatOrderSeq(m.OrderSeq)})
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.Trace)) { // the enqueuer's trace context (outbox.WithTracer)
+		props = append(props, paho.UserProperty{Key: k, Value: m.Trace[k]})
 	}
 	topic := s.topic(m)
 	resp, err := s.pub.Publish(ctx, &paho.Publish{Topic: topic, QoS: s.qos, Payload: m.Payload,
