@@ -16,7 +16,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -27,6 +26,8 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // the nodes are polled through it
+
+	"github.com/txclaim/idempotent/tests/internal/ports"
 )
 
 // Provider is the Galera library the nodes load.
@@ -93,26 +94,6 @@ func find(ctx context.Context) (server, install string, err error) {
 	return server, install, nil
 }
 
-// freePorts returns n TCP ports on 127.0.0.1 that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports, nil
-}
-
 // Start makes a cluster in a new directory under parent ("" for the
 // system's temporary directory) and starts its three nodes: node 1
 // bootstraps, then 2 and 3 join; Start returns once every node reports
@@ -132,7 +113,7 @@ func Start(ctx context.Context, parent string) (*Cluster, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(12)
+	ports, err := ports.Free(12)
 	if err != nil {
 		return nil, err
 	}

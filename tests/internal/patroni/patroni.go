@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +34,8 @@ import (
 	"time"
 
 	_ "github.com/lib/pq" // the members are polled through it
+
+	"github.com/txclaim/idempotent/tests/internal/ports"
 )
 
 // ErrNoPatroni reports that patroni, etcd or the PostgreSQL server binaries
@@ -120,26 +121,6 @@ func find(ctx context.Context, bin string) (string, error) {
 	return p, nil
 }
 
-// freePorts returns n TCP ports on 127.0.0.1 that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports, nil
-}
-
 // Start makes a cluster in a new directory and starts etcd and the three
 // members, then waits (Ready) until a leader runs and both other members
 // stream from it — one of them as the synchronous standby with
@@ -170,7 +151,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := c.own(c.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(8)
+	ports, err := ports.Free(8)
 	if err != nil {
 		return nil, err
 	}

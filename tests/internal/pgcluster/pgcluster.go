@@ -25,6 +25,8 @@ import (
 	"time"
 
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
+
+	"github.com/txclaim/idempotent/tests/internal/ports"
 )
 
 // ErrNoPostgres reports that no PostgreSQL server binaries (initdb and
@@ -243,12 +245,11 @@ func (c *Cluster) command(ctx context.Context, name string, args ...string) *exe
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.Free(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return p[0], nil
 }
 
 // Addr is the cluster's TCP address, 127.0.0.1:Port.
