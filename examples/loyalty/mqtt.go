@@ -399,6 +399,10 @@ func (s *store) naiveMQTT(ctx context.Context, customers int) (consumeFunc, cred
 		// The workers start first: a resumed session gets its
 		// unacknowledged messages right after CONNACK.
 		stopped := make(chan struct{}) // closed by a worker's crash: the others stop too
+		// lost is closed when the connection drops. Workers wait on it,
+		// not on cli.Done, which is theirs to read only once Connect has
+		// returned (Connect sets what Done returns).
+		lost := make(chan struct{})
 		var once sync.Once
 		crash := func() {
 			once.Do(func() { close(stopped) })
@@ -415,7 +419,7 @@ func (s *store) naiveMQTT(ctx context.Context, customers int) (consumeFunc, cred
 						return
 					case <-stopped:
 						return
-					case <-cli.Done():
+					case <-lost:
 						return // the connection dropped: the process restarts
 					}
 					if !sc.naiveDeliver(ctx, apply, m.Payload, &crashed, crash) {
@@ -432,6 +436,13 @@ func (s *store) naiveMQTT(ctx context.Context, customers int) (consumeFunc, cred
 		_, err = cli.Connect(cctx, &paho.Connect{ClientID: conn.clientID, KeepAlive: 30,
 			Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry, ReceiveMaximum: &window}})
 		if err == nil {
+			go func() {
+				select {
+				case <-cli.Done():
+					close(lost)
+				case <-ended:
+				}
+			}()
 			_, err = cli.Subscribe(cctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: conn.t.filter, QoS: 1}}})
 		}
 		cancel()
