@@ -211,8 +211,8 @@ func (p *consumerProc) exited() bool {
 // re-send), consumed by two consumer processes — subprocesses of the test
 // binary — of which one is SIGKILLed and replaced three times mid-stream:
 // what a killed process had received and not deleted (handlers running,
-// commits in flight, deletes not yet sent) comes again after the two-second
-// visibility timeout to the others. Every order is applied exactly once,
+// commits in flight, deletes not yet sent) comes again after the
+// visibility timeout (two seconds; thirty above 300 orders) to the others. Every order is applied exactly once,
 // and the balances are exact.
 //
 // A delivery that waited in the Subscription's buffer past the visibility
@@ -242,7 +242,15 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			client := newSQSClient(t, nil)
-			url := createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): "2"})
+			// Two seconds makes a killed process's messages come back soon;
+			// a large run keeps them longer, so that what waits in a
+			// Subscription's buffer behind thousands of others is not
+			// received again by every process in turn.
+			visibility := "2"
+			if n > 300 {
+				visibility = "30"
+			}
+			url := createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): visibility})
 			l := newLedger(t)
 			orders := testenv.MakeOrders(n)
 			sends := publishOrders(t, client, url, orders)
