@@ -504,7 +504,9 @@ func overlapRatio(a, b []time.Time) (float64, error) {
 	}
 	na, nb := in(a), in(b)
 	if nb == 0 {
-		return 0, errors.New("head to head: the baseline applied nothing while both ran")
+		// As good as no overlap: a loaded machine ran the baseline's
+		// applies before or after the other's, none between.
+		return 0, fmt.Errorf("%w: the baseline applied nothing while both ran", errNoOverlap)
 	}
 	return float64(na) / float64(nb), nil
 }
