@@ -71,18 +71,26 @@ func consumeAll(b *testing.B, c *cdkpubsub.Consumer, orders []order) time.Durati
 			b.Fatal(err)
 		}
 	}
+	return drain(ctx, b, c, sub, len(orders), 2*time.Minute)
+}
+
+// drain runs c on sub until n more deliveries have been acked (applied or
+// duplicate), failing b after bound, and returns how long that took; then
+// it stops c and shuts sub down.
+func drain(ctx context.Context, b *testing.B, c *cdkpubsub.Consumer, sub *pubsub.Subscription, n int, bound time.Duration) time.Duration {
+	b.Helper()
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	acked := func() int64 { s := c.Stats(); return s.Applied + s.Duplicates }
 	before := acked()
 	start := time.Now()
 	go func() { done <- c.Run(rctx, sub) }()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(bound)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for acked()-before < int64(len(orders)) {
+	for acked()-before < int64(n) {
 		if time.Now().After(deadline) {
-			b.Fatalf("after 2m: %d of %d acked", acked()-before, len(orders))
+			b.Fatalf("after %v: %d of %d acked", bound, acked()-before, n)
 		}
 		<-tick.C
 	}

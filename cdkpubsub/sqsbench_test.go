@@ -47,28 +47,5 @@ func consumeAllSQS(b *testing.B, c *cdkpubsub.Consumer, orders []order) time.Dur
 		}
 	}
 	sub := awssnssqs.OpenSubscriptionV2(ctx, client, url, &awssnssqs.SubscriptionOptions{Raw: true})
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	acked := func() int64 { s := c.Stats(); return s.Applied + s.Duplicates }
-	before := acked()
-	start := time.Now()
-	go func() { done <- c.Run(rctx, sub) }()
-	deadline := time.Now().Add(5 * time.Minute)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for acked()-before < int64(len(orders)) {
-		if time.Now().After(deadline) {
-			b.Fatalf("after 5m: %d of %d acked", acked()-before, len(orders))
-		}
-		<-tick.C
-	}
-	d := time.Since(start)
-	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	if err := sub.Shutdown(ctx); err != nil {
-		b.Fatal(err)
-	}
-	return d
+	return drain(ctx, b, c, sub, len(orders), 5*time.Minute)
 }
