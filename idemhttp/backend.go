@@ -38,6 +38,17 @@ type Backend interface {
 	ProcessMessage(ctx context.Context, msg idempotent.Message, fn func(ctx context.Context, exec Exec) error) (idempotent.Outcome, error)
 }
 
+// RowReader is implemented by a Backend whose driver reads a row faster on
+// its own pool than the Core's database/sql pool does (pgxhttp's, on the
+// pgxpool): the Middleware then reads stored responses through ReadRow.
+// A Backend without it has them read on the Core's pool.
+type RowReader interface {
+	// ReadRow runs query, a SELECT of at most one row, with args as
+	// parameters, outside any transaction, and scans the row into dest.
+	// found is false, and err nil, when there is no row.
+	ReadRow(ctx context.Context, query string, args []any, dest ...any) (found bool, err error)
+}
+
 // Exec runs one statement, with its arguments as parameters, in the
 // claim's transaction of a Backend.
 type Exec func(ctx context.Context, query string, args ...any) error

@@ -51,6 +51,9 @@ type backend struct {
 	// with a lock timeout) rather than waiting for the first to finish.
 	busy  bool
 	clock *testenv.Clock
+	// observer, when set, hears of the claims of the middleware's
+	// Middleware (idempotent or idempgx).
+	observer idempotent.Observer
 }
 
 // bind turns ? placeholders into $n for Postgres.
@@ -127,7 +130,11 @@ func (b *backend) middleware(t testing.TB, scope idemhttp.ScopeFunc, opts ...ide
 	)
 	if b.pool != nil {
 		var m *idempgx.Middleware
-		m, err = idempgx.New(b.pool, "orders-api", idempgx.WithTable(b.claims), idempgx.WithClock(b.clock.Now), idempgx.WithLockTimeout(100*time.Millisecond))
+		o := []idempgx.Option{idempgx.WithTable(b.claims), idempgx.WithClock(b.clock.Now), idempgx.WithLockTimeout(100 * time.Millisecond)}
+		if b.observer != nil {
+			o = append(o, idempgx.WithObserver(b.observer))
+		}
+		m, err = idempgx.New(b.pool, "orders-api", o...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,6 +147,9 @@ func (b *backend) middleware(t testing.TB, scope idemhttp.ScopeFunc, opts ...ide
 		o := []idempotent.Option{idempotent.WithTable(b.claims), idempotent.WithClock(b.clock.Now)}
 		if b.busy {
 			o = append(o, idempotent.WithLockTimeout(100*time.Millisecond))
+		}
+		if b.observer != nil {
+			o = append(o, idempotent.WithObserver(b.observer))
 		}
 		mw, err = idempotent.New(b.db, b.d, "orders-api", o...)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/txclaim/idempotent"
@@ -34,6 +35,45 @@ type Middleware struct {
 	resp   dialect.Table // the response table
 	table  string        // resp.String()
 	sql    statements
+	// replays weighs recent replays against first requests, to decide
+	// whether a request reads its stored response before claiming (see
+	// readFirst): plus replayWeight for each request answered with a
+	// stored response, up to maxReplayScore, minus one for each that was
+	// not, down to 0.
+	replays atomic.Int32
+	// alwaysReadFirst makes every request read first (tests).
+	alwaysReadFirst bool
+}
+
+// replayWeight and maxReplayScore set the replays score: a replay read
+// first costs one round trip instead of the claim's three, and a first
+// request read first pays one more, so reading first pays while replays
+// are more than a third of requests, which is when the score, up by 2
+// for a replay and down by 1 for any other request, stays above 0. After a
+// run of replays ends, at most maxReplayScore requests read first in vain.
+const (
+	replayWeight   = 2
+	maxReplayScore = 16
+)
+
+// readFirst reports whether a request reads its stored response before
+// claiming: while replays have been frequent enough to pay for it.
+func (m *Middleware) readFirst() bool {
+	return m.alwaysReadFirst || m.replays.Load() > 0
+}
+
+// counted adds the end of a request to the replays score: replayed or not.
+func (m *Middleware) counted(replayed bool) {
+	for {
+		n := m.replays.Load()
+		next := max(n-1, 0)
+		if replayed {
+			next = min(n+replayWeight, maxReplayScore)
+		}
+		if next == n || m.replays.CompareAndSwap(n, next) {
+			return
+		}
+	}
 }
 
 // New returns the middleware for the claims of mw — the claim table, the
@@ -166,6 +206,19 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		// effect and its response commit (a retry gets the replay) or not at
 		// all (a retry runs the handler).
 		ctx := context.WithoutCancel(r.Context())
+		// While replays are frequent, a retry of a request that completed
+		// is answered in one round trip, before any claim; a request it
+		// does not answer goes to the claim, as does one whose read failed:
+		// the claim is the authority, and reports a database that is down.
+		if m.readFirst() {
+			if s, found, err := m.completed(ctx, msg.Key); err == nil && found {
+				m.counted(true)
+				m.answer(w, r, s, fp)
+				return
+			}
+		}
+		replayed := false
+		defer func() { m.counted(replayed) }()
 		for range replayAttempts {
 			var rec *recorder
 			outcome, err := m.b.ProcessMessage(ctx, msg, func(ctx context.Context, exec Exec) error {
@@ -217,17 +270,24 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			if !found {
 				continue
 			}
-			if !bytes.Equal(s.fingerprint, fp) {
-				problem(w, http.StatusUnprocessableEntity, "this idempotency key was used with another request")
-				return
-			}
-			if err := replay(w, s); err != nil {
-				m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: decode the stored header: %w", err))
-			}
+			replayed = true
+			m.answer(w, r, s, fp)
 			return
 		}
 		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: the claim of key %q has no stored response (is the consumer %q shared with something other than idemhttp?)", key, m.claim.Consumer))
 	})
+}
+
+// answer answers a request with s, the stored response of its key: a 422
+// when s answered another request (fingerprint fp differs), else s itself.
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, s stored, fp []byte) {
+	if !bytes.Equal(s.fingerprint, fp) {
+		problem(w, http.StatusUnprocessableEntity, "this idempotency key was used with another request")
+		return
+	}
+	if err := replay(w, s); err != nil {
+		m.fail(w, r, http.StatusInternalServerError, fmt.Errorf("idemhttp: decode the stored header: %w", err))
+	}
 }
 
 // noPrincipal answers a request whose ScopeFunc failed: 401 with the

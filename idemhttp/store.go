@@ -16,11 +16,15 @@ import (
 // built once, in New, from validated table names; values are always
 // parameters.
 type statements struct {
-	schema  []string // CREATE TABLE / INDEX IF NOT EXISTS
-	put     string   // upsert of one response: consumer, key, fingerprint, status, header, body, created_at
-	get     string   // fingerprint, status, header, body of consumer, key
-	cleanup string   // delete up to $2 responses created before $1 whose claim is gone
-	stats   string   // count of responses, oldest created_at (0 when none)
+	schema []string // CREATE TABLE / INDEX IF NOT EXISTS
+	put    string   // upsert of one response: consumer, key, fingerprint, status, header, body, created_at
+	get    string   // fingerprint, status, header, body of consumer, key
+	// replay is get of a response whose claim exists: the one-statement
+	// read of a completed request, before any claim (see
+	// Middleware.completed).
+	replay  string
+	cleanup string // delete up to $2 responses created before $1 whose claim is gone
+	stats   string // count of responses, oldest created_at (0 when none)
 
 	// The upgrade of a table made by an earlier version, on MySQL and
 	// MariaDB only (empty elsewhere): headerType reads the header column's
@@ -117,7 +121,8 @@ func newStatements(name string, resp, claims dialect.Table) (statements, error) 
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
 header = excluded.header, body = excluded.body, created_at = excluded.created_at`, r),
-			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = $1 AND message_key = $2", r),
+			get:    fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = $1 AND message_key = $2", r),
+			replay: replaySQL(r, c, "$1", "$2"),
 			// The outer created_at test is evaluated again on a row that a
 			// concurrent first request re-wrote (Postgres rechecks the
 			// target row after waiting for its lock), so a fresh response
@@ -136,7 +141,8 @@ header = excluded.header, body = excluded.body, created_at = excluded.created_at
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), status = VALUES(status),
 header = VALUES(header), body = VALUES(body), created_at = VALUES(created_at)`, r),
-			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			get:    fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			replay: replaySQL(r, c, "?", "?"),
 			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE created_at < ?
 AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.message_key = %[1]s.message_key) LIMIT ?`, r, c),
 			stats:       statsSQL(r),
@@ -152,7 +158,8 @@ AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = %[1]s.consumer AND c.me
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (consumer, message_key) DO UPDATE SET fingerprint = excluded.fingerprint, status = excluded.status,
 header = excluded.header, body = excluded.body, created_at = excluded.created_at`, r),
-			get: fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			get:    fmt.Sprintf("SELECT fingerprint, status, header, body FROM %s WHERE consumer = ? AND message_key = ?", r),
+			replay: replaySQL(r, c, "?", "?"),
 			cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE rowid IN (
 	SELECT x.rowid FROM %[1]s x WHERE x.created_at < ?
 	AND NOT EXISTS (SELECT 1 FROM %[2]s c WHERE c.consumer = x.consumer AND c.message_key = x.message_key) LIMIT ?
@@ -223,15 +230,40 @@ type stored struct {
 	body        []byte
 }
 
-// get reads the stored response of key, outside any transaction. found is
-// false when there is none.
+// get reads the stored response of key, outside any transaction, after
+// the claim of key was found. found is false when there is none.
 func (m *Middleware) get(ctx context.Context, key string) (s stored, found bool, err error) {
-	err = m.db.QueryRowContext(ctx, m.sql.get, m.claim.Consumer, key).Scan(&s.fingerprint, &s.status, &s.header, &s.body)
-	if errors.Is(err, sql.ErrNoRows) {
-		return stored{}, false, nil
+	return m.read(ctx, m.sql.get, key)
+}
+
+// completed reads the stored response of key if key's claim exists, in one
+// statement outside any transaction, before the request claims: a request
+// whose first run committed is answered with it in one round trip, and any
+// other (no claim, a claim in flight, a response left behind by a claim
+// cleaned up) finds nothing and goes on to the claim. docs/http.md
+// ("Replays in one round trip") has the argument.
+func (m *Middleware) completed(ctx context.Context, key string) (s stored, found bool, err error) {
+	return m.read(ctx, m.sql.replay, key)
+}
+
+// read runs q, the get or replay statement, for key: on the Backend's own
+// pool when it is a RowReader, on the Core's database/sql pool otherwise.
+func (m *Middleware) read(ctx context.Context, q, key string) (s stored, found bool, err error) {
+	dest := []any{&s.fingerprint, &s.status, &s.header, &s.body}
+	if rr, ok := m.b.(RowReader); ok {
+		found, err = rr.ReadRow(ctx, q, []any{m.claim.Consumer, key}, dest...)
+	} else {
+		err = m.db.QueryRowContext(ctx, q, m.claim.Consumer, key).Scan(dest...)
+		found = err == nil
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
+		}
 	}
 	if err != nil {
 		return stored{}, false, fmt.Errorf("idemhttp: read the stored response: %w", err)
+	}
+	if !found {
+		return stored{}, false, nil
 	}
 	return s, true, nil
 }
@@ -309,6 +341,17 @@ func (m *Middleware) widenHeader(ctx context.Context) error {
 // DefaultCleanupBatch is the number of responses one statement of Cleanup
 // deletes at most.
 const DefaultCleanupBatch = 1000
+
+// replaySQL is the replay statement of the quoted response table r beside
+// the quoted claim table c, with consumer and key the placeholders of the
+// consumer and the claim key: the stored response of the key, only if the
+// key's claim exists. One statement reads both tables in one snapshot, so
+// the row it returns is the response its committed claim committed with.
+func replaySQL(r, c, consumer, key string) string {
+	return fmt.Sprintf(`SELECT r.fingerprint, r.status, r.header, r.body FROM %s r
+JOIN %s c ON c.consumer = r.consumer AND c.message_key = r.message_key
+WHERE r.consumer = %s AND r.message_key = %s`, r, c, consumer, key)
+}
 
 // statsSQL is the stats statement of the quoted response table r, the
 // same on every dialect.

@@ -39,6 +39,7 @@ var ErrNested = fmt.Errorf("%w: ProcessMessage called from inside a handler", id
 // pgxpool.Pool. It is safe for concurrent use; create one per consumer and
 // share it.
 type Middleware struct {
+	pool        *pgxpool.Pool // New's; nil in unit tests that replace acquire
 	acquire     func(ctx context.Context) (lease, error)
 	core        *idempotent.Middleware
 	consumer    string
@@ -94,6 +95,7 @@ func New(pool *pgxpool.Pool, consumer string, opts ...Option) (*Middleware, erro
 	if err != nil {
 		return nil, err
 	}
+	m.pool = pool
 	m.prepared = usesPrepared(pool.Config().ConnConfig.DefaultQueryExecMode)
 	m.acquire = func(ctx context.Context) (lease, error) {
 		pc, err := pool.Acquire(ctx)
@@ -200,6 +202,11 @@ func (m *Middleware) Config() idempotent.Config {
 // repeat: Cleanup, MaintainPartitions, Partitions. Its claims and this Middleware's
 // are the same rows, so the two can serve one consumer side by side.
 func (m *Middleware) Core() *idempotent.Middleware { return m.core }
+
+// Pool returns the pool the Middleware was created on, on which it claims.
+// A package built on the Middleware reads its own tables there (pgxhttp
+// reads stored responses through it) without a pool of its own.
+func (m *Middleware) Pool() *pgxpool.Pool { return m.pool }
 
 // EnsureSchema creates the claim table and its index if they do not exist,
 // as idempotent.Middleware.EnsureSchema does (in partitioned mode, with its

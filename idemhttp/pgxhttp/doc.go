@@ -21,8 +21,8 @@
 // key left free, the byte-for-byte replay, the body limits, the options
 // (idemhttp.With…) and the errors. New returns an *idemhttp.Middleware, whose
 // EnsureSchema and Cleanup run on the Core of the idempgx.Middleware (the
-// same pool, through pgx's database/sql adapter), and so does the read of a
-// stored response for a replay; only the claim's transaction is pgx's.
+// same pool, through pgx's database/sql adapter); the claim's transaction
+// and the read of a stored response for a replay run on the pgx pool.
 // idemhttp.KeyFromContext gives the claim's key as on database/sql;
 // idemhttp.TxFromContext gives nil.
 //

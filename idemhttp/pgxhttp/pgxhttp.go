@@ -46,6 +46,16 @@ func (b backend) ProcessMessage(ctx context.Context, msg idempotent.Message, fn 
 	})
 }
 
+// ReadRow reads a row of the response table on the Middleware's pool, in
+// one round trip (idemhttp.RowReader).
+func (b backend) ReadRow(ctx context.Context, query string, args []any, dest ...any) (bool, error) {
+	err := b.m.Pool().QueryRow(ctx, query, args...).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 type txKey struct{}
 
 // TxFromContext returns the claim's pgx.Tx of a request the middleware of

@@ -212,3 +212,30 @@ func TestResponseInsertFailureRollsBack(t *testing.T) {
 		t.Fatalf("%d effects after the retry, want 1", n)
 	}
 }
+
+// A replay read first (while replays are frequent: here after one) is one
+// statement on the pgx pool, alone: no transaction, no batch, one round
+// trip.
+func TestReplayReadFirstIsOneRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	h := e.idem.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("made"))
+	}))
+	if w := post(h, "k1"); w.Code != http.StatusCreated {
+		t.Fatalf("first request: %d %q", w.Code, w.Body)
+	}
+	for i := range 2 {
+		e.sent.reset()
+		w := post(h, "k1")
+		if w.Code != http.StatusCreated || w.Body.String() != "made" || w.Header().Get(idemhttp.ReplayedHeader) != "true" {
+			t.Fatalf("replay %d: %d %q %v", i+1, w.Code, w.Body, w.Header())
+		}
+	}
+	e.sent.mu.Lock()
+	alone, batches := e.sent.alone, e.sent.batches
+	e.sent.mu.Unlock()
+	if len(alone) != 1 || len(batches) != 0 || !strings.Contains(alone[0], e.idem.Table()[strings.LastIndexByte(e.idem.Table(), '.')+1:]) {
+		t.Errorf("the second replay sent %q alone and batches %q, want the stored response's read alone", alone, batches)
+	}
+}

@@ -115,7 +115,7 @@ var pgxComparisons = []pgxComparison{
 		"`pgxhttp`", "bare pgx handler",
 		func(e *pgxEnv) func(context.Context) error { return e.httpWith },
 		func(e *pgxEnv) func(context.Context) error { return e.httpBare }},
-	{"replay-vs-first", "idemhttp on pgx: a replay ≥ 5× faster than a first request, in process, head to head", 5,
+	{"replay-vs-first", "idemhttp on pgx: a replay (read before claiming) ≥ 5× faster than a first request, in process, head to head", 5,
 		"`pgxhttp` replay", "`pgxhttp` first request",
 		func(e *pgxEnv) func(context.Context) error { return e.httpReplay },
 		func(e *pgxEnv) func(context.Context) error { return e.httpWith }},
