@@ -398,7 +398,10 @@ type claimOne struct {
 	key   string
 	day   string // the event day in partitioned mode
 	token string // the group transaction's fence (dialect.TxFencer); "" outside one
-	w     wireMessages
+	// strict: the group's claim fails when it inserts nothing, and the
+	// horizon is not read after it (coalescer.oneTrip).
+	strict bool
+	w      wireMessages
 	// cached: the message was fenced against snap, the horizon cached
 	// under WithHorizonLease, and is claimed with the plain claim.
 	cached bool
