@@ -39,10 +39,14 @@ var ErrNested = fmt.Errorf("%w: ProcessMessage called from inside a handler", id
 // pgxpool.Pool. It is safe for concurrent use; create one per consumer and
 // share it.
 type Middleware struct {
-	acquire     func(ctx context.Context) (lease, error)
-	core        *idempotent.Middleware
-	consumer    string
-	claimSQL    string // a plain table's claim of a message without an event time
+	acquire  func(ctx context.Context) (lease, error)
+	core     *idempotent.Middleware
+	consumer string
+	claimSQL string // a plain table's claim of a message without an event time
+	// strictSQL is claimSQL made to fail when it inserts nothing, for the
+	// single path's one round trip (oneTrip) under WithQueuedOnly; "" when
+	// not.
+	strictSQL   string
 	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimQuerySQL)
 	batchSQL    string
 	batchAtSQL  string              // the batch claim with event days, partitioned mode
@@ -168,6 +172,9 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	}
 	if cfg.lease > 0 && !m.partitioned {
 		m.initLease(db, pg, table, cfg.lease)
+	}
+	if cfg.queuedOnly && m.claimSQL != "" {
+		m.strictSQL = strictClaim(m.claimSQL)
 	}
 	m.beginStmt = "begin"
 	if cfg.iso != "" {
@@ -343,6 +350,14 @@ func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, 
 	}
 	if err := c.useLease(); err != nil {
 		return 0, 0, m.keyError(key, err)
+	}
+	if m.strictSQL != "" && at.IsZero() {
+		done, fn2 := m.oneTrip(ctx, key, fn)
+		if done {
+			m.recordSeen(ctx, scope, key)
+			return idempotent.Applied, 1, nil
+		}
+		fn = fn2
 	}
 	attempts, err := m.run(ctx, key, c, fn, &outcome)
 	if err != nil {

@@ -261,6 +261,62 @@ func (g *groupTx) claimAll(ctx context.Context, live []*member) {
 // COMMIT: a caller whose context ends from then on waits for the outcome,
 // and when the pipeline fails the marks are taken back (Uncommit).
 
+// oneTrip is the single path's one round trip under WithQueuedOnly, for a
+// message without an event time: fn runs first, then BEGIN, the lock
+// bound, the strict claim, what fn queued and COMMIT go in one pipeline.
+// done reports that the message was applied there. Otherwise nothing was
+// committed, or the connection was lost — a duplicate, a failed statement,
+// a handler that failed (its message may be a duplicate, whose handler
+// does not run), no connection to be had — and fn2 is what the two round
+// trips' path, under the retry policy, runs instead of fn: the statements
+// fn queued, queued again, or fn itself when it failed. (After a lost
+// connection whose COMMIT landed, that path finds the claim: Duplicate, as
+// after a lost COMMIT there.) A panic of fn goes to the caller, with
+// nothing sent.
+func (m *Middleware) oneTrip(ctx context.Context, key string, fn Func) (done bool, fn2 Func) {
+	a := &attempt{m: m}
+	tx := &claimTx{a: a, queueOnly: true}
+	herr := fn(context.WithValue(ctx, claimKey{}, a), tx)
+	tx.closed = true
+	if herr != nil || tx.violation != nil {
+		return false, fn
+	}
+	qs := tx.queue
+	fn2 = func(_ context.Context, t pgx.Tx) error {
+		t.(*claimTx).queue = append([]queued(nil), qs...)
+		return nil
+	}
+	var err error
+	if a.l, err = m.acquire(ctx); err != nil {
+		return false, fn2 // the two round trips' path acquires under the retry policy
+	}
+	defer a.l.release()
+	var b pgx.Batch
+	b.BeginTx(m.txOpts)
+	if m.lockSQL != "" {
+		b.Queue(m.lockSQL)
+	}
+	b.Queue(m.strictSQL, m.consumer, key)
+	queueInto(&b, qs)
+	b.Queue("commit")
+	br := a.l.c.SendBatch(ctx, &b)
+	a.inner = br.Tx()
+	var tag pgconn.CommandTag
+	for range len(b.QueuedQueries) {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tag.String() != "ROLLBACK" {
+		return true, nil
+	}
+	a.rollback(ctx)
+	return false, fn2
+}
+
 // strictClaim is the claim sql made to fail with SQLSTATE 22012 when it
 // inserts nothing.
 func strictClaim(sql string) string {
@@ -289,7 +345,7 @@ func (c *coalescer) oneTrip(ctx context.Context, a *attempt, live []*member, p *
 			mb.Give(context.WithValue(mb.Ctx, claimKey{}, a), txs[i])
 		}
 	}
-	regroup := false
+	regroup, failed := false, false
 	for i, mb := range live {
 		if txs[i] == nil {
 			continue
@@ -298,10 +354,15 @@ func (c *coalescer) oneTrip(ctx context.Context, a *attempt, live []*member, p *
 		txs[i].closed = true
 		o, cl, jerr := c.judge(a, mb, txs[i], h, gone, true)
 		switch {
-		case o != nil:
-			// Every failed member is told now: none is handed again.
+		case o != nil && o.panicked:
+			// Its caller re-raises the panic: it is not handed again.
 			c.fail(p, mb, o)
 			regroup = true
+		case o != nil:
+			// Its message may be a duplicate, whose handler does not run:
+			// the two round trips' path claims first, and runs it again
+			// only if it is new.
+			failed = true
 		case jerr != nil && !errors.Is(jerr, errRegroup) && err == nil:
 			class, err = cl, jerr
 		case jerr != nil:
@@ -313,6 +374,8 @@ func (c *coalescer) oneTrip(ctx context.Context, a *attempt, live []*member, p *
 		return true, nil, class, err
 	case regroup:
 		return true, nil, dialect.Class{}, errRegroup
+	case failed:
+		return false, nil, dialect.Class{}, nil
 	}
 	var marked []*member
 	for i, mb := range live {

@@ -480,3 +480,60 @@ func TestQueuedOnlyOneTripFallsBack(t *testing.T) {
 		}
 	})
 }
+
+// TestQueuedOnlySingleOneTrip: alone, on a Middleware made WithQueuedOnly,
+// a new message costs one round trip (its handler runs first; BEGIN, the
+// claim, its statements and COMMIT go together); a duplicate comes back
+// Duplicate with no effect, a failed queued statement fails its message
+// with nothing applied, and a handler's error is returned, nothing
+// applied — each after the handler ran once.
+func TestQueuedOnlySingleOneTrip(t *testing.T) {
+	t.Parallel()
+	e := newCoEnv(t, 1)
+	e.queued = true
+	e.strict(t)
+	m := e.plain(t, idempgx.WithQueuedOnly())
+	ctx := context.Background()
+	var runs runCounter
+	call := func(k string, fail error) (idempotent.Outcome, error) {
+		return m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error {
+			runs.add(k)
+			if err := e.apply(ctx, tx, k); err != nil || fail != nil {
+				return errors.Join(err, fail)
+			}
+			if k == "v" {
+				return e.violate(tx, k)
+			}
+			return nil
+		})
+	}
+	if o, err := call("warm", nil); err != nil || o != idempotent.Applied {
+		t.Fatalf("warm: %v, %v", o, err)
+	}
+	before := e.tap.writes.Load()
+	if o, err := call("a", nil); err != nil || o != idempotent.Applied {
+		t.Fatalf("a: %v, %v, want applied", o, err)
+	}
+	if n := e.tap.writes.Load() - before; n != 1 {
+		t.Errorf("a new message: %d round trips, want 1", n)
+	}
+	if o, err := call("a", nil); err != nil || o != idempotent.Duplicate {
+		t.Errorf("a again: %v, %v, want duplicate", o, err)
+	}
+	var pe *pgconn.PgError
+	if o, err := call("v", nil); !errors.As(err, &pe) || pe.Code != "23514" || o != 0 {
+		t.Errorf("v: %v, %v, want its queued statement's check violation", o, err)
+	}
+	if o, err := call("f", errBoom); !errors.Is(err, errBoom) || o != 0 {
+		t.Errorf("f: %v, %v, want its handler's error", o, err)
+	}
+	if o, err := call("f", nil); err != nil || o != idempotent.Applied {
+		t.Errorf("f redelivered: %v, %v, want applied", o, err)
+	}
+	runs.mu.Lock()
+	if want := map[string]int{"warm": 1, "a": 2, "v": 1, "f": 3}; fmt.Sprint(runs.n) != fmt.Sprint(want) {
+		t.Errorf("handler runs %v, want %v", runs.n, want)
+	}
+	runs.mu.Unlock()
+	e.wantAudit(t, []string{"warm", "a", "f"}, []string{"v"})
+}
