@@ -299,9 +299,23 @@ func (m *Middleware) oneTrip(ctx context.Context, key string, fn Func) (done boo
 	b.Queue(m.strictSQL, m.consumer, key)
 	queueInto(&b, qs)
 	b.Queue("commit")
-	br := a.l.c.SendBatch(ctx, &b)
+	if a.sendAll(ctx, &b) == nil {
+		return true, nil
+	}
+	a.rollback(ctx)
+	return false, fn2
+}
+
+// sendAll sends b, ending with COMMIT, on a's connection in one round trip
+// and reads every result: nil when the transaction committed, else the
+// first failure.
+func (a *attempt) sendAll(ctx context.Context, b *pgx.Batch) error {
+	br := a.l.c.SendBatch(ctx, b)
 	a.inner = br.Tx()
-	var tag pgconn.CommandTag
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
 	for range len(b.QueuedQueries) {
 		if tag, err = br.Exec(); err != nil {
 			break
@@ -310,11 +324,10 @@ func (m *Middleware) oneTrip(ctx context.Context, key string, fn Func) (done boo
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	if err == nil && tag.String() != "ROLLBACK" {
-		return true, nil
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
 	}
-	a.rollback(ctx)
-	return false, fn2
+	return err
 }
 
 // strictClaim is the claim sql made to fail with SQLSTATE 22012 when it
@@ -415,18 +428,7 @@ func (c *coalescer) oneTrip(ctx context.Context, a *attempt, live []*member, p *
 		}
 	}
 	b.Queue("commit")
-	br := a.l.c.SendBatch(ctx, &b)
-	a.inner = br.Tx()
-	var tag pgconn.CommandTag
-	for range len(b.QueuedQueries) {
-		if tag, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err == nil && tag.String() != "ROLLBACK" {
+	if err = a.sendAll(ctx, &b); err == nil {
 		for i := range live {
 			if txs[i] != nil {
 				p.Outcomes[i] = idempotent.Applied
