@@ -280,7 +280,12 @@ func WithCoalescing(c idempotent.Coalescing) Option {
 // statements never applied. A message whose queued statement fails, whose
 // handler fails or panics, or whose caller leaves, fails alone, and the
 // group runs again without it. With Coalescing.Savepoints each message is
-// still claimed just before its handler. Default is off: handlers may mix
+// still claimed just before its handler. A message alone without an event
+// time goes the same way: its handler first, then BEGIN, its claim, its
+// statements and COMMIT in one round trip, or, after a duplicate or a
+// failure, the two round trips (claim, then statements and COMMIT) with
+// what it queued. Either way a handler that fails runs again, after its
+// claim, only if its message is new. Default is off: handlers may mix
 // queued statements with statements run at once.
 func WithQueuedOnly() Option {
 	return optionFunc(func(c *config) error {
