@@ -280,30 +280,24 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 		}
 		return idempgx.Queue(tx, ins, cid, oid)
 	}
-	e.queued = func(ctx context.Context) error {
-		k, oid, cid := next()
-		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
-		return err
+	// queuedOn is the loyalty message with its effect queued, on mw.
+	queuedOn := func(mw *idempgx.Middleware) func(context.Context) error {
+		return func(ctx context.Context) error {
+			k, oid, cid := next()
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
+			return err
+		}
 	}
 	mq, err := idempgx.New(p, "loyalty", idempgx.WithTable(table), idempgx.WithQueuedOnly())
 	if err != nil {
 		return fail(err)
-	}
-	e.queuedOnly = func(ctx context.Context) error {
-		k, oid, cid := next()
-		_, err := mq.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
-		return err
 	}
 	mc, err := idempgx.New(p, "loyalty", idempgx.WithTable(table), idempgx.WithQueuedOnly(),
 		idempgx.WithCoalescing(idempotent.Coalescing{Max: pgxGroup, Wait: 500 * time.Microsecond}))
 	if err != nil {
 		return fail(err)
 	}
-	e.coQueued = func(ctx context.Context) error {
-		k, oid, cid := next()
-		_, err := mc.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
-		return err
-	}
+	e.queued, e.queuedOnly, e.coQueued = queuedOn(m), queuedOn(mq), queuedOn(mc)
 	e.batch = func(ctx context.Context) error {
 		msgs := make([]idempotent.Message, pgxGroup)
 		oids, cids := make([]int64, pgxGroup), make([]int64, pgxGroup)
