@@ -63,6 +63,10 @@ type coalescer struct {
 	// checks the mark before COMMIT; claimSQL and claimAtSQL are the claims
 	// of a message without and with an event time, checked against it.
 	fenceSQL, checkSQL, claimSQL, claimAtSQL string
+	// strictSQL and strictAtSQL are claimSQL and claimAtSQL made to fail
+	// (SQLSTATE 22012) when they insert nothing, for oneTrip; set when
+	// eager.
+	strictSQL, strictAtSQL string
 	// token makes each transaction's fence token (rand.Text; unit tests
 	// replace it).
 	token func() string
@@ -92,6 +96,9 @@ func newCoalescer(m *Middleware, c idempotent.Coalescing, t dialect.Table) *coal
 	if !c.Savepoints {
 		co.fenceSQL, co.checkSQL = m.pg.TxFenceSQL(co.lockWait), m.pg.TxFenceCheckSQL()
 		co.claimSQL, co.claimAtSQL = m.pg.TxFencedClaimSQL(t, m.partitioned, false), m.pg.TxFencedClaimSQL(t, m.partitioned, true)
+	}
+	if co.eager {
+		co.strictSQL, co.strictAtSQL = strictClaim(co.claimSQL), strictClaim(co.claimAtSQL)
 	}
 	gctx := context.Background() // the group's own statements: no caller's context ends them
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
@@ -159,7 +166,14 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			a.rollback(ctx)
 		}
 	}()
+	var pre [][]queued // the statements each member queued in oneTrip's handlers
 	if c.eager {
+		var ok bool
+		ok, pre, class, err = c.oneTrip(ctx, a, live, p)
+		if ok {
+			done = true
+			return class, err
+		}
 		// Its handlers only queue: every claim goes with BEGIN.
 		g.claimAll(ctx, live)
 	}
@@ -229,11 +243,13 @@ func (c *coalescer) once(ctx context.Context, live []*member, p *pass) (class di
 			continue
 		}
 		p.Outcomes[i] = idempotent.Applied
-		o, class, err := c.handle(g, mb)
-		switch {
-		case err != nil:
+		var o *own
+		if pre != nil {
+			g.last = pre[i] // its handler ran in oneTrip
+		} else if o, class, err = c.handle(g, mb); err != nil {
 			return class, err
-		case o == nil:
+		}
+		if o == nil {
 			g.unchecked = mb
 			if len(g.last) > 0 {
 				g.pending = append(g.pending, pending{idx: i, qs: g.last})
@@ -352,16 +368,28 @@ func (c *coalescer) fail(p *pass, mb *member, o *own) {
 // retries a serialization failure or deadlock that failed it, or the loss
 // of its connection), or mb's withdrawal in its turn (errRegroup).
 func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class, err error) {
-	m, a := c.m, g.a
 	g.last = nil
-	tx := &claimTx{a: a, queueOnly: m.queuedOnly}
-	h, gone := mb.Hand(context.WithValue(mb.Ctx, claimKey{}, a), tx)
+	tx := &claimTx{a: g.a, queueOnly: c.m.queuedOnly}
+	h, gone := mb.Hand(context.WithValue(mb.Ctx, claimKey{}, g.a), tx)
 	tx.closed = true
+	o, class, err = c.judge(g.a, mb, tx, h, gone, false)
+	if o == nil && err == nil {
+		g.last = tx.queue // sent with the next claim, or with COMMIT
+	}
+	return o, class, err
+}
+
+// judge is how mb's handler, which ran in tx on a's connection and ended
+// as h (or not at all: gone), ended: as handle says. early reports that the
+// handler ran before BEGIN (coalescer.oneTrip), when the connection is out
+// of any transaction by design.
+func (c *coalescer) judge(a *attempt, mb *member, tx *claimTx, h coalesce.Handled, gone, early bool) (o *own, class dialect.Class, err error) {
+	m := c.m
 	if gone {
 		return nil, dialect.Class{}, errRegroup
 	}
 	st, closed := m.status(&a.l)
-	over := !closed && st == 'I' // the connection is out of any transaction
+	over := !early && !closed && st == 'I' // the connection is out of any transaction
 	stuck := !closed && a.l.busy()
 	if h.Panicked {
 		return &own{panicked: true, ended: over, stuck: stuck}, dialect.Class{}, nil
@@ -385,7 +413,6 @@ func (c *coalescer) handle(g *groupTx, mb *member) (o *own, class dialect.Class,
 	case st == 'E':
 		err = fmt.Errorf("idempgx: the handler returned nil after a failed statement, which aborted the transaction: %w", pgx.ErrTxCommitRollback)
 	default:
-		g.last = tx.queue // sent with the next claim, or with COMMIT
 		return nil, dialect.Class{}, nil
 	}
 	if v == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && mb.Ctx.Err() == nil {

@@ -755,9 +755,9 @@ func testCoalescedRoundTrips(t *testing.T, mode string, queued bool) {
 		return
 	}
 	// Handlers that only queue (WithQueuedOnly): the optimistic design
-	// claims the whole group with BEGIN.
-	if only := measure(t, co(false), idempgx.WithQueuedOnly()); only != 2 {
-		t.Errorf("coalesced, WithQueuedOnly: %d round trips, want 2", only)
+	// sends BEGIN, every claim, every effect and COMMIT in one round trip.
+	if only := measure(t, co(false), idempgx.WithQueuedOnly()); only != 1 {
+		t.Errorf("coalesced, WithQueuedOnly: %d round trips, want 1", only)
 	}
 }
 

@@ -123,7 +123,9 @@
 //     group goes on; optimistic the group runs again without it), at no
 //     round trip when nobody fails. WithQueuedOnly declares handlers that
 //     only queue (a statement run at once is refused): an optimistic group
-//     then claims every message with BEGIN, and costs two round trips.
+//     then runs its handlers first and sends BEGIN, every claim, every
+//     queued statement and COMMIT in one round trip (four when it meets a
+//     duplicate or a failed statement).
 //
 // Schema upkeep is the core's: EnsureSchema delegates to it, and Core
 // returns the database/sql Middleware for the same table on the same pool

@@ -39,11 +39,15 @@ var ErrNested = fmt.Errorf("%w: ProcessMessage called from inside a handler", id
 // pgxpool.Pool. It is safe for concurrent use; create one per consumer and
 // share it.
 type Middleware struct {
-	pool        *pgxpool.Pool // New's; nil in unit tests that replace acquire
-	acquire     func(ctx context.Context) (lease, error)
-	core        *idempotent.Middleware
-	consumer    string
-	claimSQL    string // a plain table's claim of a message without an event time
+	pool     *pgxpool.Pool // New's; nil in unit tests that replace acquire
+	acquire  func(ctx context.Context) (lease, error)
+	core     *idempotent.Middleware
+	consumer string
+	claimSQL string // a plain table's claim of a message without an event time
+	// strictSQL is claimSQL made to fail when it inserts nothing, for the
+	// single path's one round trip (oneTrip) under WithQueuedOnly; "" when
+	// not.
+	strictSQL   string
 	fencedSQL   string // the claim of a message with one, the horizon folded in (HorizonClaimQuerySQL)
 	batchSQL    string
 	batchAtSQL  string              // the batch claim with event days, partitioned mode
@@ -170,6 +174,9 @@ func newMiddleware(db *sql.DB, consumer string, opts []Option) (*Middleware, err
 	}
 	if cfg.lease > 0 && !m.partitioned {
 		m.initLease(db, pg, table, cfg.lease)
+	}
+	if cfg.queuedOnly && m.claimSQL != "" {
+		m.strictSQL = strictClaim(m.claimSQL)
 	}
 	m.beginStmt = "begin"
 	if cfg.iso != "" {
@@ -351,6 +358,14 @@ func (m *Middleware) claimAndRun(ctx context.Context, key string, at time.Time, 
 	if err := c.useLease(); err != nil {
 		return 0, 0, m.keyError(key, err)
 	}
+	if m.strictSQL != "" && at.IsZero() {
+		done, fn2 := m.oneTrip(ctx, key, fn)
+		if done {
+			m.recordSeen(ctx, scope, key)
+			return idempotent.Applied, 1, nil
+		}
+		fn = fn2
+	}
 	attempts, err := m.run(ctx, key, c, fn, &outcome)
 	if err != nil {
 		return 0, attempts, m.keyError(key, err)
@@ -405,7 +420,10 @@ type claimOne struct {
 	key   string
 	day   string // the event day in partitioned mode
 	token string // the group transaction's fence (dialect.TxFencer); "" outside one
-	w     wireMessages
+	// strict: the group's claim fails when it inserts nothing, and the
+	// horizon is not read after it (coalescer.oneTrip).
+	strict bool
+	w      wireMessages
 	// cached: the message was fenced against snap, the horizon cached
 	// under WithHorizonLease, and is claimed with the plain claim.
 	cached bool

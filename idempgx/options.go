@@ -266,15 +266,27 @@ func WithCoalescing(c idempotent.Coalescing) Option {
 // QueryRow, SendBatch, CopyFrom, Begin and Prepare then refuse, with an
 // error matching ErrQueuedOnly that fails its message even if swallowed,
 // and its Conn returns nil. In exchange, under WithCoalescing's optimistic
-// design, a group claims every message in its first round trip, with
-// BEGIN and the fence, since no handler can end the transaction under the
-// claims of the messages after it: the group's queued statements and
-// COMMIT follow in its second, two round trips whatever the group's size.
-// A message whose queued statement fails, whose handler fails or panics,
-// or whose caller leaves, fails alone, and the group runs again without
-// it. With Coalescing.Savepoints each message is still claimed just before
-// its handler. Default is off: handlers may mix queued statements with
-// statements run at once.
+// design, a group runs in one round trip whatever its size: since no
+// handler can read the database or end the transaction, what a handler
+// queues does not depend on its claim, so the group runs its handlers
+// first, side by side on their callers' goroutines, then sends BEGIN, the
+// fence, every message's claim, every queued statement and COMMIT in one
+// pipeline, each claim made to fail when it inserts nothing. When one does
+// (a duplicate, a message beyond the retention horizon) or a queued
+// statement fails, nothing of that pipeline applies, and the group goes
+// on in two round trips with the statements already queued — every claim
+// with BEGIN, every queued statement with COMMIT — which tell each
+// message's outcome: a duplicate's handler may thus have run, its
+// statements never applied. A message whose queued statement fails, whose
+// handler fails or panics, or whose caller leaves, fails alone, and the
+// group runs again without it. With Coalescing.Savepoints each message is
+// still claimed just before its handler. A message alone without an event
+// time goes the same way: its handler first, then BEGIN, its claim, its
+// statements and COMMIT in one round trip, or, after a duplicate or a
+// failure, the two round trips (claim, then statements and COMMIT) with
+// what it queued. Either way a handler that fails runs again, after its
+// claim, only if its message is new. Default is off: handlers may mix
+// queued statements with statements run at once.
 func WithQueuedOnly() Option {
 	return optionFunc(func(c *config) error {
 		c.queuedOnly = true

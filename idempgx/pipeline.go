@@ -2,10 +2,12 @@ package idempgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/dialect"
@@ -238,21 +240,235 @@ func (g *groupTx) claimAll(ctx context.Context, live []*member) {
 	}
 }
 
+// A group whose handlers only queue, in one round trip (oneTrip).
+//
+// Under WithQueuedOnly a handler cannot read the database, so what it
+// queues does not depend on its claim: the optimistic design runs the
+// group's handlers first, side by side on their callers' goroutines, and
+// sends BEGIN, the bound, the fence, every member's claim, every member's
+// queued statements and COMMIT in one pipeline, one round trip. Each claim
+// is made strict: it fails (SQLSTATE 22012) when it inserts nothing — a
+// duplicate, a message beyond the retention horizon, a transaction that is
+// not the group's — and Postgres then skips every statement after it,
+// COMMIT included: nothing of the group applies. So does a queued
+// statement that fails. Either way the transaction is rolled back and the
+// same attempt goes on with the two round trips of claimAll and commit,
+// with the statements the handlers queued (no handler runs again), which
+// find each claim's outcome and fail a failed statement's member alone. A
+// group that meets a duplicate thus pays four round trips (the failed
+// pipeline, its ROLLBACK and those two), and one that does not pays one. Every member is marked
+// committing (member.Commit) before the pipeline is sent, since it holds
+// COMMIT: a caller whose context ends from then on waits for the outcome,
+// and when the pipeline fails the marks are taken back (Uncommit).
+
+// oneTrip is the single path's one round trip under WithQueuedOnly, for a
+// message without an event time: fn runs first, then BEGIN, the lock
+// bound, the strict claim, what fn queued and COMMIT go in one pipeline.
+// done reports that the message was applied there. Otherwise nothing was
+// committed, or the connection was lost — a duplicate, a failed statement,
+// a handler that failed (its message may be a duplicate, whose handler
+// does not run), no connection to be had — and fn2 is what the two round
+// trips' path, under the retry policy, runs instead of fn: the statements
+// fn queued, queued again, or fn itself when it failed. (After a lost
+// connection whose COMMIT landed, that path finds the claim: Duplicate, as
+// after a lost COMMIT there.) A panic of fn goes to the caller, with
+// nothing sent.
+func (m *Middleware) oneTrip(ctx context.Context, key string, fn Func) (done bool, fn2 Func) {
+	a := &attempt{m: m}
+	tx := &claimTx{a: a, queueOnly: true}
+	herr := fn(context.WithValue(ctx, claimKey{}, a), tx)
+	tx.closed = true
+	if herr != nil || tx.violation != nil {
+		return false, fn
+	}
+	qs := tx.queue
+	fn2 = func(_ context.Context, t pgx.Tx) error {
+		t.(*claimTx).queue = append([]queued(nil), qs...)
+		return nil
+	}
+	var err error
+	if a.l, err = m.acquire(ctx); err != nil {
+		return false, fn2 // the two round trips' path acquires under the retry policy
+	}
+	defer a.l.release()
+	var b pgx.Batch
+	b.BeginTx(m.txOpts)
+	if m.lockSQL != "" {
+		b.Queue(m.lockSQL)
+	}
+	b.Queue(m.strictSQL, m.consumer, key)
+	queueInto(&b, qs)
+	b.Queue("commit")
+	if a.sendAll(ctx, &b) == nil {
+		return true, nil
+	}
+	a.rollback(ctx)
+	return false, fn2
+}
+
+// sendAll sends b, ending with COMMIT, on a's connection in one round trip
+// and reads every result: nil when the transaction committed, else the
+// first failure.
+func (a *attempt) sendAll(ctx context.Context, b *pgx.Batch) error {
+	br := a.l.c.SendBatch(ctx, b)
+	a.inner = br.Tx()
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	for range len(b.QueuedQueries) {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	return err
+}
+
+// strictClaim is the claim sql made to fail with SQLSTATE 22012 when it
+// inserts nothing.
+func strictClaim(sql string) string {
+	return "WITH claimed AS (" + sql + " RETURNING 1) SELECT 1 / count(*) FROM claimed"
+}
+
+// oneTrip runs live, whose handlers only queue, in one round trip on a's
+// connection, as described above. ok reports that the attempt ended there,
+// with class and err (nil err: committed, p.Outcomes set; else a failure
+// of a member's own handler, recorded in p, with errRegroup, or the
+// connection's loss); otherwise nothing was committed, the connection is
+// out of any transaction, and pre holds what each member's handler queued,
+// by its index in live, or pre is nil when no handler ran.
+func (c *coalescer) oneTrip(ctx context.Context, a *attempt, live []*member, p *pass) (ok bool, pre [][]queued, class dialect.Class, err error) {
+	m := c.m
+	for _, mb := range live {
+		if mb.Ctx.Err() != nil {
+			return false, nil, dialect.Class{}, nil // the two round trips' path judges a caller that left
+		}
+	}
+	first := func(i int) bool { return i == 0 || live[i-1].Key != live[i].Key }
+	txs := make([]*claimTx, len(live))
+	for i, mb := range live {
+		if first(i) {
+			txs[i] = &claimTx{a: a, queueOnly: true}
+			mb.Give(context.WithValue(mb.Ctx, claimKey{}, a), txs[i])
+		}
+	}
+	regroup, failed := false, false
+	for i, mb := range live {
+		if txs[i] == nil {
+			continue
+		}
+		h, gone := mb.Await()
+		txs[i].closed = true
+		o, cl, jerr := c.judge(a, mb, txs[i], h, gone, true)
+		switch {
+		case o != nil && o.panicked:
+			// Its caller re-raises the panic: it is not handed again.
+			c.fail(p, mb, o)
+			regroup = true
+		case o != nil:
+			// Its message may be a duplicate, whose handler does not run:
+			// the two round trips' path claims first, and runs it again
+			// only if it is new.
+			failed = true
+		case jerr != nil && !errors.Is(jerr, errRegroup) && err == nil:
+			class, err = cl, jerr
+		case jerr != nil:
+			regroup = true
+		}
+	}
+	switch {
+	case err != nil:
+		return true, nil, class, err
+	case regroup:
+		return true, nil, dialect.Class{}, errRegroup
+	case failed:
+		return false, nil, dialect.Class{}, nil
+	}
+	var marked []*member
+	for i, mb := range live {
+		if txs[i] == nil {
+			continue
+		}
+		if !mb.Commit() {
+			for _, mk := range marked {
+				mk.Uncommit()
+			}
+			return true, nil, dialect.Class{}, errRegroup // withdrew
+		}
+		marked = append(marked, mb)
+	}
+	token := c.token()
+	var b pgx.Batch
+	b.BeginTx(m.txOpts)
+	if c.boundSQL != "" {
+		b.Queue(c.boundSQL)
+	}
+	b.Queue(c.fenceSQL, token)
+	for i, mb := range live {
+		if txs[i] == nil {
+			continue
+		}
+		cl := &claimOne{m: m, at: mb.At, key: mb.Key, token: token, strict: true}
+		if m.partitioned {
+			cl.day = utcDay(mb.At)
+		}
+		cl.queue(&b)
+	}
+	pre = make([][]queued, len(live))
+	for i := range live {
+		if txs[i] != nil {
+			pre[i] = txs[i].queue
+			queueInto(&b, txs[i].queue)
+		}
+	}
+	b.Queue("commit")
+	if err = a.sendAll(ctx, &b); err == nil {
+		for i := range live {
+			if txs[i] != nil {
+				p.Outcomes[i] = idempotent.Applied
+			}
+		}
+		return true, nil, dialect.Class{}, nil
+	}
+	if _, closed := m.status(&a.l); closed {
+		// COMMIT may have landed: the group runs again, and finds its
+		// claims.
+		return true, nil, dialect.Class{Kind: dialect.KindConnection}, fmt.Errorf("idempgx: coalesced group: %w", err)
+	}
+	a.rollback(ctx)
+	for _, mk := range marked {
+		mk.Uncommit()
+	}
+	return false, pre, dialect.Class{}, nil
+}
+
 // queueClaim queues the optimistic design's fenced claim of c, fence its
 // horizon fence, and for a message with an event time the horizon's read
 // after it.
 func (co *coalescer) queueClaim(b *pgx.Batch, c *claimOne, fence time.Time) {
 	m := co.m
+	plain, at := co.claimSQL, co.claimAtSQL
+	if c.strict {
+		plain, at = co.strictSQL, co.strictAtSQL
+	}
 	switch {
 	case !c.fenced():
-		b.Queue(co.claimSQL, m.consumer, c.key, c.token)
+		b.Queue(plain, m.consumer, c.key, c.token)
 		return
 	case c.day != "":
-		b.Queue(co.claimAtSQL, m.consumer, c.key, c.day, fence, c.token)
+		b.Queue(at, m.consumer, c.key, c.day, fence, c.token)
 	default:
-		b.Queue(co.claimAtSQL, m.consumer, c.key, fence, c.token)
+		b.Queue(at, m.consumer, c.key, fence, c.token)
 	}
-	b.Queue(m.horizonSQL, m.horizonArgs...)
+	if !c.strict {
+		b.Queue(m.horizonSQL, m.horizonArgs...)
+	}
 }
 
 // readClaim reads the results queueClaim queued: the claims inserted, and

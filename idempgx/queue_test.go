@@ -411,3 +411,129 @@ func TestQueuedOnlyHotRow(t *testing.T) {
 		}
 	})
 }
+
+// TestQueuedOnlyOneTripFallsBack: on a Middleware made WithQueuedOnly, a
+// group sent in one round trip (its handlers run first, then BEGIN, the
+// claims, the effects and COMMIT) that meets a duplicate, or a queued
+// statement that fails, applies nothing there and goes on in two round
+// trips with the statements its handlers queued: the duplicate comes back
+// Duplicate with no effect, the failed statement's message fails alone, the
+// others are applied once. A duplicate alone makes no handler run again;
+// a failed message, in the optimistic design, makes the group run again
+// without it.
+func TestQueuedOnlyOneTripFallsBack(t *testing.T) {
+	t.Parallel()
+	queuedOnlyDesigns(t, func(t *testing.T, savepoints bool) {
+		e := newCoEnv(t, 4)
+		e.strict(t)
+		m := e.mw(t, 4, savepoints)
+		first := callAll(m, []string{"d1", "d2"}, func(k string, _ *coCall) idempgx.Func {
+			return func(ctx context.Context, tx pgx.Tx) error { return e.apply(ctx, tx, k) }
+		})
+		for _, r := range first {
+			if r.Err != nil || r.Outcome != idempotent.Applied {
+				t.Fatalf("first delivery: %+v", first)
+			}
+		}
+		// v's statement fails; d1 and d2 are duplicates.
+		for _, keys := range [][]string{{"a", "b", "d1", "c"}, {"e", "d2", "v", "z"}} {
+			var runs runCounter
+			res := callAll(m, keys, func(k string, _ *coCall) idempgx.Func {
+				return func(ctx context.Context, tx pgx.Tx) error {
+					runs.add(k)
+					if err := e.apply(ctx, tx, k); err != nil || k != "v" {
+						return err
+					}
+					return e.violate(tx, k)
+				}
+			})
+			failed := false
+			for i, r := range res {
+				var pe *pgconn.PgError
+				switch k := keys[i]; {
+				case k[0] == 'd' && (r.Err != nil || r.Outcome != idempotent.Duplicate):
+					t.Errorf("%s: %+v, want duplicate", k, r)
+				case k == "v":
+					failed = true
+					if !errors.As(r.Err, &pe) || pe.Code != "23514" || r.Outcome != 0 {
+						t.Errorf("%s: %+v, want its queued statement's check violation", k, r)
+					}
+				case k[0] != 'd' && (r.Err != nil || r.Outcome != idempotent.Applied):
+					t.Errorf("%s: %+v, want applied", k, r)
+				}
+			}
+			most := 1
+			if failed && !savepoints {
+				most = 2
+			}
+			runs.mu.Lock()
+			for _, k := range keys {
+				if n := runs.n[k]; n > most || n == 0 && k[0] != 'd' {
+					t.Errorf("%v: handler of %s ran %d times, want 1 to %d (0 for a duplicate)", keys, k, n, most)
+				}
+			}
+			runs.mu.Unlock()
+		}
+		e.wantAudit(t, []string{"a", "b", "c", "d1", "d2", "e", "z"}, []string{"v"})
+		if n := count(t, e.p, "SELECT count(*) FROM "+e.s+".strict"); n != 0 {
+			t.Errorf("%d rows in the strict table, want none", n)
+		}
+	})
+}
+
+// TestQueuedOnlySingleOneTrip: alone, on a Middleware made WithQueuedOnly,
+// a new message costs one round trip (its handler runs first; BEGIN, the
+// claim, its statements and COMMIT go together); a duplicate comes back
+// Duplicate with no effect, a failed queued statement fails its message
+// with nothing applied, and a handler's error is returned, nothing
+// applied — each after the handler ran once.
+func TestQueuedOnlySingleOneTrip(t *testing.T) {
+	t.Parallel()
+	e := newCoEnv(t, 1)
+	e.queued = true
+	e.strict(t)
+	m := e.plain(t, idempgx.WithQueuedOnly())
+	ctx := context.Background()
+	var runs runCounter
+	call := func(k string, fail error) (idempotent.Outcome, error) {
+		return m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error {
+			runs.add(k)
+			if err := e.apply(ctx, tx, k); err != nil || fail != nil {
+				return errors.Join(err, fail)
+			}
+			if k == "v" {
+				return e.violate(tx, k)
+			}
+			return nil
+		})
+	}
+	if o, err := call("warm", nil); err != nil || o != idempotent.Applied {
+		t.Fatalf("warm: %v, %v", o, err)
+	}
+	before := e.tap.writes.Load()
+	if o, err := call("a", nil); err != nil || o != idempotent.Applied {
+		t.Fatalf("a: %v, %v, want applied", o, err)
+	}
+	if n := e.tap.writes.Load() - before; n != 1 {
+		t.Errorf("a new message: %d round trips, want 1", n)
+	}
+	if o, err := call("a", nil); err != nil || o != idempotent.Duplicate {
+		t.Errorf("a again: %v, %v, want duplicate", o, err)
+	}
+	var pe *pgconn.PgError
+	if o, err := call("v", nil); !errors.As(err, &pe) || pe.Code != "23514" || o != 0 {
+		t.Errorf("v: %v, %v, want its queued statement's check violation", o, err)
+	}
+	if o, err := call("f", errBoom); !errors.Is(err, errBoom) || o != 0 {
+		t.Errorf("f: %v, %v, want its handler's error", o, err)
+	}
+	if o, err := call("f", nil); err != nil || o != idempotent.Applied {
+		t.Errorf("f redelivered: %v, %v, want applied", o, err)
+	}
+	runs.mu.Lock()
+	if want := map[string]int{"warm": 1, "a": 2, "v": 1, "f": 3}; fmt.Sprint(runs.n) != fmt.Sprint(want) {
+		t.Errorf("handler runs %v, want %v", runs.n, want)
+	}
+	runs.mu.Unlock()
+	e.wantAudit(t, []string{"warm", "a", "f"}, []string{"v"})
+}

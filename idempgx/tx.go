@@ -115,7 +115,7 @@ func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 
 // LargeObjects returns the large objects of the claim's transaction.
 func (t *claimTx) LargeObjects() pgx.LargeObjects {
-	if t.a.inner == nil || t.immediate("LargeObjects") != nil {
+	if t.immediate("LargeObjects") != nil || t.a.inner == nil {
 		return pgx.LargeObjects{}
 	}
 	return t.a.inner.LargeObjects()

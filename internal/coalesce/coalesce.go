@@ -265,7 +265,22 @@ func (mb *Member[T, O]) Finish(w Final[O]) {
 // returns how the handler ended; gone reports that the caller withdrew
 // instead (its context ended, or the handler called runtime.Goexit).
 func (mb *Member[T, O]) Hand(ctx context.Context, tx T) (h Handled, gone bool) {
+	mb.Give(ctx, tx)
+	return mb.Await()
+}
+
+// Give gives tx to mb's caller, which runs its handler with ctx, without
+// waiting for it: a driver whose handlers touch nothing shared (the pgx
+// path's WithQueuedOnly) gives every member its turn at once, so that
+// their handlers run side by side, then awaits each. Every Give must be
+// followed by Await before mb is given anything else.
+func (mb *Member[T, O]) Give(ctx context.Context, tx T) {
 	mb.in <- turn[T, O]{ctx: ctx, tx: tx}
+}
+
+// Await waits for the handler of the turn Give gave and returns how it
+// ended; gone reports that the caller withdrew instead.
+func (mb *Member[T, O]) Await() (h Handled, gone bool) {
 	select {
 	case h = <-mb.ret:
 		return h, false
@@ -318,6 +333,10 @@ func (mb *Member[T, O]) withdraw() bool {
 // It reports false when the caller withdrew first, whose work must then be
 // rolled back with the rest.
 func (mb *Member[T, O]) Commit() bool { return mb.state.CompareAndSwap(waiting, committing) }
+
+// Uncommit takes back Commit when the COMMIT it announced never ran (the
+// transaction failed before it and rolled back): mb may withdraw again.
+func (mb *Member[T, O]) Uncommit() { mb.state.CompareAndSwap(committing, waiting) }
 
 // Order sorts members by key, and by arrival among equal keys (the first
 // arrival of a key is the one whose handler runs), and returns those that

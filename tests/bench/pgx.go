@@ -95,7 +95,11 @@ var pgxComparisons = []pgxComparison{
 		"queued `ProcessMessage`", "`ProcessMessage`",
 		func(e *pgxEnv) func(context.Context) error { return e.queued },
 		func(e *pgxEnv) func(context.Context) error { return e.process }},
-	{"coqueued-vs-process", fmt.Sprintf("coalesced groups of up to %d with queued effects (`WithQueuedOnly`) ≥ 1× `ProcessMessage`, head to head (against coalesce-limit.sh's ceiling: not measured here)", pgxGroup), 1,
+	{"queuedonly-vs-process", "`ProcessMessage` under `WithQueuedOnly` (handler first, then claim, effects and COMMIT in one round trip) ≥ 1.3× `ProcessMessage`, head to head", 1.3,
+		"`WithQueuedOnly` `ProcessMessage`", "`ProcessMessage`",
+		func(e *pgxEnv) func(context.Context) error { return e.queuedOnly },
+		func(e *pgxEnv) func(context.Context) error { return e.process }},
+	{"coqueued-vs-process", fmt.Sprintf("coalesced groups of up to %d with queued effects (`WithQueuedOnly`: one round trip a group) ≥ 1× `ProcessMessage`, head to head (against coalesce-limit.sh's ceiling: not measured here)", pgxGroup), 1,
 		"coalesced queued", "`ProcessMessage`",
 		func(e *pgxEnv) func(context.Context) error { return e.coQueued },
 		func(e *pgxEnv) func(context.Context) error { return e.process }},
@@ -158,6 +162,9 @@ type pgxEnv struct {
 	// handlers only queue (WithQueuedOnly: two round trips a group), batch
 	// ProcessMessages of pgxGroup messages with the effect in one pgx.Batch.
 	queued, coQueued, batch func(context.Context) error
+	// queuedOnly is queued on a Middleware made WithQueuedOnly, without
+	// coalescing: one round trip a message.
+	queuedOnly func(context.Context) error
 	// pqEvent is the core's ProcessMessage on lib/pq with an event time,
 	// pqLeased the same WithHorizonLease, pqHandwritten the guide's
 	// hand-written claim and effect on lib/pq.
@@ -273,21 +280,24 @@ func newPgxEnv(ctx context.Context, dsn, s string, workers int, seq *atomic.Int6
 		}
 		return idempgx.Queue(tx, ins, cid, oid)
 	}
-	e.queued = func(ctx context.Context) error {
-		k, oid, cid := next()
-		_, err := m.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
-		return err
+	// queuedOn is the loyalty message with its effect queued, on mw.
+	queuedOn := func(mw *idempgx.Middleware) func(context.Context) error {
+		return func(ctx context.Context) error {
+			k, oid, cid := next()
+			_, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
+			return err
+		}
+	}
+	mq, err := idempgx.New(p, "loyalty", idempgx.WithTable(table), idempgx.WithQueuedOnly())
+	if err != nil {
+		return fail(err)
 	}
 	mc, err := idempgx.New(p, "loyalty", idempgx.WithTable(table), idempgx.WithQueuedOnly(),
 		idempgx.WithCoalescing(idempotent.Coalescing{Max: pgxGroup, Wait: 500 * time.Microsecond}))
 	if err != nil {
 		return fail(err)
 	}
-	e.coQueued = func(ctx context.Context) error {
-		k, oid, cid := next()
-		_, err := mc.ProcessMessage(ctx, idempotent.Message{Key: k}, func(ctx context.Context, tx pgx.Tx) error { return queue(tx, cid, oid) })
-		return err
-	}
+	e.queued, e.queuedOnly, e.coQueued = queuedOn(m), queuedOn(mq), queuedOn(mc)
 	e.batch = func(ctx context.Context) error {
 		msgs := make([]idempotent.Message, pgxGroup)
 		oids, cids := make([]int64, pgxGroup), make([]int64, pgxGroup)
@@ -409,7 +419,7 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 	}
 	defer e.close()
 	// Warm every connection's statement cache.
-	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen, e.queued, e.coQueued, e.batch,
+	for _, f := range []func(context.Context) error{e.process, e.handwritten, e.dupPgx, e.dupSQL, e.dupSeen, e.queued, e.queuedOnly, e.coQueued, e.batch,
 		e.pqEvent, e.pqLeased, e.pqHandwritten, e.httpBare, e.httpWith, e.httpReplay} {
 		if _, err := pgxAlone(ctx, o.workers, o.warmup, f); err != nil {
 			return nil, fmt.Errorf("-pgx: warm-up: %w", err)
@@ -453,11 +463,11 @@ func measurePgxSetting(ctx context.Context, dsn, s string, lat time.Duration, o 
 			}
 		}
 		fmt.Fprintf(log, "pgx round %d/%d  %s  process alone %.0f msgs/s; process %.3f× hand-written, pgx dup %.3f× sql dup, seen %.1f× pgx dup; "+
-			"queued %.3f× process, coalesced queued %.3f× process and %.3f× batches; lib/pq event time %.3f×, leased %.3f× hand-written; "+
+			"queued %.3f× process, queued-only %.3f× process, coalesced queued %.3f× process and %.3f× batches; lib/pq event time %.3f×, leased %.3f× hand-written; "+
 			"pgxhttp bare/with %.3f, replay %.2f× first\n",
 			r+1, o.rounds, st.label(), last(st.alone["process"]), last(st.ratios["process-vs-handwritten"]),
 			last(st.ratios["dup-vs-sql"]), last(st.ratios["seen-vs-dup"]),
-			last(st.ratios["queued-vs-process"]), last(st.ratios["coqueued-vs-process"]), last(st.ratios["coqueued-vs-batch"]),
+			last(st.ratios["queued-vs-process"]), last(st.ratios["queuedonly-vs-process"]), last(st.ratios["coqueued-vs-process"]), last(st.ratios["coqueued-vs-batch"]),
 			last(st.ratios["event-vs-handwritten"]), last(st.ratios["leased-vs-handwritten"]), last(st.ratios["http-vs-bare"]), last(st.ratios["replay-vs-first"]))
 	}
 	return st, nil
