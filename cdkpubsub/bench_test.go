@@ -71,20 +71,22 @@ func consumeAll(b *testing.B, c *cdkpubsub.Consumer, orders []order) time.Durati
 			b.Fatal(err)
 		}
 	}
-	return drain(ctx, b, c, sub, len(orders), 2*time.Minute)
+	return drain(ctx, b, c, len(orders), 2*time.Minute, sub)
 }
 
-// drain runs c on sub until n more deliveries have been acked (applied or
-// duplicate), failing b after bound, and returns how long that took; then
-// it stops c and shuts sub down.
-func drain(ctx context.Context, b *testing.B, c *cdkpubsub.Consumer, sub *pubsub.Subscription, n int, bound time.Duration) time.Duration {
+// drain runs c on each of subs until n more deliveries have been acked
+// (applied or duplicate), failing b after bound, and returns how long that
+// took; then it stops c and shuts subs down.
+func drain(ctx context.Context, b *testing.B, c *cdkpubsub.Consumer, n int, bound time.Duration, subs ...*pubsub.Subscription) time.Duration {
 	b.Helper()
 	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	done := make(chan error, len(subs))
 	acked := func() int64 { s := c.Stats(); return s.Applied + s.Duplicates }
 	before := acked()
 	start := time.Now()
-	go func() { done <- c.Run(rctx, sub) }()
+	for _, sub := range subs {
+		go func() { done <- c.Run(rctx, sub) }()
+	}
 	deadline := time.Now().Add(bound)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
@@ -96,11 +98,15 @@ func drain(ctx context.Context, b *testing.B, c *cdkpubsub.Consumer, sub *pubsub
 	}
 	d := time.Since(start)
 	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
+	for range subs {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
 	}
-	if err := sub.Shutdown(ctx); err != nil {
-		b.Fatal(err)
+	for _, sub := range subs {
+		if err := sub.Shutdown(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 	return d
 }

@@ -55,7 +55,7 @@ func sqsURL(t testing.TB) string {
 			sqsEndpoint = ep
 			return
 		}
-		sqsEndpoint, sqsEndpointErr = startMoto()
+		sqsEndpoint, _, sqsEndpointErr = startMoto()
 	})
 	if sqsEndpointErr != nil {
 		testenv.Unavailable(t, "no SQS API server: %v", sqsEndpointErr)
@@ -76,15 +76,16 @@ func answers(endpoint string) bool {
 }
 
 // startMoto starts moto_server on a free loopback port, killed when the
-// test binary exits (see killWithParent), and waits for it to answer.
-func startMoto() (string, error) {
+// test binary exits (see killWithParent) or by stop, and waits for it to
+// answer.
+func startMoto() (endpoint string, stop func(), err error) {
 	bin, err := exec.LookPath("moto_server")
 	if err != nil {
-		return "", fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
+		return "", nil, fmt.Errorf("moto_server is not on PATH (pip install 'moto[server]'): %w", err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
@@ -92,17 +93,18 @@ func startMoto() (string, error) {
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	killWithParent(cmd)
 	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start moto_server: %w", err)
+		return "", nil, fmt.Errorf("start moto_server: %w", err)
 	}
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	ep := "http://127.0.0.1:" + strconv.Itoa(port)
 	for range 300 { // a bounded wait for a server starting: 30s
 		if answers(ep) {
-			return ep, nil
+			return ep, stop, nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	_ = cmd.Process.Kill()
-	return "", fmt.Errorf("moto_server did not answer on %s within 30s", ep)
+	stop()
+	return "", nil, fmt.Errorf("moto_server did not answer on %s within 30s", ep)
 }
 
 // newSQSClient returns an SQS client of the API server, with dummy

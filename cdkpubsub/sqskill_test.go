@@ -3,6 +3,7 @@ package cdkpubsub_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -18,9 +19,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"gocloud.dev/pubsub"
 	"gocloud.dev/pubsub/awssnssqs"
+	"gocloud.dev/pubsub/batcher"
 
 	"github.com/txclaim/idempotent"
 	"github.com/txclaim/idempotent/adapter"
@@ -47,14 +51,17 @@ func TestMain(m *testing.M) {
 // consumerSpec is what a consumer subprocess consumes, and into which
 // ledger.
 type consumerSpec struct {
-	Endpoint, QueueURL, Schema string
-	Batch                      bool
+	Endpoint, Schema string
+	QueueURLs        []string
+	Batch            bool
 }
 
-// runSQSConsumer is a consumer process: a Consumer on the SQS queue of
-// spec, crediting the ledger of spec's schema, until SIGTERM (then it
-// shuts its Subscription down, which sends the pending deletes, and prints
-// its Stats) or SIGKILL. It prints "running" once Run has started.
+// runSQSConsumer is a consumer process: one Consumer, Run on a
+// Subscription of each SQS queue of spec, crediting the ledger of spec's
+// schema, until SIGTERM (then it shuts its Subscriptions down, which sends
+// the pending deletes, and prints its Stats) or SIGKILL; when one Run
+// fails, it stops the others and exits 1. It prints "running" once its
+// Runs have started.
 func runSQSConsumer(spec string) int {
 	var s consumerSpec
 	if err := json.Unmarshal([]byte(spec), &s); err != nil {
@@ -73,7 +80,7 @@ func runSQSConsumer(spec string) int {
 		return 1
 	}
 	l := &ledger{db: db, schema: s.Schema, mw: mw}
-	opts := []cdkpubsub.Option{cdkpubsub.WithWorkers(4), cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
+	opts := []cdkpubsub.Option{cdkpubsub.WithWorkers(2), cdkpubsub.WithRetryDelay(10*time.Millisecond, 50*time.Millisecond)}
 	var c *cdkpubsub.Consumer
 	if s.Batch {
 		c, err = cdkpubsub.NewBatchConsumer(mw, l.batchHandler(), append(opts, cdkpubsub.WithBatchSize(20))...)
@@ -86,10 +93,31 @@ func runSQSConsumer(spec string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	sub := awssnssqs.OpenSubscriptionV2(ctx, sqsClientAt(s.Endpoint, nil), s.QueueURL, &awssnssqs.SubscriptionOptions{Raw: true})
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	client := sqsClientAt(s.Endpoint, nil)
+	subs := make([]*pubsub.Subscription, len(s.QueueURLs))
+	for i, url := range s.QueueURLs {
+		subs[i] = awssnssqs.OpenSubscriptionV2(ctx, client, url, sqsSubscriptionOptions())
+	}
 	fmt.Println("running")
-	runErr := c.Run(ctx, sub)
-	shutErr := sub.Shutdown(context.Background())
+	errs := make(chan error, len(subs))
+	for _, sub := range subs {
+		go func() {
+			err := c.Run(runCtx, sub)
+			if err != nil {
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	var runErr, shutErr error
+	for range subs {
+		runErr = cmp.Or(runErr, <-errs)
+	}
+	for _, sub := range subs {
+		shutErr = cmp.Or(shutErr, sub.Shutdown(context.Background()))
+	}
 	st := c.Stats()
 	fmt.Printf("stats %d %d %d\n", st.Applied, st.Duplicates, st.Requeued)
 	if runErr != nil || shutErr != nil {
@@ -97,6 +125,14 @@ func runSQSConsumer(spec string) int {
 		return 1
 	}
 	return 0
+}
+
+// sqsSubscriptionOptions are the consumer processes' awssnssqs options:
+// raw messages, and deletes sent by one DeleteMessageBatch at a time, so
+// that the acks arriving while one is in flight go in the next, up to ten,
+// instead of a request each.
+func sqsSubscriptionOptions() *awssnssqs.SubscriptionOptions {
+	return &awssnssqs.SubscriptionOptions{Raw: true, AckBatcherOptions: batcher.Options{MaxHandlers: 1}}
 }
 
 // consumerProc is a consumer subprocess.
@@ -207,22 +243,32 @@ func (p *consumerProc) exited() bool {
 	}
 }
 
-// Orders sent to a standard SQS queue, 30% of them twice (a producer's
+// Orders sent to standard SQS queues, 30% of them twice (a producer's
 // re-send), consumed by two consumer processes — subprocesses of the test
 // binary — of which one is SIGKILLed and replaced three times mid-stream:
 // what a killed process had received and not deleted (handlers running,
 // commits in flight, deletes not yet sent) comes again after the
-// visibility timeout (two seconds; thirty above 300 orders) to the others. Every order is applied exactly once,
+// visibility timeout to the others. Every order is applied exactly once,
 // and the balances are exact.
 //
-// A delivery that waited in the Subscription's buffer past the visibility
+// moto's SQS server does work in proportion to a queue's depth for every
+// message it sends, receives or deletes (it recounts the queue, reading
+// the clock twice per message, for each), so a queue filled with thousands
+// drains at a message or two a second. The orders are therefore spread
+// over sqsKillQueues queues, sent ten to a SendMessageBatch while the
+// consumers run, and at most sqsKillWindow orders ahead of the ledger:
+// each queue stays a few dozen deep, as a consumed queue does.
+//
+// A delivery that waited in a Subscription's buffer past the visibility
 // timeout is received again by another process, which deletes it; moto
 // then refuses the first delivery's delete (ReceiptHandleIsInvalid), and
 // awssnssqs makes a failed batch of deletes the Subscription's error,
 // which ends Run. Such a process is restarted, as a supervisor would, and
 // counted; its late delete loses nothing, the message being gone. The
-// default is 150 orders; set
-// IDEMPOTENT_SQS_KILL_ORDERS=3000 for the full audit.
+// default is 150 orders on the shared SQS server, with a two-second
+// visibility timeout; set IDEMPOTENT_SQS_KILL_ORDERS=3000 for the full
+// audit, which runs on a moto_server of each subtest's own with a
+// ten-second timeout.
 func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("subprocess test")
@@ -234,6 +280,7 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 			t.Fatalf("%s=%q: want a number of orders, at least 40", sqsKillOrdersEnv, v)
 		}
 	}
+	large := n > 300
 	for _, batch := range []bool{false, true} {
 		name := "per-message"
 		if batch {
@@ -241,21 +288,43 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			client := newSQSClient(t, nil)
+			start := time.Now()
+			endpoint := sqsURL(t)
 			// Two seconds makes a killed process's messages come back soon;
-			// a large run keeps them longer, so that what waits in a
-			// Subscription's buffer behind thousands of others is not
-			// received again by every process in turn.
+			// a large run gives what waits in a Subscription's buffer longer
+			// before another process receives it again, and has a server of
+			// its own, so that the two subtests do not queue on one
+			// single-threaded Python.
 			visibility := "2"
-			if n > 300 {
-				visibility = "30"
+			if large {
+				ep, stop, err := startMoto()
+				if err != nil {
+					testenv.Unavailable(t, "no SQS API server of the test's own: %v", err)
+				}
+				t.Cleanup(stop)
+				endpoint, visibility = ep, "10"
 			}
-			url := createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): visibility})
+			client := sqsClientAt(endpoint, nil)
+			urls := make([]string, sqsKillQueues)
+			for i := range urls {
+				urls[i] = createQueue(t, client, false, map[string]string{string(sqstypes.QueueAttributeNameVisibilityTimeout): visibility})
+			}
 			l := newLedger(t)
 			orders := testenv.MakeOrders(n)
-			sends := publishOrders(t, client, url, orders)
-			spec := consumerSpec{Endpoint: sqsURL(t), QueueURL: url, Schema: l.schema, Batch: batch}
+			count := "SELECT count(*) FROM " + `"` + l.schema + `"` + ".point_ledger"
 			rows := func() int64 { return testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.point_ledger") }
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			produced := make(chan produceResult, 1)
+			go func() {
+				resent := func(o order) bool { return o.OrderID%10 < 3 }
+				sends, err := produceOrders(ctx, client, urls, orders, resent, sqsKillWindow, func() (n int64, err error) {
+					return n, l.db.QueryRowContext(ctx, count).Scan(&n)
+				})
+				produced <- produceResult{sends, err}
+			}()
+			var prod *produceResult
+			spec := consumerSpec{Endpoint: endpoint, QueueURLs: urls, Schema: l.schema, Batch: batch}
 			procs := []*consumerProc{startConsumerProc(t, spec), startConsumerProc(t, spec)}
 			restarts := 0
 			waitFor := func(timeout time.Duration, what string, cond func() bool) {
@@ -264,6 +333,14 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 				tick := time.NewTicker(20 * time.Millisecond)
 				defer tick.Stop()
 				for !cond() {
+					select {
+					case r := <-produced:
+						if r.err != nil {
+							t.Fatalf("producer: %v", r.err)
+						}
+						prod = &r
+					default:
+					}
 					for i, p := range procs {
 						if p.exited() {
 							if !p.staleDelete() {
@@ -279,7 +356,7 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 					<-tick.C
 				}
 			}
-			long := max(2*time.Minute, time.Duration(n)*100*time.Millisecond)
+			long := max(2*time.Minute, time.Duration(n)*200*time.Millisecond)
 			kills := 0
 			for round := int64(1); round <= 3; round++ {
 				waitFor(long, "applied enough to kill", func() bool { return rows() >= round*int64(n)/4 })
@@ -287,8 +364,16 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 				kills++
 				procs = append(procs[1:], startConsumerProc(t, spec))
 			}
-			waitFor(long, "every order applied and the queue empty", func() bool {
-				return rows() >= int64(n) && queueDepth(t, client, url) == 0
+			waitFor(long, "every order sent and applied and the queues empty", func() bool {
+				if prod == nil || rows() < int64(n) {
+					return false
+				}
+				for _, url := range urls {
+					if queueDepth(t, client, url) != 0 {
+						return false
+					}
+				}
+				return true
 			})
 			var applied, dups, requeued int64
 			for _, p := range procs {
@@ -296,54 +381,91 @@ func TestSQSLoadWithDuplicatesAndKilledProcesses(t *testing.T) {
 				applied, dups, requeued = applied+a, dups+d, requeued+r
 			}
 			claims := testenv.Count(t, l.db, l.schema, "SELECT count(*) FROM $S.processed_messages")
-			t.Logf("%d sends of %d orders, %d consumer processes SIGKILLed, %d restarted after a refused stale delete: %d ledger rows, %d claims; the %d processes that ran to the end applied %d, duplicates %d, requeued %d",
-				sends, n, kills, restarts, rows(), claims, len(procs), applied, dups, requeued)
+			t.Logf("%d sends of %d orders over %d queues, %d consumer processes SIGKILLed, %d restarted after a refused stale delete: %d ledger rows, %d claims; the %d processes that ran to the end applied %d, duplicates %d, requeued %d; %v",
+				prod.sends, n, len(urls), kills, restarts, rows(), claims, len(procs), applied, dups, requeued, time.Since(start).Round(time.Second))
 			testenv.AuditOrders(t, l.db, l.schema, orders)
 		})
 	}
 }
 
-// publishOrders sends orders to the queue at url with their keys and
-// event times, each order with OrderID%10 < 3 twice, from 8 goroutines
-// (awssnssqs batches concurrent sends), and returns how many it sent.
-func publishOrders(t *testing.T, client *sqs.Client, url string, orders []order) int {
-	t.Helper()
-	topic := awssnssqs.OpenSQSTopicV2(context.Background(), client, url, nil)
-	defer func() { _ = topic.Shutdown(context.Background()) }()
-	at := map[string]string{adapter.EventTimeHeader: adapter.FormatEventTime(time.Now())}
-	var sends []order
-	for _, o := range orders {
-		sends = append(sends, o)
-		if o.OrderID%10 < 3 {
-			sends = append(sends, o) // a producer's re-send
+const (
+	// sqsKillQueues is how many queues TestSQSLoadWithDuplicatesAndKilledProcesses
+	// spreads its orders over.
+	sqsKillQueues = 4
+	// sqsKillWindow is how many orders its producer sends ahead of those
+	// applied.
+	sqsKillWindow = 120
+)
+
+// produceResult is what produceOrders returned.
+type produceResult struct {
+	sends int
+	err   error
+}
+
+// produceOrders sends orders with their keys and event times, each order
+// for which twice is true twice (a producer's re-send), ten to a
+// SendMessageBatch, the batches to the queues at urls in turn; before each
+// batch it waits until no more than window of the orders sent so far are
+// missing from applied's count. It returns how many messages it sent.
+func produceOrders(ctx context.Context, client *sqs.Client, urls []string, orders []order, twice func(order) bool, window int, applied func() (int64, error)) (int, error) {
+	at := adapter.FormatEventTime(time.Now())
+	var entries []sqstypes.SendMessageBatchRequestEntry
+	sends, batches := 0, 0
+	flush := func(upTo int) error {
+		for {
+			n, err := applied()
+			if err != nil {
+				return err
+			}
+			if int64(upTo)-n <= int64(window) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond): // polling the ledger
+			}
 		}
+		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(urls[batches%len(urls)]), Entries: entries})
+		if err != nil {
+			return err
+		}
+		if len(out.Failed) > 0 {
+			f := out.Failed[0]
+			return fmt.Errorf("SendMessageBatch: %d of %d failed, the first %s: %s", len(out.Failed), len(entries), aws.ToString(f.Code), aws.ToString(f.Message))
+		}
+		sends += len(entries)
+		batches++
+		entries = entries[:0]
+		return nil
 	}
-	work := make(chan order)
-	errs := make(chan error, 8)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for o := range work {
-				body, _ := json.Marshal(o)
-				if err := sqsSend(context.Background(), topic, o.Key(), at, body, "", ""); err != nil {
-					select {
-					case errs <- err:
-					default: // the first few are enough
-					}
+	for i, o := range orders {
+		body, _ := json.Marshal(o)
+		copies := 1
+		if twice != nil && twice(o) {
+			copies = 2
+		}
+		for range copies {
+			entries = append(entries, sqstypes.SendMessageBatchRequestEntry{
+				Id:          aws.String(strconv.Itoa(len(entries))),
+				MessageBody: aws.String(string(body)),
+				MessageAttributes: map[string]sqstypes.MessageAttributeValue{
+					cdkpubsub.DefaultKeyMetadata: {DataType: aws.String("String"), StringValue: aws.String(o.Key())},
+					adapter.EventTimeHeader:      {DataType: aws.String("String"), StringValue: aws.String(at)},
+				},
+			})
+			if len(entries) == 10 {
+				if err := flush(i + 1); err != nil {
+					return sends, err
 				}
 			}
-		}()
+		}
 	}
-	for _, o := range sends {
-		work <- o
+	if len(entries) > 0 {
+		if err := flush(len(orders)); err != nil {
+			return sends, err
+		}
 	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("send: %v", err)
-	}
-	return len(sends)
+	return sends, nil
 }
