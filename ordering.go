@@ -415,7 +415,7 @@ func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Mes
 		if err != nil || state != "" {
 			return false, err
 		}
-		if _, err := tx.ExecContext(ctx, o.markSQL, seq, consumer, key, seq); err != nil {
+		if _, err := tx.ExecContext(ctx, o.markSQL, seq, seq, consumer, key); err != nil {
 			return false, fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", key, seq, err)
 		}
 	}
@@ -438,7 +438,7 @@ func (o *orderer) park(ctx context.Context, tx *sql.Tx, consumer string, msg Mes
 // it raises parked_max itself, as advance does for a single message, so
 // that release looks for msg.
 func (o *orderer) parkLocked(ctx context.Context, tx *sql.Tx, consumer string, msg Message, now time.Time) error {
-	if _, err := tx.ExecContext(ctx, o.markSQL, msg.OrderSeq, consumer, msg.OrderKey, msg.OrderSeq); err != nil {
+	if _, err := tx.ExecContext(ctx, o.markSQL, msg.OrderSeq, msg.OrderSeq, consumer, msg.OrderKey); err != nil {
 		return fmt.Errorf("idempotent: ordering key %q, sequence %d: mark parked: %w", msg.OrderKey, msg.OrderSeq, err)
 	}
 	_, err := o.insertParked(ctx, tx, consumer, msg, now)

@@ -79,8 +79,16 @@ type Orderer interface {
 	// consumer, order_key.
 	OrderBumpSQL(t Table) string
 
-	// OrderMarkSQL raises the row's parked_max to seq if it is lower.
-	// Parameters: seq, consumer, order_key, seq.
+	// OrderMarkSQL raises the row's parked_max to seq if it is lower, and
+	// by one otherwise: it changes the row every time, so that a park
+	// writes the entity's row as every apply does. On a multi-primary
+	// cluster (Galera), where the lock of OrderLockSQL is only the node's
+	// own, the two then certify against each other: of a park and an
+	// apply of the entity run at once on two nodes, one fails and is
+	// retried, and the retry sees the other (a park that wrote only the
+	// parking table could commit beside an apply that did not see it, and
+	// stay parked behind a sequence nothing releases). Parameters: seq,
+	// seq, consumer, order_key.
 	OrderMarkSQL(t Table) string
 
 	// ParkSQL inserts a parked message, state 'P', holding the entity's
@@ -258,10 +266,11 @@ func (o OrderSQL[S]) OrderBumpSQL(t Table) string {
 	return "UPDATE " + seq + " SET last_seq = " + o.p(1) + " WHERE consumer = " + o.p(2) + " AND order_key = " + o.p(3)
 }
 
-// OrderMarkSQL raises parked_max.
+// OrderMarkSQL raises parked_max to seq, or by one when it is there
+// already: a write every time.
 func (o OrderSQL[S]) OrderMarkSQL(t Table) string {
 	seq, _ := o.tables(t)
-	return "UPDATE " + seq + " SET parked_max = " + o.p(1) + " WHERE consumer = " + o.p(2) + " AND order_key = " + o.p(3) + " AND parked_max < " + o.p(4)
+	return "UPDATE " + seq + " SET parked_max = CASE WHEN parked_max < " + o.p(1) + " THEN " + o.p(2) + " ELSE parked_max + 1 END WHERE consumer = " + o.p(3) + " AND order_key = " + o.p(4)
 }
 
 const orderColumns = "(consumer, order_key, seq, state, message_key, payload, headers, event_time_us, parked_at_us)"
