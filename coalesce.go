@@ -400,15 +400,47 @@ func (c *coalescer) claimFailed(mb *member, p *pass, err error) error {
 // member is rolled back to its savepoint if the transaction is still there
 // (a handler that swallowed an error that aborted it), or else fails alone
 // while the others run again (broke).
+//
+// On a dialect.StatementJoiner the RELEASE of a member that has a member
+// after it rides with that member's SAVEPOINT, and the group's lock wait
+// bound with the first SAVEPOINT: one round trip each where two were. The
+// joined statement stops at its first failure, so a failure is the
+// RELEASE's, judged as a RELEASE of its own would be; the next member's
+// SAVEPOINT is then sent alone.
 func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
 	m := c.m
-	if err := c.boundLockWaits(ctx, tx); err != nil {
-		return err
-	}
-	for i, mb := range live {
-		if _, err := tx.ExecContext(ctx, dialect.MessageSavepointSQL); err != nil {
-			return fmt.Errorf("idempotent: savepoint: %w", err)
+	joiner, _ := m.d.(dialect.StatementJoiner)
+	savepoint := dialect.MessageSavepointSQL
+	switch {
+	case c.lockWaitSQL != "" && joiner != nil:
+		savepoint = joiner.JoinSQL(c.lockWaitSQL, dialect.MessageSavepointSQL)
+	default:
+		if err := c.boundLockWaits(ctx, tx); err != nil {
+			return err
 		}
+	}
+	unreleased := -1 // the member whose RELEASE rides with the next SAVEPOINT
+	for i, mb := range live {
+		if unreleased >= 0 {
+			k := unreleased
+			unreleased = -1
+			if _, err := tx.ExecContext(ctx, joiner.JoinSQL(dialect.MessageReleaseSQL, dialect.MessageSavepointSQL)); err != nil {
+				if err := c.releaseFailed(ctx, tx, live[k], k, p, err); err != nil {
+					return err
+				}
+			} else {
+				savepoint = ""
+			}
+		}
+		if savepoint != "" {
+			if _, err := tx.ExecContext(ctx, savepoint); err != nil {
+				if savepoint != dialect.MessageSavepointSQL {
+					return fmt.Errorf("idempotent: coalesced group: bound lock waits, savepoint: %w", err)
+				}
+				return fmt.Errorf("idempotent: savepoint: %w", err)
+			}
+		}
+		savepoint = dialect.MessageSavepointSQL
 		// A key given twice is claimed twice: the second claim is new only
 		// if the first member's was rolled back to its savepoint.
 		claimed, err := c.claim(ctx, tx, st, mb, nil)
@@ -451,20 +483,36 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				continue
 			}
 		}
+		if joiner != nil && i < len(live)-1 {
+			unreleased = i
+			continue
+		}
 		if _, err := tx.ExecContext(ctx, dialect.MessageReleaseSQL); err != nil {
-			if m.run.lost(err) || p.Outcomes[i] != Applied {
-				return fmt.Errorf("idempotent: release savepoint: %w", err)
+			if err := c.releaseFailed(ctx, tx, mb, i, p, err); err != nil {
+				return err
 			}
-			// mb's handler broke the transaction.
-			p.Outcomes[i] = 0
-			if rerr := c.rollbackTo(ctx, tx); rerr == nil {
-				p.Fail(mb, final{Err: c.keyError(mb.Key, groupAborted(err))})
-				continue
-			}
-			return c.broke(mb, p, err)
 		}
 	}
 	return nil
+}
+
+// releaseFailed judges the failure of the RELEASE of the savepoint of mb,
+// live[i], after its claim and handler: nil when mb's handler swallowed an
+// error that aborted the transaction, and mb, rolled back to its
+// savepoint, fails alone while the group goes on; otherwise the pass's end
+// (the transaction's own failure, or errRegroup when mb's handler broke
+// the transaction).
+func (c *coalescer) releaseFailed(ctx context.Context, tx *sql.Tx, mb *member, i int, p *pass, err error) error {
+	if c.m.run.lost(err) || p.Outcomes[i] != Applied {
+		return fmt.Errorf("idempotent: release savepoint: %w", err)
+	}
+	// mb's handler broke the transaction.
+	p.Outcomes[i] = 0
+	if rerr := c.rollbackTo(ctx, tx); rerr == nil {
+		p.Fail(mb, final{Err: c.keyError(mb.Key, groupAborted(err))})
+		return nil
+	}
+	return c.broke(mb, p, err)
 }
 
 // rollbackTo rolls tx back to the member's savepoint.

@@ -562,6 +562,8 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 	expectSP := func(m sqlmock.Sqlmock, q string) {
 		m.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0))
 	}
+	// A member's RELEASE rides with the next member's SAVEPOINT.
+	releaseSP := pg.JoinSQL(dialect.MessageReleaseSQL, dialect.MessageSavepointSQL)
 	// expectMember scripts a new member whose handler applies the effect:
 	// SAVEPOINT, its claim, the effect, RELEASE.
 	expectMember := func(m sqlmock.Sqlmock, k string) {
@@ -576,7 +578,7 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 		expectSP(r.mock, dialect.MessageSavepointSQL)
 		expectClaim(r.mock, "a", 1)
 		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "23505"})
-		r.mock.ExpectExec(dialect.MessageReleaseSQL).WithoutArgs().WillReturnError(aborted)
+		r.mock.ExpectExec(releaseSP).WithoutArgs().WillReturnError(aborted)
 		expectSP(r.mock, dialect.MessageRollbackSQL)
 		expectMember(r.mock, "b")
 		r.mock.ExpectCommit()
@@ -603,7 +605,7 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 		expectSP(r.mock, dialect.MessageSavepointSQL)
 		expectClaim(r.mock, "a", 1)
 		expectEffect(r.mock)
-		r.mock.ExpectExec(dialect.MessageReleaseSQL).WithoutArgs().WillReturnError(ended)
+		r.mock.ExpectExec(releaseSP).WithoutArgs().WillReturnError(ended)
 		r.mock.ExpectExec(dialect.MessageRollbackSQL).WithoutArgs().WillReturnError(ended)
 		r.mock.ExpectRollback()
 		r.mock.ExpectBegin()
@@ -640,8 +642,7 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 		expectSP(r.mock, dialect.MessageSavepointSQL)
 		expectClaim(r.mock, "a", 1)
 		expectEffect(r.mock)
-		expectSP(r.mock, dialect.MessageReleaseSQL)
-		expectSP(r.mock, dialect.MessageSavepointSQL)
+		expectSP(r.mock, releaseSP)
 		expectClaim(r.mock, "b", 0)
 		expectSP(r.mock, dialect.MessageReleaseSQL)
 		r.mock.ExpectCommit()
@@ -654,8 +655,8 @@ func TestCoalescingWithSavepoints(t *testing.T) {
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Duplicate {
 			t.Fatalf("got %v, want a applied, b duplicate", got)
 		}
-		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL,
-			dialect.MessageSavepointSQL, claimSQL, dialect.MessageReleaseSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, releaseSP,
+			claimSQL, dialect.MessageReleaseSQL, "COMMIT")
 	})
 	t.Run("a failed or panicking handler rolls back to its savepoint, claim and all; the others do not run again", func(t *testing.T) {
 		r := newRecorded(t)
@@ -822,8 +823,7 @@ func TestCoalescingLockWait(t *testing.T) {
 		r := newRecorded(t)
 		expectSP := func(q string) { r.mock.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
 		r.mock.ExpectBegin()
-		expectSP(waitSQL)
-		expectSP(dialect.MessageSavepointSQL)
+		expectSP(pg.JoinSQL(waitSQL, dialect.MessageSavepointSQL)) // the bound rides with the first SAVEPOINT
 		expectClaim(r.mock, "a", 1)
 		r.mock.ExpectExec(effectSQL).WithoutArgs().WillReturnError(&pq.Error{Code: "55P03", Message: "canceling statement due to lock timeout"})
 		expectSP(dialect.MessageRollbackSQL)
@@ -840,7 +840,7 @@ func TestCoalescingLockWait(t *testing.T) {
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
 		}
-		r.wantCalls(t, "BEGIN", waitSQL, dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageRollbackSQL,
+		r.wantCalls(t, "BEGIN", pg.JoinSQL(waitSQL, dialect.MessageSavepointSQL), claimSQL, effectSQL, dialect.MessageRollbackSQL,
 			dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT",
 			"BEGIN", claimSQL, effectSQL, "COMMIT")
 		if len(ev.retries) != 1 || ev.retries[0].Key != "a" || ev.retries[0].Reason != "lock_timeout" || ev.retries[0].Code != "55P03" {
@@ -852,23 +852,23 @@ func TestCoalescingLockWait(t *testing.T) {
 		lockSQL := pg.LockTimeoutSQL(time.Second)
 		expectSP := func(q string) { r.mock.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
 		r.mock.ExpectBegin()
-		expectSP(waitSQL)
-		for range 2 {
-			expectSP(dialect.MessageSavepointSQL)
+		first, next := pg.JoinSQL(waitSQL, dialect.MessageSavepointSQL), pg.JoinSQL(dialect.MessageReleaseSQL, dialect.MessageSavepointSQL)
+		for _, sp := range []string{first, next} {
+			expectSP(sp)
 			expectSP(lockSQL)
 			r.mock.ExpectExec(claimSQL).WillReturnResult(sqlmock.NewResult(0, 1))
 			expectSP(waitSQL)
 			expectEffect(r.mock)
-			expectSP(dialect.MessageReleaseSQL)
 		}
+		expectSP(dialect.MessageReleaseSQL)
 		r.mock.ExpectCommit()
 		got := runGroup(t, r, []string{"a", "b"}, func(k string) idempotent.TxFunc { return ownEffect(t, k) },
 			idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: true}), idempotent.WithLockTimeout(time.Second))
 		if got["0a"].outcome != idempotent.Applied || got["1b"].outcome != idempotent.Applied {
 			t.Fatalf("got %v, want both applied", got)
 		}
-		r.wantCalls(t, "BEGIN", waitSQL, dialect.MessageSavepointSQL, lockSQL, claimSQL, waitSQL, effectSQL, dialect.MessageReleaseSQL,
-			dialect.MessageSavepointSQL, lockSQL, claimSQL, waitSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
+		r.wantCalls(t, "BEGIN", first, lockSQL, claimSQL, waitSQL, effectSQL,
+			next, lockSQL, claimSQL, waitSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
 	})
 	t.Run("bounds refused: over a minute; a positive bound on a dialect whose lock timeout outlives the transaction", func(t *testing.T) {
 		r := newRecorded(t)
@@ -1205,4 +1205,45 @@ func TestCoalescingDuplicateLeaves(t *testing.T) {
 		t.Fatalf("a got (%v, %v), want applied", aOut, aErr)
 	}
 	r.wantCalls(t, "BEGIN", claimSQL, fenceSQL, effectSQL, fencedClaimSQL, "COMMIT")
+}
+
+// separateDialect is Postgres seen through dialect.Dialect alone: neither a
+// dialect.TxFencer nor a dialect.StatementJoiner, as MySQL, MariaDB and
+// SQLite are.
+type separateDialect struct{ dialect.Dialect }
+
+func TestCoalescingSavepointsOneStatementEachWithoutAJoiner(t *testing.T) {
+	r := newRecorded(t)
+	expectSP := func(q string) { r.mock.ExpectExec(q).WithoutArgs().WillReturnResult(sqlmock.NewResult(0, 0)) }
+	r.mock.ExpectBegin()
+	for _, k := range []string{"a", "b"} {
+		expectSP(dialect.MessageSavepointSQL)
+		expectClaim(r.mock, k, 1)
+		expectEffect(r.mock)
+		expectSP(dialect.MessageReleaseSQL)
+	}
+	r.mock.ExpectCommit()
+	mw, err := idempotent.New(r.db, separateDialect{pg}, consumer, noWait,
+		idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, LockWait: -1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, k := range []string{"a", "b"} {
+		go func() {
+			ctx := context.WithValue(context.Background(), callerKey{}, k)
+			out, err := mw.ProcessMessage(ctx, idempotent.Message{Key: k}, ownEffect(t, k))
+			if err == nil && out != idempotent.Applied {
+				err = fmt.Errorf("%s: outcome %v, want applied", k, out)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.wantCalls(t, "BEGIN", dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL,
+		dialect.MessageSavepointSQL, claimSQL, effectSQL, dialect.MessageReleaseSQL, "COMMIT")
 }

@@ -34,3 +34,17 @@ const (
 	MessageReleaseSQL   = "RELEASE SAVEPOINT idempotent_message"
 	MessageRollbackSQL  = "ROLLBACK TO SAVEPOINT idempotent_message"
 )
+
+// StatementJoiner is implemented by dialects whose database/sql drivers run
+// several statements without parameters, sent as one, in one round trip,
+// in order, stopping at the first that fails (Postgres, whose drivers send
+// a statement without arguments in the simple query protocol). A coalesced
+// group with savepoints sends the release of a message's savepoint and the
+// next message's savepoint as one statement (and its lock wait bound with
+// its first savepoint), saving a round trip per message.
+type StatementJoiner interface {
+	// JoinSQL returns stmts, none of which takes parameters, as one
+	// statement that runs them in order and fails with the first of them
+	// that fails, the rest not run.
+	JoinSQL(stmts ...string) string
+}
