@@ -5,7 +5,10 @@
 # 127.0.0.1:6379, Mosquitto (MQTT 5) on 127.0.0.1:1883 and moto's SQS API
 # server on 127.0.0.1:5000; and installs the binaries tests start servers of their own
 # from (nats-server for a JetStream cluster, redis-server, pgbouncer).
-# Servers that already answer are left alone.
+# Servers that already answer are left alone. Named arguments run only the
+# named steps: `services.sh galera patroni` installs the binaries the
+# cluster lanes of .ci/run start clusters of their own from, and touches no
+# running server.
 set -euo pipefail
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -101,6 +104,23 @@ moto() {
 
 pgbouncer() {
   type -P pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { echo "services: installing PgBouncer"; apt_install pgbouncer; }
+}
+
+# The Galera provider (and rsync, its state transfer) beside MariaDB, for
+# tests/internal/galera's three-node clusters.
+galera() {
+  [ -e /usr/lib/galera/libgalera_smm.so ] && type -P rsync >/dev/null && return 0
+  echo "services: installing galera-4"; apt_install --no-install-recommends galera-4 rsync
+}
+
+# Patroni and etcd, for tests/internal/patroni's clusters. Where systemd
+# runs, installing etcd-server starts and enables its service: it is
+# stopped and disabled again, the tests run an etcd of their own.
+patroni() {
+  type -P patroni >/dev/null && type -P etcd >/dev/null && return 0
+  echo "services: installing Patroni and etcd"
+  apt_install --no-install-recommends patroni etcd-server python3-etcd python3-psycopg2
+  if [ -d /run/systemd/system ]; then as_root systemctl disable --now etcd >/dev/null 2>&1 || true; fi
 }
 
 if [ $# -eq 0 ]; then set -- postgres mariadb rabbitmq nats redis mosquitto moto pgbouncer; fi

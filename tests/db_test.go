@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	dsn, cleanup, why := findPostgres()
 	defer cleanup()
+	defer stopSharedGalera()
 	pgDSN, skipReason = dsn, why
 	if pgDSN == "" && os.Getenv("CI") != "" {
 		log.Printf("integration tests need Postgres and CI is set: %s", skipReason)

@@ -20,17 +20,30 @@ import (
 	"github.com/txclaim/idempotent/tests/internal/galera"
 )
 
-// galeraOrSkip skips unless IDEMPOTENT_GALERA=1 (starting a cluster takes
-// minutes).
+// galeraOrSkip skips unless IDEMPOTENT_GALERA=1 (starting the cluster
+// takes minutes): .ci/run's Galera lane sets it.
 func galeraOrSkip(t *testing.T) {
 	t.Helper()
 	if testing.Short() || os.Getenv("IDEMPOTENT_GALERA") != "1" {
-		t.Skip("galera: set IDEMPOTENT_GALERA=1 to start a three-node cluster (2-4 minutes; bash .ci/run does with IDEMPOTENT_GALERA=1)")
+		t.Skip("galera: set IDEMPOTENT_GALERA=1 to start a three-node cluster (2-4 minutes; .ci/run's Galera lane does)")
 	}
 }
 
-// startGalera starts a three-node cluster, stopped at the end of the test;
-// it skips where MariaDB's Galera provider cannot be had, except under CI.
+// sharedGalera is the three-node cluster the Galera tests share: started
+// by the first of them that runs and stopped after the package's tests
+// (stopSharedGalera, from TestMain), so that a run pays for one start (2-4
+// minutes on a loaded machine) instead of one a test. Each test works in
+// databases of its own; TestGaleraNodeKilledMidRun kills node 3 and
+// returns once it has rejoined and the three nodes are Synced again.
+var sharedGalera struct {
+	once sync.Once
+	c    *galera.Cluster
+	err  error
+}
+
+// startGalera returns the shared cluster, starting it on first use (ctx
+// bounds the start); it skips where MariaDB's Galera provider cannot be
+// had, except under CI.
 func startGalera(t *testing.T, ctx context.Context) *galera.Cluster {
 	t.Helper()
 	if v := os.Getenv("IDEMPOTENT_GALERA_PORTS"); v != "" {
@@ -49,17 +62,28 @@ func startGalera(t *testing.T, ctx context.Context) *galera.Cluster {
 		}
 		return galera.Attach(ports...)
 	}
-	started := time.Now()
-	c, err := galera.Start(ctx, "")
+	sharedGalera.once.Do(func() {
+		started := time.Now()
+		sharedGalera.c, sharedGalera.err = galera.Start(ctx, "")
+		if sharedGalera.err == nil {
+			t.Logf("three nodes Synced in %v (the cluster the Galera tests share)", time.Since(started).Round(time.Second))
+		}
+	})
+	err := sharedGalera.err
 	if errors.Is(err, galera.ErrNoGalera) && os.Getenv("CI") == "" {
 		t.Skip(err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Stop)
-	t.Logf("three nodes Synced in %v", time.Since(started).Round(time.Second))
-	return c
+	return sharedGalera.c
+}
+
+// stopSharedGalera stops the shared cluster, if a test started it.
+func stopSharedGalera() {
+	if sharedGalera.c != nil {
+		sharedGalera.c.Stop()
+	}
 }
 
 // galeraDB opens database db on node i of c, with causal reads
@@ -267,39 +291,42 @@ func TestGaleraUpkeep(t *testing.T) {
 	})
 }
 
-// TestGaleraNodeKilledMidRun runs deliveries of keys, a quarter of them
-// delivered twice, with workers on all three nodes of a cluster of its
-// own; a third of the way through, node 3 is killed (SIGKILL): its workers'
-// deliveries fail and are delivered again, on any node, while it rejoins
-// (state transfer) and then takes work again. The audit is exact: one
-// effect and one claim per key; a delivery whose COMMIT landed as the node
-// died, its answer lost, is Duplicate on its redelivery. IDEMPOTENT_GALERA_SOAK_KEYS sets the keys
-// (default 3,000).
+// TestGaleraNodeKilledMidRun is the Galera soak: workers on all three
+// nodes deliver new keys, a quarter of them twice, for
+// IDEMPOTENT_GALERA_SOAK (a duration, default 60 s). A third of the way
+// through, node 3 is killed (SIGKILL): its workers' deliveries fail and are
+// delivered again, on any node, while it rejoins (state transfer) and then
+// takes work again; the run goes on past its duration until node 3 has
+// settled deliveries since rejoining. Then the deliveries in flight settle
+// and the audit is exact: one effect and one claim per key; a delivery
+// whose COMMIT landed as the node died, its answer lost, is Duplicate on
+// its redelivery.
 func TestGaleraNodeKilledMidRun(t *testing.T) {
 	galeraOrSkip(t)
 	heavy(t)
-	keys := 3000
-	if v := os.Getenv("IDEMPOTENT_GALERA_SOAK_KEYS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 3 {
-			t.Fatalf("IDEMPOTENT_GALERA_SOAK_KEYS=%q: want a count of at least 3", v)
+	dur := 60 * time.Second
+	if v := os.Getenv("IDEMPOTENT_GALERA_SOAK"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("IDEMPOTENT_GALERA_SOAK=%q: want a positive duration such as 10m", v)
 		}
-		keys = n
+		dur = d
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), dur+20*time.Minute)
 	defer cancel()
 	c := startGalera(t, ctx)
 	admin := galeraDB(t, c, 0, "", 2)
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE soak"); err != nil {
+	name := uniqueName("soak")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.ExecContext(ctx, "CREATE TABLE soak.effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(64) NOT NULL, node INT NOT NULL) ENGINE=InnoDB"); err != nil {
+	if _, err := admin.ExecContext(ctx, "CREATE TABLE "+name+".effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(64) NOT NULL, node INT NOT NULL) ENGINE=InnoDB"); err != nil {
 		t.Fatal(err)
 	}
 	obs := &retryCodes{}
 	mws := make([]*idempotent.Middleware, 3)
 	for i := range mws {
-		db, err := sql.Open("mysql", c.Nodes[i].DSN("soak")+"?timeout=2s")
+		db, err := sql.Open("mysql", c.Nodes[i].DSN(name)+"?timeout=2s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -315,34 +342,62 @@ func TestGaleraNodeKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var deliveries []string
-	for i := range keys {
-		deliveries = append(deliveries, fmt.Sprintf("order-%d", i))
-		if i%4 == 0 {
-			deliveries = append(deliveries, fmt.Sprintf("order-%d", i))
+	// New deliveries come from feed until the run ends (every fourth key
+	// twice in a row, so that both copies are often in flight at once);
+	// failed ones go to again, which the workers take first.
+	feed := make(chan string)
+	again := make(chan string, 64) // at most one a worker waits there
+	endFeed := make(chan struct{})
+	var keys, total int64 // written by the feeder, read after it ended
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		defer close(feed)
+		for i := int64(0); ; i++ {
+			k := fmt.Sprintf("order-%d", i)
+			copies := 1
+			if i%4 == 0 {
+				copies = 2
+			}
+			for c := range copies {
+				select {
+				case feed <- k:
+					total++
+				case <-endFeed:
+					keys = i
+					if c > 0 { // k's first copy went out
+						keys++
+					}
+					return
+				}
+			}
 		}
-	}
-	queue := make(chan string, len(deliveries))
-	for _, k := range deliveries {
-		queue <- k
-	}
+	}()
 	var settled, applied, duplicate, failed atomic.Int64
-	total := int64(len(deliveries))
-	killAt := total / 3
-	killed := make(chan struct{})
-	var once sync.Once
+	var settledOn [3]atomic.Int64
 	var wg sync.WaitGroup
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	for w := range 6 {
 		node := w % 3
 		wg.Go(func() {
+			in := feed
 			for {
 				var k string
 				select {
-				case k = <-queue:
-				case <-runCtx.Done():
-					return
+				case k = <-again:
+				default:
+					var ok bool
+					select {
+					case k = <-again:
+					case k, ok = <-in:
+						if !ok {
+							in = nil
+							continue
+						}
+					case <-runCtx.Done():
+						return
+					}
 				}
 				out, err := mws[node].ProcessMessage(runCtx, idempotent.Message{Key: k}, func(ctx context.Context, tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, "INSERT INTO effects (k, node) VALUES (?, ?)", k, node+1)
@@ -353,7 +408,7 @@ func TestGaleraNodeKilledMidRun(t *testing.T) {
 						return
 					}
 					failed.Add(1)
-					queue <- k // delivered again, to any worker
+					again <- k // delivered again, to any worker
 					continue
 				}
 				if out == idempotent.Applied {
@@ -361,16 +416,16 @@ func TestGaleraNodeKilledMidRun(t *testing.T) {
 				} else {
 					duplicate.Add(1)
 				}
-				if settled.Add(1) == killAt {
-					once.Do(func() { close(killed) })
-				}
+				settled.Add(1)
+				settledOn[node].Add(1)
 			}
 		})
 	}
-	select {
-	case <-killed:
+	began := time.Now()
+	select { // the fault's schedule, not a synchronisation
+	case <-time.After(dur / 3):
 	case <-ctx.Done():
-		t.Fatal("no third of the deliveries settled")
+		t.Fatal(ctx.Err())
 	}
 	if err := c.Kill(2); err != nil {
 		t.Fatal(err)
@@ -381,6 +436,18 @@ func TestGaleraNodeKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	rejoined := time.Since(rejoinStart).Round(time.Second)
+	onNode3 := settledOn[2].Load()
+	// The feed runs for the duration and until node 3 has settled 50
+	// deliveries since it rejoined; then what was fed settles.
+	for time.Since(began) < dur || settledOn[2].Load() < onNode3+50 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("node 3 settled %d deliveries since it rejoined", settledOn[2].Load()-onNode3)
+		case <-time.After(50 * time.Millisecond): // polling interval, not synchronisation
+		}
+	}
+	close(endFeed)
+	<-fed
 	for settled.Load() < total {
 		select {
 		case <-ctx.Done():
@@ -388,23 +455,24 @@ func TestGaleraNodeKilledMidRun(t *testing.T) {
 		case <-time.After(50 * time.Millisecond): // polling interval, not synchronisation
 		}
 	}
+	ran := time.Since(began).Round(time.Second)
 	stop()
 	wg.Wait()
 
-	check := galeraDB(t, c, 2, "soak", 1)
-	var rows, distinct, claims int
+	check := galeraDB(t, c, 2, name, 1)
+	var rows, distinct, claims int64
 	if err := check.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(DISTINCT k) FROM effects").Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if err := check.QueryRowContext(ctx, "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'soak'").Scan(&claims); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d deliveries of %d keys on three nodes, node 3 killed after %d settled and Synced again %v later: %d applied, %d duplicate, %d failed and delivered again; audit (on node 3): %d effects of %d keys, %d claims; retries by code %v",
-		total, keys, killedAt, rejoined, applied.Load(), duplicate.Load(), failed.Load(), rows, distinct, claims, obs)
+	t.Logf("%v: %d deliveries of %d keys on three nodes, node 3 killed after %d settled and Synced again %v later, then settled %d; %d applied, %d duplicate, %d failed and delivered again; audit (on node 3): %d effects of %d keys, %d claims; retries by code %v",
+		ran, total, keys, killedAt, rejoined, settledOn[2].Load()-onNode3, applied.Load(), duplicate.Load(), failed.Load(), rows, distinct, claims, obs)
 	// A COMMIT in flight when the node died may have committed with its
 	// answer lost: its redelivery finds the claim and reports Duplicate.
 	// So the outcomes add up, and the effects and claims are exact.
-	if rows != keys || distinct != keys || claims != keys || applied.Load()+duplicate.Load() != total || applied.Load() > int64(keys) {
+	if rows != keys || distinct != keys || claims != keys || applied.Load()+duplicate.Load() != total || applied.Load() > keys {
 		t.Fatalf("%d effects of %d keys, %d claims, %d applied + %d duplicate; want %d, %d, %d and %d deliveries settled, at most %d applied", rows, distinct, claims, applied.Load(), duplicate.Load(), keys, keys, keys, total, keys)
 	}
 }
