@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -270,4 +271,107 @@ func (o *outcomes) count(out idempotent.Outcome) int {
 		}
 	}
 	return n
+}
+
+// TestOrderedBadHeaders: a record whose ordering headers cannot be used —
+// a sequence that is not a number, a sequence 0, an ordering key without a
+// sequence — is poison, per record and in batches: dropped (no dead-letter
+// outbox) with an error matching idempotent.ErrInvalidOrder that names the
+// header, its offset advanced, and nothing else written: no claim, no
+// sequence row, nothing parked, no effect. The good record after them
+// applies.
+func TestOrderedBadHeaders(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
+			db := openDB(t, 4)
+			s := schema(t, db)
+			mw := newMiddleware(t, db, s, "ordered", idempotent.WithOrdering(idempotent.Ordering{
+				Release: func(context.Context, *sql.Tx, idempotent.ParkedMessage) error { return errors.New("nothing may park") },
+			}))
+			const topic = "ledger"
+			cluster := newCluster(t, 1, topic)
+			bad := func(key string, headers ...kgo.RecordHeader) *kgo.Record {
+				return &kgo.Record{Topic: topic, Value: []byte("{}"), Headers: append([]kgo.RecordHeader{{Key: kafka.DefaultKeyHeader, Value: []byte(key)}}, headers...)}
+			}
+			rs := []*kgo.Record{
+				bad("bad-nan", kgo.RecordHeader{Key: adapter.OrderKeyHeader, Value: []byte("acct")}, kgo.RecordHeader{Key: adapter.OrderSeqHeader, Value: []byte("x")}),
+				bad("bad-zero", kgo.RecordHeader{Key: adapter.OrderKeyHeader, Value: []byte("acct")}, kgo.RecordHeader{Key: adapter.OrderSeqHeader, Value: []byte("0")}),
+				bad("bad-noseq", kgo.RecordHeader{Key: adapter.OrderKeyHeader, Value: []byte("acct")}),
+				orderedRecord(topic, 0, "acct", "good", "acct", 1),
+			}
+			if err := producer(t, cluster).ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var handled []string
+			one := func(_ context.Context, _ *sql.Tx, r *kgo.Record) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, h := range r.Headers {
+					if h.Key == kafka.DefaultKeyHeader {
+						handled = append(handled, string(h.Value))
+					}
+				}
+				return nil
+			}
+			var dmu sync.Mutex
+			var dropped []error
+			opts := []kafka.Option{kafka.WithOffsetsTable(s + ".kafka_offsets"), kafka.WithObserver(adapter.ObserverFunc(func(_ context.Context, e adapter.Event) {
+				if e.Type == adapter.EventDeadLettered {
+					dmu.Lock()
+					dropped = append(dropped, e.Err)
+					dmu.Unlock()
+				}
+			}))}
+			var c *kafka.Consumer
+			var err error
+			if batch {
+				c, err = kafka.NewBatchConsumer(mw, func(ctx context.Context, tx *sql.Tx, rs []*kgo.Record) error {
+					for _, r := range rs {
+						if err := one(ctx, tx, r); err != nil {
+							return err
+						}
+					}
+					return nil
+				}, append(opts, kafka.WithBatchSize(10))...)
+			} else {
+				c, err = kafka.NewConsumer(mw, one, opts...)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := startMember(c, "only", kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup("ordered"), kgo.ConsumeTopics(topic))
+			waitFor(t, "every record settled", func() (bool, error) {
+				return storedOffsets(t, db, s, "ordered", topic)[0] == int64(len(rs)), nil
+			})
+			m.stop(t)
+			mu.Lock()
+			if !slices.Equal(handled, []string{"good"}) {
+				t.Errorf("handled %v, want only the good record", handled)
+			}
+			mu.Unlock()
+			dmu.Lock()
+			defer dmu.Unlock()
+			if len(dropped) != 3 {
+				t.Fatalf("%d records dropped, want the 3 bad ones", len(dropped))
+			}
+			for _, err := range dropped {
+				if !errors.Is(err, idempotent.ErrInvalidOrder) {
+					t.Errorf("dropped with %v, want ErrInvalidOrder", err)
+				}
+				t.Logf("dropped: %v", err)
+			}
+			for table, want := range map[string]int{"processed_messages": 1, "processed_messages_order_seq": 1, "processed_messages_order_parked": 0} {
+				var n int
+				if err := db.QueryRow("SELECT COUNT(*) FROM " + s + "." + table).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != want {
+					t.Errorf("%s holds %d rows, want %d (the good record's only)", table, n, want)
+				}
+			}
+		})
+	}
 }
