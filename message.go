@@ -49,11 +49,13 @@ type Message struct {
 	// Payload and Headers are the message as the transport delivered it.
 	// They are read only for an ordered message that arrives before its
 	// predecessor: it is parked with them, and applied later by
-	// Ordering.Release from them. The adapters keep the body and only the
+	// Ordering.Release from them. The adapters keep the body and the
 	// headers the library defines (the ordering key and sequence, the event
-	// time): a Release that needs another header (a message type, a
-	// tenant) must find it in the body, or the producer must carry it
-	// there.
+	// time); the Redis Streams and Kafka adapters keep every field or
+	// header (redisstream.ParkedDelivery, kafka.ParkedRecord rebuild the
+	// delivery). Elsewhere a Release that needs another header (a message
+	// type, a tenant) must find it in the body, or the producer must carry
+	// it there.
 	Payload []byte
 	Headers map[string]string
 }

@@ -3,6 +3,7 @@ package adapter
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/txclaim/idempotent"
@@ -31,6 +32,13 @@ type Transport[T any] struct {
 	// that has to wait for its predecessor (idempotent.Message.Payload);
 	// nil when the adapter does not give it.
 	Payload func(msg T) []byte
+	// Headers, when set, returns every header (field) of a delivery but
+	// its body, all kept with an ordered message that has to wait for its
+	// predecessor (idempotent.Message.Headers), for an adapter whose
+	// handlers read more of a delivery than its body and the library's
+	// headers (a Redis Streams entry's fields, a Kafka record's headers);
+	// nil keeps the library's headers only.
+	Headers func(msg T) map[string]string
 	// Ordered says that a delivery waiting to be given again holds back
 	// those behind it (a Kafka partition): the default future bound is then
 	// the clock-skew margin instead of DefaultFutureBound (Rule.Ordered).
@@ -387,7 +395,11 @@ func (c *Config[T]) order(msg T, m *idempotent.Message) error {
 		return nil
 	}
 	m.OrderKey, m.OrderSeq = key, seq
-	m.Headers = map[string]string{OrderKeyHeader: kv, OrderSeqHeader: sv}
+	m.Headers = map[string]string{}
+	if c.tr.Headers != nil {
+		maps.Copy(m.Headers, c.tr.Headers(msg))
+	}
+	m.Headers[OrderKeyHeader], m.Headers[OrderSeqHeader] = kv, sv
 	if at, ok := c.tr.Header(msg, EventTimeHeader); ok {
 		m.Headers[EventTimeHeader] = at
 	}

@@ -44,7 +44,7 @@ type kafkaHarness struct{}
 // (the offset commit to Kafka is for lag tools only; skipping it
 // redelivers nothing).
 func (kafkaHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true, Ordered: true, RefusesOrdering: true}
+	return brokertest.Features{Batch: true, Kill: true, Restart: true, DeadLetter: true, RequeueDelay: true, TransportTime: true, Ordered: true}
 }
 
 const brokertestTopic = "orders"

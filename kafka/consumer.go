@@ -117,12 +117,6 @@ func newConsumer(fn string, mw *idempotent.Middleware, h Handler, bh BatchHandle
 	if name := mwCfg.Dialect.Name(); name != "postgres" {
 		return nil, fmt.Errorf("kafka: %s: the %s dialect is not supported: the offsets table is Postgres only", fn, name)
 	}
-	if mwCfg.Ordering {
-		// A record's claim is folded with its offset advance (adapter.Path),
-		// which keeps no per-key order; a partition already applies its
-		// records in offset order.
-		return nil, fmt.Errorf("kafka: %s: the Middleware was created WithOrdering, which the Kafka consumer does not support: records of one key share a partition and apply in offset order; key the records by entity instead", fn)
-	}
 	q, err := kafkaoffsets.New(cfg.offsetsTable)
 	if err != nil {
 		return nil, err
@@ -981,7 +975,11 @@ func (c *Consumer) recordTx(ctx context.Context, r *kgo.Record, expected int64, 
 		}
 		var applied bool
 		var err error
-		if c.co != nil {
+		if msg.OrderKey != "" {
+			var out idempotent.Outcome
+			out, err = c.orderedRecord(tctx, r, msg, expected, topicID, handle)
+			applied = out != idempotent.Duplicate // a parked record is acknowledged as applied
+		} else if c.co != nil {
 			// In a coalesced group when other partitions' records are in
 			// flight, alone (body) otherwise.
 			c.prepareGroup(ctx)
@@ -1184,7 +1182,13 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 	for {
 		var applied []bool
 		var err error
-		if len(good) > 0 {
+		if len(good) > 0 && ordered(msgs) {
+			var sel []*kgo.Record
+			applied, err = c.orderedBatch(ctx, msgs, good, next, companion, &sel)
+			if c.dropped(err, msgs, good, sel, drop) {
+				continue
+			}
+		} else if len(good) > 0 {
 			var sel []*kgo.Record // the handler's slice, for an *adapter.ItemError
 			applied, err = c.path.ProcessBatch(ctx, msgs, func(ctx context.Context, a *adapter.Attempt) error {
 				sel = nil
@@ -1198,19 +1202,8 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 				}
 				return a.Handle(func(ctx context.Context, tx *sql.Tx) error { return c.batch(ctx, tx, sel) })
 			})
-			var bke *idempotent.BatchKeyError
-			if errors.As(err, &bke) && c.rule.Settle(msgs[bke.Index], bke.Err, 1).Action == adapter.DeadLetter {
-				// A key the batch cannot claim (the same key on two event
-				// days, in partitioned mode): that record is poison.
-				drop(bke.Index, bke.Err)
+			if c.dropped(err, msgs, good, sel, drop) {
 				continue
-			}
-			var ie *adapter.ItemError
-			if errors.As(err, &ie) && ie.Index >= 0 && ie.Index < len(sel) {
-				if i := slices.Index(good, sel[ie.Index]); i >= 0 && c.rule.Settle(msgs[i], err, 1).Action == adapter.DeadLetter {
-					drop(i, err)
-					continue
-				}
 			}
 		} else {
 			// Every record is poison: the offset advance and the dead
@@ -1243,6 +1236,40 @@ func (c *Consumer) batchTx(ctx context.Context, chunk []*kgo.Record, expected in
 		}
 		return events, len(chunk), nil
 	}
+}
+
+// dropped reports whether err, a batch's failure, names one of its records
+// that the settle rule makes poison, and if so drops it (drop, with its
+// index in good): a key the batch cannot claim (the same key on two event
+// days, in partitioned mode; a sequence an operator skipped), by an
+// *idempotent.BatchKeyError's index in msgs, or a record the handler
+// named, by an *adapter.ItemError's index in sel, the handler's records.
+// The batch then runs again without it.
+func (c *Consumer) dropped(err error, msgs []idempotent.Message, good, sel []*kgo.Record, drop func(int, error)) bool {
+	var bke *idempotent.BatchKeyError
+	if errors.As(err, &bke) && c.rule.Settle(msgs[bke.Index], bke.Err, 1).Action == adapter.DeadLetter {
+		drop(bke.Index, bke.Err)
+		return true
+	}
+	var ie *adapter.ItemError
+	if errors.As(err, &ie) && ie.Index >= 0 && ie.Index < len(sel) {
+		if i := slices.Index(good, sel[ie.Index]); i >= 0 && c.rule.Settle(msgs[i], err, 1).Action == adapter.DeadLetter {
+			drop(i, err)
+			return true
+		}
+	}
+	return false
+}
+
+// ordered reports whether one of msgs carries an ordering key: the batch
+// then runs on the Middleware's ordered step (orderedBatch).
+func ordered(msgs []idempotent.Message) bool {
+	for _, m := range msgs {
+		if m.OrderKey != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func eventTimes(msgs []idempotent.Message) []time.Time {

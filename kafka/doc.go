@@ -360,6 +360,30 @@
 // Records of one partition are applied one after another, in offset order;
 // partitions are applied concurrently by up to [WithWorkers] goroutines.
 //
+// # Ordered per key
+//
+// With a Middleware created idempotent.WithOrdering, a record that carries
+// an ordering key and a sequence (the headers adapter.OrderKeyHeader and
+// adapter.OrderSeqHeader; the ordering key is never taken from the record
+// key) applies in its entity's sequence order, checked in the database
+// (docs/ordering.md), per record and in batches. Such a record is claimed
+// by the Middleware's ordered step, in a transaction that advances the
+// partition's offset first: one that is next applies, and releases its
+// parked successors, with its offset; one that arrives early (sequence 3
+// produced before 2, or an entity's records spread over partitions because
+// the record key is not the entity) is parked with its value and headers
+// and acknowledged — its offset advances with the park, and the partition
+// reads on; a duplicate (a redelivery after a rebalance, a dead-letter
+// replay of an old sequence) applies nothing and its offset advances in a
+// transaction of its own. [ParkedRecord] rebuilds a parked record for the
+// Ordering's Release. Key records by their entity and an entity's records
+// share a partition and arrive in order: none parks. Ordered records run
+// outside coalesced groups (WithCoalescing), each in its own transaction,
+// and with WithSeen they consult the duplicate pre-check, as
+// ProcessMessage does (a record it knows is not claimed; its offset
+// advances as a duplicate's). Records without the headers are claimed as
+// before.
+//
 // # Shutdown and failures
 //
 // [Consumer.Run] returns nil after a graceful shutdown (its context ended:

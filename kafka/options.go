@@ -56,6 +56,15 @@ var transport = adapter.Transport[*kgo.Record]{
 		return strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
 	},
 	Payload: func(r *kgo.Record) []byte { return r.Value },
+	// An ordered record parked to wait for its predecessor keeps every
+	// header (ParkedRecord rebuilds it).
+	Headers: func(r *kgo.Record) map[string]string {
+		h := make(map[string]string, len(r.Headers))
+		for _, rh := range r.Headers {
+			h[rh.Key] = string(rh.Value)
+		}
+		return h
+	},
 }
 
 type config struct {

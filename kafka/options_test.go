@@ -63,7 +63,6 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 		{"reset position", mw, h, []kafka.Option{kafka.WithResetPosition(kafka.ResetPosition(7))}, "WithResetPosition", nil},
 		{"partitioned without an event time", parted, h, []kafka.Option{kafka.WithoutEventTime()}, "WithoutEventTime", adapter.ErrNoProducerEventTime},
 		{"partitioned with the record timestamp", parted, h, []kafka.Option{kafka.WithTransportEventTime()}, "record timestamp", adapter.ErrNoProducerEventTime},
-		{"ordering", ordered, h, nil, "WithOrdering", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,6 +83,12 @@ func TestNewConsumerRefusesBadInput(t *testing.T) {
 	}
 	if _, err := kafka.NewConsumer(parted, h, kafka.WithEventTime(kafka.TimeHeader("at"))); err != nil {
 		t.Errorf("partitioned with a producer's header: %v", err)
+	}
+	if _, err := kafka.NewConsumer(ordered, h); err != nil {
+		t.Errorf("a Middleware created WithOrdering: %v", err)
+	}
+	if _, err := kafka.NewBatchConsumer(ordered, bh); err != nil {
+		t.Errorf("a Middleware created WithOrdering, in batches: %v", err)
 	}
 }
 

@@ -24,7 +24,7 @@ func TestBrokertest(t *testing.T) {
 type redisHarness struct{ addr string }
 
 func (redisHarness) Features() brokertest.Features {
-	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, RequeueDelay: true, RefusesOrdering: true}
+	return brokertest.Features{Batch: true, LoseAck: true, Kill: true, Restart: true, RequeueDelay: true, RoutesByOrderKey: true}
 }
 
 // harnessGroup is the consumer group every scenario's consumers join.

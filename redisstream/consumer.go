@@ -154,28 +154,58 @@ func (c *Consumer) Run(ctx context.Context, client redis.UniversalClient, stream
 	wg.Go(func() { r.read(reading, hctx) })
 	wg.Go(func() { r.reclaim(reading, hctx) })
 	wg.Go(func() { r.schedule(reading, hctx) })
-	for range c.cfg.Workers() {
-		wg.Go(func() {
-			for {
-				select {
-				case <-reading.Done():
-					return
-				case ds := <-r.work:
-					if c.batch != nil {
-						r.handleBatch(hctx, ds)
-					} else {
-						r.handleOne(hctx, ds[0])
+	if c.batch == nil && c.cfg.Routed() {
+		r.routed(reading, hctx, &wg)
+	} else {
+		for range c.cfg.Workers() {
+			wg.Go(func() {
+				for {
+					select {
+					case <-reading.Done():
+						return
+					case ds := <-r.work:
+						if c.batch != nil {
+							r.handleBatch(hctx, ds)
+						} else {
+							r.handleOne(hctx, ds[0])
+						}
 					}
 				}
-			}
-		})
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	kcancel()
 	kwg.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.fatal
+}
+
+// routed runs the per-message workers of a Consumer whose Middleware
+// keeps order (adapter.Config.Routed): the readers' deliveries go to the
+// worker of their ordering key, so that one entity's entries are handled
+// one after another, in the order they were read, and need not park,
+// while other entities' run on the other workers. It returns once the
+// readers (wg) are done and the workers have handled, or released, what
+// was handed to them.
+func (r *run) routed(reading, hctx context.Context, wg *sync.WaitGroup) {
+	key := func(ds []*Delivery) string { return r.c.cfg.RouteKey(ds[0]) }
+	var workers sync.WaitGroup
+	for _, work := range adapter.Route(r.work, r.c.cfg.Workers(), 1, key) {
+		workers.Go(func() {
+			for ds := range work {
+				if reading.Err() != nil {
+					r.release(hctx, ds)
+					continue
+				}
+				r.handleOne(hctx, ds[0])
+			}
+		})
+	}
+	wg.Wait()
+	close(r.work)
+	workers.Wait()
 }
 
 // code returns the error code of a Redis error reply, its first word

@@ -2,11 +2,14 @@ package redisstream
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/txclaim/idempotent"
 )
 
 // Field names the Consumer and the Sender use by default.
@@ -71,6 +74,22 @@ func (d *Delivery) Time() time.Time {
 
 // String returns "<stream>/<id>".
 func (d *Delivery) String() string { return d.Stream + "/" + d.ID }
+
+// ParkedDelivery rebuilds the Delivery of an entry that was parked
+// because it arrived before its predecessor (idempotent.WithOrdering, see
+// docs/ordering.md), for an idempotent.Ordering.Release that runs the
+// Consumer's handler: its Values are every field the entry had (the
+// payload in PayloadField). The delivery's Stream and ID are not kept
+// (they are empty, and Time is zero: the parked message's EventTime is
+// the event time it was read with), and its Count is 1.
+func ParkedDelivery(p idempotent.ParkedMessage) *Delivery {
+	vals := make(map[string]string, len(p.Headers)+1)
+	maps.Copy(vals, p.Headers)
+	if len(p.Payload) > 0 {
+		vals[PayloadField] = string(p.Payload)
+	}
+	return &Delivery{Values: vals, Count: 1}
+}
 
 // newDelivery converts an entry read from stream, delivered count times.
 func newDelivery(stream string, m redis.XMessage, count int64) *Delivery {

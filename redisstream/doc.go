@@ -142,6 +142,24 @@
 // adapter.PoisonItem is dead-lettered alone and the rest run again
 // without it.
 //
+// # Ordered per key
+//
+// With a Middleware created idempotent.WithOrdering, an entry that carries
+// an ordering key and a sequence (the fields adapter.OrderKeyHeader and
+// adapter.OrderSeqHeader, which the Sender writes for a call enqueued with
+// outbox.WithOrder) applies in its entity's sequence order, checked in the
+// database (docs/ordering.md), per message and in batches. A per-message
+// Consumer of several workers hands each entry to the worker given by a
+// hash of its ordering key (adapter.Config.Route), so that one entity's
+// entries run one after another in the order they were read and need not
+// park, while other entities run on the other workers. An entry that
+// arrives before its predecessor (a re-claimed or requeued one, another
+// consumer's) is parked in the database with every field, its payload as
+// the parked payload, and acknowledged (XACK after the commit); when its
+// predecessor applies it applies in the same transaction through the
+// Ordering's Release, which rebuilds the entry with [ParkedDelivery]. A
+// batch Consumer's batches are ordered by Middleware.ProcessMessages.
+//
 // # Sending
 //
 // [NewSender] returns an outbox.Sender that adds each outbox call to a

@@ -70,6 +70,19 @@ var transport = adapter.Transport[*Delivery]{
 	System:      "redis",
 	Destination: func(d *Delivery) string { return d.Stream },
 	MessageID:   func(d *Delivery) string { return d.ID },
+	// An ordered entry that has to wait for its predecessor is parked
+	// with every field: its PayloadField as the payload, the others as
+	// headers (ParkedDelivery rebuilds it).
+	Payload: (*Delivery).Payload,
+	Headers: func(d *Delivery) map[string]string {
+		h := make(map[string]string, len(d.Values))
+		for k, v := range d.Values {
+			if k != PayloadField {
+				h[k] = v
+			}
+		}
+		return h
+	},
 }
 
 func field(d *Delivery, name string) (string, bool) { return d.Field(name) }
