@@ -350,9 +350,6 @@ func (m *Middleware) orderBatch(ctx context.Context, tx *sql.Tx, msgs []Message,
 			seq := msgs[i].OrderSeq
 			switch {
 			case seq == next:
-				if err := o.dropStale(ctx, tx, m.consumer, k, seq, maxes[j]); err != nil {
-					return nil, nil, err
-				}
 				mine = append(mine, i)
 				next++
 			case seq < next:

@@ -124,13 +124,18 @@ func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc, scope S
 	if err := refuseNested(ctx); err != nil {
 		return 0, 0, err
 	}
-	w, left := c.g.Process(ctx, msg.Key, msg.EventTime, fn)
+	var item any
+	if msg.OrderKey != "" {
+		item = msg // the group parks it, or decides its sequence
+	}
+	w, left := c.g.ProcessOrdered(ctx, msg.Key, msg.OrderKey, msg.EventTime, item, fn)
 	switch {
 	case left != nil:
 		return 0, 0, c.keyError(msg.Key, left)
 	case w.Alone:
 		return c.m.claimAndRun(ctx, &c.m.run, msg, fn, scope)
-	case w.Err == nil:
+	case w.Err == nil && w.Outcome != Parked:
+		// A parked message may still be dead-lettered with its claim.
 		c.m.recordSeen(ctx, scope, msg.Key)
 	}
 	return w.Outcome, w.Attempts, w.Err
@@ -150,6 +155,7 @@ func (c *coalescer) runGroup(members []*member) {
 	m := c.m
 	r := c.runner()
 	gctx := context.Background() // the group's own statements: no caller's context ends them
+	var released []ParkedMessage // by the transaction that committed
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
 	if r.onRetry != nil {
 		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
@@ -162,11 +168,16 @@ func (c *coalescer) runGroup(members []*member) {
 		},
 		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
 			passed := false
+			var rel []ParkedMessage
 			class, err := r.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-				err := c.pass(ctx, tx, st, live, p)
+				rel = nil
+				err := c.pass(ctx, tx, st, live, p, &rel)
 				passed = err == nil
 				return err
 			})
+			if err == nil {
+				released = rel
+			}
 			if err != nil && passed && !class.Retryable() {
 				// Its COMMIT failed for good, and no member can be blamed
 				// (a deferred constraint, say): each goes alone, and gets
@@ -184,6 +195,7 @@ func (c *coalescer) runGroup(members []*member) {
 		Start: groupStart(m.observer, m.consumer),
 	}
 	d.Run(members, m.ret.part != nil)
+	m.observeReleased(gctx, released)
 }
 
 // pass is the body of one transaction of a group: each member of live, in
@@ -191,22 +203,25 @@ func (c *coalescer) runGroup(members []*member) {
 // or passSavepoints), the companion if any, then every member with work in
 // the transaction marked committing. A member that fails on its own is
 // recorded with p.Fail; the pass either goes on without it (savepoints) or
-// returns errRegroup.
-func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+// returns errRegroup. An ordered member (see ordered) is decided under its
+// entity's lock after its claim: parked, a duplicate, or next, when its
+// handler runs and then the parked successors it made next are released
+// into released.
+func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	p.Outcomes = make([]Outcome, len(live))
 	for i := range p.Outcomes {
 		p.Outcomes[i] = Duplicate
 	}
 	var err error
 	if c.fence != nil {
-		err = c.passFenced(ctx, tx, st, live, p)
+		err = c.passFenced(ctx, tx, st, live, p, released)
 	} else {
-		err = c.passSavepoints(ctx, tx, st, live, p)
+		err = c.passSavepoints(ctx, tx, st, live, p, released)
 	}
 	if err != nil {
 		return err
 	}
-	st.skipCommit = !slices.Contains(p.Outcomes, Applied)
+	st.skipCommit = !slices.Contains(p.Outcomes, Applied) && !slices.Contains(p.Outcomes, Parked)
 	if c.companion != nil {
 		// The companion's writes commit even when no claim was new.
 		st.skipCommit = false
@@ -240,7 +255,7 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 // the last one, is fenced by the token, so a handler that broke the
 // transaction fails there, alone (broke). The first member that fails on
 // its own ends the pass (errRegroup).
-func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	m := c.m
 	f := &txFence{claimSQL: c.claimSQL, hclaimSQL: c.hclaimSQL}
 	var fenced *txFence // f once the transaction is marked
@@ -286,6 +301,17 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 				return err
 			}
 		}
+		msg, ordered := orderedMember(mb)
+		var parkedMax int64
+		if ordered {
+			p.Outcomes[i], parkedMax, err = c.m.orderBefore(ctx, tx, st, msg, nil)
+			if err != nil {
+				return c.orderFailed(mb, p, err)
+			}
+			if p.Outcomes[i] != Applied {
+				continue // parked, or a duplicate: no handler
+			}
+		}
 		own, err := c.handle(ctx, tx, st, mb)
 		if err != nil {
 			return err
@@ -297,6 +323,18 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 			}
 			p.Fail(mb, *own)
 			return errRegroup
+		}
+		if ordered && parkedMax > msg.OrderSeq {
+			// Successors may be parked: prove the handler left the
+			// transaction the group's before releasing them in it.
+			if err := c.check(ctx, tx, mb, f, p); err != nil {
+				return err
+			}
+			rel, err := c.m.release(ctx, tx, st, msg.OrderKey, msg.OrderSeq, parkedMax, true)
+			if err != nil {
+				return c.orderFailed(mb, p, err)
+			}
+			*released = append(*released, rel...)
 		}
 		last = i
 	}
@@ -400,7 +438,7 @@ func (c *coalescer) claimFailed(mb *member, p *pass, err error) error {
 // member is rolled back to its savepoint if the transaction is still there
 // (a handler that swallowed an error that aborted it), or else fails alone
 // while the others run again (broke).
-func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	m := c.m
 	if err := c.boundLockWaits(ctx, tx); err != nil {
 		return err
@@ -424,6 +462,9 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 			p.Fail(mb, final{Alone: true})
 			continue
 		}
+		msg, ordered := orderedMember(mb)
+		var parkedMax int64
+		var rel []ParkedMessage // released by mb, once its savepoint is
 		if claimed {
 			p.Outcomes[i] = Applied
 			if m.lockSQL != "" {
@@ -433,6 +474,18 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 					return err
 				}
 			}
+			if ordered {
+				p.Outcomes[i], parkedMax, err = m.orderBefore(ctx, tx, st, msg, nil)
+				if err != nil {
+					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
+						return err
+					}
+					p.Outcomes[i] = 0
+					continue
+				}
+			}
+		}
+		if claimed && p.Outcomes[i] == Applied {
 			own, err := c.handle(ctx, tx, st, mb)
 			if err != nil {
 				return err
@@ -450,6 +503,15 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				p.Fail(mb, *own)
 				continue
 			}
+			if ordered && parkedMax > msg.OrderSeq {
+				if rel, err = m.release(ctx, tx, st, msg.OrderKey, msg.OrderSeq, parkedMax, true); err != nil {
+					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
+						return err
+					}
+					p.Outcomes[i] = 0
+					continue
+				}
+			}
 		}
 		if _, err := tx.ExecContext(ctx, dialect.MessageReleaseSQL); err != nil {
 			if m.run.lost(err) || p.Outcomes[i] != Applied {
@@ -463,6 +525,40 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 			}
 			return c.broke(mb, p, err)
 		}
+		*released = append(*released, rel...)
+	}
+	return nil
+}
+
+// orderedMember returns the message of a member with an ordering key.
+func orderedMember(mb *member) (Message, bool) {
+	msg, ok := mb.Item.(Message)
+	return msg, ok && msg.OrderKey != ""
+}
+
+// orderFailed handles the failure of mb's ordered step (its sequence row,
+// the parking table, a parked successor's Release) in the optimistic
+// design: a failure of the transaction itself is the group's, retried;
+// any other is mb's own (ErrSkippedSequence, a Release's error), and the
+// group runs again without it.
+func (c *coalescer) orderFailed(mb *member, p *pass, err error) error {
+	if c.m.d.Classify(err).Retryable() {
+		return err
+	}
+	p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
+	return errRegroup
+}
+
+// orderFailedSavepoint is orderFailed with savepoints: mb is rolled back
+// to its savepoint and fails alone while the group goes on (nil), or the
+// whole pass goes.
+func (c *coalescer) orderFailedSavepoint(ctx context.Context, tx *sql.Tx, mb *member, p *pass, err error) error {
+	if c.m.d.Classify(err).Retryable() {
+		return err
+	}
+	p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
+	if rerr := c.rollbackTo(ctx, tx); rerr != nil {
+		return errRegroup // the savepoint is gone: the whole pass goes
 	}
 	return nil
 }
