@@ -428,7 +428,7 @@ func (m *Middleware) releaseBatch(ctx context.Context, tx *sql.Tx, st *attemptSt
 		return nil
 	}
 	for _, c := range bo.chains {
-		released, err := m.release(ctx, tx, st, c.key, c.last, c.parkedMax, true)
+		released, err := m.release(ctx, tx, st, m.ord, c.key, c.last, c.parkedMax, true)
 		if err != nil {
 			return err
 		}

@@ -73,6 +73,11 @@ type coalescer struct {
 	// delivery path's (see pathCoalescer), without the strict guard's check
 	// after a failed body, which a group makes member by member.
 	run runner
+	// ord is the Middleware's ordering as a group runs it, nil without
+	// WithOrdering: where the dialect has no OrderAdvanceSQL (MySQL), its
+	// reads of the parking table lock (dialect.Orderer's ParkedLockSQL),
+	// since the group's snapshot may predate the entity's lock.
+	ord *orderer
 	// A delivery path's coalescer (see pathCoalescer) sets companion: it
 	// runs in every transaction of a group, after its handlers, with the
 	// items of the members that did not fail; a group whose claims were all
@@ -106,6 +111,14 @@ func newCoalescer(m *Middleware, c Coalescing, r runner) (*coalescer, error) {
 		co.claimSQL = f.TxFencedClaimSQL(m.table, m.ret.part != nil, false)
 		if m.hclaimSQL != "" {
 			co.hclaimSQL = f.TxFencedClaimSQL(m.table, m.ret.part != nil, true)
+		}
+	}
+	if o := m.ord; o != nil {
+		co.ord = o
+		if o.advanceSQL == "" {
+			gord := *o
+			gord.parkedSQL = o.d.ParkedLockSQL(m.table)
+			co.ord = &gord
 		}
 	}
 	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.runGroup}
@@ -304,7 +317,7 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 		msg, ordered := orderedMember(mb)
 		var parkedMax int64
 		if ordered {
-			p.Outcomes[i], parkedMax, err = c.m.orderBefore(ctx, tx, st, msg, nil)
+			p.Outcomes[i], parkedMax, err = c.m.orderBefore(ctx, tx, st, c.ord, msg, nil)
 			if err != nil {
 				return c.orderFailed(mb, p, err)
 			}
@@ -330,7 +343,7 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 			if err := c.check(ctx, tx, mb, f, p); err != nil {
 				return err
 			}
-			rel, err := c.m.release(ctx, tx, st, msg.OrderKey, msg.OrderSeq, parkedMax, true)
+			rel, err := c.m.release(ctx, tx, st, c.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true)
 			if err != nil {
 				return c.orderFailed(mb, p, err)
 			}
@@ -475,7 +488,7 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				}
 			}
 			if ordered {
-				p.Outcomes[i], parkedMax, err = m.orderBefore(ctx, tx, st, msg, nil)
+				p.Outcomes[i], parkedMax, err = m.orderBefore(ctx, tx, st, c.ord, msg, nil)
 				if err != nil {
 					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
 						return err
@@ -504,7 +517,7 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				continue
 			}
 			if ordered && parkedMax > msg.OrderSeq {
-				if rel, err = m.release(ctx, tx, st, msg.OrderKey, msg.OrderSeq, parkedMax, true); err != nil {
+				if rel, err = m.release(ctx, tx, st, c.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true); err != nil {
 					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
 						return err
 					}

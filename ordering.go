@@ -333,7 +333,7 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 // reports the outcome and the parked messages it released. a is the
 // advance that ran with the claim (claimAdvance), or nil.
 func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc, a *advanced) (Outcome, []ParkedMessage, error) {
-	outcome, parkedMax, err := m.orderBefore(ctx, tx, st, msg, a)
+	outcome, parkedMax, err := m.orderBefore(ctx, tx, st, m.ord, msg, a)
 	if err != nil || outcome != Applied {
 		return outcome, nil, err
 	}
@@ -342,7 +342,7 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 		return 0, nil, err
 	}
 	st.inHandler = false
-	released, err := m.release(ctx, tx, st, msg.OrderKey, msg.OrderSeq, parkedMax, true)
+	released, err := m.release(ctx, tx, st, m.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true)
 	return Applied, released, err
 }
 
@@ -350,9 +350,9 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 // entity's lock it decides msg's sequence. Duplicate (the transaction has
 // nothing to commit: st.skipCommit) and Parked end msg's delivery; Applied
 // says that msg is next and its sequence already moved: the caller runs
-// the handler, then release from msg's sequence up to parkedMax.
-func (m *Middleware) orderBefore(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, a *advanced) (outcome Outcome, parkedMax int64, err error) {
-	o := m.ord
+// the handler, then release from msg's sequence up to parkedMax. o is
+// m.ord, or a coalesced group's (see coalescer.ord).
+func (m *Middleware) orderBefore(ctx context.Context, tx *sql.Tx, st *attemptState, o *orderer, msg Message, a *advanced) (outcome Outcome, parkedMax int64, err error) {
 	seq := msg.OrderSeq
 	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq, a)
 	if err != nil {
@@ -470,9 +470,8 @@ func (o *orderer) bump(ctx context.Context, tx *sql.Tx, consumer, key string, se
 // no message above it can be parked, so release does not look past it.
 // Each parked message leaves the parking table and becomes the last
 // applied before its Release runs, for the reason ordered bumps before its
-// handler.
-func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
-	o := m.ord
+// handler. o is m.ord, or a coalesced group's (see coalescer.ord).
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, o *orderer, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
 	if !bumped {
 		if err := o.bump(ctx, tx, m.consumer, key, last); err != nil {
 			return nil, err
@@ -541,7 +540,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, orderKey, seq, parkedMax, false)
+		released, err = m.release(ctx, tx, st, o, orderKey, seq, parkedMax, false)
 		return err
 	})
 	if err != nil {
@@ -762,7 +761,7 @@ func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 		if _, err := m.ord.dropStale(ctx, tx, m.consumer, key, last); err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, key, last, parkedMax, true)
+		released, err = m.release(ctx, tx, st, m.ord, key, last, parkedMax, true)
 		return err
 	})
 	if err != nil {
