@@ -132,8 +132,9 @@ type ParkedMessage struct {
 // docs/ordering.md. EnsureSchema then also creates the sequence and
 // parking tables; New refuses it on a dialect that is not a
 // dialect.Orderer. ProcessMessages and the batch wrappers keep the order
-// within and across batches (see ProcessMessages); ordered messages are
-// never coalesced (WithCoalescing), and ClaimMessage refuses them with
+// within and across batches (see ProcessMessages); under WithCoalescing
+// ordered messages join groups, at most one per ordering key in a group
+// (a second waits for the next group), and ClaimMessage refuses them with
 // ErrInvalidOrder. Default is off.
 func WithOrdering(o Ordering) Option {
 	return optionFunc(func(c *config) error {
