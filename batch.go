@@ -350,9 +350,6 @@ func (m *Middleware) orderBatch(ctx context.Context, tx *sql.Tx, msgs []Message,
 			seq := msgs[i].OrderSeq
 			switch {
 			case seq == next:
-				if err := o.dropStale(ctx, tx, m.consumer, k, seq, maxes[j]); err != nil {
-					return nil, nil, err
-				}
 				mine = append(mine, i)
 				next++
 			case seq < next:
@@ -431,7 +428,7 @@ func (m *Middleware) releaseBatch(ctx context.Context, tx *sql.Tx, st *attemptSt
 		return nil
 	}
 	for _, c := range bo.chains {
-		released, err := m.release(ctx, tx, st, c.key, c.last, c.parkedMax, true)
+		released, err := m.release(ctx, tx, st, m.ord, c.key, c.last, c.parkedMax, true)
 		if err != nil {
 			return err
 		}

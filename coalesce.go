@@ -73,6 +73,11 @@ type coalescer struct {
 	// delivery path's (see pathCoalescer), without the strict guard's check
 	// after a failed body, which a group makes member by member.
 	run runner
+	// ord is the Middleware's ordering as a group runs it, nil without
+	// WithOrdering: where the dialect has no OrderAdvanceSQL (MySQL), its
+	// reads of the parking table lock (dialect.Orderer's ParkedLockSQL),
+	// since the group's snapshot may predate the entity's lock.
+	ord *orderer
 	// A delivery path's coalescer (see pathCoalescer) sets companion: it
 	// runs in every transaction of a group, after its handlers, with the
 	// items of the members that did not fail; a group whose claims were all
@@ -108,6 +113,14 @@ func newCoalescer(m *Middleware, c Coalescing, r runner) (*coalescer, error) {
 			co.hclaimSQL = f.TxFencedClaimSQL(m.table, m.ret.part != nil, true)
 		}
 	}
+	if o := m.ord; o != nil {
+		co.ord = o
+		if o.advanceSQL == "" {
+			gord := *o
+			gord.parkedSQL = o.d.ParkedLockSQL(m.table)
+			co.ord = &gord
+		}
+	}
 	co.g = coalesce.Coalescer[*sql.Tx, Outcome]{Max: c.Max, Wait: c.Wait, Run: co.runGroup}
 	return co, nil
 }
@@ -124,13 +137,18 @@ func (c *coalescer) process(ctx context.Context, msg Message, fn TxFunc, scope S
 	if err := refuseNested(ctx); err != nil {
 		return 0, 0, err
 	}
-	w, left := c.g.Process(ctx, msg.Key, msg.EventTime, fn)
+	var item any
+	if msg.OrderKey != "" {
+		item = msg // the group parks it, or decides its sequence
+	}
+	w, left := c.g.ProcessOrdered(ctx, msg.Key, msg.OrderKey, msg.EventTime, item, fn)
 	switch {
 	case left != nil:
 		return 0, 0, c.keyError(msg.Key, left)
 	case w.Alone:
 		return c.m.claimAndRun(ctx, &c.m.run, msg, fn, scope)
-	case w.Err == nil:
+	case w.Err == nil && w.Outcome != Parked:
+		// A parked message may still be dead-lettered with its claim.
 		c.m.recordSeen(ctx, scope, msg.Key)
 	}
 	return w.Outcome, w.Attempts, w.Err
@@ -150,6 +168,7 @@ func (c *coalescer) runGroup(members []*member) {
 	m := c.m
 	r := c.runner()
 	gctx := context.Background() // the group's own statements: no caller's context ends them
+	var released []ParkedMessage // by the transaction that committed
 	var retried func(attempt int, class dialect.Class, err error, backoff time.Duration)
 	if r.onRetry != nil {
 		retried = func(attempt int, class dialect.Class, err error, backoff time.Duration) {
@@ -162,11 +181,16 @@ func (c *coalescer) runGroup(members []*member) {
 		},
 		Once: func(ctx context.Context, live []*member, p *pass) (dialect.Class, error) {
 			passed := false
+			var rel []ParkedMessage
 			class, err := r.once(ctx, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
-				err := c.pass(ctx, tx, st, live, p)
+				rel = nil
+				err := c.pass(ctx, tx, st, live, p, &rel)
 				passed = err == nil
 				return err
 			})
+			if err == nil {
+				released = rel
+			}
 			if err != nil && passed && !class.Retryable() {
 				// Its COMMIT failed for good, and no member can be blamed
 				// (a deferred constraint, say): each goes alone, and gets
@@ -184,6 +208,7 @@ func (c *coalescer) runGroup(members []*member) {
 		Start: groupStart(m.observer, m.consumer),
 	}
 	d.Run(members, m.ret.part != nil)
+	m.observeReleased(gctx, released)
 }
 
 // pass is the body of one transaction of a group: each member of live, in
@@ -191,22 +216,25 @@ func (c *coalescer) runGroup(members []*member) {
 // or passSavepoints), the companion if any, then every member with work in
 // the transaction marked committing. A member that fails on its own is
 // recorded with p.Fail; the pass either goes on without it (savepoints) or
-// returns errRegroup.
-func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+// returns errRegroup. An ordered member (see ordered) is decided under its
+// entity's lock after its claim: parked, a duplicate, or next, when its
+// handler runs and then the parked successors it made next are released
+// into released.
+func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	p.Outcomes = make([]Outcome, len(live))
 	for i := range p.Outcomes {
 		p.Outcomes[i] = Duplicate
 	}
 	var err error
 	if c.fence != nil {
-		err = c.passFenced(ctx, tx, st, live, p)
+		err = c.passFenced(ctx, tx, st, live, p, released)
 	} else {
-		err = c.passSavepoints(ctx, tx, st, live, p)
+		err = c.passSavepoints(ctx, tx, st, live, p, released)
 	}
 	if err != nil {
 		return err
 	}
-	st.skipCommit = !slices.Contains(p.Outcomes, Applied)
+	st.skipCommit = !slices.Contains(p.Outcomes, Applied) && !slices.Contains(p.Outcomes, Parked)
 	if c.companion != nil {
 		// The companion's writes commit even when no claim was new.
 		st.skipCommit = false
@@ -240,7 +268,7 @@ func (c *coalescer) pass(ctx context.Context, tx *sql.Tx, st *attemptState, live
 // the last one, is fenced by the token, so a handler that broke the
 // transaction fails there, alone (broke). The first member that fails on
 // its own ends the pass (errRegroup).
-func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	m := c.m
 	f := &txFence{claimSQL: c.claimSQL, hclaimSQL: c.hclaimSQL}
 	var fenced *txFence // f once the transaction is marked
@@ -286,6 +314,17 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 				return err
 			}
 		}
+		msg, ordered := orderedMember(mb)
+		var parkedMax int64
+		if ordered {
+			p.Outcomes[i], parkedMax, err = c.m.orderBefore(ctx, tx, st, c.ord, msg, nil)
+			if err != nil {
+				return c.orderFailed(mb, p, err)
+			}
+			if p.Outcomes[i] != Applied {
+				continue // parked, or a duplicate: no handler
+			}
+		}
 		own, err := c.handle(ctx, tx, st, mb)
 		if err != nil {
 			return err
@@ -297,6 +336,18 @@ func (c *coalescer) passFenced(ctx context.Context, tx *sql.Tx, st *attemptState
 			}
 			p.Fail(mb, *own)
 			return errRegroup
+		}
+		if ordered && parkedMax > msg.OrderSeq {
+			// Successors may be parked: prove the handler left the
+			// transaction the group's before releasing them in it.
+			if err := c.check(ctx, tx, mb, f, p); err != nil {
+				return err
+			}
+			rel, err := c.m.release(ctx, tx, st, c.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true)
+			if err != nil {
+				return c.orderFailed(mb, p, err)
+			}
+			*released = append(*released, rel...)
 		}
 		last = i
 	}
@@ -407,7 +458,7 @@ func (c *coalescer) claimFailed(mb *member, p *pass, err error) error {
 // joined statement stops at its first failure, so a failure is the
 // RELEASE's, judged as a RELEASE of its own would be; the next member's
 // SAVEPOINT is then sent alone.
-func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass) error {
+func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptState, live []*member, p *pass, released *[]ParkedMessage) error {
 	m := c.m
 	joiner, _ := m.d.(dialect.StatementJoiner)
 	savepoint := dialect.MessageSavepointSQL
@@ -419,18 +470,23 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 			return err
 		}
 	}
-	unreleased := -1 // the member whose RELEASE rides with the next SAVEPOINT
+	unreleased := -1                  // the member whose RELEASE rides with the next SAVEPOINT
+	var unreleasedRel []ParkedMessage // what that member released
 	for i, mb := range live {
 		if unreleased >= 0 {
 			k := unreleased
 			unreleased = -1
 			if _, err := tx.ExecContext(ctx, joiner.JoinSQL(dialect.MessageReleaseSQL, dialect.MessageSavepointSQL)); err != nil {
+				// Rolled back to its savepoint, or the pass goes: what it
+				// released is undone either way.
 				if err := c.releaseFailed(ctx, tx, live[k], k, p, err); err != nil {
 					return err
 				}
 			} else {
+				*released = append(*released, unreleasedRel...)
 				savepoint = ""
 			}
+			unreleasedRel = nil
 		}
 		if savepoint != "" {
 			if _, err := tx.ExecContext(ctx, savepoint); err != nil {
@@ -456,6 +512,9 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 			p.Fail(mb, final{Alone: true})
 			continue
 		}
+		msg, ordered := orderedMember(mb)
+		var parkedMax int64
+		var rel []ParkedMessage // released by mb, once its savepoint is
 		if claimed {
 			p.Outcomes[i] = Applied
 			if m.lockSQL != "" {
@@ -465,6 +524,18 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 					return err
 				}
 			}
+			if ordered {
+				p.Outcomes[i], parkedMax, err = m.orderBefore(ctx, tx, st, c.ord, msg, nil)
+				if err != nil {
+					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
+						return err
+					}
+					p.Outcomes[i] = 0
+					continue
+				}
+			}
+		}
+		if claimed && p.Outcomes[i] == Applied {
 			own, err := c.handle(ctx, tx, st, mb)
 			if err != nil {
 				return err
@@ -482,16 +553,60 @@ func (c *coalescer) passSavepoints(ctx context.Context, tx *sql.Tx, st *attemptS
 				p.Fail(mb, *own)
 				continue
 			}
+			if ordered && parkedMax > msg.OrderSeq {
+				if rel, err = m.release(ctx, tx, st, c.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true); err != nil {
+					if err := c.orderFailedSavepoint(ctx, tx, mb, p, err); err != nil {
+						return err
+					}
+					p.Outcomes[i] = 0
+					continue
+				}
+			}
 		}
 		if joiner != nil && i < len(live)-1 {
-			unreleased = i
+			unreleased, unreleasedRel = i, rel
 			continue
 		}
 		if _, err := tx.ExecContext(ctx, dialect.MessageReleaseSQL); err != nil {
 			if err := c.releaseFailed(ctx, tx, mb, i, p, err); err != nil {
 				return err
 			}
+			continue // rolled back to its savepoint: nothing it released stands
 		}
+		*released = append(*released, rel...)
+	}
+	return nil
+}
+
+// orderedMember returns the message of a member with an ordering key.
+func orderedMember(mb *member) (Message, bool) {
+	msg, ok := mb.Item.(Message)
+	return msg, ok && msg.OrderKey != ""
+}
+
+// orderFailed handles the failure of mb's ordered step (its sequence row,
+// the parking table, a parked successor's Release) in the optimistic
+// design: a failure of the transaction itself is the group's, retried;
+// any other is mb's own (ErrSkippedSequence, a Release's error), and the
+// group runs again without it.
+func (c *coalescer) orderFailed(mb *member, p *pass, err error) error {
+	if c.m.d.Classify(err).Retryable() {
+		return err
+	}
+	p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
+	return errRegroup
+}
+
+// orderFailedSavepoint is orderFailed with savepoints: mb is rolled back
+// to its savepoint and fails alone while the group goes on (nil), or the
+// whole pass goes.
+func (c *coalescer) orderFailedSavepoint(ctx context.Context, tx *sql.Tx, mb *member, p *pass, err error) error {
+	if c.m.d.Classify(err).Retryable() {
+		return err
+	}
+	p.Fail(mb, final{Err: c.keyError(mb.Key, err)})
+	if rerr := c.rollbackTo(ctx, tx); rerr != nil {
+		return errRegroup // the savepoint is gone: the whole pass goes
 	}
 	return nil
 }

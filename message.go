@@ -139,7 +139,7 @@ func (m *Middleware) process(ctx context.Context, r *runner, msg Message, fn TxF
 		return Duplicate, 0, nil
 	}
 	m.refreshLease(ctx, msg.EventTime)
-	if m.co != nil && r == &m.run && msg.OrderKey == "" {
+	if m.co != nil && r == &m.run {
 		return m.co.process(ctx, msg, fn, scope)
 	}
 	return m.claimAndRun(ctx, r, msg, fn, scope)

@@ -132,8 +132,9 @@ type ParkedMessage struct {
 // docs/ordering.md. EnsureSchema then also creates the sequence and
 // parking tables; New refuses it on a dialect that is not a
 // dialect.Orderer. ProcessMessages and the batch wrappers keep the order
-// within and across batches (see ProcessMessages); ordered messages are
-// never coalesced (WithCoalescing), and ClaimMessage refuses them with
+// within and across batches (see ProcessMessages); under WithCoalescing
+// ordered messages join groups, at most one per ordering key in a group
+// (a second waits for the next group), and ClaimMessage refuses them with
 // ErrInvalidOrder. Default is off.
 func WithOrdering(o Ordering) Option {
 	return optionFunc(func(c *config) error {
@@ -333,35 +334,54 @@ func (o *orderer) lookup(ctx context.Context, tx *sql.Tx, consumer, key string, 
 // reports the outcome and the parked messages it released. a is the
 // advance that ran with the claim (claimAdvance), or nil.
 func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, msg Message, fn TxFunc, a *advanced) (Outcome, []ParkedMessage, error) {
-	o := m.ord
+	outcome, parkedMax, err := m.orderBefore(ctx, tx, st, m.ord, msg, a)
+	if err != nil || outcome != Applied {
+		return outcome, nil, err
+	}
+	st.inHandler = true
+	if err := fn(ctx, tx); err != nil {
+		return 0, nil, err
+	}
+	st.inHandler = false
+	released, err := m.release(ctx, tx, st, m.ord, msg.OrderKey, msg.OrderSeq, parkedMax, true)
+	return Applied, released, err
+}
+
+// orderBefore is the step of ordered before the handler: under the
+// entity's lock it decides msg's sequence. Duplicate (the transaction has
+// nothing to commit: st.skipCommit) and Parked end msg's delivery; Applied
+// says that msg is next and its sequence already moved: the caller runs
+// the handler, then release from msg's sequence up to parkedMax. o is
+// m.ord, or a coalesced group's (see coalescer.ord).
+func (m *Middleware) orderBefore(ctx context.Context, tx *sql.Tx, st *attemptState, o *orderer, msg Message, a *advanced) (outcome Outcome, parkedMax int64, err error) {
 	seq := msg.OrderSeq
 	last, parkedMax, moved, err := o.advance(ctx, tx, m.consumer, msg.OrderKey, seq, a)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	switch {
 	case seq <= last:
 		state, _, err := o.lookup(ctx, tx, m.consumer, msg.OrderKey, seq)
 		if err != nil {
-			return 0, nil, err
+			return 0, 0, err
 		}
 		if state == "S" {
-			return 0, nil, fmt.Errorf("%w: ordering key %q, sequence %d was skipped by an operator and its successors applied without it (last applied %d); it is not applied",
+			return 0, 0, fmt.Errorf("%w: ordering key %q, sequence %d was skipped by an operator and its successors applied without it (last applied %d); it is not applied",
 				ErrSkippedSequence, msg.OrderKey, seq, last)
 		}
 		st.skipCommit = true
-		return Duplicate, nil, nil
+		return Duplicate, 0, nil
 	case seq > last+1:
 		parked, err := o.park(ctx, tx, m.consumer, msg, m.ret.clock())
 		if err != nil {
-			return 0, nil, err
+			return 0, 0, err
 		}
 		if !parked {
 			// Another message with the same sequence waits already.
 			st.skipCommit = true
-			return Duplicate, nil, nil
+			return Duplicate, 0, nil
 		}
-		return Parked, nil, nil
+		return Parked, 0, nil
 	}
 	// The sequence moves before the effect runs: a handler that commits
 	// the transaction itself (a mistake the guard reports) then commits
@@ -369,37 +389,10 @@ func (m *Middleware) ordered(ctx context.Context, tx *sql.Tx, st *attemptState, 
 	// with its effect, and no later release can apply it a second time.
 	if !moved {
 		if err := o.bump(ctx, tx, m.consumer, msg.OrderKey, seq); err != nil {
-			return 0, nil, err
+			return 0, 0, err
 		}
 	}
-	if err := o.dropStale(ctx, tx, m.consumer, msg.OrderKey, seq, parkedMax); err != nil {
-		return 0, nil, err
-	}
-	st.inHandler = true
-	if err := fn(ctx, tx); err != nil {
-		return 0, nil, err
-	}
-	st.inHandler = false
-	released, err := m.release(ctx, tx, st, msg.OrderKey, seq, parkedMax, true)
-	return Applied, released, err
-}
-
-// dropStale deletes, under the entity's lock, a parked message of seq, the
-// sequence another message is about to apply as next. Only an operator's
-// ClaimTable.SkipGap, which moves last_seq without releasing, leaves a
-// parked message next; when its sequence comes again under another message
-// key, that message applies it, and the parked copy (whose claim stays, so
-// that its redelivery is Duplicate) must not stay parked below last_seq,
-// where nothing would release it. Nothing can be parked at seq when
-// parkedMax is below it: the common path costs nothing.
-func (o *orderer) dropStale(ctx context.Context, tx *sql.Tx, consumer, key string, seq, parkedMax int64) error {
-	if seq > parkedMax {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, o.unparkSQL, consumer, key, seq); err != nil {
-		return fmt.Errorf("idempotent: ordering key %q, sequence %d: delete the parked copy of a sequence applied now: %w", key, seq, err)
-	}
-	return nil
+	return Applied, parkedMax, nil
 }
 
 // park stores msg in the parking table and raises the entity's parked_max,
@@ -478,9 +471,8 @@ func (o *orderer) bump(ctx context.Context, tx *sql.Tx, consumer, key string, se
 // no message above it can be parked, so release does not look past it.
 // Each parked message leaves the parking table and becomes the last
 // applied before its Release runs, for the reason ordered bumps before its
-// handler.
-func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
-	o := m.ord
+// handler. o is m.ord, or a coalesced group's (see coalescer.ord).
+func (m *Middleware) release(ctx context.Context, tx *sql.Tx, st *attemptState, o *orderer, key string, last, parkedMax int64, bumped bool) ([]ParkedMessage, error) {
 	if !bumped {
 		if err := o.bump(ctx, tx, m.consumer, key, last); err != nil {
 			return nil, err
@@ -549,7 +541,7 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, orderKey, seq, parkedMax, false)
+		released, err = m.release(ctx, tx, st, o, orderKey, seq, parkedMax, false)
 		return err
 	})
 	if err != nil {
@@ -574,7 +566,7 @@ func (o *orderer) skip(ctx context.Context, tx *sql.Tx, consumer, orderKey strin
 	case seq-last > MaxSkip:
 		return 0, 0, nil, fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", ErrInvalidOrder, orderKey, last+1, seq, MaxSkip)
 	}
-	parked, err = o.parkedRows(ctx, tx, consumer, orderKey)
+	parked, err = o.dropStale(ctx, tx, consumer, orderKey, last)
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -589,6 +581,31 @@ func (o *orderer) skip(ctx context.Context, tx *sql.Tx, consumer, orderKey strin
 		}
 	}
 	return last, parkedMax, parked, nil
+}
+
+// dropStale deletes, under the entity's lock, its stale parked copies —
+// parked messages at or below last, its last applied sequence — and
+// returns the others, in sequence order. Only an operator's
+// ClaimTable.SkipGap, which moves last_seq without releasing, leaves a
+// parked message next; when the producer re-sends its sequence under
+// another message key before CheckGaps releases it, that message applies
+// the sequence as any in-order message does, and the parked copy is left
+// below last_seq. It is deleted here, by CheckGaps, SkipGap or the gap
+// policy, never on a delivery's path; its claim stays, so that its
+// redelivery is Duplicate.
+func (o *orderer) dropStale(ctx context.Context, tx *sql.Tx, consumer, key string, last int64) ([]ParkedMessage, error) {
+	parked, err := o.parkedRows(ctx, tx, consumer, key)
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	for n < len(parked) && parked[n].OrderSeq <= last {
+		if _, err := tx.ExecContext(ctx, o.unparkSQL, consumer, key, parked[n].OrderSeq); err != nil {
+			return nil, fmt.Errorf("idempotent: ordering key %q, sequence %d: delete the stale parked copy of a sequence applied: %w", key, parked[n].OrderSeq, err)
+		}
+		n++
+	}
+	return parked[n:], nil
 }
 
 // parkedRows reads every parked message of key, in sequence order.
@@ -649,7 +666,11 @@ type GapObserver interface {
 
 // CheckGaps looks at every entity of the consumer with parked messages.
 // One whose next sequence is parked (an operator's skip from the CLI made
-// it next) is released at once, in a transaction of its own. One whose
+// it next) is released at once, in a transaction of its own; so is one
+// with a stale copy, a parked message at or below the last applied
+// sequence (after such a skip, the producer re-sent the parked sequence
+// under another message key, and that message applied it): the copy is
+// deleted, its claim kept, so that its redelivery is Duplicate. One whose
 // oldest parked message waited longer than Ordering.GapTimeout is a gap:
 // it is returned, told to the Observer if it is a GapObserver, and handled
 // by Ordering.Policy. Run it periodically (every GapTimeout/2, say) in one
@@ -665,7 +686,7 @@ func (m *Middleware) CheckGaps(ctx context.Context) ([]Gap, error) {
 	now := m.ret.clock()
 	var gaps []Gap
 	for _, g := range waiting {
-		if g.NextParked == g.LastSeq+1 {
+		if g.NextParked <= g.LastSeq+1 {
 			if err := m.releaseNext(ctx, g.OrderKey); err != nil {
 				return gaps, err
 			}
@@ -725,8 +746,9 @@ func (o *orderer) waiting(ctx context.Context, db *sql.DB, consumer string) ([]G
 	return out, nil
 }
 
-// releaseNext releases, under the entity's lock, the parked messages that
-// follow its last sequence without a gap.
+// releaseNext deletes, under the entity's lock, its stale parked copies
+// (see dropStale), then releases the parked messages that follow its last
+// sequence without a gap.
 func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 	var released []ParkedMessage
 	_, err := m.run.run(ctx, key, func(ctx context.Context, tx *sql.Tx, st *attemptState) error {
@@ -737,7 +759,10 @@ func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		released, err = m.release(ctx, tx, st, key, last, parkedMax, true)
+		if _, err := m.ord.dropStale(ctx, tx, m.consumer, key, last); err != nil {
+			return err
+		}
+		released, err = m.release(ctx, tx, st, m.ord, key, last, parkedMax, true)
 		return err
 	})
 	if err != nil {
@@ -757,10 +782,11 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 		if err := m.captureTxID(ctx, tx, st); err != nil {
 			return err
 		}
-		if _, _, err := o.lock(ctx, tx, m.consumer, key); err != nil {
+		last, _, err := o.lock(ctx, tx, m.consumer, key)
+		if err != nil {
 			return err
 		}
-		parked, err := o.parkedRows(ctx, tx, m.consumer, key)
+		parked, err := o.dropStale(ctx, tx, m.consumer, key, last)
 		if err != nil {
 			return err
 		}

@@ -96,7 +96,10 @@ func (t *ClaimTable) SkipGap(ctx context.Context, consumer, orderKey string, seq
 // with parked messages, with its last applied sequence, lowest parked
 // sequence, count and oldest park, whatever its age. A gap is one whose
 // NextParked is above LastSeq+1; one whose NextParked is LastSeq+1 waits
-// for the consumer's CheckGaps (after a ClaimTable.SkipGap).
+// for the consumer's CheckGaps (after a ClaimTable.SkipGap), and so does
+// one whose NextParked is at or below LastSeq: a stale copy of a sequence
+// that a re-send under another message key applied after such a skip,
+// which CheckGaps deletes.
 func (t *ClaimTable) Waiting(ctx context.Context, consumer string) ([]Gap, error) {
 	o, err := t.orderer("Waiting")
 	if err != nil {

@@ -108,6 +108,15 @@ type Orderer interface {
 	// Parameters: consumer, order_key, seq.
 	ParkedSQL(t Table) string
 
+	// ParkedLockSQL is ParkedSQL as a locking read, which sees the row's
+	// latest committed version whatever the transaction's snapshot: where
+	// OrderAdvanceSQL is "" (MySQL), a coalesced group reads the parking
+	// table with it, since its snapshot (repeatable read) may date from a
+	// read made for an earlier member, before it locked this entity's
+	// row. Where ForUpdate is "", it is ParkedSQL. Parameters: consumer,
+	// order_key, seq.
+	ParkedLockSQL(t Table) string
+
 	// UnparkSQL deletes the parked message of one sequence (state 'P').
 	// Parameters: consumer, order_key, seq.
 	UnparkSQL(t Table) string
@@ -297,6 +306,9 @@ func (o OrderSQL[S]) ParkedSQL(t Table) string {
 	_, parked := o.tables(t)
 	return "SELECT state, message_key, payload, headers, event_time_us FROM " + parked + o.entity() + " AND seq = " + o.p(3)
 }
+
+// ParkedLockSQL is ParkedSQL with S's ForUpdate.
+func (o OrderSQL[S]) ParkedLockSQL(t Table) string { return o.ParkedSQL(t) + o.syn().ForUpdate() }
 
 // UnparkSQL deletes the parked message of one sequence.
 func (o OrderSQL[S]) UnparkSQL(t Table) string {

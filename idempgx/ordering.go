@@ -211,15 +211,6 @@ func (m *Middleware) ordered(ctx context.Context, tx pgx.Tx, c *orderedClaim, ms
 		}
 		return idempotent.Parked, nil, nil
 	}
-	if seq <= parkedMax {
-		// A parked copy of seq is next only after an operator's
-		// ClaimTable.SkipGap, which releases nothing: msg applies seq, and
-		// the copy (its claim kept, so its redelivery is Duplicate) must
-		// not stay parked below last_seq, where nothing releases it.
-		if _, err := a.l.c.Exec(ctx, o.unparkSQL, m.consumer, msg.OrderKey, seq); err != nil {
-			return 0, nil, fmt.Errorf("idempgx: ordering key %q, sequence %d: delete the parked copy of a sequence applied now: %w", msg.OrderKey, seq, err)
-		}
-	}
 	if err := fn(ctx, tx); err != nil {
 		return 0, nil, err
 	}
@@ -345,13 +336,12 @@ func (m *Middleware) SkipGap(ctx context.Context, orderKey string, seq int64) (i
 		case seq-last > idempotent.MaxSkip:
 			return fmt.Errorf("%w: SkipGap: ordering key %q: skipping %d..%d is more than %d sequences", idempotent.ErrInvalidOrder, orderKey, last+1, seq, idempotent.MaxSkip)
 		}
-		var first int64
-		err := a.l.c.QueryRow(ctx, o.parkedRowsSQL, m.consumer, orderKey).Scan(&first, nil, nil, nil, nil, nil)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", orderKey, err)
-		case first <= seq:
+		parked, err := m.dropStale(ctx, a, orderKey, last)
+		if err != nil {
+			return err
+		}
+		if len(parked) > 0 && parked[0].OrderSeq <= seq {
+			first := parked[0].OrderSeq
 			return fmt.Errorf("%w: SkipGap: ordering key %q: sequence %d is parked, not missing; skip at most up to %d", idempotent.ErrInvalidOrder, orderKey, first, first-1)
 		}
 		now := m.clock().UnixMicro()
@@ -383,7 +373,8 @@ func (m *Middleware) Waiting(ctx context.Context) ([]idempotent.Gap, error) {
 }
 
 // CheckGaps is idempotent.Middleware.CheckGaps on pgx: an entity whose next
-// sequence is parked (an operator's skip made it next) is released at once
+// sequence is parked (an operator's skip made it next), or with a stale
+// parked copy at or below its last applied sequence, is released at once
 // through Ordering.Release, in a transaction of its own; one whose oldest
 // parked message waited longer than Ordering.GapTimeout is a gap: it is
 // returned, told to the Observer if it is an idempotent.GapObserver, and
@@ -404,7 +395,7 @@ func (m *Middleware) CheckGaps(ctx context.Context) ([]idempotent.Gap, error) {
 	now := m.clock()
 	var gaps []idempotent.Gap
 	for _, g := range waiting {
-		if g.NextParked == g.LastSeq+1 {
+		if g.NextParked <= g.LastSeq+1 {
 			if err := m.releaseNext(ctx, g.OrderKey); err != nil {
 				return gaps, err
 			}
@@ -449,11 +440,15 @@ func (m *Middleware) inOrderTx(ctx context.Context, key string, body func(ctx co
 	return nil
 }
 
-// releaseNext releases, under the entity's lock, the parked messages that
-// follow its last sequence without a gap.
+// releaseNext deletes, under the entity's lock, its stale parked copies,
+// then releases the parked messages that follow its last sequence without
+// a gap.
 func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 	var released []idempotent.ParkedMessage
-	err := m.inOrderTx(ctx, key, func(ctx context.Context, _ *attempt, tx pgx.Tx, last, parkedMax int64) error {
+	err := m.inOrderTx(ctx, key, func(ctx context.Context, a *attempt, tx pgx.Tx, last, parkedMax int64) error {
+		if _, err := m.dropStale(ctx, a, key, last); err != nil {
+			return err
+		}
 		var err error
 		released, err = m.release(ctx, tx, key, last, parkedMax)
 		return err
@@ -468,31 +463,11 @@ func (m *Middleware) releaseNext(ctx context.Context, key string) error {
 // deletes it with its claim, under the entity's lock.
 func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 	o, n := m.ord, 0
-	err := m.inOrderTx(ctx, key, func(ctx context.Context, a *attempt, _ pgx.Tx, _, _ int64) error {
+	err := m.inOrderTx(ctx, key, func(ctx context.Context, a *attempt, _ pgx.Tx, last, _ int64) error {
 		n = 0
-		rows, err := a.l.c.Query(ctx, o.parkedRowsSQL, m.consumer, key)
+		parked, err := m.dropStale(ctx, a, key, last)
 		if err != nil {
-			return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
-		}
-		var parked []idempotent.ParkedMessage
-		for rows.Next() {
-			p := idempotent.ParkedMessage{Message: idempotent.Message{OrderKey: key}}
-			var headers string
-			var at, parkedAt int64
-			if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parkedAt); err != nil {
-				rows.Close()
-				return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
-			}
-			p.ParkedAt = time.UnixMicro(parkedAt).UTC()
-			if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
-				rows.Close()
-				return fmt.Errorf("idempgx: ordering key %q, sequence %d: %w", key, p.OrderSeq, err)
-			}
-			parked = append(parked, p)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+			return err
 		}
 		for _, p := range parked {
 			if err := o.DeadLetter(ctx, p); err != nil {
@@ -509,4 +484,43 @@ func (m *Middleware) deadLetter(ctx context.Context, key string) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// dropStale deletes, under the entity's lock, its stale parked copies
+// (parked messages at or below last, its last applied sequence: see the
+// core's CheckGaps) and returns the others, in sequence order.
+func (m *Middleware) dropStale(ctx context.Context, a *attempt, key string, last int64) ([]idempotent.ParkedMessage, error) {
+	o := m.ord
+	rows, err := a.l.c.Query(ctx, o.parkedRowsSQL, m.consumer, key)
+	if err != nil {
+		return nil, fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+	}
+	var parked []idempotent.ParkedMessage
+	for rows.Next() {
+		p := idempotent.ParkedMessage{Message: idempotent.Message{OrderKey: key}}
+		var headers string
+		var at, parkedAt int64
+		if err := rows.Scan(&p.OrderSeq, &p.Key, &p.Payload, &headers, &at, &parkedAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+		}
+		p.ParkedAt = time.UnixMicro(parkedAt).UTC()
+		if p.EventTime, p.Headers, err = parkrow.Decode(at, headers); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("idempgx: ordering key %q, sequence %d: %w", key, p.OrderSeq, err)
+		}
+		parked = append(parked, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idempgx: ordering key %q: read parking table: %w", key, err)
+	}
+	n := 0
+	for n < len(parked) && parked[n].OrderSeq <= last {
+		if _, err := a.l.c.Exec(ctx, o.unparkSQL, m.consumer, key, parked[n].OrderSeq); err != nil {
+			return nil, fmt.Errorf("idempgx: ordering key %q, sequence %d: delete the stale parked copy of a sequence applied: %w", key, parked[n].OrderSeq, err)
+		}
+		n++
+	}
+	return parked[n:], nil
 }

@@ -350,7 +350,8 @@ func TestOrderedGapDeadLetter(t *testing.T) {
 // TestOrderedTableSkipResend: after an operator's ClaimTable.SkipGap
 // (which applies nothing), the parked message that became next is re-sent
 // under another message key: its sequence applies once, its successor is
-// released, and nothing stays parked below the last applied sequence.
+// released, and the parked copy left below the last applied sequence is
+// deleted by CheckGaps, its claim kept.
 func TestOrderedTableSkipResend(t *testing.T) {
 	p, s, a, m := orderedSetup(t, 2)
 	ctx := context.Background()
@@ -370,7 +371,22 @@ func TestOrderedTableSkipResend(t *testing.T) {
 	if got := a.applied(t, "r"); !slices.Equal(got, []int64{1, 3, 4}) {
 		t.Fatalf("applied %v, want 1 3 4", got)
 	}
+	// The parked copy of 3 stays below the last applied sequence until
+	// CheckGaps deletes it: the delivery's path touches nothing for it.
+	if gaps, err := m.Waiting(ctx); err != nil || len(gaps) != 1 || gaps[0].NextParked != 3 || gaps[0].LastSeq != 4 {
+		t.Errorf("Waiting: %+v, %v; want the stale copy of 3 below 4", gaps, err)
+	}
+	if gaps, err := m.CheckGaps(ctx); err != nil || len(gaps) != 0 {
+		t.Errorf("CheckGaps: %+v, %v; want nothing", gaps, err)
+	}
 	if gaps, err := m.Waiting(ctx); err != nil || len(gaps) != 0 {
 		t.Errorf("Waiting: %+v, %v; want nothing parked", gaps, err)
+	}
+	// The copy's claim stays: its redelivery is Duplicate.
+	if out, err := a.process(ctx, m, ordMsg("r", 3)); err != nil || out != idempotent.Duplicate {
+		t.Fatalf("redelivered 3: %v, %v; want Duplicate", out, err)
+	}
+	if got := a.applied(t, "r"); !slices.Equal(got, []int64{1, 3, 4}) {
+		t.Fatalf("applied %v, want 1 3 4", got)
 	}
 }

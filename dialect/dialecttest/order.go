@@ -110,13 +110,14 @@ func orderedMessage(entity string, seq int64) idempotent.Message {
 
 // orderSetup skips t unless the dialect is an Orderer, and returns a
 // Middleware WithOrdering whose Release records into a fresh audit table.
-func orderSetup(t *testing.T, e *Env) (context.Context, *sql.DB, string, *orderAudit, *idempotent.Middleware) {
+func orderSetup(t *testing.T, e *Env, opts ...idempotent.Option) (context.Context, *sql.DB, string, *orderAudit, *idempotent.Middleware) {
 	t.Helper()
 	needOrderer(t, e)
 	db := e.DB(t)
 	table := e.Table(t, db)
 	a := newOrderAudit(t, db, table)
-	mw := e.Middleware(t, db, table, "ordered", idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a)}))
+	opts = append([]idempotent.Option{idempotent.WithOrdering(idempotent.Ordering{Release: releaseInto(a)})}, opts...)
+	mw := e.Middleware(t, db, table, "ordered", opts...)
 	return testContext(t), db, table, a, mw
 }
 
@@ -147,18 +148,38 @@ func seqs(from, to int64) []int64 {
 // with re-sends and redeliveries after a commit whose ack was lost, to
 // concurrent workers, one message per transaction: each entity's effects
 // must apply once each, in sequence order, and nothing may be left parked.
-func checkOrderShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 1) }
+func checkOrderShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 1, nil) }
 
 // checkOrderBatchShuffled is checkOrderShuffled with ProcessMessages: each
 // worker takes up to 16 deliveries at once, so a batch holds several
 // messages of an entity, in any order, some next, some ahead, some
 // duplicates.
-func checkOrderBatchShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 16) }
+func checkOrderBatchShuffled(t *testing.T, e *Env) { orderShuffled(t, e, 16, nil) }
+
+// checkOrderCoalescedShuffled is checkOrderShuffled under WithCoalescing,
+// optimistic and with savepoints: ordered messages of different entities
+// share a group's transaction, and a group never runs two handlers of one
+// entity.
+func checkOrderCoalescedShuffled(t *testing.T, e *Env) {
+	for _, savepoints := range []bool{false, true} {
+		t.Run(fmt.Sprintf("savepoints=%v", savepoints), func(t *testing.T) {
+			// A short wait: a group that a deferred member keeps below Max
+			// closes soon (the wait bounds speed, never correctness).
+			orderShuffled(t, e, 1, &idempotent.Coalescing{Max: 8, Wait: 10 * time.Millisecond, Savepoints: savepoints})
+		})
+	}
+}
 
 // orderShuffled is checkOrderShuffled with batches of up to batch
-// deliveries (1: ProcessMessage).
-func orderShuffled(t *testing.T, e *Env, batch int) {
-	ctx, _, _, a, mw := orderSetup(t, e)
+// deliveries (1: ProcessMessage), or, with co, ProcessMessage under
+// WithCoalescing(*co).
+func orderShuffled(t *testing.T, e *Env, batch int, co *idempotent.Coalescing) {
+	var opts []idempotent.Option
+	if co != nil {
+		opts = append(opts, idempotent.WithCoalescing(*co))
+	}
+	ctx, _, _, a, mw := orderSetup(t, e, opts...)
+	groups := &groupAudit{txs: map[*sql.Tx][]string{}}
 
 	const entities, perEntity, workers = 60, 12, 8
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -225,7 +246,15 @@ func orderShuffled(t *testing.T, e *Env, batch int) {
 				for i, d := range ds {
 					msgs[i] = d.msg
 				}
-				outs, err := a.processBatch(ctx, mw, msgs)
+				var outs []idempotent.Outcome
+				var err error
+				if co != nil {
+					var out idempotent.Outcome
+					out, err = groups.process(ctx, a, mw, msgs[0])
+					outs = []idempotent.Outcome{out}
+				} else {
+					outs, err = a.processBatch(ctx, mw, msgs)
+				}
 				for i, d := range ds {
 					switch {
 					case err != nil && d.fails < 5:
@@ -270,6 +299,50 @@ func orderShuffled(t *testing.T, e *Env, batch int) {
 	t.Logf("%d deliveries: %d applied, %d parked, %d duplicate", len(deliveries), outcomes[idempotent.Applied].Load(), outcomes[idempotent.Parked].Load(), outcomes[idempotent.Duplicate].Load())
 	if outcomes[idempotent.Parked].Load() == 0 {
 		t.Errorf("no delivery was parked: the check did not exercise parking")
+	}
+	if co != nil {
+		groups.check(t)
+	}
+}
+
+// groupAudit records, per transaction, the entities whose handlers ran in
+// it.
+type groupAudit struct {
+	mu  sync.Mutex
+	txs map[*sql.Tx][]string // kept, so that no address is reused
+}
+
+// process is orderAudit.process, recording the handler's transaction.
+func (g *groupAudit) process(ctx context.Context, a *orderAudit, mw *idempotent.Middleware, msg idempotent.Message) (idempotent.Outcome, error) {
+	return mw.ProcessMessage(ctx, msg, func(ctx context.Context, tx *sql.Tx) error {
+		g.mu.Lock()
+		g.txs[tx] = append(g.txs[tx], msg.OrderKey)
+		g.mu.Unlock()
+		return a.record(ctx, tx, msg.OrderKey, msg.OrderSeq)
+	})
+}
+
+// check fails t unless some transaction ran the handlers of several
+// entities, and none ran two of one entity.
+func (g *groupAudit) check(t *testing.T) {
+	t.Helper()
+	shared, handlers := 0, 0
+	for _, entities := range g.txs {
+		handlers += len(entities)
+		if len(entities) > 1 {
+			shared++
+		}
+		seen := map[string]bool{}
+		for _, e := range entities {
+			if seen[e] {
+				t.Errorf("one transaction ran two handlers of entity %s: %v", e, entities)
+			}
+			seen[e] = true
+		}
+	}
+	t.Logf("%d handlers in %d transactions, %d of them shared", handlers, len(g.txs), shared)
+	if shared == 0 {
+		t.Errorf("no transaction ran the handlers of several entities: ordered messages were not coalesced")
 	}
 }
 

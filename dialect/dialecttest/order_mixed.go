@@ -71,8 +71,8 @@ func checkOrderMixed(t *testing.T, e *Env) {
 // checkOrderTableSkipResend: after an operator's ClaimTable.SkipGap (the
 // CLI's "order skip", which applies nothing), the parked message that is
 // next comes again under another message key, alone or in a batch: its
-// sequence applies once, and nothing is left parked below the last
-// applied sequence.
+// sequence applies once, and the parked copy left below the last applied
+// sequence is deleted by CheckGaps, its claim kept.
 func checkOrderTableSkipResend(t *testing.T, e *Env) {
 	ctx, _, _, a, mw := orderSetup(t, e)
 	A, P := idempotent.Applied, idempotent.Parked
@@ -101,18 +101,34 @@ func checkOrderTableSkipResend(t *testing.T, e *Env) {
 			t.Fatal(err)
 		}
 		wantOrder(t, a, k, 1, 3, 4)
-		waiting, err := mw.Waiting(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, g := range waiting {
-			if g.OrderKey == k {
-				t.Errorf("left parked after the re-send of %s3: %+v", k, g)
+		// The parked copy of 3 stays below the last applied sequence
+		// until CheckGaps deletes it: the delivery's path touches
+		// nothing for it.
+		stale := func() *idempotent.Gap {
+			waiting, err := mw.Waiting(ctx)
+			if err != nil {
+				t.Fatal(err)
 			}
+			for _, g := range waiting {
+				if g.OrderKey == k {
+					return &g
+				}
+			}
+			return nil
 		}
-		// CheckGaps finds nothing to release or report.
+		if g := stale(); g == nil || g.NextParked != 3 || g.LastSeq != 4 || g.Parked != 1 {
+			t.Errorf("after the re-send of %s3: %+v; want the stale copy of 3 below 4", k, g)
+		}
+		// CheckGaps deletes it, and finds nothing to release or report.
 		if gaps, err := mw.CheckGaps(ctx); err != nil || len(gaps) != 0 {
 			t.Errorf("CheckGaps: %+v, %v; want nothing", gaps, err)
+		}
+		if g := stale(); g != nil {
+			t.Errorf("left parked after CheckGaps: %+v", g)
+		}
+		// The copy's claim stays: its redelivery is Duplicate.
+		if out, err := a.process(ctx, mw, orderedMessage(k, 3)); err != nil || out != idempotent.Duplicate {
+			t.Errorf("redelivered %s3: %v, %v; want Duplicate", k, out, err)
 		}
 		wantOrder(t, a, k, 1, 3, 4)
 	}

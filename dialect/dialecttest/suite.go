@@ -71,6 +71,7 @@ func checks() []check {
 		{"Optional/Identifier", checkIdentifier},
 		{"Optional/Orderer/Shuffled", checkOrderShuffled},
 		{"Optional/Orderer/BatchShuffled", checkOrderBatchShuffled},
+		{"Optional/Orderer/CoalescedShuffled", checkOrderCoalescedShuffled},
 		{"Optional/Orderer/Batch", checkOrderBatch},
 		{"Optional/Orderer/GapSkip", checkOrderGapSkip},
 		{"Optional/Orderer/GapDeadLetter", checkOrderGapDeadLetter},

@@ -17,6 +17,7 @@
 package coalesce
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -57,7 +58,10 @@ type Handled struct {
 type Member[T, O any] struct {
 	Ctx context.Context // the caller's
 	Key string
-	At  time.Time // the message's event time
+	// Order is the message's ordering key, "" for none: a group holds at
+	// most one member of an ordering key.
+	Order string
+	At    time.Time // the message's event time
 	// Item is what the caller gave ProcessItem for the group's own use (a
 	// delivery path's companion statement), nil from Process.
 	Item any
@@ -95,12 +99,16 @@ type Coalescer[T, O any] struct {
 
 	mu   sync.Mutex
 	open *group[T, O] // the group accepting members, nil if none
+	// later holds the members whose ordering key the open group has
+	// already, in arrival order: they join the groups that follow.
+	later []*Member[T, O]
 }
 
 // group is the members gathered for one transaction; full is closed when
-// it has max members.
+// it has max members. orders holds its members' ordering keys.
 type group[T, O any] struct {
 	members []*Member[T, O]
+	orders  map[string]bool
 	full    chan struct{}
 }
 
@@ -115,7 +123,15 @@ func (c *Coalescer[T, O]) Process(ctx context.Context, key string, at time.Time,
 
 // ProcessItem is Process for a member carrying item (Member.Item).
 func (c *Coalescer[T, O]) ProcessItem(ctx context.Context, key string, at time.Time, item any, fn func(context.Context, T) error) (word Final[O], left error) {
-	mb := &Member[T, O]{Ctx: ctx, Key: key, At: at, Item: item, fn: fn, in: make(chan turn[T, O], 1), ret: make(chan Handled, 1), gone: make(chan struct{})}
+	return c.ProcessOrdered(ctx, key, "", at, item, fn)
+}
+
+// ProcessOrdered is ProcessItem for a member of ordering key order
+// (Member.Order), "" for none: it joins the open group unless a member of
+// the same ordering key is there already, and else the next group that
+// has none.
+func (c *Coalescer[T, O]) ProcessOrdered(ctx context.Context, key, order string, at time.Time, item any, fn func(context.Context, T) error) (word Final[O], left error) {
+	mb := &Member[T, O]{Ctx: ctx, Key: key, Order: order, At: at, Item: item, fn: fn, in: make(chan turn[T, O], 1), ret: make(chan Handled, 1), gone: make(chan struct{})}
 	c.join(mb)
 	var panicked *Handled // the handler's panic, re-raised once the driver has rolled back
 	for {
@@ -192,19 +208,69 @@ func (mb *Member[T, O]) runHandler(t turn[T, O]) (h Handled) {
 // there is none, and closes the group when mb fills it.
 func (c *Coalescer[T, O]) join(mb *Member[T, O]) {
 	c.mu.Lock()
-	g := c.open
-	lead := g == nil
-	if lead {
-		g = &group[T, O]{full: make(chan struct{})}
-		c.open = g
-	}
-	g.members = append(g.members, mb)
-	if len(g.members) >= c.quorum() {
-		c.open = nil
-		close(g.full)
+	var lead []*group[T, O]
+	if g := c.open; g != nil && mb.Order != "" && g.orders[mb.Order] {
+		c.later = append(c.later, mb)
+	} else {
+		var full bool
+		if lead, full = c.add(mb, nil); full {
+			lead = c.closed(c.open, lead)
+		}
 	}
 	c.mu.Unlock()
-	if lead {
+	c.start(lead)
+}
+
+// add adds mb to the open group, opening one if there is none (appended
+// to lead: the caller starts the drivers of lead once it has unlocked
+// c.mu), and reports whether the group is full. c.mu is held.
+func (c *Coalescer[T, O]) add(mb *Member[T, O], lead []*group[T, O]) ([]*group[T, O], bool) {
+	g := c.open
+	if g == nil {
+		g = &group[T, O]{full: make(chan struct{})}
+		c.open = g
+		lead = append(lead, g)
+	}
+	g.members = append(g.members, mb)
+	if mb.Order != "" {
+		if g.orders == nil {
+			g.orders = map[string]bool{}
+		}
+		g.orders[mb.Order] = true
+	}
+	return lead, len(g.members) >= c.quorum()
+}
+
+// closed closes g, the open group, and moves the members that wait for the
+// next group (later) into new groups, in arrival order, each group taking
+// at most one member of an ordering key; it returns lead with the groups
+// it opened. c.mu is held.
+func (c *Coalescer[T, O]) closed(g *group[T, O], lead []*group[T, O]) []*group[T, O] {
+	c.open = nil
+	close(g.full)
+	for len(c.later) > 0 && c.open == nil {
+		later := c.later
+		c.later = nil
+		for i, mb := range later {
+			if o := c.open; o != nil && mb.Order != "" && o.orders[mb.Order] {
+				c.later = append(c.later, mb)
+				continue
+			}
+			var full bool
+			if lead, full = c.add(mb, lead); full {
+				close(c.open.full)
+				c.open = nil
+				c.later = append(c.later, later[i+1:]...)
+				break
+			}
+		}
+	}
+	return lead
+}
+
+// start starts the drivers of the groups opened.
+func (c *Coalescer[T, O]) start(lead []*group[T, O]) {
+	for _, g := range lead {
 		go c.drive(g)
 	}
 }
@@ -225,11 +291,12 @@ func (c *Coalescer[T, O]) quorum() int {
 // waiting do not wait out Wait for one that will not come.
 func (c *Coalescer[T, O]) Flush() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var lead []*group[T, O]
 	if g := c.open; g != nil && len(g.members) >= c.quorum() {
-		c.open = nil
-		close(g.full)
+		lead = c.closed(g, nil)
 	}
+	c.mu.Unlock()
+	c.start(lead)
 }
 
 // drive waits until g is full or its wait has passed, closes it, and runs
@@ -242,11 +309,13 @@ func (c *Coalescer[T, O]) drive(g *group[T, O]) {
 	}
 	t.Stop()
 	c.mu.Lock()
+	var lead []*group[T, O]
 	if c.open == g {
-		c.open = nil
+		lead = c.closed(g, nil)
 	}
 	members := g.members
 	c.mu.Unlock()
+	c.start(lead)
 	if len(members) == 1 {
 		members[0].Finish(Final[O]{Alone: true})
 		return
@@ -339,12 +408,18 @@ func (mb *Member[T, O]) Commit() bool { return mb.state.CompareAndSwap(waiting, 
 func (mb *Member[T, O]) Uncommit() { mb.state.CompareAndSwap(committing, waiting) }
 
 // Order sorts members by key, and by arrival among equal keys (the first
-// arrival of a key is the one whose handler runs), and returns those that
+// arrival of a key is the one whose handler runs), those with an ordering
+// key after those without, by ordering key (one of each in a group: the
+// groups of several processes then lock the entities' sequence rows in
+// one order, and wait for each other instead of deadlocking), and returns
+// those that
 // can share the group's transaction; when partitioned, a key given again
 // with another event day (which would be claimed in another partition) is
 // told to go alone, as it would without coalescing.
 func Order[T, O any](members []*Member[T, O], partitioned bool) []*Member[T, O] {
-	slices.SortStableFunc(members, func(a, b *Member[T, O]) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortStableFunc(members, func(a, b *Member[T, O]) int {
+		return cmp.Or(strings.Compare(a.Order, b.Order), strings.Compare(a.Key, b.Key))
+	})
 	live := members[:0:0]
 	for _, mb := range members {
 		// Against the key's member kept before (the first of its key):

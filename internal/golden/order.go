@@ -19,7 +19,7 @@ func Orderer(d dialect.Orderer, ts ...dialect.Table) string {
 		for _, s := range []struct{ name, sql string }{
 			{"advance", d.OrderAdvanceSQL(t)}, {"claim and advance", d.OrderClaimAdvanceSQL(t)}, {"row", d.OrderRowSQL(t)}, {"lock", d.OrderLockSQL(t)},
 			{"bump", d.OrderBumpSQL(t)}, {"mark", d.OrderMarkSQL(t)},
-			{"park", d.ParkSQL(t)}, {"skip", d.SkipSQL(t)}, {"parked", d.ParkedSQL(t)},
+			{"park", d.ParkSQL(t)}, {"skip", d.SkipSQL(t)}, {"parked", d.ParkedSQL(t)}, {"parked, locking", d.ParkedLockSQL(t)},
 			{"unpark", d.UnparkSQL(t)}, {"unclaim", d.UnclaimSQL(t)}, {"waiting", d.WaitingSQL(t)},
 			{"parked rows", d.ParkedRowsSQL(t)},
 		} {
