@@ -119,8 +119,9 @@ type Ordering struct {
 // ParkedMessage is a message kept in the parking table.
 type ParkedMessage struct {
 	// Message is the message as it was parked, with its Payload and
-	// Headers (from the adapters: the library's own headers only, see
-	// Message.Headers).
+	// Headers (from the adapters: the library's own headers, or every
+	// header where the adapter keeps them, as Kafka's and Redis Streams'
+	// do; see Message.Headers).
 	Message
 	// ParkedAt is when it was parked, by the Middleware's clock.
 	ParkedAt time.Time
