@@ -31,7 +31,9 @@ import (
 // (Coalescing.Savepoints, and the optimistic design's on a dialect without
 // a fence: MySQL, MariaDB, SQLite): the lock wait bound after BEGIN, and
 // each member's claim between SAVEPOINT and its RELEASE, which follows its
-// handler. The lock timeout of WithLockTimeout surrounds each claim (the
+// handler; on a dialect.StatementJoiner (Postgres) a member's RELEASE is
+// sent with the next member's SAVEPOINT as one statement, the bound with
+// the first, and the last member's RELEASE alone, as the helpers script. The lock timeout of WithLockTimeout surrounds each claim (the
 // group's lock wait bound is set again after it), and the strict guard
 // reads the transaction id after the first new claim, after each handler
 // and before COMMIT.
@@ -44,6 +46,10 @@ type group struct {
 	check   bool // a handler ran since the last fenced statement
 	applied bool // a member's claim was new
 	txid    bool // the strict guard's first reading was taken
+	// With a joiner: the group's lock wait bound, or the last member's
+	// RELEASE, is yet to be sent, with the next SAVEPOINT (or, for a
+	// RELEASE, alone before COMMIT).
+	waitPending, releasePending bool
 }
 
 // groupToken is a sqlmock.Argument matching a group transaction's fence
@@ -84,7 +90,11 @@ func (m *Mock) ExpectGroupBegin() {
 	m.grp = &group{token: &groupToken{}}
 	m.Sqlmock.ExpectBegin()
 	if m.fenceSQL == "" && m.groupWaitSQL != "" {
-		m.expectGroupWait()
+		if m.joiner != nil {
+			m.grp.waitPending = true
+		} else {
+			m.expectGroupWait()
+		}
 	}
 }
 
@@ -130,6 +140,7 @@ func (m *Mock) ExpectGroupCommit() *sqlmock.ExpectedCommit {
 		panic("mocks: ExpectGroupCommit: no member of the group was new: the Middleware rolls it back (ExpectRollback)")
 	}
 	m.endHandler()
+	m.flushRelease()
 	if g.check {
 		m.Sqlmock.ExpectExec(m.checkSQL).WithArgs(g.token).WillReturnResult(sqlmock.NewResult(0, 0))
 	}
@@ -138,6 +149,21 @@ func (m *Mock) ExpectGroupCommit() *sqlmock.ExpectedCommit {
 		m.expectTxID()
 	}
 	return m.Sqlmock.ExpectCommit()
+}
+
+// ExpectRollback expects a ROLLBACK: sqlmock's, preceded, in a group's
+// transaction with savepoints on a dialect.StatementJoiner (Postgres),
+// by the last member's RELEASE when that member was a duplicate, which the
+// Middleware sends alone before rolling back a group none of whose members
+// was new. It ends the group being scripted.
+func (m *Mock) ExpectRollback() *sqlmock.ExpectedRollback {
+	if g := m.grp; g != nil {
+		if !g.handler {
+			m.flushRelease()
+		}
+		m.grp = nil
+	}
+	return m.Sqlmock.ExpectRollback()
 }
 
 // group returns the group being scripted, panicking outside one.
@@ -160,9 +186,45 @@ func (m *Mock) endHandler() {
 		m.expectTxID()
 	}
 	if m.fenceSQL == "" {
-		m.expectExec(dialect.MessageReleaseSQL)
+		m.expectRelease()
 	} else {
 		g.check = true
+	}
+}
+
+// expectRelease scripts a member's RELEASE: at once, or, with a joiner,
+// with the next member's SAVEPOINT (expectSavepoint) or before COMMIT
+// (flushRelease).
+func (m *Mock) expectRelease() {
+	if m.joiner != nil {
+		m.grp.releasePending = true
+		return
+	}
+	m.expectExec(dialect.MessageReleaseSQL)
+}
+
+// expectSavepoint scripts a member's SAVEPOINT, joined with what a joiner
+// holds back: the last member's RELEASE, or the group's lock wait bound.
+func (m *Mock) expectSavepoint() {
+	g := m.grp
+	switch {
+	case g.releasePending:
+		g.releasePending = false
+		m.expectExec(m.joiner.JoinSQL(dialect.MessageReleaseSQL, dialect.MessageSavepointSQL))
+	case g.waitPending:
+		g.waitPending = false
+		m.expectExec(m.joiner.JoinSQL(m.groupWaitSQL, dialect.MessageSavepointSQL))
+	default:
+		m.expectExec(dialect.MessageSavepointSQL)
+	}
+}
+
+// flushRelease scripts the last member's RELEASE, held back by a joiner,
+// alone.
+func (m *Mock) flushRelease() {
+	if g := m.grp; g.releasePending {
+		g.releasePending = false
+		m.expectExec(dialect.MessageReleaseSQL)
 	}
 }
 
@@ -172,7 +234,7 @@ func (m *Mock) expectGroupClaim(helper, key string, at time.Time, isNew bool) {
 	g := m.group(helper)
 	m.endHandler()
 	if m.fenceSQL == "" {
-		m.expectExec(dialect.MessageSavepointSQL)
+		m.expectSavepoint()
 	}
 	n := int64(0)
 	if isNew {
@@ -203,7 +265,7 @@ func (m *Mock) expectGroupClaim(helper, key string, at time.Time, isNew bool) {
 	}
 	if !isNew {
 		if m.fenceSQL == "" {
-			m.expectExec(dialect.MessageReleaseSQL)
+			m.expectRelease()
 		}
 		return
 	}

@@ -50,7 +50,12 @@ type Mock struct {
 	// design on a dialect.TxFencer, fenceSQL marks a group's transaction
 	// (with that bound), checkSQL checks it, and fclaimSQL and fhclaimSQL
 	// are claimSQL and hclaimSQL fenced; fenceSQL is "" with savepoints.
-	// grp is the group's transaction being scripted (ExpectGroupBegin).
+	// joiner is the dialect's StatementJoiner with savepoints (nil
+	// without, or on a dialect that joins no statements): a member's
+	// RELEASE then rides with the next member's SAVEPOINT, and the group's
+	// bound with the first. grp is the group's transaction being scripted
+	// (ExpectGroupBegin).
+	joiner                                    dialect.StatementJoiner
 	groupCo                                   idempotent.Coalescing
 	groupWaitSQL                              string
 	fenceSQL, checkSQL, fclaimSQL, fhclaimSQL string
@@ -319,6 +324,9 @@ func newMock(mock sqlmock.Sqlmock, d dialect.Dialect, consumer string, opts []Op
 			if m.hclaimSQL != "" {
 				m.fhclaimSQL = f.TxFencedClaimSQL(table, m.part != nil, true)
 			}
+		}
+		if j, ok := d.(dialect.StatementJoiner); ok && m.fenceSQL == "" {
+			m.joiner = j
 		}
 	}
 	if s.strictGuard {

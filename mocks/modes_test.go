@@ -614,6 +614,28 @@ func TestExpectGroup(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a group of duplicates with savepoints: each RELEASE, the last alone before ROLLBACK", func(t *testing.T) {
+		mw, m := newMiddleware(t, idempotent.WithCoalescing(idempotent.Coalescing{Max: 2, Wait: time.Second, Savepoints: true}))
+		m.ExpectGroupBegin()
+		m.ExpectGroupDuplicate("a")
+		m.ExpectGroupDuplicate("b")
+		m.ExpectRollback()
+		outs := make(chan string, 2)
+		for _, k := range []string{"a", "b"} {
+			go func() {
+				out, _ := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
+				outs <- k + ":" + out.String()
+			}()
+		}
+		got := []string{<-outs, <-outs}
+		slices.Sort(got)
+		if strings.Join(got, " ") != "a:duplicate b:duplicate" {
+			t.Errorf("outcomes %v", got)
+		}
+		if err := m.ExpectationsWereMet(); err != nil {
+			t.Error(err)
+		}
+	})
 	mustPanic := func(what string, f func()) {
 		t.Helper()
 		defer func() {
