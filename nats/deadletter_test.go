@@ -30,7 +30,16 @@ func TestDeadLetterWorkflow(t *testing.T) {
 	js := newJS(t, nc)
 	s, stream := newStream(t, js, 1)
 	durable := "dl-" + strings.ToLower(stream)
-	newConsumer(t, s, durable, time.Minute)
+	// The consumer takes the orders' subject alone: the dead-letter
+	// subject is in the same stream, and a consumer of both would take the
+	// published dead letter for an order of its own (applied once the
+	// handler is fixed, or dead-lettered again while it is broken).
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	if _, err := s.CreateOrUpdateConsumer(cctx, jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: time.Minute, FilterSubject: stream + ".orders"}); err != nil {
+		t.Fatal(err)
+	}
 	l := newLedger(t, testenv.OpenPostgres(t, 4), durable)
 	ob := testenv.Outbox(t, l.db, l.schema, durable)
 	deadSubject := stream + ".dead"
