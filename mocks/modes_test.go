@@ -600,17 +600,8 @@ func TestExpectGroup(t *testing.T) {
 		expectEffect(m)
 		m.ExpectGroupCommit()
 		for round, want := range []string{"a:duplicate b:duplicate", "a:none b:applied"} {
-			outs := make(chan string, 2)
-			for _, k := range []string{"a", "b"} {
-				go func() {
-					out, _ := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
-					outs <- k + ":" + out.String()
-				}()
-			}
-			got := []string{<-outs, <-outs}
-			slices.Sort(got)
-			if strings.Join(got, " ") != want {
-				t.Errorf("round %d: outcomes %v, want %s", round, got, want)
+			if got := outcomesTogether(mw, "a", "b"); got != want {
+				t.Errorf("round %d: outcomes %s, want %s", round, got, want)
 			}
 		}
 	})
@@ -620,17 +611,8 @@ func TestExpectGroup(t *testing.T) {
 		m.ExpectGroupDuplicate("a")
 		m.ExpectGroupDuplicate("b")
 		m.ExpectRollback()
-		outs := make(chan string, 2)
-		for _, k := range []string{"a", "b"} {
-			go func() {
-				out, _ := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
-				outs <- k + ":" + out.String()
-			}()
-		}
-		got := []string{<-outs, <-outs}
-		slices.Sort(got)
-		if strings.Join(got, " ") != "a:duplicate b:duplicate" {
-			t.Errorf("outcomes %v", got)
+		if got := outcomesTogether(mw, "a", "b"); got != "a:duplicate b:duplicate" {
+			t.Errorf("outcomes %s", got)
 		}
 		if err := m.ExpectationsWereMet(); err != nil {
 			t.Error(err)
@@ -659,4 +641,23 @@ func TestExpectGroup(t *testing.T) {
 		m.ExpectGroupDuplicate("a")
 		m.ExpectGroupCommit()
 	})
+}
+
+// outcomesTogether processes a message of each key at once (so that they
+// share a coalesced group) and returns their outcomes, "key:outcome" in
+// key order.
+func outcomesTogether(mw *idempotent.Middleware, keys ...string) string {
+	outs := make(chan string, len(keys))
+	for _, k := range keys {
+		go func() {
+			out, _ := mw.ProcessMessage(context.Background(), idempotent.Message{Key: k}, effect)
+			outs <- k + ":" + out.String()
+		}()
+	}
+	got := make([]string, 0, len(keys))
+	for range keys {
+		got = append(got, <-outs)
+	}
+	slices.Sort(got)
+	return strings.Join(got, " ")
 }

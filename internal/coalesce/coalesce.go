@@ -412,8 +412,7 @@ func (mb *Member[T, O]) Uncommit() { mb.state.CompareAndSwap(committing, waiting
 // key after those without, by ordering key (one of each in a group: the
 // groups of several processes then lock the entities' sequence rows in
 // one order, and wait for each other instead of deadlocking), and returns
-// those that
-// can share the group's transaction; when partitioned, a key given again
+// those that can share the group's transaction; when partitioned, a key given again
 // with another event day (which would be claimed in another partition) is
 // told to go alone, as it would without coalescing.
 func Order[T, O any](members []*Member[T, O], partitioned bool) []*Member[T, O] {
